@@ -1,0 +1,431 @@
+"""The discrete-event serving loop (SimPy; time in microseconds).
+
+One process serves iterations back to back::
+
+    accept arrivals -> schedule (admission = slot + pages) -> take over the mapper's work for these slots
+    -> policy.step(targets) [preempt by recompute and retry while it fails] -> synchronous mapping stall
+    -> launch: the asynchronous mapper starts the background plan -> compute -> tokens, completions
+
+A second process (:class:`sim.mapper.AsyncMapper`) maps in the background while compute runs.
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from sim.compute import BatchShape, RooflineComputeModel
+from sim.config import SimConfig
+from sim.latency import VmmLatencyModel
+from sim.mapper import AsyncMapper
+from sim.memory.vattention import VAttentionConfig, VAttentionPolicy
+from sim.plan import MapOp, Plan, UnmapOp
+from sim.request import REQUEST_COLUMNS, Request
+from sim.scheduler import SCHEDULERS, Batch
+from sim.units import US_PER_S
+
+ITERATION_COLUMNS = (
+    "iteration", "start_at_us", "duration_us", "compute_us", "sync_stall_us", "sync_map_page_groups",
+    "bg_map_page_groups", "unmap_page_groups", "prefill_tokens", "decode_tokens", "batch_size",
+    "num_running", "num_waiting", "mapped_page_groups", "used_page_groups", "free_page_groups",
+    "deferred_page_groups", "tail_waste_bytes", "preemptions")
+
+
+@dataclass
+class SimOutput:
+    """Raw records of one run: tuples in the order of the column constants, plus counters."""
+
+    request_records: list[tuple]
+    iteration_records: list[tuple]
+    counters: dict
+    iteration_blocks: list[tuple]  # coalesced decode runs, see _record_decode_run and _expand_blocks
+
+    def iterations_frame(self) -> pd.DataFrame:
+        """All iteration records as one DataFrame (columns :data:`ITERATION_COLUMNS`), in iteration order."""
+        frame = pd.DataFrame.from_records(self.iteration_records, columns=list(ITERATION_COLUMNS))
+        if self.iteration_blocks:
+            frame = pd.concat([frame, _expand_blocks(self.iteration_blocks)], ignore_index=True)
+        return frame.sort_values("iteration", kind="stable", ignore_index=True)
+
+    def requests_frame(self) -> pd.DataFrame:
+        """Per-request records (columns :data:`REQUEST_COLUMNS`), in request order."""
+        return pd.DataFrame.from_records(self.request_records, columns=list(REQUEST_COLUMNS))
+
+
+class VmmCost:
+    """Modelled latency (us) of executing plans, from a :class:`VmmLatencyModel` and one generator.
+
+    A page group costs ``2N'`` x (cuMemMap + cuMemSetAccess) to map and ``2N'`` x cuMemUnmap to unmap
+    (domain.md: ~64 x (5 + 50) us for Llama-3-8B); pages created on demand add cuMemCreate / cuMemRelease.
+    """
+
+    def __init__(self, vmm: VmmLatencyModel, config: SimConfig, rng: np.random.Generator,
+                 create_on_demand: bool = False):
+        self.vmm, self.rng, self.create_on_demand = vmm, rng, create_on_demand
+        self.pages_per_group = config.num_sub_tensors
+        self.page_size_bytes = config.page_size_bytes
+
+    def map_us(self, page_groups: int) -> float:
+        calls = page_groups * self.pages_per_group
+        total = (self.vmm.total_us("cuMemMap", self.page_size_bytes, calls, self.rng)
+                 + self.vmm.total_us("cuMemSetAccess", self.page_size_bytes, calls, self.rng))
+        if self.create_on_demand:
+            total += self.vmm.total_us("cuMemCreate", self.page_size_bytes, calls, self.rng)
+        return total
+
+    def unmap_us(self, page_groups: int) -> float:
+        calls = page_groups * self.pages_per_group
+        total = self.vmm.total_us("cuMemUnmap", self.page_size_bytes, calls, self.rng)
+        if self.create_on_demand:
+            total += self.vmm.total_us("cuMemRelease", self.page_size_bytes, calls, self.rng)
+        return total
+
+    def plan_us(self, plan: Plan) -> float:
+        return self.unmap_us(plan.num_page_groups_unmapped) + self.map_us(plan.num_page_groups_mapped)
+
+    def op_us(self, op: MapOp | UnmapOp) -> float:
+        return self.map_us(op.num_pages) if isinstance(op, MapOp) else self.unmap_us(op.num_pages)
+
+
+class Simulator:
+    """Replays a canonical trace table through a scheduler and the vAttention memory policy.
+
+    Args:
+        config: the run configuration.
+        trace: canonical table (``request_id, arrival_s, prompt_tokens, output_tokens``), sorted by arrival;
+            every request must fit a slot (``prompt + output - 1 <= config.slot_max_tokens``).
+        vmm: VMM latency model (default: domain.md H200 figures).
+        compute: compute model (default: roofline for the config's model/GPU/TP).
+        progress: called as ``progress(done_requests, total_requests)`` every 2,000 iterations.
+        coalesce: fast-forward runs of identical pure-decode iterations (no arrival, completion, page map or
+            mapper activity inside the run) in one SimPy event; records are identical to stepping them one
+            by one (``tests/test_engine.py`` checks this), only faster.
+
+    Raises:
+        ValueError: if a request does not fit a slot.
+    """
+
+    def __init__(self, config: SimConfig, trace: pd.DataFrame, vmm: VmmLatencyModel | None = None,
+                 compute: RooflineComputeModel | None = None, progress: Callable[[int, int], None] | None = None,
+                 coalesce: bool = True):
+        self.config = config
+        self.rng = np.random.default_rng(config.seed)
+        self.env = simpy.Environment()
+        self.compute = compute or RooflineComputeModel(config.model_spec, config.gpu_spec, config.tp)
+        self.cost = VmmCost(vmm or VmmLatencyModel.h200_defaults(), config, self.rng)
+        self.policy = VAttentionPolicy(VAttentionConfig(
+            num_slots=config.max_batch_slots, max_pages_per_slot=config.max_pages_per_slot,
+            pool_page_groups=config.pool_page_groups, tokens_per_page=config.tokens_per_page,
+            deferred_reclaim=config.deferred_reclaim, eager_lookahead_steps=config.eager_lookahead_steps,
+            eager_page_groups=config.eager_page_groups, eager_idle_slots=config.eager_idle_slots,
+            low_watermark_frac=config.low_watermark_frac, admission_watermark_frac=config.admission_watermark_frac))
+        self.mapper = None if config.sync_mapping else AsyncMapper(self.env, self.policy, self.cost.op_us)
+        self.schedule = SCHEDULERS[config.scheduler]
+        self.requests = _requests_from_trace(trace, config.slot_max_tokens)
+        self.progress = progress
+        self.coalesce = coalesce
+        self.iteration_blocks: list[dict] = []
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.iteration_records: list[tuple] = []
+        self.num_done = 0
+        self._next_arrival = 0
+        self._admissions = 0
+        self._pending_sync_unmaps = Plan()
+        self._iteration_preemptions = 0
+        self._sync_maps = self._sync_unmaps = 0
+        self._kv_bytes_per_token = config.model_spec.kv_bytes_per_token(config.tp)
+
+    # ---- driver ----------------------------------------------------------------------------------------
+    def run(self) -> SimOutput:
+        """Run to the last request; returns the raw records."""
+        self.env.process(self._serve())
+        self.env.run()
+        counters = {
+            "sync_map_page_groups": self._sync_maps, "sync_unmap_page_groups": self._sync_unmaps,
+            "bg_map_page_groups": self.mapper.maps_done if self.mapper else 0,
+            "bg_unmap_page_groups": self.mapper.unmaps_done if self.mapper else 0,
+            "mapper_busy_us": self.mapper.busy_us if self.mapper else 0.0,
+            "pool_page_groups": self.config.pool_page_groups, "end_at_us": self.env.now,
+        }
+        return SimOutput([r.record() for r in self.requests], self.iteration_records, counters,
+                         self.iteration_blocks)
+
+    def _serve(self):
+        env, total, iteration = self.env, len(self.requests), 0
+        while self.num_done < total:
+            self._accept_arrivals()
+            if not self.running and not self.waiting:
+                yield env.timeout(self.requests[self._next_arrival].arrival_at_us - env.now)
+                continue
+            start_at_us = env.now
+            self._iteration_preemptions = 0
+            batch = self.schedule(self.running, self.waiting, self.config.token_budget, self._admit)
+            if not batch:
+                yield from self._unblock_admission()
+                continue
+            if self.coalesce:
+                steps = yield from self._decode_run(batch, iteration)
+                if steps:
+                    iteration += steps
+                    continue
+            batch, plan = yield from self._step(batch)
+            if not batch:
+                continue
+            sync_us = self.cost.plan_us(plan) + self.cost.plan_us(self._pending_sync_unmaps)
+            self._sync_maps += plan.num_page_groups_mapped
+            self._sync_unmaps += plan.num_page_groups_unmapped + self._pending_sync_unmaps.num_page_groups_unmapped
+            unmapped_sync = plan.num_page_groups_unmapped + self._pending_sync_unmaps.num_page_groups_unmapped
+            self._pending_sync_unmaps = Plan()
+            if sync_us > 0:
+                yield env.timeout(sync_us)
+            stall_us = env.now - start_at_us
+            compute_us = self.compute.iteration_us(_shape(batch))
+            snapshot = self._pool_snapshot(batch)
+            bg_before = (self.mapper.maps_done, self.mapper.unmaps_done) if self.mapper else (0, 0)
+            if self.mapper:
+                self.mapper.submit(self.policy.background_plan(self._lookahead(batch)))
+            yield env.timeout(compute_us)
+            self.policy.iteration_completed(iteration)
+            bg_maps, bg_unmaps = ((self.mapper.maps_done - bg_before[0], self.mapper.unmaps_done - bg_before[1])
+                                  if self.mapper else (0, 0))
+            prefill = sum(t for r, t in batch if r.remaining > 1 or t > 1)
+            self.iteration_records.append((
+                iteration, start_at_us, env.now - start_at_us, compute_us, stall_us,
+                plan.num_page_groups_mapped, bg_maps, unmapped_sync + bg_unmaps, prefill,
+                sum(t for _, t in batch) - prefill, len(batch), len(self.running), len(self.waiting),
+                *snapshot, self._iteration_preemptions))
+            self._finish_iteration(batch, iteration)
+            iteration += 1
+            if self.progress and iteration % 2000 == 0:
+                self.progress(self.num_done, total)
+        if self.progress:
+            self.progress(self.num_done, total)
+
+    # ---- phases ----------------------------------------------------------------------------------------
+    def _accept_arrivals(self) -> None:
+        now, requests = self.env.now, self.requests
+        while self._next_arrival < len(requests) and requests[self._next_arrival].arrival_at_us <= now:
+            request = requests[self._next_arrival]
+            self._next_arrival += 1
+            if self.config.max_pages_per_slot and self._cannot_ever_fit(request):
+                request.status = "rejected"
+                self.num_done += 1
+            else:
+                self.waiting.append(request)
+
+    def _cannot_ever_fit(self, request: Request) -> bool:
+        policy = self.policy.config
+        usable = policy.pool_page_groups - int(policy.admission_watermark_frac * policy.pool_page_groups)
+        return policy.pages_for_tokens(request.final_kv_tokens) > usable
+
+    def _admit(self, request: Request, first_tokens: int) -> bool:
+        slot = self.policy.alloc_slot(request.computed + first_tokens)
+        if slot is None:
+            return False
+        request.slot = request.last_slot = slot
+        request.admitted_order = self._admissions
+        request.status = "running"
+        self._admissions += 1
+        self.running.append(request)
+        return True
+
+    def _unblock_admission(self):
+        """Nothing could be scheduled: wait for the mapper or the next arrival; reject an unservable head."""
+        if self.mapper and not self.mapper.idle:
+            done = self.mapper.cancel_all()
+            if done is not None:
+                yield done
+            return
+        if self.running:
+            raise RuntimeError("scheduler returned an empty batch while requests are running")
+        head = self.waiting.popleft()
+        head.status = "rejected"
+        self.num_done += 1
+
+    def _step(self, batch: Batch):
+        """Map what the batch needs; preempt (recompute) the most recently admitted request while the
+        pool cannot cover it. Returns the (possibly smaller) batch and the applied plan."""
+        while True:
+            if self.mapper:
+                in_progress = self.mapper.take_over(r.slot for r, _ in batch)
+                if in_progress is not None:
+                    yield in_progress
+            plan = self.policy.step({r.slot: r.computed + t for r, t in batch})
+            if plan is not None:
+                return batch, plan
+            if self.mapper and not self.mapper.idle:
+                done = self.mapper.cancel_all()
+                if done is not None:
+                    yield done
+                continue
+            victim = max(self.running, key=lambda r: r.admitted_order)
+            if len(self.running) == 1:
+                self._drop(victim, status="rejected")
+                return [], Plan()
+            self._preempt(victim)
+            batch = [(r, t) for r, t in batch if r is not victim]
+            if not batch:
+                return [], Plan()
+
+    def _preempt(self, victim: Request) -> None:
+        self._release(victim)
+        victim.computed = 0
+        victim.preemptions += 1
+        victim.status = "waiting"
+        self._iteration_preemptions += 1
+        self.waiting.appendleft(victim)
+
+    def _drop(self, request: Request, status: str) -> None:
+        self._release(request)
+        request.status = status
+        self.num_done += 1
+
+    def _release(self, request: Request) -> None:
+        self.running.remove(request)
+        plan = self.policy.free_slot(request.slot, self.policy.completed_iteration)
+        request.slot = -1
+        if plan:
+            if self.mapper:
+                self.mapper.submit(plan, reserved=False)
+            else:
+                self._pending_sync_unmaps = Plan(unmaps=self._pending_sync_unmaps.unmaps + plan.unmaps)
+
+    def _lookahead(self, batch: Batch) -> dict[int, int]:
+        steps, budget, targets = self.config.eager_lookahead_steps, self.config.token_budget, {}
+        for request, tokens in batch:
+            after = request.computed + tokens
+            if after == request.seq_len:
+                if request.generated + 1 < request.output_tokens:
+                    targets[request.slot] = min(after + steps, request.final_kv_tokens)
+            else:
+                targets[request.slot] = min(request.seq_len, after + budget)
+        return targets
+
+    def _decode_run(self, batch: Batch, iteration: int):
+        """Fast-forward k >= 2 pure-decode iterations in one event when nothing can change inside them:
+        no arrival before the last one starts, no completion, every step and look-ahead target already
+        mapped, the mapper idle with no background work. Returns k (0 when not eligible)."""
+        if (len(batch) != len(self.running) or self._pending_sync_unmaps or
+                (self.mapper and not self.mapper.idle) or any(t != 1 for _, t in batch)):
+            return 0
+        steps = self._run_length(batch)
+        if steps < 2:
+            return 0
+        if self.mapper:
+            background = self.policy.background_plan(self._lookahead(batch))
+            if background:
+                self.mapper.submit(background)  # the mapper has work: step normally this time
+                return 0
+        computed = np.fromiter((r.computed for r, _ in batch), dtype=np.int64, count=len(batch))
+        size = len(batch)
+        durations_us = self.compute.decode_run_us(size, int(computed.sum()), float(computed.sum() + size), steps)
+        starts_us = np.cumsum(np.concatenate(([self.env.now], durations_us)))
+        if self._next_arrival < len(self.requests):
+            steps = min(steps, int(np.searchsorted(starts_us[:steps], self.requests[self._next_arrival].arrival_at_us,
+                                                   side="left")))
+            if steps < 2:
+                return 0
+        yield self.env.timeout(starts_us[steps] - self.env.now)
+        self._record_decode_run(batch, iteration, computed, starts_us[: steps + 1], durations_us[:steps])
+        for request, _ in batch:
+            request.computed += steps
+            request.generated += steps
+        self.policy.iteration_completed(iteration + steps - 1)
+        return steps
+
+    def _run_length(self, batch: Batch) -> int:
+        """Iterations before a completion, a page map or (async) a look-ahead map would be needed."""
+        tokens_per_page = self.config.tokens_per_page
+        ahead = self.config.eager_lookahead_steps if self.mapper else 0
+        steps = min(r.output_tokens - r.generated - 1 for r, _ in batch)
+        for request, _ in batch:
+            mapped_tokens = self.policy.mapped[request.slot] * tokens_per_page
+            if request.final_kv_tokens > mapped_tokens:
+                steps = min(steps, mapped_tokens - request.computed - ahead)
+        return steps
+
+    def _record_decode_run(self, batch: Batch, iteration: int, computed: np.ndarray, starts_us: np.ndarray,
+                           durations_us: np.ndarray) -> None:
+        steps, size, policy = len(durations_us), len(batch), self.policy
+        tokens_per_page = self.config.tokens_per_page
+        held = computed[:, None] + 1 + np.arange(steps)[None, :]
+        used = (-(-held // tokens_per_page)).sum(axis=0)
+        active_mapped = sum(policy.mapped[r.slot] for r, _ in batch)
+        waste = (active_mapped * tokens_per_page - held.sum(axis=0)) * self._kv_bytes_per_token
+        self.iteration_blocks.append((iteration, starts_us, durations_us, used, waste, (
+            size, len(self.running), len(self.waiting), policy.mapped_page_groups, policy.free_page_groups,
+            policy.deferred_page_groups)))
+
+    def _pool_snapshot(self, batch: Batch) -> tuple[int, int, int, int, int]:
+        policy, tokens_per_page = self.policy, self.config.tokens_per_page
+        scheduled = {r.slot: t for r, t in batch}
+        held_tokens = [r.computed + scheduled.get(r.slot, 0) for r in self.running]
+        used = sum(-(-t // tokens_per_page) for t in held_tokens)
+        active_mapped = sum(policy.mapped[r.slot] for r in self.running)
+        waste = (active_mapped * tokens_per_page - sum(held_tokens)) * self._kv_bytes_per_token
+        return (policy.mapped_page_groups, used, policy.free_page_groups, policy.deferred_page_groups, waste)
+
+    def _finish_iteration(self, batch: Batch, iteration: int) -> None:
+        now = self.env.now
+        for request, tokens in batch:
+            request.computed += tokens
+            if request.computed != request.seq_len:
+                continue
+            request.generated += 1
+            if request.generated == 1:
+                request.first_token_at_us = now
+            if request.generated == request.output_tokens:
+                request.completion_at_us = now
+                self._drop(request, status="finished")
+
+
+def _expand_blocks(blocks: list[tuple]) -> pd.DataFrame:
+    """Iteration records of coalesced decode runs. A block is ``(first_iteration, starts_us[k+1],
+    compute_us[k], used_page_groups[k], tail_waste_bytes[k], (batch, running, waiting, mapped, free,
+    deferred))``; everything not listed is zero for a pure-decode run without mapping."""
+    lengths = np.array([len(b[2]) for b in blocks])
+    total = int(lengths.sum())
+    consts = np.repeat(np.array([b[5] for b in blocks], dtype=np.int64), lengths, axis=0)
+    offsets = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    zeros = np.zeros(total, dtype=np.int64)
+    compute_us = np.concatenate([b[2] for b in blocks])
+    return pd.DataFrame({
+        "iteration": np.repeat([b[0] for b in blocks], lengths) + offsets,
+        "start_at_us": np.concatenate([b[1][:-1] for b in blocks]),
+        "duration_us": np.concatenate([np.diff(b[1]) for b in blocks]), "compute_us": compute_us,
+        "sync_stall_us": np.zeros(total), "sync_map_page_groups": zeros, "bg_map_page_groups": zeros,
+        "unmap_page_groups": zeros, "prefill_tokens": zeros, "decode_tokens": consts[:, 0],
+        "batch_size": consts[:, 0], "num_running": consts[:, 1], "num_waiting": consts[:, 2],
+        "mapped_page_groups": consts[:, 3], "used_page_groups": np.concatenate([b[3] for b in blocks]),
+        "free_page_groups": consts[:, 4], "deferred_page_groups": consts[:, 5],
+        "tail_waste_bytes": np.concatenate([b[4] for b in blocks]), "preemptions": zeros})
+
+
+def _shape(batch: Batch) -> BatchShape:
+    new = pairs = kv_read = logits = 0
+    for request, tokens in batch:
+        context = request.computed
+        new += tokens
+        pairs += tokens * (context + (tokens + 1) / 2)
+        kv_read += context
+        logits += context + tokens == request.seq_len
+    return BatchShape(new_tokens=new, attention_pairs=pairs, kv_read_tokens=kv_read, logit_sequences=logits)
+
+
+def _requests_from_trace(trace: pd.DataFrame, slot_max_tokens: int) -> list[Request]:
+    too_long = trace.index[trace["prompt_tokens"] + trace["output_tokens"] - 1 > slot_max_tokens]
+    if len(too_long):
+        row = trace.loc[too_long[0]]
+        raise ValueError(f"request {int(row.request_id)} needs {int(row.prompt_tokens + row.output_tokens - 1)} "
+                         f"KV tokens, more than a slot holds ({slot_max_tokens}); clip the trace first")
+    arrivals_us = (trace["arrival_s"].to_numpy(dtype=float) * US_PER_S).tolist()
+    return [Request(int(i), a, int(p), int(o)) for i, a, p, o in zip(
+        trace["request_id"], arrivals_us, trace["prompt_tokens"], trace["output_tokens"])]
+
+
+__all__ = ["Simulator", "SimOutput", "ITERATION_COLUMNS", "REQUEST_COLUMNS", "VmmCost"]

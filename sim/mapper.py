@@ -1,0 +1,100 @@
+"""The asynchronous mapper: a SimPy process standing for vAttention's background mapping thread.
+
+It executes reserved background ops one page group at a time, serially (domain.md: the driver
+serialises VMM calls, so parallel mapper threads do not help), committing each op to the policy when
+its modelled latency has elapsed. The foreground takes over work it needs now: queued ops for the slots
+of the next iteration are cancelled (and then mapped synchronously by the step), and an op in progress
+for such a slot is waited for; the wait is charged to the iteration as a synchronous stall.
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+
+import simpy
+
+from sim.plan import MapOp, Plan, UnmapOp
+
+
+class AsyncMapper:
+    """Background mapper process.
+
+    Args:
+        env: the SimPy environment (time in us).
+        policy: object with ``commit(op)`` and ``cancel(op)`` (a vAttention policy).
+        op_cost_us: modelled duration (us) of one op.
+    """
+
+    def __init__(self, env: simpy.Environment, policy, op_cost_us: Callable[[MapOp | UnmapOp], float]):
+        self.env = env
+        self.policy = policy
+        self.op_cost_us = op_cost_us
+        self.queue: deque[tuple[MapOp | UnmapOp, bool]] = deque()  # (op, reserved-in-policy)
+        self.current: MapOp | UnmapOp | None = None
+        self.current_done: simpy.Event | None = None
+        self.maps_done = 0
+        self.unmaps_done = 0
+        self.busy_us = 0.0
+        self._wake = env.event()
+        env.process(self._run())
+
+    def submit(self, plan: Plan, reserved: bool = True) -> None:
+        """Queue a plan's ops (unmaps first). ``reserved=False``: accounting already applied, time only."""
+        for op in plan.unmaps:
+            self.queue.append((op, reserved))
+        for op in plan.maps:
+            self.queue.append((op, reserved))
+        if self.queue and not self._wake.triggered:
+            self._wake.succeed()
+
+    def take_over(self, slots: Iterable[int]) -> simpy.Event | None:
+        """Cancel queued reserved maps for ``slots`` (newest first, keeping each slot's pages a prefix);
+        return the event of the op in progress if it maps one of these slots, else ``None``."""
+        wanted = set(slots)
+        kept: deque = deque()
+        while self.queue:
+            op, reserved = self.queue.pop()
+            if reserved and isinstance(op, MapOp) and op.slot in wanted:
+                self.policy.cancel(op)
+            else:
+                kept.appendleft((op, reserved))
+        self.queue = kept
+        if self.current is not None and isinstance(self.current, MapOp) and self.current.slot in wanted:
+            return self.current_done
+        return None
+
+    def cancel_all(self) -> simpy.Event | None:
+        """Cancel every queued reserved op (newest first); return the in-progress op's event, if any."""
+        kept: deque = deque()
+        while self.queue:
+            op, reserved = self.queue.pop()
+            if reserved:
+                self.policy.cancel(op)
+            else:
+                kept.appendleft((op, reserved))
+        self.queue = kept
+        return self.current_done if self.current is not None else None
+
+    @property
+    def idle(self) -> bool:
+        return self.current is None and not self.queue
+
+    def _run(self):
+        while True:
+            if not self.queue:
+                self._wake = self.env.event()
+                yield self._wake
+                continue
+            op, reserved = self.queue.popleft()
+            self.current, self.current_done = op, self.env.event()
+            cost_us = self.op_cost_us(op)
+            yield self.env.timeout(cost_us)
+            self.busy_us += cost_us
+            if reserved:
+                self.policy.commit(op)
+            if isinstance(op, MapOp):
+                self.maps_done += op.num_pages
+            else:
+                self.unmaps_done += op.num_pages
+            self.current = None
+            self.current_done.succeed()

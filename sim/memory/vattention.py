@@ -1,0 +1,353 @@
+"""vAttention memory policy: slots, a physical page-group pool, deferred and low-watermark reclamation,
+eager allocation. Pure logic: every decision is returned as a :class:`sim.plan.Plan`; nothing here
+knows about time, SimPy or CUDA (domain.md "Mechanism"; Prabhu et al., vAttention, ASPLOS'25).
+
+Accounting unit: the **page group** (one page of ``page_size_bytes`` in each of the 2N' sub-tensors of a
+slot). The pool conserves page groups at every moment::
+
+    sum(mapped) + sum(in_flight_maps) + free + in_flight_unmaps == pool_page_groups
+
+* ``mapped[s]``: page groups mapped on slot ``s`` (always the prefix ``0..mapped[s]-1``).
+* in-flight: reserved by :meth:`background_plan` and not yet committed or cancelled by the executor.
+* *deferred*: pages mapped on idle slots (kept for the next request that takes the slot).
+
+Errors follow three tiers: running out of pages is a return value (``None``), caller misuse raises
+``ValueError`` naming the value, corrupted state raises ``RuntimeError``.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sim.plan import MapOp, Plan, UnmapOp
+
+
+@dataclass(frozen=True)
+class VAttentionConfig:
+    """Sizes and knobs of one worker's vAttention cache.
+
+    Attributes:
+        num_slots: B, request slots (batch rows of every K/V tensor).
+        max_pages_per_slot: page groups that cover one slot's ``L_max`` tokens.
+        pool_page_groups: physical page groups the memory budget holds (created at start-up).
+        tokens_per_page: tokens one page of one sub-tensor holds, ``floor(G / (H' D P))``.
+        deferred_reclaim: keep a finished slot's pages mapped for the next request (reference default: on).
+        eager_lookahead_steps: decode steps mapped ahead for running slots (reference: 9).
+        eager_page_groups: page groups pre-mapped on idle slots (reference: 2).
+        eager_idle_slots: how many idle slots are kept pre-mapped (this project's choice: 8).
+        low_watermark_frac: below this fraction of free page groups, idle slots' pages are reclaimed in the
+            background until twice this fraction is free (hysteresis; this project's default 0.05).
+        admission_watermark_frac: admit only while this fraction of the pool stays free (reference: 0.01).
+    """
+
+    num_slots: int
+    max_pages_per_slot: int
+    pool_page_groups: int
+    tokens_per_page: int
+    deferred_reclaim: bool = True
+    eager_lookahead_steps: int = 9
+    eager_page_groups: int = 2
+    eager_idle_slots: int = 8
+    low_watermark_frac: float = 0.05
+    admission_watermark_frac: float = 0.01
+
+    def __post_init__(self) -> None:
+        for name in ("num_slots", "max_pages_per_slot", "tokens_per_page"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.pool_page_groups < 1:
+            raise ValueError(f"the memory budget holds no page group (pool_page_groups={self.pool_page_groups})")
+        if not 0 <= self.low_watermark_frac < 0.5 or not 0 <= self.admission_watermark_frac < 0.5:
+            raise ValueError("watermark fractions must lie in [0, 0.5)")
+        if min(self.eager_lookahead_steps, self.eager_page_groups, self.eager_idle_slots) < 0:
+            raise ValueError("eager allocation settings must be >= 0")
+
+    def pages_for_tokens(self, tokens: int) -> int:
+        """Page groups needed for ``tokens`` tokens: ``ceil(tokens / tokens_per_page)``."""
+        return -(-tokens // self.tokens_per_page)
+
+
+class VAttentionPolicy:
+    """The vAttention policy for one worker (see module docstring for the accounting).
+
+    Args:
+        config: sizes and knobs.
+    """
+
+    def __init__(self, config: VAttentionConfig):
+        self.config = config
+        num_slots = config.num_slots
+        self.mapped = [0] * num_slots
+        self.in_flight_maps = [0] * num_slots
+        self.in_flight_unmaps_slot = [0] * num_slots
+        self.active = [False] * num_slots
+        self.last_read_iteration = [-1] * num_slots
+        self.completed_iteration = -1
+        self.free_page_groups = config.pool_page_groups
+        self.in_flight_unmaps = 0
+        self._idle = set(range(num_slots))
+        # idle slots bucketed by mapped page groups: best-fit and eager look-ups without scanning all slots
+        self._idle_buckets: list[set[int]] = [set() for _ in range(config.max_pages_per_slot + 1)]
+        self._idle_buckets[0].update(range(num_slots))
+        self._mapped_total = 0
+        self._deferred_total = 0
+        self._eager_dirty = True
+        self._low_groups = int(config.low_watermark_frac * config.pool_page_groups)
+        self._admission_groups = int(config.admission_watermark_frac * config.pool_page_groups)
+
+    # ---- queries -------------------------------------------------------------------------------------
+    @property
+    def mapped_page_groups(self) -> int:
+        """Page groups mapped on any slot (active or idle)."""
+        return self._mapped_total
+
+    @property
+    def deferred_page_groups(self) -> int:
+        """Page groups mapped on idle slots (kept by deferred reclamation or eager pre-mapping)."""
+        return self._deferred_total
+
+    def _add_mapped(self, slot: int, delta: int) -> None:
+        if not self.active[slot]:
+            self._idle_buckets[self.mapped[slot]].discard(slot)
+            self._idle_buckets[self.mapped[slot] + delta].add(slot)
+            self._deferred_total += delta
+            self._eager_dirty = True
+        self.mapped[slot] += delta
+        self._mapped_total += delta
+
+    def _set_active(self, slot: int, active: bool) -> None:
+        self.active[slot] = active
+        self._deferred_total += -self.mapped[slot] if active else self.mapped[slot]
+        (self._idle.discard if active else self._idle.add)(slot)
+        (self._idle_buckets[self.mapped[slot]].discard if active else self._idle_buckets[self.mapped[slot]].add)(slot)
+        self._eager_dirty = True
+
+    def conservation_error(self) -> int:
+        """``pool - (mapped + in-flight + free)``; 0 when the pool is conserved."""
+        if self._mapped_total != sum(self.mapped):
+            raise RuntimeError("mapped page-group counter out of step")
+        held = sum(self.mapped) + sum(self.in_flight_maps) + self.in_flight_unmaps
+        return self.config.pool_page_groups - held - self.free_page_groups
+
+    def _allocatable(self, slot: int) -> bool:
+        return (self.last_read_iteration[slot] <= self.completed_iteration
+                and not self.in_flight_maps[slot] and not self.in_flight_unmaps_slot[slot])
+
+    def _best_fit(self, need: int) -> int | None:
+        """Best fit (domain.md): the allocatable idle slot with the fewest mapped pages that still covers
+        ``need``; otherwise the one with the most mapped pages (fewest new maps). Ties: lowest slot id."""
+        buckets = self._idle_buckets
+        need = min(need, len(buckets) - 1)
+        for mapped in [*range(need, len(buckets)), *range(need - 1, -1, -1)]:
+            ready = [s for s in buckets[mapped] if self._allocatable(s)]
+            if ready:
+                return min(ready)
+        return None
+
+    def can_admit(self, first_target_tokens: int) -> bool:
+        """Whether a request whose first iteration targets ``first_target_tokens`` tokens can take a slot
+        now while the admission watermark of free page groups stays free (reclaimable deferred pages count)."""
+        return self._pick_slot(first_target_tokens) is not None
+
+    def _reclaimable_page_groups(self) -> int:
+        return sum(self.mapped[s] for s in self._idle if not self.in_flight_maps[s])
+
+    def _pick_slot(self, first_target_tokens: int) -> int | None:
+        need = self.config.pages_for_tokens(first_target_tokens)
+        slot = self._best_fit(need)
+        if slot is None:
+            return None
+        new_groups = max(0, need - self.mapped[slot])
+        spare = self.free_page_groups - self._admission_groups
+        if new_groups > spare and new_groups > spare + self._reclaimable_page_groups() - self.mapped[slot]:
+            return None
+        return slot
+
+    # ---- slot lifecycle ------------------------------------------------------------------------------
+    def alloc_slot(self, first_target_tokens: int) -> int | None:
+        """Take a slot for a new request (``alloc_reqid``); ``None`` when no slot or memory is available.
+
+        Raises:
+            ValueError: if ``first_target_tokens`` exceeds one slot's capacity.
+        """
+        if self.config.pages_for_tokens(first_target_tokens) > self.config.max_pages_per_slot:
+            raise ValueError(f"first_target_tokens={first_target_tokens} exceeds the slot capacity "
+                             f"({self.config.max_pages_per_slot * self.config.tokens_per_page} tokens)")
+        slot = self._pick_slot(first_target_tokens)
+        if slot is not None:
+            self._set_active(slot, True)
+        return slot
+
+    def free_slot(self, slot: int, last_read_iteration: int) -> Plan:
+        """Release a slot (``free_reqid``) after its request finished or was preempted.
+
+        The slot becomes allocatable only once iteration ``last_read_iteration`` has completed
+        (:meth:`iteration_completed`). With deferred reclamation its pages stay mapped; without it the
+        returned plan unmaps them (applied at once to the accounting; the executor performs it).
+
+        Raises:
+            ValueError: if the slot is not active.
+        """
+        if not self.active[slot]:
+            raise ValueError(f"slot {slot} is not active")
+        self._set_active(slot, False)
+        self.last_read_iteration[slot] = last_read_iteration
+        if self.config.deferred_reclaim or not self.mapped[slot]:
+            return Plan()
+        return Plan(unmaps=(self._unmap_all(slot),))
+
+    def _unmap_all(self, slot: int) -> UnmapOp:
+        op = UnmapOp(slot, 0, self.mapped[slot])
+        self._add_mapped(slot, -op.num_pages)
+        self.free_page_groups += op.num_pages
+        return op
+
+    def iteration_completed(self, iteration: int) -> None:
+        """Record that every kernel of ``iteration`` finished (slots it read may now be reused)."""
+        self.completed_iteration = max(self.completed_iteration, iteration)
+
+    # ---- foreground step -----------------------------------------------------------------------------
+    def step(self, target_tokens: Mapping[int, int]) -> Plan | None:
+        """Map, for every slot, what this iteration's target length needs (``step(seq_lens)``).
+
+        Args:
+            target_tokens: slot -> computed + scheduled tokens of this iteration.
+
+        Returns:
+            The plan (idle slots' deferred pages unmapped first when the pool is short), already applied to
+            the accounting; or ``None`` when even reclaiming every idle slot cannot cover it (nothing changed:
+            the scheduler must preempt and retry).
+
+        Raises:
+            ValueError: for an inactive slot or a target beyond the slot capacity.
+            RuntimeError: if a target slot still has background maps in flight (the executor must first
+                cancel the queued ones and wait for the one in progress).
+        """
+        for slot in target_tokens:
+            if self.in_flight_maps[slot]:
+                raise RuntimeError(f"step() for slot {slot} while its background maps are in flight")
+        needs = self._needs(target_tokens)
+        shortfall = sum(n for _, _, n in needs) - self.free_page_groups
+        if shortfall > 0 and shortfall > self._reclaimable_page_groups():
+            return None
+        unmaps = self._reclaim_idle(shortfall) if shortfall > 0 else []
+        maps = []
+        for slot, first_page, num_pages in needs:
+            self._add_mapped(slot, num_pages)
+            self.free_page_groups -= num_pages
+            maps.append(MapOp(slot, first_page, num_pages))
+        return Plan(maps=tuple(maps), unmaps=tuple(unmaps))
+
+    def _needs(self, target_tokens: Mapping[int, int]) -> list[tuple[int, int, int]]:
+        needs = []
+        for slot, tokens in target_tokens.items():
+            if not self.active[slot]:
+                raise ValueError(f"step() for inactive slot {slot}")
+            pages = self.config.pages_for_tokens(tokens)
+            if pages > self.config.max_pages_per_slot:
+                raise ValueError(f"slot {slot} target {tokens} tokens exceeds the slot capacity")
+            if pages > self.mapped[slot]:
+                needs.append((slot, self.mapped[slot], pages - self.mapped[slot]))
+        return needs
+
+    def _reclaim_idle(self, page_groups: int) -> list[UnmapOp]:
+        """Unmap whole idle slots, most-mapped first, until ``page_groups`` are freed."""
+        unmaps = []
+        for slot in sorted(self._idle, key=lambda s: (-self.mapped[s], s)):
+            if page_groups <= 0 or not self.mapped[slot]:
+                break
+            if self.in_flight_maps[slot]:
+                continue
+            page_groups -= self.mapped[slot]
+            unmaps.append(self._unmap_all(slot))
+        return unmaps
+
+    # ---- background (asynchronous mapper) ------------------------------------------------------------
+    def background_plan(self, lookahead_tokens: Mapping[int, int]) -> Plan:
+        """Work for the asynchronous mapper while the GPU computes (``step_async``): map ahead for running
+        slots, pre-map idle slots (eager allocation), reclaim idle slots below the low watermark.
+
+        Every returned op is *reserved*: the executor must :meth:`commit` or :meth:`cancel` each one.
+        Ops are single page groups so that they can be committed one at a time.
+
+        Args:
+            lookahead_tokens: active slot -> tokens it is predicted to hold a few iterations ahead.
+        """
+        maps = self._lookahead_maps(lookahead_tokens)
+        if self._eager_dirty and self.free_page_groups > 2 * self._low_groups:
+            maps += self._eager_idle_maps()
+            self._eager_dirty = False
+        unmaps = self._low_watermark_unmaps() if self.free_page_groups < self._low_groups else []
+        return Plan(maps=tuple(maps), unmaps=tuple(unmaps))
+
+    def _reserve_map(self, slot: int) -> MapOp:
+        op = MapOp(slot, self.mapped[slot] + self.in_flight_maps[slot], 1)
+        self.in_flight_maps[slot] += 1
+        self.free_page_groups -= 1
+        return op
+
+    def _lookahead_maps(self, lookahead_tokens: Mapping[int, int]) -> list[MapOp]:
+        maps = []
+        cap = self.config.max_pages_per_slot
+        for slot, tokens in lookahead_tokens.items():
+            want = min(self.config.pages_for_tokens(tokens), cap)
+            while self.mapped[slot] + self.in_flight_maps[slot] < want and self.free_page_groups > self._admission_groups:
+                maps.append(self._reserve_map(slot))
+        return maps
+
+    def _eager_idle_maps(self) -> list[MapOp]:
+        """Keep ``eager_idle_slots`` idle slots (those with the most pages) at >= ``eager_page_groups``."""
+        target = min(self.config.eager_page_groups, self.config.max_pages_per_slot)
+        wanted = self.config.eager_idle_slots
+        if sum(len(bucket) for bucket in self._idle_buckets[target:]) >= wanted:
+            return []
+        idle = []
+        for bucket in reversed(self._idle_buckets):
+            idle += sorted(bucket)[: wanted - len(idle)]
+            if len(idle) >= wanted:
+                break
+        maps = []
+        for slot in idle:
+            while self.mapped[slot] + self.in_flight_maps[slot] < target and self.free_page_groups > 2 * self._low_groups:
+                maps.append(self._reserve_map(slot))
+        return maps
+
+    def _low_watermark_unmaps(self) -> list[UnmapOp]:
+        unmaps = []
+        high = 2 * self._low_groups
+        for slot in sorted(self._idle, key=lambda s: (-self.mapped[s], s)):
+            while self.mapped[slot] and self.free_page_groups + self.in_flight_unmaps < high and not self.in_flight_maps[slot]:
+                self._add_mapped(slot, -1)
+                self.in_flight_unmaps += 1
+                self.in_flight_unmaps_slot[slot] += 1
+                unmaps.append(UnmapOp(slot, self.mapped[slot], 1))
+        return unmaps
+
+    def commit(self, op: MapOp | UnmapOp) -> None:
+        """The executor finished a reserved background op."""
+        if isinstance(op, MapOp):
+            self._check_in_flight(op)
+            self.in_flight_maps[op.slot] -= op.num_pages
+            self._add_mapped(op.slot, op.num_pages)
+        else:
+            self.in_flight_unmaps -= op.num_pages
+            self.in_flight_unmaps_slot[op.slot] -= op.num_pages
+            self.free_page_groups += op.num_pages
+            self._eager_dirty = True
+
+    def cancel(self, op: MapOp | UnmapOp) -> None:
+        """The executor dropped a reserved background op before starting it (state as if never planned).
+        Ops must be cancelled in reverse order of reservation for a slot (prefix order is kept)."""
+        self._eager_dirty = True
+        if isinstance(op, MapOp):
+            self._check_in_flight(op)
+            self.in_flight_maps[op.slot] -= op.num_pages
+            self.free_page_groups += op.num_pages
+        else:
+            self.in_flight_unmaps -= op.num_pages
+            self.in_flight_unmaps_slot[op.slot] -= op.num_pages
+            self._add_mapped(op.slot, op.num_pages)
+
+    def _check_in_flight(self, op: MapOp) -> None:
+        if self.in_flight_maps[op.slot] < op.num_pages:
+            raise RuntimeError(f"{op} was not reserved")

@@ -1,0 +1,59 @@
+"""Per-request state inside the simulator (time in microseconds, see :mod:`sim.units`)."""
+from __future__ import annotations
+
+
+class Request:
+    """One request's progress.
+
+    Token bookkeeping (vLLM semantics): the sequence holds ``seq_len = prompt_tokens + generated`` tokens,
+    of which ``computed`` have KV in the cache. An iteration processes ``remaining = seq_len - computed``
+    tokens in chunks (a prefill, or after a recompute preemption a re-prefill) or exactly one (a decode);
+    the chunk that brings ``computed`` to ``seq_len`` emits one new token. The request finishes when
+    ``generated == output_tokens``; its KV then holds ``prompt + output - 1`` tokens.
+    """
+
+    __slots__ = ("request_id", "arrival_at_us", "prompt_tokens", "output_tokens", "computed", "generated",
+                 "slot", "first_token_at_us", "completion_at_us", "preemptions", "admitted_order", "status",
+                 "last_slot")
+
+    def __init__(self, request_id: int, arrival_at_us: float, prompt_tokens: int, output_tokens: int):
+        self.request_id = request_id
+        self.arrival_at_us = arrival_at_us
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.computed = 0
+        self.generated = 0
+        self.slot = -1
+        self.last_slot = -1
+        self.first_token_at_us = float("nan")
+        self.completion_at_us = float("nan")
+        self.preemptions = 0
+        self.admitted_order = -1
+        self.status = "waiting"
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_tokens + self.generated
+
+    @property
+    def remaining(self) -> int:
+        return self.prompt_tokens + self.generated - self.computed
+
+    @property
+    def final_kv_tokens(self) -> int:
+        """KV tokens the request holds at its last iteration: ``prompt + output - 1``."""
+        return self.prompt_tokens + self.output_tokens - 1
+
+    def record(self) -> tuple:
+        """Flat per-request record, in the order of :data:`REQUEST_COLUMNS`."""
+        ttft = self.first_token_at_us - self.arrival_at_us
+        e2e = self.completion_at_us - self.arrival_at_us
+        decodes = self.output_tokens - 1
+        tpot = (self.completion_at_us - self.first_token_at_us) / decodes if decodes > 0 else float("nan")
+        return (self.request_id, self.arrival_at_us, self.prompt_tokens, self.output_tokens,
+                self.first_token_at_us, self.completion_at_us, ttft, tpot, e2e, self.preemptions,
+                self.last_slot, self.status)
+
+
+REQUEST_COLUMNS = ("request_id", "arrival_at_us", "prompt_tokens", "output_tokens", "first_token_at_us",
+                   "completion_at_us", "ttft_us", "tpot_us", "e2e_us", "preemptions", "slot", "status")
