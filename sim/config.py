@@ -127,7 +127,7 @@ class SimConfig:
     def to_dict(self) -> dict:
         """Plain dict of the settings plus the derived sizes (for ``config.json``)."""
         out = asdict(self)
-        out.update(slot_max_tokens=self.slot_max_tokens, tokens_per_page=self.tokens_per_page,
+        out.update(num_sub_tensors=self.num_sub_tensors, slot_max_tokens=self.slot_max_tokens, tokens_per_page=self.tokens_per_page,
                    pool_page_groups=self.pool_page_groups, page_group_bytes=self.page_group_bytes,
                    kv_budget_bytes=self.kv_budget_bytes, needs_modified_driver=self.needs_modified_driver)
         return out

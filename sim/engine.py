@@ -28,6 +28,9 @@ from sim.request import REQUEST_COLUMNS, Request
 from sim.scheduler import SCHEDULERS, Batch
 from sim.units import US_PER_S
 
+ARRIVAL_TICKS_PER_S = 10_000_000
+ARRIVAL_TICK_US = US_PER_S / ARRIVAL_TICKS_PER_S
+
 ITERATION_COLUMNS = (
     "iteration", "start_at_us", "duration_us", "compute_us", "sync_stall_us", "sync_map_page_groups",
     "bg_map_page_groups", "unmap_page_groups", "prefill_tokens", "decode_tokens", "batch_size",
@@ -423,7 +426,9 @@ def _requests_from_trace(trace: pd.DataFrame, slot_max_tokens: int) -> list[Requ
         row = trace.loc[too_long[0]]
         raise ValueError(f"request {int(row.request_id)} needs {int(row.prompt_tokens + row.output_tokens - 1)} "
                          f"KV tokens, more than a slot holds ({slot_max_tokens}); clip the trace first")
-    arrivals_us = (trace["arrival_s"].to_numpy(dtype=float) * US_PER_S).tolist()
+    # Quantised to 100 ns, the Azure trace's tick, so that one trace in two file forms (absolute timestamps
+    # vs float seconds with ~1e-12 s noise) gives bit-identical runs.
+    arrivals_us = (np.round(trace["arrival_s"].to_numpy(dtype=float) * ARRIVAL_TICKS_PER_S) * ARRIVAL_TICK_US).tolist()
     return [Request(int(i), a, int(p), int(o)) for i, a, p, o in zip(
         trace["request_id"], arrivals_us, trace["prompt_tokens"], trace["output_tokens"])]
 

@@ -1,0 +1,130 @@
+"""Run results: per-request and per-iteration tables, the summary, and the run directory on disk.
+
+Run directory layout (``kvsim simulate --out DIR``)::
+
+    DIR/requests.parquet    one row per request   (sim.request.REQUEST_COLUMNS; times in us)
+    DIR/iterations.parquet  one row per iteration (sim.engine.ITERATION_COLUMNS; times in us)
+    DIR/summary.json        the summary below (units in every key)
+    DIR/config.json         the run configuration, derived sizes and the trace/profile sources
+
+Percentiles are linear-interpolated (numpy default) over finished requests.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.units import US_PER_MS, US_PER_S
+
+RUN_FILES = ("requests.parquet", "iterations.parquet", "summary.json", "config.json")
+
+
+@dataclass
+class RunResult:
+    """One run: ``requests`` and ``iterations`` DataFrames, the ``summary`` dict and the ``config`` dict."""
+
+    requests: pd.DataFrame
+    iterations: pd.DataFrame
+    summary: dict
+    config: dict = field(default_factory=dict)
+    path: Path | None = None
+
+
+def _percentiles(values: pd.Series, name: str, scale: float, unit: str) -> dict:
+    finite = values.to_numpy(dtype=float)
+    finite = finite[np.isfinite(finite)]
+    out = {}
+    for q in (50, 90, 99):
+        out[f"{name}_p{q}_{unit}"] = float(np.percentile(finite, q) / scale) if len(finite) else float("nan")
+    out[f"{name}_mean_{unit}"] = float(finite.mean() / scale) if len(finite) else float("nan")
+    return out
+
+
+def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, config: dict) -> dict:
+    """The run summary (flat dict, units in keys).
+
+    Args:
+        requests / iterations: the run's tables (times in us).
+        counters: :attr:`sim.engine.SimOutput.counters`.
+        config: :meth:`sim.config.SimConfig.to_dict` output (page_group_bytes, num_sub_tensors used).
+    """
+    finished = requests[requests["status"] == "finished"]
+    start_us = float(requests["arrival_at_us"].min()) if len(requests) else 0.0
+    end_us = float(finished["completion_at_us"].max()) if len(finished) else start_us
+    span_s = max(end_us - start_us, 1e-9) / US_PER_S
+    group_bytes = config["page_group_bytes"]
+    calls_per_group = config["num_sub_tensors"]
+    maps = counters["sync_map_page_groups"] + counters["bg_map_page_groups"]
+    unmaps = counters["sync_unmap_page_groups"] + counters["bg_unmap_page_groups"]
+    stalls = iterations["sync_stall_us"] if len(iterations) else pd.Series(dtype=float)
+    summary = {
+        "requests": int(len(requests)), "finished": int(len(finished)),
+        "rejected": int((requests["status"] == "rejected").sum()),
+        "makespan_s": span_s,
+        "throughput_req_per_s": len(finished) / span_s,
+        "output_tokens_per_s": float(finished["output_tokens"].sum()) / span_s,
+        "total_tokens_per_s": float((finished["prompt_tokens"] + finished["output_tokens"]).sum()) / span_s,
+        **_percentiles(finished["ttft_us"], "ttft", US_PER_MS, "ms"),
+        **_percentiles(finished["tpot_us"], "tpot", US_PER_MS, "ms"),
+        **_percentiles(finished["e2e_us"], "e2e", US_PER_S, "s"),
+        **_percentiles(iterations["duration_us"], "iteration", US_PER_MS, "ms"),
+        "iterations": int(len(iterations)),
+        "mean_batch_size": float(iterations["batch_size"].mean()) if len(iterations) else 0.0,
+        "max_batch_size": int(iterations["batch_size"].max()) if len(iterations) else 0,
+        "peak_mapped_bytes": int(iterations["mapped_page_groups"].max() * group_bytes) if len(iterations) else 0,
+        "pool_bytes": int(counters["pool_page_groups"] * group_bytes),
+        "mean_tail_waste_bytes": float(iterations["tail_waste_bytes"].mean()) if len(iterations) else 0.0,
+        "max_tail_waste_bytes": int(iterations["tail_waste_bytes"].max()) if len(iterations) else 0,
+        "map_page_groups": int(maps), "unmap_page_groups": int(unmaps),
+        "map_calls": int(maps * calls_per_group), "unmap_calls": int(unmaps * calls_per_group),
+        "background_map_share": counters["bg_map_page_groups"] / maps if maps else float("nan"),
+        "sync_stall_total_ms": float(stalls.sum() / US_PER_MS),
+        "iterations_with_stall": int((stalls > 0).sum()),
+        "preemptions": int(requests["preemptions"].sum()),
+    }
+    return summary
+
+
+def build_result(output, config: dict) -> RunResult:
+    """Turn :class:`sim.engine.SimOutput` into a :class:`RunResult`."""
+    requests = output.requests_frame()
+    iterations = output.iterations_frame()
+    return RunResult(requests, iterations, summarize(requests, iterations, output.counters, config), config)
+
+
+def write_run(result: RunResult, out_dir: str | Path, overwrite: bool = False) -> Path:
+    """Write a run directory (layout in the module docstring).
+
+    Raises:
+        FileExistsError: if ``out_dir`` already holds run files and ``overwrite`` is false.
+    """
+    out = Path(out_dir)
+    existing = [name for name in RUN_FILES if (out / name).exists()]
+    if existing and not overwrite:
+        raise FileExistsError(f"{out} already holds a run ({', '.join(existing)}); choose another --out or pass --force")
+    out.mkdir(parents=True, exist_ok=True)
+    result.requests.to_parquet(out / "requests.parquet", index=False)
+    result.iterations.to_parquet(out / "iterations.parquet", index=False)
+    (out / "summary.json").write_text(json.dumps(result.summary, indent=2, allow_nan=True) + "\n")
+    (out / "config.json").write_text(json.dumps(result.config, indent=2, default=str) + "\n")
+    result.path = out
+    return out
+
+
+def load_run(path: str | Path) -> RunResult:
+    """Read a run directory written by :func:`write_run` (or ``kvsim simulate``).
+
+    Raises:
+        FileNotFoundError: naming the missing file.
+    """
+    run = Path(path)
+    for name in RUN_FILES:
+        if not (run / name).is_file():
+            raise FileNotFoundError(f"{run}: not a kvsim run directory ({name} is missing)")
+    return RunResult(pd.read_parquet(run / "requests.parquet"), pd.read_parquet(run / "iterations.parquet"),
+                     json.loads((run / "summary.json").read_text()), json.loads((run / "config.json").read_text()),
+                     run)

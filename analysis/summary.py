@@ -1,0 +1,66 @@
+"""Printing a run summary as a table (rich)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from sim.units import format_bytes
+
+# (label, summary key, format)
+SUMMARY_ROWS = (
+    ("requests finished / total", None, None),
+    ("throughput", "throughput_req_per_s", "{:.3f} req/s"),
+    ("output tokens", "output_tokens_per_s", "{:.1f} tok/s"),
+    ("TTFT p50 / p90 / p99", ("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms"), "{:.1f} / {:.1f} / {:.1f} ms"),
+    ("TPOT p50 / p90 / p99", ("tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms"), "{:.2f} / {:.2f} / {:.2f} ms"),
+    ("E2E p50 / p90 / p99", ("e2e_p50_s", "e2e_p90_s", "e2e_p99_s"), "{:.2f} / {:.2f} / {:.2f} s"),
+    ("iterations", "iterations", "{:,}"),
+    ("batch size mean / max", ("mean_batch_size", "max_batch_size"), "{:.1f} / {}"),
+    ("peak mapped KV memory", "peak_mapped_bytes", "bytes"),
+    ("page pool", "pool_bytes", "bytes"),
+    ("tail waste mean / max", ("mean_tail_waste_bytes", "max_tail_waste_bytes"), "bytes2"),
+    ("page groups mapped / unmapped", ("map_page_groups", "unmap_page_groups"), "{:,} / {:,}"),
+    ("VMM map / unmap calls", ("map_calls", "unmap_calls"), "{:,} / {:,}"),
+    ("maps done in background", "background_map_share", "{:.1%}"),
+    ("sync mapping stall total", ("sync_stall_total_ms", "iterations_with_stall"), "{:.1f} ms in {:,} iterations"),
+    ("preemptions", "preemptions", "{:,}"),
+)
+
+
+def summary_lines(summary: dict) -> list[tuple[str, str]]:
+    """(label, value) pairs for printing."""
+    rows = []
+    for label, key, fmt in SUMMARY_ROWS:
+        if key is None:
+            value = f"{summary['finished']:,} / {summary['requests']:,}" + (
+                f" ({summary['rejected']} rejected)" if summary["rejected"] else "")
+        elif fmt == "bytes":
+            value = format_bytes(summary[key])
+        elif fmt == "bytes2":
+            value = f"{format_bytes(summary[key[0]])} / {format_bytes(summary[key[1]])}"
+        else:
+            values = [summary[k] for k in key] if isinstance(key, tuple) else [summary[key]]
+            value = fmt.format(*values)
+        rows.append((label, value))
+    return rows
+
+
+def print_summary(result, wall_s: float | None = None, out_dir: Path | None = None) -> None:
+    """Print the run's workload line, its summary table and where the files went."""
+    console = Console(width=100)
+    config = result.config
+    console.print(f"trace: {config.get('trace_source')}")
+    console.print(f"model {config['model']} on {config['gpu']} (tp={config['tp']}), vAttention page "
+                  f"{format_bytes(config['page_size_bytes'])} ({config['tokens_per_page']} tokens), "
+                  f"{'synchronous' if config['sync_mapping'] else 'asynchronous'} mapping, "
+                  f"scheduler {config['scheduler']} (budget {config['token_budget']}), seed {config['seed']}")
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for label, value in summary_lines(result.summary):
+        table.add_row(label, value)
+    console.print(table)
+    if wall_s is not None:
+        console.print(f"simulated in {wall_s:.2f} s wall" + (f"; results in {out_dir}/" if out_dir else ""))

@@ -1,0 +1,206 @@
+"""``kvsim``: the command line. Subcommands: simulate, traces, calibrate.
+
+Every user error (bad trace, impossible configuration, unknown model, unreadable profile, existing
+output) prints one ``kvsim: error: ...`` line naming the file, field or value, and exits with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sim import __version__
+
+
+def _size(text: str) -> int:
+    from sim.units import parse_size_bytes
+    try:
+        return parse_size_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """Options shared by every command that builds a :class:`sim.config.SimConfig`."""
+    from sim.catalog import gpu_names, model_names
+    parser.add_argument("--model", default="llama-3-8b", help=f"model ({', '.join(model_names())}); default llama-3-8b")
+    parser.add_argument("--gpu", default="h200", help=f"GPU ({', '.join(gpu_names())}); default h200")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (divides KV heads); default 1")
+    parser.add_argument("--page-size", type=_size, default="2MiB",
+                        help="vAttention page size per K/V sub-tensor, e.g. 2MiB, 256KiB (< 2MiB needs a modified driver)")
+    parser.add_argument("--max-batch", type=int, default=256, help="request slots B (max concurrent requests); default 256")
+    parser.add_argument("--scheduler", choices=("sarathi", "vllm"), default="sarathi",
+                        help="sarathi: chunked prefill with a token budget; vllm: prefill-first; default sarathi")
+    parser.add_argument("--token-budget", type=int, default=2048, help="tokens per iteration (chunked prefill); default 2048")
+    parser.add_argument("--max-context", type=int, default=None,
+                        help="tokens per slot L_max (default: the model's context); longer requests are clipped")
+    parser.add_argument("--sync-mapping", action="store_true", help="map on the critical path (no background mapper)")
+    parser.add_argument("--no-deferred-reclaim", action="store_true",
+                        help="unmap a finished request's pages at once instead of keeping them on its slot")
+    parser.add_argument("--memory-util", type=_positive_float, default=0.9,
+                        help="share of GPU memory for weights + KV cache (vLLM gpu_memory_utilization); default 0.9")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the run's random generator; default 0")
+
+
+def config_from_args(args: argparse.Namespace, **overrides):
+    """Build the :class:`SimConfig` from parsed options (raises ConfigError / CatalogError on bad values)."""
+    from sim.config import SimConfig
+    values = dict(model=args.model, gpu=args.gpu, tp=args.tp, page_size_bytes=args.page_size,
+                  max_batch_slots=args.max_batch, scheduler=args.scheduler, token_budget=args.token_budget,
+                  max_context_tokens=args.max_context, sync_mapping=args.sync_mapping,
+                  deferred_reclaim=not args.no_deferred_reclaim, memory_util_frac=args.memory_util, seed=args.seed)
+    values.update(overrides)
+    return SimConfig(**values)
+
+
+def add_trace_args(parser: argparse.ArgumentParser) -> None:
+    """Options that choose the workload."""
+    parser.add_argument("--trace", help="trace file (Azure, Splitwise/Vidur, length-only CSV, Mooncake JSONL, "
+                                        "BurstGPT, canonical Parquet); default: built-in synthetic workload")
+    parser.add_argument("--format", dest="trace_format", default=None, help="trace format (default: detect)")
+    parser.add_argument("--arrival", default=None,
+                        help="arrival process for length-only traces: poisson:RATE or gamma:RATE,CV")
+    parser.add_argument("--num-requests", type=int, default=None,
+                        help="use the first N requests (default: all; synthetic default: 1000)")
+    parser.add_argument("--rate-scale", type=_positive_float, default=1.0,
+                        help="multiply the arrival rate (divide inter-arrival times) by X; default 1")
+
+
+def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int):
+    """Load (or synthesise) the trace, apply --num-requests / --rate-scale, clip to the slot length.
+
+    Returns:
+        ``(trace, notes)``: the canonical table and human-readable notes (warnings) to print.
+    """
+    import traces
+    notes = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", traces.TraceWarning)
+        if args.trace:
+            trace = traces.load_trace(args.trace, fmt=args.trace_format, arrival=args.arrival, seed=seed)
+        else:
+            trace = traces.synthetic_default(seed, num_requests=args.num_requests or 1000)
+    notes += [str(w.message) for w in caught if issubclass(w.category, traces.TraceWarning)]
+    if args.num_requests:
+        trace = traces.first_n(trace, args.num_requests)
+    if args.rate_scale != 1.0:
+        trace = traces.scale_rate(trace, args.rate_scale)
+    trace, clipped = traces.clip_context(trace, max_context_tokens)
+    if clipped:
+        notes.append(f"{clipped} request(s) longer than the slot length ({max_context_tokens} tokens) were clipped")
+    return trace, notes
+
+
+def _default_out_dir() -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = Path("runs") / f"sim-{stamp}"
+    suffix = 1
+    while out.exists():
+        out = Path("runs") / f"sim-{stamp}-{suffix}"
+        suffix += 1
+    return out
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from analysis.results import write_run
+    from analysis.runner import run_simulation
+    from analysis.summary import print_summary
+
+    config = config_from_args(args)
+    out_dir = Path(args.out) if args.out else _default_out_dir()
+    if not args.force and any((out_dir / f).exists() for f in ("summary.json", "requests.parquet")):
+        raise FileExistsError(f"{out_dir} already holds a run; choose another --out or pass --force")
+    trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
+    for note in notes:
+        print(f"kvsim: warning: {note}", file=sys.stderr)
+    if config.needs_modified_driver:
+        print(f"kvsim: note: page size {args.page_size} B is below the 2 MiB VMM granularity: a what-if that needs a "
+              "modified NVIDIA driver (domain.md)", file=sys.stderr)
+    started = time.perf_counter()
+    with _progress(len(trace), args.quiet) as progress:
+        result = run_simulation(config, trace, args.profile, progress=progress)
+    wall_s = time.perf_counter() - started
+    write_run(result, out_dir, overwrite=args.force)
+    if args.report:
+        from analysis.report import write_report
+        write_report([result], out_dir / "report.html")
+    print_summary(result, wall_s=wall_s, out_dir=out_dir)
+    return 0
+
+
+class _progress:
+    """A rich progress bar on a terminal for runs of more than 2,000 requests; silent otherwise."""
+
+    def __init__(self, total: int, quiet: bool):
+        self.total, self.bar, self.task = total, None, None
+        if not quiet and total > 2000 and sys.stderr.isatty():
+            from rich.progress import Progress
+            self.bar = Progress(transient=True)
+
+    def __enter__(self):
+        if self.bar is None:
+            return None
+        self.bar.start()
+        self.task = self.bar.add_task("simulating", total=self.total)
+        return lambda done, total: self.bar.update(self.task, completed=done)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvsim", description="Trace-driven simulator of LLM-serving KV-cache memory management (vAttention, "
+                                  "PagedAttention, static reservation) with a CUDA VMM hardware backend.")
+    parser.add_argument("--version", action="version", version=f"kvsim {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sim = sub.add_parser("simulate", help="replay a trace through vAttention memory management",
+                         description="Replay a trace (or the built-in synthetic workload) and print the summary.")
+    add_trace_args(sim)
+    add_config_args(sim)
+    sim.add_argument("--profile", default=None, help="calibration profile JSON (kvsim calibrate) for VMM latencies")
+    sim.add_argument("--out", default=None, help="run directory (default: runs/sim-<UTC time>)")
+    sim.add_argument("--force", action="store_true", help="overwrite the run files in an existing --out")
+    sim.add_argument("--report", action="store_true", help="also write report.html into the run directory")
+    sim.add_argument("--quiet", action="store_true", help="no progress display")
+    sim.set_defaults(func=cmd_simulate)
+    for module in ("traces.cli", "hwbackend.cli", "analysis.cli"):
+        try:
+            register = __import__(module, fromlist=["register"]).register
+        except (ImportError, AttributeError):
+            continue
+        register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``kvsim`` console command; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, OSError) as exc:
+        print(f"kvsim: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kvsim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
