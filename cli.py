@@ -69,7 +69,8 @@ def config_from_args(args: argparse.Namespace, **overrides):
 def add_trace_args(parser: argparse.ArgumentParser) -> None:
     """Options that choose the workload."""
     parser.add_argument("--trace", help="trace file (Azure, Splitwise/Vidur, length-only CSV, Mooncake JSONL, "
-                                        "BurstGPT, canonical Parquet); default: built-in synthetic workload")
+                                        "BurstGPT, canonical Parquet) or a public trace name (e.g. azure-conv-2023, "
+                                        "see 'kvsim traces fetch'); default: built-in synthetic workload")
     parser.add_argument("--format", dest="trace_format", default=None, help="trace format (default: detect)")
     parser.add_argument("--arrival", default=None,
                         help="arrival process for length-only traces: poisson:RATE or gamma:RATE,CV")
@@ -90,7 +91,8 @@ def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", traces.TraceWarning)
         if args.trace:
-            trace = traces.load_trace(args.trace, fmt=args.trace_format, arrival=args.arrival, seed=seed)
+            path = traces.resolve_trace(args.trace)  # a file, or a public trace name (kvsim traces fetch)
+            trace = traces.load_trace(path, fmt=args.trace_format, arrival=args.arrival, seed=seed)
         else:
             trace = traces.synthetic_default(seed, num_requests=args.num_requests or 1000)
     notes += [str(w.message) for w in caught if issubclass(w.category, traces.TraceWarning)]

@@ -140,6 +140,7 @@ class Simulator:
         self._admissions = 0
         self._pending_sync_unmaps = Plan()
         self._iteration_preemptions = 0
+        self._bg_recorded = (0, 0)
         self._sync_maps = self._sync_unmaps = 0
         self._kv_bytes_per_token = config.model_spec.kv_bytes_per_token(config.tp)
 
@@ -189,13 +190,11 @@ class Simulator:
             stall_us = env.now - start_at_us
             compute_us = self.compute.iteration_us(_shape(batch))
             snapshot = self._pool_snapshot(batch)
-            bg_before = (self.mapper.maps_done, self.mapper.unmaps_done) if self.mapper else (0, 0)
             if self.mapper:
                 self.mapper.submit(self.policy.background_plan(self._lookahead(batch)))
             yield env.timeout(compute_us)
             self.policy.iteration_completed(iteration)
-            bg_maps, bg_unmaps = ((self.mapper.maps_done - bg_before[0], self.mapper.unmaps_done - bg_before[1])
-                                  if self.mapper else (0, 0))
+            bg_maps, bg_unmaps = self._background_since_last_record()
             prefill = sum(t for r, t in batch if r.remaining > 1 or t > 1)
             self.iteration_records.append((
                 iteration, start_at_us, env.now - start_at_us, compute_us, stall_us,
@@ -255,7 +254,7 @@ class Simulator:
         pool cannot cover it. Returns the (possibly smaller) batch and the applied plan."""
         while True:
             if self.mapper:
-                in_progress = self.mapper.take_over(r.slot for r, _ in batch)
+                in_progress = self.mapper.take_over(self._short_slots(batch))
                 if in_progress is not None:
                     yield in_progress
             plan = self.policy.step({r.slot: r.computed + t for r, t in batch})
@@ -274,6 +273,20 @@ class Simulator:
             batch = [(r, t) for r, t in batch if r is not victim]
             if not batch:
                 return [], Plan()
+
+    def _background_since_last_record(self) -> tuple[int, int]:
+        """Page groups the mapper mapped / unmapped since the previous iteration record."""
+        if not self.mapper:
+            return 0, 0
+        done = (self.mapper.maps_done, self.mapper.unmaps_done)
+        delta = (done[0] - self._bg_recorded[0], done[1] - self._bg_recorded[1])
+        self._bg_recorded = done
+        return delta
+
+    def _short_slots(self, batch: Batch) -> list[int]:
+        """Slots whose target this iteration needs more pages than are mapped."""
+        pages_for, mapped = self.policy.config.pages_for_tokens, self.policy.mapped
+        return [r.slot for r, t in batch if pages_for(r.computed + t) > mapped[r.slot]]
 
     def _preempt(self, victim: Request) -> None:
         self._release(victim)

@@ -220,12 +220,9 @@ class VAttentionPolicy:
 
         Raises:
             ValueError: for an inactive slot or a target beyond the slot capacity.
-            RuntimeError: if a target slot still has background maps in flight (the executor must first
-                cancel the queued ones and wait for the one in progress).
+            RuntimeError: if a slot needs pages while background maps for it are in flight (the executor
+                must first cancel the queued ones and wait for the one in progress).
         """
-        for slot in target_tokens:
-            if self.in_flight_maps[slot]:
-                raise RuntimeError(f"step() for slot {slot} while its background maps are in flight")
         needs = self._needs(target_tokens)
         shortfall = sum(n for _, _, n in needs) - self.free_page_groups
         if shortfall > 0 and shortfall > self._reclaimable_page_groups():
@@ -247,6 +244,8 @@ class VAttentionPolicy:
             if pages > self.config.max_pages_per_slot:
                 raise ValueError(f"slot {slot} target {tokens} tokens exceeds the slot capacity")
             if pages > self.mapped[slot]:
+                if self.in_flight_maps[slot]:
+                    raise RuntimeError(f"step() needs pages of slot {slot} that background maps hold in flight")
                 needs.append((slot, self.mapped[slot], pages - self.mapped[slot]))
         return needs
 

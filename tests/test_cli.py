@@ -1,0 +1,90 @@
+"""The kvsim command line: the default run, real traces, and one clear message per bad input."""
+import json
+
+import pandas as pd
+import pytest
+
+from cli import main
+
+
+def test_default_simulate_is_synthetic_and_writes_the_run(tmp_path, capsys):
+    assert main(["simulate", "--out", str(tmp_path / "run"), "--num-requests", "200"]) == 0
+    printed = capsys.readouterr().out
+    assert "synthetic" in printed and "TTFT p50" in printed
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["finished"] == 200
+    requests = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    assert len(requests) == 200 and (requests["ttft_us"] > 0).all()
+    iterations = pd.read_parquet(tmp_path / "run" / "iterations.parquet")
+    # every request's prefill and decode tokens are accounted for exactly once (no preemption here)
+    assert summary["preemptions"] == 0
+    assert iterations["prefill_tokens"].sum() == requests["prompt_tokens"].sum()
+    assert iterations["decode_tokens"].sum() == (requests["output_tokens"] - 1).sum()
+
+
+def test_existing_run_is_not_overwritten(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    assert main(["simulate", "--out", out, "--num-requests", "20"]) == 0
+    assert main(["simulate", "--out", out, "--num-requests", "20"]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert main(["simulate", "--out", out, "--num-requests", "20", "--force"]) == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "gpt-9"], "known models: llama-2-7b"),
+    (["--gpu", "b200"], "known GPUs: a100, h100, h200"),
+    (["--tp", "3"], "does not divide"),
+    (["--page-size", "3MiB"], "power of two"),
+    (["--trace", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
+    (["--profile", "/nonexistent/profile.json"], "profile /nonexistent/profile.json"),
+])
+def test_bad_input_gives_one_message_and_exit_2(tmp_path, capsys, args, message):
+    assert main(["simulate", "--out", str(tmp_path / "r"), "--num-requests", "5", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert err.count("kvsim: error") == 1
+
+
+def test_malformed_trace_names_file_line_and_column(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,5\n0.5,-3,5\n")
+    assert main(["simulate", "--trace", str(bad), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "bad.csv" in err and "line 3" in err and "num_prefill_tokens" in err
+
+
+def test_unknown_page_size_unit_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--page-size", "2 parsecs"])
+    assert exc.value.code == 2
+    assert "not a size" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert "kvsim 0.1.0" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_full_conversation_trace_both_forms_identical(tmp_path, shared_traces):
+    """README point 10: all 19,366 requests complete, and the Azure CSV and its Splitwise form agree."""
+    azure = shared_traces / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
+    splitwise = shared_traces / "vidur_processed_traces" / "splitwise_conv.csv"
+    for name, path in (("azure", azure), ("splitwise", splitwise)):
+        assert main(["simulate", "--trace", str(path), "--model", "llama-3-8b", "--gpu", "h200",
+                     "--out", str(tmp_path / name), "--quiet"]) == 0
+    a = pd.read_parquet(tmp_path / "azure" / "requests.parquet")
+    b = pd.read_parquet(tmp_path / "splitwise" / "requests.parquet")
+    assert len(a) == 19_366 and (a["status"] == "finished").all()
+    assert a.equals(b)
+    assert pd.read_parquet(tmp_path / "azure" / "iterations.parquet").equals(
+        pd.read_parquet(tmp_path / "splitwise" / "iterations.parquet"))
+
+
+@pytest.mark.slow
+def test_code_trace_completes(tmp_path, shared_traces):
+    path = shared_traces / "azure_llm_2023" / "AzureLLMInferenceTrace_code.csv"
+    assert main(["simulate", "--trace", str(path), "--out", str(tmp_path / "code"), "--quiet"]) == 0
+    summary = json.loads((tmp_path / "code" / "summary.json").read_text())
+    assert summary["finished"] == 8_819

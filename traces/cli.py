@@ -1,0 +1,134 @@
+"""``kvsim traces ...`` commands: ``stats``, ``convert`` and ``fetch``.
+
+The root ``cli.py`` calls :func:`register` with its argparse subparsers object; each
+leaf parser sets ``func(args) -> int`` (the exit code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+from traces.errors import TraceError, TraceWarning
+from traces.loader import FORMAT_NAMES, load_trace, write_parquet
+from traces.named import NAMED_TRACES, fetch_trace, resolve_trace
+from traces.stats import format_stats, trace_stats
+from traces.transforms import clip_context, first_n, sample_n, scale_rate, time_window
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Adds the ``traces`` command group (``stats``, ``convert``) to ``subparsers``.
+
+    Args:
+        subparsers: The object returned by ``ArgumentParser.add_subparsers()``.
+
+    Returns:
+        The ``traces`` parser.
+    """
+    group = subparsers.add_parser("traces", help="inspect and convert request traces")
+    sub = group.add_subparsers(dest="traces_command", required=True)
+    stats = sub.add_parser("stats", help="print rows, span, rate, burstiness, lengths")
+    _add_input_args(stats)
+    stats.set_defaults(func=cmd_stats)
+    convert = sub.add_parser("convert", help="write a trace as canonical Parquet")
+    _add_input_args(convert)
+    convert.add_argument("--out", required=True, type=Path, help="output .parquet file")
+    convert.add_argument("--force", action="store_true", help="overwrite --out")
+    convert.set_defaults(func=cmd_convert)
+    fetch = sub.add_parser("fetch", help="download a named public trace (SHA-256 checked)")
+    fetch.add_argument("name", choices=sorted(NAMED_TRACES))
+    fetch.set_defaults(func=cmd_fetch)
+    return group
+
+
+def _add_input_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="trace file (CSV, JSONL, Parquet) or trace name")
+    parser.add_argument("--format", choices=FORMAT_NAMES, default=None,
+                        help="trace format (default: detect from the header)")
+    parser.add_argument("--arrival", default=None,
+                        help="'poisson:RATE' or 'gamma:RATE,CV' (RATE in req/s)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for arrivals/sampling")
+    parser.add_argument("--scale-rate", type=float, default=None, metavar="FACTOR",
+                        help="multiply the arrival rate by FACTOR")
+    parser.add_argument("--window", default=None, metavar="START_S:END_S",
+                        help="keep arrivals in [START_S, END_S) seconds")
+    parser.add_argument("--first", type=int, default=None, metavar="N",
+                        help="keep the first N requests")
+    parser.add_argument("--sample", type=int, default=None, metavar="N",
+                        help="keep N requests drawn at random (seeded)")
+    parser.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
+                        help="clip prompt+output to TOKENS")
+
+
+def load_with_transforms(args: argparse.Namespace) -> pd.DataFrame:
+    """Loads ``args.file`` and applies the transformation flags in a fixed order.
+
+    Order: window, scale-rate, first, sample, max-context. The number of clipped
+    requests is reported on stderr.
+    """
+    df = load_trace(resolve_trace(args.file), fmt=args.format, arrival=args.arrival,
+                    seed=args.seed)
+    if args.window:
+        start_s, _, end_s = args.window.partition(":")
+        try:
+            df = time_window(df, float(start_s), float(end_s))
+        except ValueError as err:
+            raise TraceError(f"--window: expected START_S:END_S ({err})") from None
+    if args.scale_rate is not None:
+        df = scale_rate(df, args.scale_rate)
+    if args.first is not None:
+        df = first_n(df, args.first)
+    if args.sample is not None:
+        df = sample_n(df, args.sample, args.seed)
+    if args.max_context is not None:
+        df, clipped = clip_context(df, args.max_context)
+        print(f"clipped {clipped} requests to {args.max_context} tokens", file=sys.stderr)
+    return df
+
+
+def _run(body, args: argparse.Namespace) -> int:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TraceWarning)
+        try:
+            code = body(args)
+        except TraceError as err:
+            print(f"error: {err}", file=sys.stderr)
+            code = 2
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    return code
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """``kvsim traces stats FILE``: prints :func:`trace_stats` as a table."""
+    def body(a):
+        df = load_with_transforms(a)
+        print(f"source           {df.attrs.get('source', a.file)}")
+        print(format_stats(trace_stats(df)))
+        return 0
+    return _run(body, args)
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    """``kvsim traces convert FILE --out F.parquet [--force]``."""
+    def body(a):
+        if a.out.exists() and not a.force:
+            print(f"error: {a.out} exists; pass --force to overwrite", file=sys.stderr)
+            return 1
+        df = load_with_transforms(a)
+        write_parquet(df, a.out)
+        print(f"wrote {len(df):,} requests to {a.out}")
+        return 0
+    return _run(body, args)
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    """``kvsim traces fetch NAME``: download into the data directory, verify SHA-256."""
+    def body(a):
+        print(f"{a.name}: {fetch_trace(a.name)} (SHA-256 verified)")
+        return 0
+    return _run(body, args)

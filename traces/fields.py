@@ -1,0 +1,97 @@
+"""Vectorised, checked conversion of one CSV column to tokens, seconds or timestamps.
+
+Each function takes a chunk whose index is the data-row position (see
+:func:`traces.csvread.line_of`) and raises one :class:`TraceError` naming the file,
+line, column and value of the first bad entry.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from traces.csvread import line_of
+from traces.errors import fail
+
+
+def _first_bad(path: Path, chunk: pd.DataFrame, column: str, bad: np.ndarray,
+               what: str):
+    row = int(np.argmax(bad))
+    raise fail(path, what, line_of(chunk.index[row]), column, chunk[column].iloc[row])
+
+
+def tokens(path: Path, chunk: pd.DataFrame, column: str) -> np.ndarray:
+    """Converts a token-count column; every value must be an integer >= 1.
+
+    Args:
+        path: The file (for messages).
+        chunk: Rows with ``column`` present (no NaN; see ``check_present``).
+        column: Column name.
+
+    Returns:
+        int64 array of token counts.
+
+    Raises:
+        TraceError: Non-integer, zero or negative value.
+    """
+    values = chunk[column]
+    if not pd.api.types.is_numeric_dtype(values):
+        numeric = pd.to_numeric(values, errors="coerce")
+        bad = numeric.isna().to_numpy()
+        if bad.any():
+            _first_bad(path, chunk, column, bad, "token count is not an integer")
+        values = numeric
+    array = values.to_numpy()
+    if array.dtype.kind == "f":
+        bad = ~np.isfinite(array) | (array != np.floor(array))
+        if bad.any():
+            _first_bad(path, chunk, column, bad, "token count is not an integer")
+    bad = array < 1
+    if bad.any():
+        _first_bad(path, chunk, column, bad, "token count must be >= 1")
+    return array.astype(np.int64)
+
+
+def seconds(path: Path, chunk: pd.DataFrame, column: str, scale: float = 1.0) -> np.ndarray:
+    """Converts a numeric time column to float64 seconds.
+
+    Args:
+        path: The file (for messages).
+        chunk: Rows with ``column`` present.
+        column: Column name.
+        scale: Seconds per file unit (1.0 for seconds, 1e-3 for milliseconds).
+
+    Raises:
+        TraceError: Non-numeric or non-finite value.
+    """
+    values = chunk[column]
+    if not pd.api.types.is_numeric_dtype(values):
+        values = pd.to_numeric(values, errors="coerce")
+    array = values.to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(array)
+    if bad.any():
+        _first_bad(path, chunk, column, bad, "time is not a finite number")
+    return array * scale
+
+
+def timestamps_ns(path: Path, chunk: pd.DataFrame, column: str) -> np.ndarray:
+    """Parses ISO wall-clock timestamps (Azure ``YYYY-MM-DD HH:MM:SS.fffffff[+00:00]``).
+
+    Naive timestamps are taken as UTC; an offset, where present, is applied.
+
+    Returns:
+        int64 nanoseconds since the Unix epoch.
+
+    Raises:
+        TraceError: An unparseable timestamp.
+    """
+    values = chunk[column].astype(str)
+    parsed = pd.to_datetime(values, format="ISO8601", errors="coerce", utc=True)
+    bad = parsed.isna().to_numpy()
+    if bad.any():
+        _first_bad(path, chunk, column, bad,
+                   "unparseable timestamp, expected YYYY-MM-DD HH:MM:SS.fffffff[+00:00]")
+    naive = parsed.dt.tz_localize(None).dt.as_unit("ns")
+    return naive.to_numpy().view(np.int64)

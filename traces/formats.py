@@ -1,0 +1,187 @@
+"""CSV trace formats: their columns, auto-detection and loading.
+
+=========  ==========================  ====================  =====================
+format     time column (unit)          prompt column         output column
+=========  ==========================  ====================  =====================
+azure      TIMESTAMP (ISO wall clock)  ContextTokens         GeneratedTokens
+splitwise  arrived_at (s)              num_prefill_tokens    num_decode_tokens
+lengths    none (needs ``arrival``)    num_prefill_tokens    num_decode_tokens
+burstgpt   Timestamp (s)               Request tokens        Response tokens
+=========  ==========================  ====================  =====================
+
+Sources: Azure/AzurePublicDataset (2023, 2024), microsoft/vidur
+``data/processed_traces``, HPMLL/BurstGPT. See ``docs/traces.md``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from traces import csvread, fields
+from traces.canonical import build_table
+from traces.errors import TraceError, TraceWarning, fail
+
+
+@dataclass(frozen=True)
+class CsvFormat:
+    """Column names and time unit of one CSV trace format.
+
+    Attributes:
+        name: The ``fmt=`` name.
+        time_column: Arrival column, or None for length-only files.
+        time_kind: ``"iso"`` (wall-clock strings) or ``"seconds"``.
+        prompt_column: Prompt-token column.
+        output_column: Output-token column.
+    """
+
+    name: str
+    time_column: str | None
+    time_kind: str
+    prompt_column: str
+    output_column: str
+
+    @property
+    def required(self) -> list[str]:
+        """Columns that must be in the header, time column first."""
+        cols = [self.prompt_column, self.output_column]
+        return ([self.time_column] if self.time_column else []) + cols
+
+
+CSV_FORMATS = {
+    "azure": CsvFormat("azure", "TIMESTAMP", "iso", "ContextTokens", "GeneratedTokens"),
+    "splitwise": CsvFormat("splitwise", "arrived_at", "seconds",
+                           "num_prefill_tokens", "num_decode_tokens"),
+    "lengths": CsvFormat("lengths", None, "none", "num_prefill_tokens", "num_decode_tokens"),
+    "burstgpt": CsvFormat("burstgpt", "Timestamp", "seconds",
+                          "Request tokens", "Response tokens"),
+}
+_BURSTGPT_EXTRA = {"Model": "model", "Session ID": "session_id",
+                   "Elapsed time": "elapsed_s", "Log Type": "log_type"}
+
+
+def detect_csv(path: Path, header: list[str]) -> CsvFormat:
+    """Chooses the CSV format whose required columns best match the header.
+
+    A format with all its columns present wins (the one with most columns, so
+    ``splitwise`` beats ``lengths``); otherwise the partial match with the largest
+    fraction of its columns present is returned
+    and :func:`check_columns` reports what is missing.
+
+    Raises:
+        TraceError: If no known column is in the header.
+    """
+    def score(spec: CsvFormat) -> tuple[bool, float, int]:
+        hits = sum(c in header for c in spec.required)
+        return hits == len(spec.required), hits / len(spec.required), hits
+
+    best = max(CSV_FORMATS.values(), key=score)
+    if score(best)[2] == 0:
+        known = "; ".join(f"{s.name}: {','.join(s.required)}" for s in CSV_FORMATS.values())
+        raise fail(path, f"unrecognised CSV header; known formats are {known}", 1,
+                   value=",".join(header))
+    return best
+
+
+def check_columns(path: Path, header: list[str], spec: CsvFormat) -> None:
+    """Raises naming the first required column absent from the header (line 1)."""
+    for column in spec.required:
+        if column not in header:
+            raise fail(path, f"missing column (format '{spec.name}' needs "
+                       f"{', '.join(spec.required)})", 1, column, ",".join(header))
+
+
+def load_csv(path: Path, spec: CsvFormat | None, arrival: str | None,
+             seed: int) -> pd.DataFrame:
+    """Loads a CSV trace into the canonical table.
+
+    Args:
+        path: The CSV file.
+        spec: Format, or None to detect it from the header.
+        arrival: Arrival process (``"poisson:RATE"``, ``"gamma:RATE,CV"``); required for
+            ``lengths`` files and, for timed files, replaces the file's timestamps.
+        seed: Seed of the arrival process.
+    """
+    header = csvread.header_fields(path, csvread.read_head(path))
+    spec = spec or detect_csv(path, header)
+    check_columns(path, header, spec)
+    if spec.time_column is None and arrival is None:
+        raise fail(path, "length-only trace has no arrival times; pass "
+                   "arrival='poisson:RATE' or 'gamma:RATE,CV' (--arrival)")
+    csvread.check_last_line(path, len(header))
+    parts = [_convert(path, chunk, spec, len(header)) for chunk in _chunks(path, spec)]
+    columns = _concat_columns(parts)
+    if not columns or len(columns["prompt_tokens"]) == 0:
+        raise fail(path, "empty file: a header but no requests")
+    if spec.name == "burstgpt":
+        _warn_failed(path, columns.pop("failed"))
+    prompt, output = columns.pop("prompt_tokens"), columns.pop("output_tokens")
+    arrival_s = _arrival_s(columns.pop("time", None), len(prompt), arrival, seed)
+    return build_table(arrival_s, prompt, output, str(path), extra=columns)
+
+
+def _concat_columns(parts: list[dict]) -> dict:
+    """Concatenates per-chunk columns, freeing each column's chunks as it goes."""
+    columns = {}
+    for key in list(parts[0]) if parts else []:
+        columns[key] = _concat([p.pop(key) for p in parts])
+    return columns
+
+
+def _concat(arrays: list):
+    if isinstance(arrays[0], pd.Series):
+        return pd.concat(arrays, ignore_index=True)
+    return np.concatenate(arrays)
+
+
+def _chunks(path: Path, spec: CsvFormat):
+    dtype = {spec.time_column: str} if spec.time_kind == "iso" else None
+    if spec.name == "burstgpt":
+        dtype = {"Model": "category", "Log Type": "category"}
+    return csvread.iter_chunks(path, dtype=dtype)
+
+
+def _convert(path: Path, chunk: pd.DataFrame, spec: CsvFormat, n_fields: int) -> dict:
+    failed = 0
+    if spec.name == "burstgpt":
+        chunk, failed = _drop_failed(chunk, spec.output_column)
+    csvread.check_present(path, chunk, spec.required, n_fields)
+    out = {"prompt_tokens": fields.tokens(path, chunk, spec.prompt_column),
+           "output_tokens": fields.tokens(path, chunk, spec.output_column)}
+    if spec.time_kind == "iso":
+        out["time"] = fields.timestamps_ns(path, chunk, spec.time_column)
+    elif spec.time_kind == "seconds":
+        out["time"] = fields.seconds(path, chunk, spec.time_column)
+    if spec.name == "burstgpt":
+        out["failed"] = np.array([failed])
+        out.update({new: chunk[old].reset_index(drop=True)
+                    for old, new in _BURSTGPT_EXTRA.items()
+                    if old in chunk.columns and new != "log_type"})
+    return out
+
+
+def _drop_failed(chunk: pd.DataFrame, column: str) -> tuple[pd.DataFrame, int]:
+    failed = pd.to_numeric(chunk[column], errors="coerce").eq(0).to_numpy()
+    return chunk[~failed], int(failed.sum())
+
+
+def _warn_failed(path: Path, failed: np.ndarray) -> None:
+    n_failed = int(failed.sum())
+    if n_failed:
+        warnings.warn(f"{path}: {n_failed} failed requests (Response tokens == 0) "
+                      "were dropped", TraceWarning, stacklevel=4)
+
+
+def _arrival_s(time: np.ndarray | None, n: int, arrival: str | None,
+               seed: int) -> np.ndarray:
+    if arrival is not None:
+        from traces.generators import arrivals_from_spec
+        return arrivals_from_spec(arrival, n, np.random.default_rng(seed))
+    time -= time.min()
+    if time.dtype.kind == "i":  # int64 ns from wall-clock timestamps
+        return time / 1e9
+    return time

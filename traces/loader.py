@@ -1,0 +1,103 @@
+"""``load_trace``: one entry point for every supported trace format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from traces import csvread
+from traces.canonical import CANONICAL_COLUMNS, check_canonical, renumber
+from traces.errors import TraceError, fail
+from traces.formats import CSV_FORMATS, load_csv
+from traces.jsonl import load_mooncake
+
+FORMAT_NAMES = ("azure", "splitwise", "lengths", "mooncake", "burstgpt", "parquet")
+
+
+def detect_format(path: str | Path) -> str:
+    """Names the format of a file from its first bytes and header.
+
+    Returns:
+        One of :data:`FORMAT_NAMES`.
+
+    Raises:
+        TraceError: Missing, empty, binary, wrongly delimited or unrecognised file.
+    """
+    path = Path(path)
+    if path.is_file() and path.stat().st_size >= 4:
+        with open(path, "rb") as fh:
+            if fh.read(4) == b"PAR1":
+                return "parquet"
+    head = csvread.read_head(path)
+    if head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{"):
+        return "mooncake"
+    from traces.formats import detect_csv
+    return detect_csv(path, csvread.header_fields(path, head)).name
+
+
+def load_trace(path: str | Path, fmt: str | None = None, arrival: str | None = None,
+               seed: int = 0) -> pd.DataFrame:
+    """Loads a trace file into the canonical request table.
+
+    Args:
+        path: Trace file (CSV, JSONL or Parquet).
+        fmt: One of ``azure``, ``splitwise``, ``lengths``, ``mooncake``, ``burstgpt``,
+            ``parquet``; None auto-detects from the header / content.
+        arrival: ``"poisson:RATE"`` or ``"gamma:RATE,CV"`` (RATE in req/s). Required for
+            length-only files; for timed files it replaces the file's arrival times.
+        seed: Seed of the arrival generator.
+
+    Returns:
+        DataFrame with ``request_id``, ``arrival_s`` (s since the first request),
+        ``prompt_tokens``, ``output_tokens`` (+ format extras, e.g. ``hash_ids``);
+        ``attrs["source"]`` is the path.
+
+    Raises:
+        TraceError: Any malformed input; one message naming file, line and column.
+    """
+    path = Path(path)
+    fmt = fmt.lower() if fmt else detect_format(path)
+    if fmt in CSV_FORMATS:
+        return load_csv(path, CSV_FORMATS[fmt], arrival, seed)
+    if fmt not in FORMAT_NAMES:
+        raise TraceError(f"{path}: unknown format {fmt!r}; choose one of "
+                         f"{', '.join(FORMAT_NAMES)}")
+    df = load_mooncake(path) if fmt == "mooncake" else read_parquet(path)
+    if arrival is not None:
+        from traces.generators import arrivals_from_spec
+        df = df.assign(arrival_s=arrivals_from_spec(arrival, len(df),
+                                                    np.random.default_rng(seed)))
+    return df
+
+
+def read_parquet(path: Path) -> pd.DataFrame:
+    """Reads a canonical Parquet trace (as written by :func:`write_parquet`) and checks it."""
+    if not path.is_file():
+        raise TraceError(f"{path}: no such file")
+    try:
+        df = pd.read_parquet(path)
+    except Exception as err:  # pyarrow raises several unrelated types
+        raise fail(path, f"unreadable Parquet file: {err}") from None
+    if len(df) == 0:
+        raise fail(path, "empty file (no requests)")
+    check_canonical(df, str(path))
+    df = renumber(df, source=str(path))
+    return df
+
+
+def write_parquet(df: pd.DataFrame, path: str | Path) -> Path:
+    """Writes a canonical table to Parquet (canonical columns first, extras kept).
+
+    Args:
+        df: Canonical table.
+        path: Output file; overwritten if it exists (the CLI guards against that).
+
+    Returns:
+        The path written.
+    """
+    path = Path(path)
+    cols = list(CANONICAL_COLUMNS) + [c for c in df.columns if c not in CANONICAL_COLUMNS]
+    df[cols].to_parquet(path, index=False)
+    return path

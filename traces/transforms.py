@@ -1,0 +1,108 @@
+"""Composable trace transformations; each returns a new canonical table.
+
+None modifies its input. Row order, ``request_id`` and the zero first arrival are
+re-established by :func:`traces.canonical.renumber`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from traces.canonical import renumber
+from traces.errors import TraceError
+
+
+def _source(df: pd.DataFrame, what: str) -> str:
+    return f"{df.attrs.get('source', 'trace')} | {what}"
+
+
+def scale_rate(df: pd.DataFrame, factor: float) -> pd.DataFrame:
+    """Multiplies the arrival rate by ``factor`` (divides every arrival time by it).
+
+    Args:
+        df: Canonical table.
+        factor: Rate multiplier, > 0 (2.0 = twice as many requests per second).
+    """
+    if not (factor > 0 and np.isfinite(factor)):
+        raise TraceError(f"scale_rate: factor must be > 0 (got {factor!r})")
+    out = df.assign(arrival_s=df["arrival_s"] / factor)
+    out.attrs = dict(df.attrs)
+    return renumber(out, _source(df, f"rate x{factor:g}"))
+
+
+def time_window(df: pd.DataFrame, start_s: float, end_s: float) -> pd.DataFrame:
+    """Keeps requests with ``start_s <= arrival_s < end_s``; the first kept arrives at 0 s.
+
+    Raises:
+        TraceError: If ``end_s <= start_s``.
+    """
+    if not end_s > start_s:
+        raise TraceError(f"time_window: end_s must be > start_s (got {start_s}, {end_s})")
+    keep = (df["arrival_s"] >= start_s) & (df["arrival_s"] < end_s)
+    return renumber(df[keep], _source(df, f"window [{start_s:g}, {end_s:g}) s"))
+
+
+def first_n(df: pd.DataFrame, n: int) -> pd.DataFrame:
+    """Keeps the first ``n`` requests in arrival order (all of them if fewer)."""
+    if n < 0:
+        raise TraceError(f"first_n: n must be >= 0 (got {n})")
+    return renumber(df.iloc[:n], _source(df, f"first {n}"))
+
+
+def sample_n(df: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
+    """Keeps ``n`` requests drawn uniformly without replacement, in arrival order.
+
+    Raises:
+        TraceError: If ``n`` is negative or larger than the table.
+    """
+    if not 0 <= n <= len(df):
+        raise TraceError(f"sample_n: n must be in [0, {len(df)}] (got {n})")
+    rows = np.sort(np.random.default_rng(seed).choice(len(df), size=n, replace=False))
+    return renumber(df.iloc[rows], _source(df, f"sample {n}, seed {seed}"))
+
+
+def clip_context(df: pd.DataFrame, max_context_tokens: int) -> tuple[pd.DataFrame, int]:
+    """Clips requests whose prompt + output exceeds a maximum context length.
+
+    For such rows ``prompt = max(1, max - output)`` and then ``output = max - prompt``,
+    so the output is kept whole when possible and prompt + output == max.
+
+    Args:
+        df: Canonical table.
+        max_context_tokens: Model context length in tokens, >= 2.
+
+    Returns:
+        (new table, number of rows clipped).
+    """
+    if max_context_tokens < 2:
+        raise TraceError(f"clip_context: max_context_tokens must be >= 2 "
+                         f"(got {max_context_tokens})")
+    prompt = df["prompt_tokens"].to_numpy()
+    output = df["output_tokens"].to_numpy()
+    over = prompt + output > max_context_tokens
+    new_prompt = np.where(over, np.maximum(1, max_context_tokens - output), prompt)
+    new_output = np.where(over, max_context_tokens - new_prompt, output)
+    out = df.assign(prompt_tokens=new_prompt.astype(np.int64),
+                    output_tokens=new_output.astype(np.int64))
+    out.attrs = dict(df.attrs)
+    out.attrs["source"] = _source(df, f"clipped to {max_context_tokens} tokens")
+    return out, int(over.sum())
+
+
+def merge(dfs: list[pd.DataFrame]) -> pd.DataFrame:
+    """Overlays traces on one time axis (each starts at 0 s), sorted by arrival.
+
+    A ``trace_index`` column says which input each row came from; columns missing
+    from some inputs are filled with NA.
+
+    Raises:
+        TraceError: If ``dfs`` is empty.
+    """
+    if not dfs:
+        raise TraceError("merge: no traces given")
+    parts = [d.assign(trace_index=i) for i, d in enumerate(dfs)]
+    out = pd.concat(parts, ignore_index=True)
+    out.attrs = {}
+    names = " + ".join(str(d.attrs.get("source", "?")) for d in dfs)
+    return renumber(out, f"merge of {names}")
