@@ -57,7 +57,8 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
     end_us = float(finished["completion_at_us"].max()) if len(finished) else start_us
     span_s = max(end_us - start_us, 1e-9) / US_PER_S
     group_bytes = config["page_group_bytes"]
-    calls_per_group = config["num_sub_tensors"]
+    # a vAttention page group is 2N' cuMemMap + cuMemSetAccess calls; blocks and reservations make none
+    calls_per_group = config["num_sub_tensors"] if config.get("policy", "vattention") == "vattention" else 0
     maps = counters["sync_map_page_groups"] + counters["bg_map_page_groups"]
     unmaps = counters["sync_unmap_page_groups"] + counters["bg_unmap_page_groups"]
     stalls = iterations["sync_stall_us"] if len(iterations) else pd.Series(dtype=float)
@@ -85,6 +86,9 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
         "sync_stall_total_ms": float(stalls.sum() / US_PER_MS),
         "iterations_with_stall": int((stalls > 0).sum()),
         "preemptions": int(requests["preemptions"].sum()),
+        "swap_out_bytes": int(counters.get("swap_out_bytes", 0)), "swap_in_bytes": int(counters.get("swap_in_bytes", 0)),
+        "swap_total_ms": float(counters.get("swap_total_us", 0.0) / US_PER_MS),
+        "block_table_total_ms": float(iterations["block_table_us"].sum() / US_PER_MS) if len(iterations) else 0.0,
     }
     return summary
 

@@ -13,7 +13,8 @@ from sim.latency import VmmLatencyModel, read_profile
 
 
 def load_models(config: SimConfig, profile_path: str | None) -> tuple[VmmLatencyModel, RooflineComputeModel]:
-    """The VMM latency and compute models for ``config``: built-in defaults, or a calibration profile's
+    """The VMM latency and compute models for ``config``: built-in defaults (the committed H200 profile and the
+    roofline), or a calibration profile's
     ``vmm`` and optional ``compute`` sections.
 
     Raises:
@@ -21,7 +22,7 @@ def load_models(config: SimConfig, profile_path: str | None) -> tuple[VmmLatency
     """
     compute = RooflineComputeModel(config.model_spec, config.gpu_spec, config.tp)
     if profile_path is None:
-        return VmmLatencyModel.h200_defaults(), compute
+        return VmmLatencyModel.builtin(), compute
     vmm = VmmLatencyModel.from_profile(profile_path)
     overrides = read_profile(profile_path).get("compute", {}).get("roofline", {})
     return vmm, compute.with_overrides(overrides) if overrides else compute

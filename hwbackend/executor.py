@@ -129,7 +129,12 @@ class Executor:
             return self.policy.alloc_slot(first_target_tokens)
 
     def free_slot(self, slot: int, last_read_iteration: int) -> None:
-        """Release ``slot``; without deferred reclamation its pages are unmapped once the GPU is done."""
+        """Release ``slot``; without deferred reclamation its pages are unmapped once the GPU is done.
+
+        Background work is drained first (as in :meth:`step`): a page group committed after the policy
+        released the slot would break the slot's mapped prefix.
+        """
+        self._drain_background()
         with self._cv:
             snapshot = _snapshot(self.policy)
             plan = self.policy.free_slot(slot, last_read_iteration)

@@ -8,6 +8,8 @@ from sim.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from sim.units import MIB, format_bytes
 
 SCHEDULERS = ("sarathi", "vllm")
+POLICIES = ("vattention", "paged", "static")
+PREEMPTION_MODES = ("recompute", "swap")
 MIN_PAGE_SIZE_BYTES = 64 * 1024
 DRIVER_GRANULARITY_BYTES = 2 * MIB  # public VMM API granularity on H200 (domain.md)
 
@@ -36,6 +38,21 @@ class SimConfig:
         memory_util_frac: share of HBM the server may use (vLLM's gpu_memory_utilization default 0.9);
             the KV budget is ``memory_util_frac * HBM - weights``; the rest covers activations and context.
         seed: seed of the run's one random generator.
+        policy: memory manager: ``vattention``, ``paged`` (vLLM block manager) or ``static`` (Orca /
+            FasterTransformer max-length reservation).
+        block_size_tokens: PagedAttention block size (vLLM default 16).
+        max_len_tokens: static reservation per request (``None`` = the slot length L_max).
+        create_on_demand: vAttention creates physical handles on the mapping path (cuMemCreate per page)
+            instead of taking them from a pool created at start-up.
+        preemption: ``recompute`` (drop the KV, re-prefill later) or ``swap`` (copy it to host memory).
+        host_swap_bytes: host memory available for swapped KV (vLLM swap_space default 4 GiB per GPU).
+        block_table_base_us / block_table_per_block_us: PagedAttention's CPU time per iteration to prepare
+            block tables, ``base + per_block * blocks in the batch`` (this project's estimate: a host-to-device
+            copy of ~50 us plus ~20 ns per block id built in Python; vAttention ASPLOS'25 section 3.3.2
+            describes the overhead; the hardware-validation issue is to measure it).
+        paged_attention_factor: attention-time multiplier of the paged kernel: 1.23, the middle of the
+            20-26% higher attention latency vLLM reports against FasterTransformer's kernel (Kwon et al.,
+            SOSP'23, section 7.1; quoted in vAttention section 3.3.1).
     """
 
     model: str = "llama-3-8b"
@@ -55,8 +72,27 @@ class SimConfig:
     admission_watermark_frac: float = 0.01
     memory_util_frac: float = 0.9
     seed: int = 0
+    policy: str = "vattention"
+    block_size_tokens: int = 16
+    max_len_tokens: int | None = None
+    create_on_demand: bool = False
+    preemption: str = "recompute"
+    host_swap_bytes: int = 4 * 1024 * MIB
+    block_table_base_us: float = 50.0
+    block_table_per_block_us: float = 0.02
+    paged_attention_factor: float = 1.23
 
     def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy {self.policy!r}: choose one of {', '.join(POLICIES)}")
+        if self.preemption not in PREEMPTION_MODES:
+            raise ConfigError(f"--preemption {self.preemption!r}: choose one of {', '.join(PREEMPTION_MODES)}")
+        if self.block_size_tokens < 1:
+            raise ConfigError(f"block size must be >= 1 token, got {self.block_size_tokens}")
+        if self.max_len_tokens is not None and not 2 <= self.max_len_tokens <= self.slot_max_tokens:
+            raise ConfigError(f"--max-len {self.max_len_tokens} must lie in [2, {self.slot_max_tokens}] tokens")
+        if self.paged_attention_factor < 1 or self.block_table_base_us < 0 or self.block_table_per_block_us < 0:
+            raise ConfigError("paged costs must be >= 0 (and the attention factor >= 1)")
         self.model_spec.check_tp(self.tp)
         page = self.page_size_bytes
         if page < MIN_PAGE_SIZE_BYTES or page & (page - 1):
@@ -94,6 +130,11 @@ class SimConfig:
 
     @cached_property
     def tokens_per_page(self) -> int:
+        """Tokens per allocation unit: vAttention page, PagedAttention block, or static reservation."""
+        if self.policy == "paged":
+            return self.block_size_tokens
+        if self.policy == "static":
+            return self.max_len_tokens or self.slot_max_tokens
         return self.model_spec.tokens_per_page(self.page_size_bytes, self.tp)
 
     @cached_property
@@ -103,8 +144,11 @@ class SimConfig:
 
     @cached_property
     def page_group_bytes(self) -> int:
-        """Physical bytes of one page group: ``2N' * G``."""
-        return self.num_sub_tensors * self.page_size_bytes
+        """Physical bytes of one allocation unit: a vAttention page group ``2N' * G``; a paged block or a
+        static reservation ``tokens * kv_bytes_per_token``."""
+        if self.policy == "vattention":
+            return self.num_sub_tensors * self.page_size_bytes
+        return self.tokens_per_page * self.model_spec.kv_bytes_per_token(self.tp)
 
     @cached_property
     def kv_budget_bytes(self) -> int:
@@ -120,14 +164,34 @@ class SimConfig:
         return -(-self.slot_max_tokens // self.tokens_per_page)
 
     @property
+    def uses_vmm(self) -> bool:
+        """Only vAttention maps pages through the CUDA VMM API (and pays its latency)."""
+        return self.policy == "vattention"
+
+    @property
+    def has_async_mapper(self) -> bool:
+        return self.uses_vmm and not self.sync_mapping
+
+    @property
+    def label(self) -> str:
+        """Short description of the memory policy, e.g. ``vattention 2 MiB async``."""
+        if self.policy == "paged":
+            return f"paged block={self.block_size_tokens}"
+        if self.policy == "static":
+            return f"static max_len={self.tokens_per_page}"
+        mode = "sync" if self.sync_mapping else "async"
+        return f"vattention {format_bytes(self.page_size_bytes)} {mode}" + ("" if self.deferred_reclaim else " no-deferred")
+
+    @property
     def needs_modified_driver(self) -> bool:
         """Pages under 2 MiB are below the public VMM granularity (domain.md): a what-if only."""
-        return self.page_size_bytes < DRIVER_GRANULARITY_BYTES
+        return self.uses_vmm and self.page_size_bytes < DRIVER_GRANULARITY_BYTES
 
     def to_dict(self) -> dict:
         """Plain dict of the settings plus the derived sizes (for ``config.json``)."""
         out = asdict(self)
         out.update(num_sub_tensors=self.num_sub_tensors, slot_max_tokens=self.slot_max_tokens, tokens_per_page=self.tokens_per_page,
                    pool_page_groups=self.pool_page_groups, page_group_bytes=self.page_group_bytes,
-                   kv_budget_bytes=self.kv_budget_bytes, needs_modified_driver=self.needs_modified_driver)
+                   kv_budget_bytes=self.kv_budget_bytes, needs_modified_driver=self.needs_modified_driver,
+                   label=self.label)
         return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -22,7 +22,7 @@ from sim.compute import BatchShape, RooflineComputeModel
 from sim.config import SimConfig
 from sim.latency import VmmLatencyModel
 from sim.mapper import AsyncMapper
-from sim.memory.vattention import VAttentionConfig, VAttentionPolicy
+from sim.memory import build_policy
 from sim.plan import MapOp, Plan, UnmapOp
 from sim.request import REQUEST_COLUMNS, Request
 from sim.scheduler import SCHEDULERS, Batch
@@ -35,7 +35,7 @@ ITERATION_COLUMNS = (
     "iteration", "start_at_us", "duration_us", "compute_us", "sync_stall_us", "sync_map_page_groups",
     "bg_map_page_groups", "unmap_page_groups", "prefill_tokens", "decode_tokens", "batch_size",
     "num_running", "num_waiting", "mapped_page_groups", "used_page_groups", "free_page_groups",
-    "deferred_page_groups", "tail_waste_bytes", "preemptions")
+    "deferred_page_groups", "tail_waste_bytes", "preemptions", "block_table_us", "swap_us")
 
 
 @dataclass
@@ -62,8 +62,9 @@ class SimOutput:
 class VmmCost:
     """Modelled latency (us) of executing plans, from a :class:`VmmLatencyModel` and one generator.
 
-    A page group costs ``2N'`` x (cuMemMap + cuMemSetAccess) to map and ``2N'`` x cuMemUnmap to unmap
-    (domain.md: ~64 x (5 + 50) us for Llama-3-8B); pages created on demand add cuMemCreate / cuMemRelease.
+    Mapping a page group costs one measured page-group growth (or ``2N'`` x (cuMemMap + cuMemSetAccess),
+    see :meth:`VmmLatencyModel.page_group_map_us`); unmapping costs ``2N'`` x cuMemUnmap; pages created on
+    demand add cuMemCreate / cuMemRelease per page.
     """
 
     def __init__(self, vmm: VmmLatencyModel, config: SimConfig, rng: np.random.Generator,
@@ -74,8 +75,7 @@ class VmmCost:
 
     def map_us(self, page_groups: int) -> float:
         calls = page_groups * self.pages_per_group
-        total = (self.vmm.total_us("cuMemMap", self.page_size_bytes, calls, self.rng)
-                 + self.vmm.total_us("cuMemSetAccess", self.page_size_bytes, calls, self.rng))
+        total = self.vmm.page_group_map_us(page_groups, self.pages_per_group, self.page_size_bytes, self.rng)
         if self.create_on_demand:
             total += self.vmm.total_us("cuMemCreate", self.page_size_bytes, calls, self.rng)
         return total
@@ -94,6 +94,51 @@ class VmmCost:
         return self.map_us(op.num_pages) if isinstance(op, MapOp) else self.unmap_us(op.num_pages)
 
 
+class NoCost:
+    """PagedAttention blocks and static reservations are bookkeeping: no driver call on any path."""
+
+    def plan_us(self, plan: Plan) -> float:
+        return 0.0
+
+    def op_us(self, op) -> float:
+        return 0.0
+
+
+class SwapSpace:
+    """Host memory for swapped-out KV and the PCIe transfer time model (bytes / per-direction bandwidth)."""
+
+    def __init__(self, config: SimConfig):
+        self.enabled = config.preemption == "swap"
+        self.capacity_bytes = config.host_swap_bytes
+        self.bytes_per_us = config.gpu_spec.pcie_bytes_per_s / US_PER_S
+        self.kv_bytes_per_token = config.model_spec.kv_bytes_per_token(config.tp)
+        self.used_bytes = 0
+        self.out_bytes = self.in_bytes = 0
+        self.pending_us = 0.0
+        self.total_us = 0.0
+
+    def swap_out(self, tokens: int) -> bool:
+        """Copy ``tokens`` of KV to the host if there is room; returns whether it did."""
+        size = tokens * self.kv_bytes_per_token
+        if not self.enabled or tokens == 0 or self.used_bytes + size > self.capacity_bytes:
+            return False
+        self.used_bytes += size
+        self.out_bytes += size
+        self.pending_us += size / self.bytes_per_us
+        return True
+
+    def swap_in(self, tokens: int) -> None:
+        size = tokens * self.kv_bytes_per_token
+        self.used_bytes -= size
+        self.in_bytes += size
+        self.pending_us += size / self.bytes_per_us
+
+    def take_pending_us(self) -> float:
+        pending, self.pending_us = self.pending_us, 0.0
+        self.total_us += pending
+        return pending
+
+
 class Simulator:
     """Replays a canonical trace table through a scheduler and the vAttention memory policy.
 
@@ -101,7 +146,7 @@ class Simulator:
         config: the run configuration.
         trace: canonical table (``request_id, arrival_s, prompt_tokens, output_tokens``), sorted by arrival;
             every request must fit a slot (``prompt + output - 1 <= config.slot_max_tokens``).
-        vmm: VMM latency model (default: domain.md H200 figures).
+        vmm: VMM latency model (default: the built-in H200 calibration profile).
         compute: compute model (default: roofline for the config's model/GPU/TP).
         progress: called as ``progress(done_requests, total_requests)`` every 2,000 iterations.
         coalesce: fast-forward runs of identical pure-decode iterations (no arrival, completion, page map or
@@ -119,14 +164,13 @@ class Simulator:
         self.rng = np.random.default_rng(config.seed)
         self.env = simpy.Environment()
         self.compute = compute or RooflineComputeModel(config.model_spec, config.gpu_spec, config.tp)
-        self.cost = VmmCost(vmm or VmmLatencyModel.h200_defaults(), config, self.rng)
-        self.policy = VAttentionPolicy(VAttentionConfig(
-            num_slots=config.max_batch_slots, max_pages_per_slot=config.max_pages_per_slot,
-            pool_page_groups=config.pool_page_groups, tokens_per_page=config.tokens_per_page,
-            deferred_reclaim=config.deferred_reclaim, eager_lookahead_steps=config.eager_lookahead_steps,
-            eager_page_groups=config.eager_page_groups, eager_idle_slots=config.eager_idle_slots,
-            low_watermark_frac=config.low_watermark_frac, admission_watermark_frac=config.admission_watermark_frac))
-        self.mapper = None if config.sync_mapping else AsyncMapper(self.env, self.policy, self.cost.op_us)
+        if config.policy == "paged" and hasattr(self.compute, "paged_attention_factor"):
+            self.compute = replace(self.compute, paged_attention_factor=config.paged_attention_factor)
+        self.cost = (VmmCost(vmm or VmmLatencyModel.builtin(), config, self.rng, config.create_on_demand)
+                     if config.uses_vmm else NoCost())
+        self.policy = build_policy(config)
+        self.mapper = AsyncMapper(self.env, self.policy, self.cost.op_us) if config.has_async_mapper else None
+        self.swap = SwapSpace(config)
         self.schedule = SCHEDULERS[config.scheduler]
         self.requests = _requests_from_trace(trace, config.slot_max_tokens)
         self.progress = progress
@@ -154,6 +198,8 @@ class Simulator:
             "bg_map_page_groups": self.mapper.maps_done if self.mapper else 0,
             "bg_unmap_page_groups": self.mapper.unmaps_done if self.mapper else 0,
             "mapper_busy_us": self.mapper.busy_us if self.mapper else 0.0,
+            "swap_out_bytes": self.swap.out_bytes, "swap_in_bytes": self.swap.in_bytes,
+            "swap_total_us": self.swap.total_us,
             "pool_page_groups": self.config.pool_page_groups, "end_at_us": self.env.now,
         }
         return SimOutput([r.record() for r in self.requests], self.iteration_records, counters,
@@ -180,14 +226,17 @@ class Simulator:
             batch, plan = yield from self._step(batch)
             if not batch:
                 continue
-            sync_us = self.cost.plan_us(plan) + self.cost.plan_us(self._pending_sync_unmaps)
+            block_table_us = self._block_table_us(batch)
+            swap_us = self.swap.take_pending_us()
+            sync_us = (self.cost.plan_us(plan) + self.cost.plan_us(self._pending_sync_unmaps)
+                       + block_table_us + swap_us)
             self._sync_maps += plan.num_page_groups_mapped
             self._sync_unmaps += plan.num_page_groups_unmapped + self._pending_sync_unmaps.num_page_groups_unmapped
             unmapped_sync = plan.num_page_groups_unmapped + self._pending_sync_unmaps.num_page_groups_unmapped
             self._pending_sync_unmaps = Plan()
             if sync_us > 0:
                 yield env.timeout(sync_us)
-            stall_us = env.now - start_at_us
+            stall_us = env.now - start_at_us - block_table_us - swap_us   # mapping (and waiting for the mapper)
             compute_us = self.compute.iteration_us(_shape(batch))
             snapshot = self._pool_snapshot(batch)
             if self.mapper:
@@ -200,7 +249,7 @@ class Simulator:
                 iteration, start_at_us, env.now - start_at_us, compute_us, stall_us,
                 plan.num_page_groups_mapped, bg_maps, unmapped_sync + bg_unmaps, prefill,
                 sum(t for _, t in batch) - prefill, len(batch), len(self.running), len(self.waiting),
-                *snapshot, self._iteration_preemptions))
+                *snapshot, self._iteration_preemptions, block_table_us, swap_us))
             self._finish_iteration(batch, iteration)
             iteration += 1
             if self.progress and iteration % 2000 == 0:
@@ -229,6 +278,9 @@ class Simulator:
         slot = self.policy.alloc_slot(request.computed + first_tokens)
         if slot is None:
             return False
+        if request.swapped:
+            self.swap.swap_in(request.computed)
+            request.swapped = False
         request.slot = request.last_slot = slot
         request.admitted_order = self._admissions
         request.status = "running"
@@ -283,14 +335,24 @@ class Simulator:
         self._bg_recorded = done
         return delta
 
+    def _block_table_us(self, batch: Batch) -> float:
+        """PagedAttention's CPU time to build this iteration's block tables (0 for other policies)."""
+        if self.config.policy != "paged":
+            return 0.0
+        blocks = sum(self.policy.mapped[r.slot] for r, _ in batch)
+        return self.config.block_table_base_us + self.config.block_table_per_block_us * blocks
+
     def _short_slots(self, batch: Batch) -> list[int]:
         """Slots whose target this iteration needs more pages than are mapped."""
         pages_for, mapped = self.policy.config.pages_for_tokens, self.policy.mapped
         return [r.slot for r, t in batch if pages_for(r.computed + t) > mapped[r.slot]]
 
     def _preempt(self, victim: Request) -> None:
+        """Preempt by swap (KV copied to host, kept) when enabled and the host has room, else by recompute."""
         self._release(victim)
-        victim.computed = 0
+        victim.swapped = self.swap.swap_out(victim.computed)
+        if not victim.swapped:
+            victim.computed = 0
         victim.preemptions += 1
         victim.status = "waiting"
         self._iteration_preemptions += 1
@@ -332,14 +394,18 @@ class Simulator:
         steps = self._run_length(batch)
         if steps < 2:
             return 0
-        if self.mapper:
-            background = self.policy.background_plan(self._lookahead(batch))
+        if self.mapper and self.policy.has_background_work():
+            # look-ahead targets are within the mapped pages (run length >= 2), so only eager or
+            # low-watermark work can come back
+            background = self.policy.background_plan({})
             if background:
                 self.mapper.submit(background)  # the mapper has work: step normally this time
                 return 0
         computed = np.fromiter((r.computed for r, _ in batch), dtype=np.int64, count=len(batch))
         size = len(batch)
-        durations_us = self.compute.decode_run_us(size, int(computed.sum()), float(computed.sum() + size), steps)
+        compute_us = self.compute.decode_run_us(size, int(computed.sum()), float(computed.sum() + size), steps)
+        block_table_us = self._block_table_us(batch)   # constant: no block is added inside the run
+        durations_us = compute_us + block_table_us
         starts_us = np.cumsum(np.concatenate(([self.env.now], durations_us)))
         if self._next_arrival < len(self.requests):
             steps = min(steps, int(np.searchsorted(starts_us[:steps], self.requests[self._next_arrival].arrival_at_us,
@@ -347,7 +413,7 @@ class Simulator:
             if steps < 2:
                 return 0
         yield self.env.timeout(starts_us[steps] - self.env.now)
-        self._record_decode_run(batch, iteration, computed, starts_us[: steps + 1], durations_us[:steps])
+        self._record_decode_run(batch, iteration, computed, starts_us[: steps + 1], compute_us[:steps], block_table_us)
         for request, _ in batch:
             request.computed += steps
             request.generated += steps
@@ -366,16 +432,16 @@ class Simulator:
         return steps
 
     def _record_decode_run(self, batch: Batch, iteration: int, computed: np.ndarray, starts_us: np.ndarray,
-                           durations_us: np.ndarray) -> None:
-        steps, size, policy = len(durations_us), len(batch), self.policy
+                           compute_us: np.ndarray, block_table_us: float) -> None:
+        steps, size, policy = len(compute_us), len(batch), self.policy
         tokens_per_page = self.config.tokens_per_page
         held = computed[:, None] + 1 + np.arange(steps)[None, :]
         used = (-(-held // tokens_per_page)).sum(axis=0)
         active_mapped = sum(policy.mapped[r.slot] for r, _ in batch)
         waste = (active_mapped * tokens_per_page - held.sum(axis=0)) * self._kv_bytes_per_token
-        self.iteration_blocks.append((iteration, starts_us, durations_us, used, waste, (
+        self.iteration_blocks.append((iteration, starts_us, compute_us, used, waste, (
             size, len(self.running), len(self.waiting), policy.mapped_page_groups, policy.free_page_groups,
-            policy.deferred_page_groups)))
+            policy.deferred_page_groups), block_table_us))
 
     def _pool_snapshot(self, batch: Batch) -> tuple[int, int, int, int, int]:
         policy, tokens_per_page = self.policy, self.config.tokens_per_page
@@ -403,7 +469,7 @@ class Simulator:
 def _expand_blocks(blocks: list[tuple]) -> pd.DataFrame:
     """Iteration records of coalesced decode runs. A block is ``(first_iteration, starts_us[k+1],
     compute_us[k], used_page_groups[k], tail_waste_bytes[k], (batch, running, waiting, mapped, free,
-    deferred))``; everything not listed is zero for a pure-decode run without mapping."""
+    deferred), block_table_us)``; everything not listed is zero for a pure-decode run without mapping."""
     lengths = np.array([len(b[2]) for b in blocks])
     total = int(lengths.sum())
     consts = np.repeat(np.array([b[5] for b in blocks], dtype=np.int64), lengths, axis=0)
@@ -419,7 +485,8 @@ def _expand_blocks(blocks: list[tuple]) -> pd.DataFrame:
         "batch_size": consts[:, 0], "num_running": consts[:, 1], "num_waiting": consts[:, 2],
         "mapped_page_groups": consts[:, 3], "used_page_groups": np.concatenate([b[3] for b in blocks]),
         "free_page_groups": consts[:, 4], "deferred_page_groups": consts[:, 5],
-        "tail_waste_bytes": np.concatenate([b[4] for b in blocks]), "preemptions": zeros})
+        "tail_waste_bytes": np.concatenate([b[4] for b in blocks]), "preemptions": zeros,
+        "block_table_us": np.repeat([b[6] for b in blocks], lengths).astype(float), "swap_us": np.zeros(total)})
 
 
 def _shape(batch: Batch) -> BatchShape:

@@ -59,6 +59,7 @@ class AsyncMapper:
             else:
                 kept.appendleft((op, reserved))
         self.queue = kept
+        self._queue_settled_unmaps()
         if self.current is not None and isinstance(self.current, MapOp) and self.current.slot in wanted:
             return self.current_done
         return None
@@ -73,7 +74,13 @@ class AsyncMapper:
             else:
                 kept.appendleft((op, reserved))
         self.queue = kept
+        self._queue_settled_unmaps()
         return self.current_done if self.current is not None else None
+
+    def _queue_settled_unmaps(self) -> None:
+        settled = self.policy.take_settled_unmaps()
+        if settled:
+            self.submit(settled, reserved=False)
 
     @property
     def idle(self) -> bool:
@@ -92,6 +99,7 @@ class AsyncMapper:
             self.busy_us += cost_us
             if reserved:
                 self.policy.commit(op)
+                self._queue_settled_unmaps()
             if isinstance(op, MapOp):
                 self.maps_done += op.num_pages
             else:

@@ -14,7 +14,7 @@ class Request:
 
     __slots__ = ("request_id", "arrival_at_us", "prompt_tokens", "output_tokens", "computed", "generated",
                  "slot", "first_token_at_us", "completion_at_us", "preemptions", "admitted_order", "status",
-                 "last_slot")
+                 "last_slot", "final_kv_tokens", "swapped")
 
     def __init__(self, request_id: int, arrival_at_us: float, prompt_tokens: int, output_tokens: int):
         self.request_id = request_id
@@ -30,6 +30,8 @@ class Request:
         self.preemptions = 0
         self.admitted_order = -1
         self.status = "waiting"
+        self.swapped = False  # KV held in host memory after a swap preemption
+        self.final_kv_tokens = prompt_tokens + output_tokens - 1  # KV tokens at the last iteration
 
     @property
     def seq_len(self) -> int:
@@ -38,11 +40,6 @@ class Request:
     @property
     def remaining(self) -> int:
         return self.prompt_tokens + self.generated - self.computed
-
-    @property
-    def final_kv_tokens(self) -> int:
-        """KV tokens the request holds at its last iteration: ``prompt + output - 1``."""
-        return self.prompt_tokens + self.output_tokens - 1
 
     def record(self) -> tuple:
         """Flat per-request record, in the order of :data:`REQUEST_COLUMNS`."""

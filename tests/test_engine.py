@@ -57,16 +57,13 @@ def test_async_mapper_hides_page_crossings_that_sync_pays_for():
     assert async_it["bg_map_page_groups"].sum() == 3
 
 
-def test_coalesced_runs_equal_step_by_step():
+@pytest.mark.parametrize("policy", ["vattention", "paged", "static"])
+def test_coalesced_runs_equal_step_by_step(policy):
     rng = np.random.default_rng(7)
     rows = [(float(t), int(p), int(o)) for t, p, o in zip(np.cumsum(rng.exponential(0.05, 60)),
                                                           rng.integers(1, 3000, 60), rng.integers(1, 400, 60))]
-    vmm = VmmLatencyModel.h200_defaults()
-    a = run(rows, coalesce=True, vmm=vmm, compute=None)
-    b = run(rows, coalesce=False, vmm=VmmLatencyModel.h200_defaults())
-    # different compute stand-ins would differ; use the roofline in both
-    a = run(rows, coalesce=True, vmm=vmm, compute=_roofline())
-    b = run(rows, coalesce=False, vmm=VmmLatencyModel.h200_defaults(), compute=_roofline())
+    a = run(rows, coalesce=True, vmm=VmmLatencyModel.h200_defaults(), compute=_roofline(), policy=policy)
+    b = run(rows, coalesce=False, vmm=VmmLatencyModel.h200_defaults(), compute=_roofline(), policy=policy)
     assert len(a[0].iteration_blocks) > 0
     np.testing.assert_allclose(a[2].to_numpy(float), b[2].to_numpy(float), rtol=1e-12, atol=1e-6)
     cols = ["ttft_us", "tpot_us", "e2e_us"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hwbackend.driver import VmmError
@@ -384,10 +384,11 @@ def test_teardown_on_interrupt_or_error_releases_everything(error):
     assert not ex._thread.is_alive()
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["admit", "grow", "free", "ahead"]),
                           st.integers(0, 3), st.integers(1, 8 * TOKENS_PER_PAGE)), max_size=30),
        st.booleans())
+@example([("admit", 0, 1), ("grow", 0, 1), ("ahead", 0, 1024), ("free", 0, 1)], False)  # freed while mapping ahead
 def test_random_workloads_keep_policy_and_cache_in_agreement(actions, deferred):
     ex, drv = make_executor(pool=12, deferred_reclaim=deferred)
     lengths: dict[int, int] = {}

@@ -181,9 +181,13 @@ class PolicyMachine(RuleBasedStateMachine):
     @rule(commit=st.booleans())
     def settle_one(self, commit):
         if commit:
-            self.p.commit(self.reserved.pop(0))
+            op = self.reserved.pop(0)
+            if isinstance(op, MapOp):
+                assert op.first_page == self.p.mapped[op.slot]      # pages stay a prefix 0..k-1
+            self.p.commit(op)
         else:
             self.p.cancel(self.reserved.pop())
+        self.p.take_settled_unmaps()
 
     def _settle_slots(self, slots):
         # the executor's take-over: cancel queued ops (newest first) so that step() may run
@@ -197,5 +201,23 @@ class PolicyMachine(RuleBasedStateMachine):
         assert all(0 <= m <= 6 for m in self.p.mapped)
 
 
+class PolicyMachineNoDeferral(PolicyMachine):
+    """The same with deferred reclamation off: frees unmap at once, or once in-flight maps settle."""
+
+    def __init__(self):
+        super().__init__()
+        self.p = policy(num_slots=4, max_pages_per_slot=6, pool_page_groups=12, tokens_per_page=4,
+                        eager_page_groups=2, eager_idle_slots=2, low_watermark_frac=0.2,
+                        admission_watermark_frac=0.1, deferred_reclaim=False)
+
+    @invariant()
+    def idle_slots_hold_only_eager_or_settling_pages(self):
+        for slot in range(4):
+            if not self.p.active[slot]:
+                assert self.p.mapped[slot] <= 2 or slot in self.p._free_after_settle
+
+
 TestPolicyMachine = PolicyMachine.TestCase
+TestPolicyMachineNoDeferral = PolicyMachineNoDeferral.TestCase
+TestPolicyMachineNoDeferral.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestPolicyMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

@@ -92,6 +92,8 @@ class VAttentionPolicy:
         self._mapped_total = 0
         self._deferred_total = 0
         self._eager_dirty = True
+        self._free_after_settle: set[int] = set()   # freed slots whose unmap waits for in-flight maps
+        self._settled_unmaps: list[UnmapOp] = []
         self._low_groups = int(config.low_watermark_frac * config.pool_page_groups)
         self._admission_groups = int(config.admission_watermark_frac * config.pool_page_groups)
 
@@ -130,8 +132,8 @@ class VAttentionPolicy:
         return self.config.pool_page_groups - held - self.free_page_groups
 
     def _allocatable(self, slot: int) -> bool:
-        return (self.last_read_iteration[slot] <= self.completed_iteration
-                and not self.in_flight_maps[slot] and not self.in_flight_unmaps_slot[slot])
+        return (self.last_read_iteration[slot] <= self.completed_iteration and not self.in_flight_maps[slot]
+                and not self.in_flight_unmaps_slot[slot] and slot not in self._free_after_settle)
 
     def _best_fit(self, need: int) -> int | None:
         """Best fit (domain.md): the allocatable idle slot with the fewest mapped pages that still covers
@@ -192,7 +194,12 @@ class VAttentionPolicy:
             raise ValueError(f"slot {slot} is not active")
         self._set_active(slot, False)
         self.last_read_iteration[slot] = last_read_iteration
-        if self.config.deferred_reclaim or not self.mapped[slot]:
+        if self.config.deferred_reclaim or not (self.mapped[slot] or self.in_flight_maps[slot]):
+            return Plan()
+        if self.in_flight_maps[slot]:
+            # background maps for this slot are still in flight: unmap once they settle, keeping the
+            # prefix 0..k-1 intact (see take_settled_unmaps)
+            self._free_after_settle.add(slot)
             return Plan()
         return Plan(unmaps=(self._unmap_all(slot),))
 
@@ -279,6 +286,11 @@ class VAttentionPolicy:
         unmaps = self._low_watermark_unmaps() if self.free_page_groups < self._low_groups else []
         return Plan(maps=tuple(maps), unmaps=tuple(unmaps))
 
+    def has_background_work(self) -> bool:
+        """Whether :meth:`background_plan` could return eager or low-watermark work (look-ahead aside)."""
+        return ((self._eager_dirty and self.free_page_groups > 2 * self._low_groups)
+                or self.free_page_groups < self._low_groups)
+
     def _reserve_map(self, slot: int) -> MapOp:
         op = MapOp(slot, self.mapped[slot] + self.in_flight_maps[slot], 1)
         self.in_flight_maps[slot] += 1
@@ -328,6 +340,7 @@ class VAttentionPolicy:
             self._check_in_flight(op)
             self.in_flight_maps[op.slot] -= op.num_pages
             self._add_mapped(op.slot, op.num_pages)
+            self._settle(op.slot)
         else:
             self.in_flight_unmaps -= op.num_pages
             self.in_flight_unmaps_slot[op.slot] -= op.num_pages
@@ -342,10 +355,23 @@ class VAttentionPolicy:
             self._check_in_flight(op)
             self.in_flight_maps[op.slot] -= op.num_pages
             self.free_page_groups += op.num_pages
+            self._settle(op.slot)
         else:
             self.in_flight_unmaps -= op.num_pages
             self.in_flight_unmaps_slot[op.slot] -= op.num_pages
             self._add_mapped(op.slot, op.num_pages)
+
+    def _settle(self, slot: int) -> None:
+        if slot in self._free_after_settle and not self.in_flight_maps[slot]:
+            self._free_after_settle.discard(slot)
+            if self.mapped[slot] and not self.active[slot]:
+                self._settled_unmaps.append(self._unmap_all(slot))
+
+    def take_settled_unmaps(self) -> Plan:
+        """Unmaps of freed slots (deferred reclamation off) whose in-flight background maps have now
+        settled; already applied to the accounting, the executor must perform them."""
+        unmaps, self._settled_unmaps = tuple(self._settled_unmaps), []
+        return Plan(unmaps=unmaps)
 
     def _check_in_flight(self, op: MapOp) -> None:
         if self.in_flight_maps[op.slot] < op.num_pages:

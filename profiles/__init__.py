@@ -1,0 +1,1 @@
+"""Calibration profiles measured on real GPUs (data; see README.md here for how each was made)."""
