@@ -24,18 +24,14 @@ from sim.latency import VmmLatencyModel
 from sim.mapper import AsyncMapper
 from sim.memory import build_policy
 from sim.plan import MapOp, Plan, UnmapOp
-from sim.request import REQUEST_COLUMNS, Request
+from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS
+from sim.request import Request
 from sim.scheduler import SCHEDULERS, Batch
 from sim.units import US_PER_S
 
 ARRIVAL_TICKS_PER_S = 10_000_000
 ARRIVAL_TICK_US = US_PER_S / ARRIVAL_TICKS_PER_S
 
-ITERATION_COLUMNS = (
-    "iteration", "start_at_us", "duration_us", "compute_us", "sync_stall_us", "sync_map_page_groups",
-    "bg_map_page_groups", "unmap_page_groups", "prefill_tokens", "decode_tokens", "batch_size",
-    "num_running", "num_waiting", "mapped_page_groups", "used_page_groups", "free_page_groups",
-    "deferred_page_groups", "tail_waste_bytes", "preemptions", "block_table_us", "swap_us")
 
 
 @dataclass

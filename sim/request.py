@@ -50,7 +50,3 @@ class Request:
         return (self.request_id, self.arrival_at_us, self.prompt_tokens, self.output_tokens,
                 self.first_token_at_us, self.completion_at_us, ttft, tpot, e2e, self.preemptions,
                 self.last_slot, self.status)
-
-
-REQUEST_COLUMNS = ("request_id", "arrival_at_us", "prompt_tokens", "output_tokens", "first_token_at_us",
-                   "completion_at_us", "ttft_us", "tpot_us", "e2e_us", "preemptions", "slot", "status")
