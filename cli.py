@@ -52,6 +52,10 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
                         help="unmap a finished request's pages at once instead of keeping them on its slot")
     parser.add_argument("--memory-util", type=_positive_float, default=0.9,
                         help="share of GPU memory for weights + KV cache (vLLM gpu_memory_utilization); default 0.9")
+    parser.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
+                        help="when memory runs out: recompute (drop KV) or swap (copy KV to host over PCIe)")
+    parser.add_argument("--host-swap", type=_size, default="4GiB",
+                        help="host memory for swapped KV (vLLM swap_space default 4GiB); default 4GiB")
     parser.add_argument("--seed", type=int, default=0, help="seed of the run's random generator; default 0")
 
 
@@ -61,8 +65,12 @@ def config_from_args(args: argparse.Namespace, **overrides):
     values = dict(model=args.model, gpu=args.gpu, tp=args.tp, page_size_bytes=args.page_size,
                   max_batch_slots=args.max_batch, scheduler=args.scheduler, token_budget=args.token_budget,
                   max_context_tokens=args.max_context, sync_mapping=args.sync_mapping,
-                  deferred_reclaim=not args.no_deferred_reclaim, memory_util_frac=args.memory_util, seed=args.seed)
+                  deferred_reclaim=not args.no_deferred_reclaim, memory_util_frac=args.memory_util, seed=args.seed,
+                  preemption=args.preemption, host_swap_bytes=args.host_swap)
     values.update(overrides)
+    if isinstance(getattr(args, "policy", None), str):   # simulate --policy (compare takes a list)
+        from analysis.compare import parse_policy
+        values.update(parse_policy(args.policy))
     return SimConfig(**values)
 
 
@@ -106,14 +114,40 @@ def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int):
     return trace, notes
 
 
-def _default_out_dir() -> Path:
+def _default_out_dir(kind: str = "sim") -> Path:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    out = Path("runs") / f"sim-{stamp}"
+    out = Path("runs") / f"{kind}-{stamp}"
     suffix = 1
     while out.exists():
-        out = Path("runs") / f"sim-{stamp}-{suffix}"
+        out = Path("runs") / f"{kind}-{stamp}-{suffix}"
         suffix += 1
     return out
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from analysis.compare import comparison_table, run_policies
+    from analysis.summary import print_comparison
+
+    base = config_from_args(args)
+    out_dir = Path(args.out) if args.out else _default_out_dir("compare")
+    table_files = [out_dir / "compare.csv", out_dir / "compare.parquet"]
+    if not args.force and any(f.exists() for f in table_files):
+        raise FileExistsError(f"{out_dir} already holds a comparison; choose another --out or pass --force")
+    trace, notes = load_workload(args, base.seed, base.slot_max_tokens)
+    for note in notes:
+        print(f"kvsim: warning: {note}", file=sys.stderr)
+    started = time.perf_counter()
+    runs = run_policies(base, args.policy, trace, args.profile, workers=args.workers)
+    table = comparison_table({label: run.summary for label, run in runs.items()})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table.to_csv(table_files[0])
+    table.to_parquet(table_files[1])
+    if args.save_runs:
+        from analysis.results import write_run
+        for index, run in enumerate(runs.values()):
+            write_run(run, out_dir / f"run{index}", overwrite=args.force)
+    print_comparison(table, trace.attrs.get("source", ""), base, time.perf_counter() - started, out_dir)
+    return 0
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -180,7 +214,26 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--force", action="store_true", help="overwrite the run files in an existing --out")
     sim.add_argument("--report", action="store_true", help="also write report.html into the run directory")
     sim.add_argument("--quiet", action="store_true", help="no progress display")
+    sim.add_argument("--policy", default=None,
+                     help="memory policy spec, e.g. vattention:page=256KiB,sync | paged:block=16 | static:max_len=4096 "
+                          "(see 'kvsim compare --help'); default vattention")
     sim.set_defaults(func=cmd_simulate)
+    comp = sub.add_parser("compare", help="run several memory policies on one trace and print one table",
+                          description="Run several memory policies on one trace, model and GPU; print and save "
+                                      "one comparison table (CSV and Parquet).",
+                          epilog="policy specs: NAME[:key=value,...]; vattention keys: page, sync, mapping, deferred, "
+                                 "lookahead, eager, eager_slots, watermark, create, preempt; paged keys: block, factor, "
+                                 "bt_base_us, bt_per_block_us, preempt; static keys: max_len, preempt")
+    comp.add_argument("--policy", action="append", required=True, metavar="SPEC",
+                      help="a policy to run (repeat), e.g. --policy vattention:page=2MiB --policy paged:block=16")
+    add_trace_args(comp)
+    add_config_args(comp)
+    comp.add_argument("--profile", default=None, help="calibration profile JSON for VMM latencies")
+    comp.add_argument("--out", default=None, help="output directory for compare.csv / compare.parquet")
+    comp.add_argument("--force", action="store_true", help="overwrite an existing comparison in --out")
+    comp.add_argument("--save-runs", action="store_true", help="also write each policy's run directory (run0, run1, ...)")
+    comp.add_argument("--workers", type=int, default=None, help="parallel processes (default: one per core)")
+    comp.set_defaults(func=cmd_compare)
     for module in ("traces.cli", "hwbackend.cli", "analysis.cli"):
         try:
             register = __import__(module, fromlist=["register"]).register

@@ -64,3 +64,27 @@ def print_summary(result, wall_s: float | None = None, out_dir: Path | None = No
     console.print(table)
     if wall_s is not None:
         console.print(f"simulated in {wall_s:.2f} s wall" + (f"; results in {out_dir}/" if out_dir else ""))
+
+
+def print_comparison(table, trace_source: str, base, wall_s: float, out_dir: Path) -> None:
+    """Print the comparison table with metrics as rows and policies as columns."""
+    console = Console(width=max(100, 34 + 26 * len(table)))
+    console.print(f"trace: {trace_source}")
+    console.print(f"model {base.model} on {base.gpu} (tp={base.tp}), scheduler {base.scheduler} "
+                  f"(budget {base.token_budget}), max batch {base.max_batch_slots}, seed {base.seed}")
+    grid = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    grid.add_column("metric")
+    for label in table.index:
+        grid.add_column(label, justify="right")
+    for column in table.columns:
+        grid.add_row(column, *(_cell(v) for v in table[column]))
+    console.print(grid)
+    console.print(f"{len(table)} runs in {wall_s:.1f} s wall; table in {out_dir}/compare.csv and compare.parquet")
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        if value != value:
+            return "-"
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}" if abs(value) < 10 else f"{value:,.1f}"
+    return f"{value:,}"

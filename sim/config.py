@@ -1,7 +1,7 @@
 """Run configuration: one frozen, validated dataclass; derived sizes are properties."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 
 from sim.catalog import GPUSpec, ModelSpec, get_gpu, get_model
@@ -186,6 +186,13 @@ class SimConfig:
     def needs_modified_driver(self) -> bool:
         """Pages under 2 MiB are below the public VMM granularity (domain.md): a what-if only."""
         return self.uses_vmm and self.page_size_bytes < DRIVER_GRANULARITY_BYTES
+
+    def with_overrides(self, overrides: dict) -> "SimConfig":
+        """A validated copy with some fields replaced (raises ConfigError for bad values)."""
+        unknown = set(overrides) - set(self.__dataclass_fields__)
+        if unknown:
+            raise ConfigError(f"unknown settings {sorted(unknown)}")
+        return replace(self, **overrides)
 
     def to_dict(self) -> dict:
         """Plain dict of the settings plus the derived sizes (for ``config.json``)."""

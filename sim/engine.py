@@ -178,7 +178,7 @@ class Simulator:
         self.num_done = 0
         self._next_arrival = 0
         self._admissions = 0
-        self._pending_sync_unmaps = Plan()
+        self._pending_plans: list[Plan] = []   # critical-path work charged to the next iteration
         self._iteration_preemptions = 0
         self._bg_recorded = (0, 0)
         self._sync_maps = self._sync_unmaps = 0
@@ -222,17 +222,19 @@ class Simulator:
             batch, plan = yield from self._step(batch)
             if not batch:
                 continue
+            waited_us = env.now - start_at_us          # waiting for the mapper's op in progress
             block_table_us = self._block_table_us(batch)
             swap_us = self.swap.take_pending_us()
-            sync_us = (self.cost.plan_us(plan) + self.cost.plan_us(self._pending_sync_unmaps)
-                       + block_table_us + swap_us)
-            self._sync_maps += plan.num_page_groups_mapped
-            self._sync_unmaps += plan.num_page_groups_unmapped + self._pending_sync_unmaps.num_page_groups_unmapped
-            unmapped_sync = plan.num_page_groups_unmapped + self._pending_sync_unmaps.num_page_groups_unmapped
-            self._pending_sync_unmaps = Plan()
+            plans, self._pending_plans = [*self._pending_plans, plan], []
+            mapping_us = sum(self.cost.plan_us(p) for p in plans)
+            sync_us = mapping_us + block_table_us + swap_us
+            mapped_sync = sum(p.num_page_groups_mapped for p in plans)
+            unmapped_sync = sum(p.num_page_groups_unmapped for p in plans)
+            self._sync_maps += mapped_sync
+            self._sync_unmaps += unmapped_sync
             if sync_us > 0:
                 yield env.timeout(sync_us)
-            stall_us = env.now - start_at_us - block_table_us - swap_us   # mapping (and waiting for the mapper)
+            stall_us = waited_us + mapping_us
             compute_us = self.compute.iteration_us(_shape(batch))
             snapshot = self._pool_snapshot(batch)
             if self.mapper:
@@ -243,7 +245,7 @@ class Simulator:
             prefill = sum(t for r, t in batch if r.remaining > 1 or t > 1)
             self.iteration_records.append((
                 iteration, start_at_us, env.now - start_at_us, compute_us, stall_us,
-                plan.num_page_groups_mapped, bg_maps, unmapped_sync + bg_unmaps, prefill,
+                mapped_sync, bg_maps, unmapped_sync + bg_unmaps, prefill,
                 sum(t for _, t in batch) - prefill, len(batch), len(self.running), len(self.waiting),
                 *snapshot, self._iteration_preemptions, block_table_us, swap_us))
             self._finish_iteration(batch, iteration)
@@ -271,9 +273,16 @@ class Simulator:
         return policy.pages_for_tokens(request.final_kv_tokens) > usable
 
     def _admit(self, request: Request, first_tokens: int) -> bool:
+        """Take a slot and map the first chunk's pages now, so that several admissions in one scheduling
+        round cannot promise the same free pages (vLLM allocates blocks at admission the same way)."""
         slot = self.policy.alloc_slot(request.computed + first_tokens)
         if slot is None:
             return False
+        plan = self.policy.step({slot: request.computed + first_tokens})
+        if plan is None:
+            self._perform_free(self.policy.free_slot(slot, self.policy.completed_iteration))
+            return False
+        self._pending_plans.append(plan)
         if request.swapped:
             self.swap.swap_in(request.computed)
             request.swapped = False
@@ -361,13 +370,15 @@ class Simulator:
 
     def _release(self, request: Request) -> None:
         self.running.remove(request)
-        plan = self.policy.free_slot(request.slot, self.policy.completed_iteration)
+        self._perform_free(self.policy.free_slot(request.slot, self.policy.completed_iteration))
         request.slot = -1
-        if plan:
-            if self.mapper:
-                self.mapper.submit(plan, reserved=False)
-            else:
-                self._pending_sync_unmaps = Plan(unmaps=self._pending_sync_unmaps.unmaps + plan.unmaps)
+
+    def _perform_free(self, plan: Plan) -> None:
+        """Unmaps a free returns (deferred reclamation off): in the background, or on the critical path."""
+        if plan and self.mapper:
+            self.mapper.submit(plan, reserved=False)
+        elif plan:
+            self._pending_plans.append(plan)
 
     def _lookahead(self, batch: Batch) -> dict[int, int]:
         steps, budget, targets = self.config.eager_lookahead_steps, self.config.token_budget, {}
@@ -384,7 +395,7 @@ class Simulator:
         """Fast-forward k >= 2 pure-decode iterations in one event when nothing can change inside them:
         no arrival before the last one starts, no completion, every step and look-ahead target already
         mapped, the mapper idle with no background work. Returns k (0 when not eligible)."""
-        if (len(batch) != len(self.running) or self._pending_sync_unmaps or
+        if (len(batch) != len(self.running) or self._pending_plans or
                 (self.mapper and not self.mapper.idle) or any(t != 1 for _, t in batch)):
             return 0
         steps = self._run_length(batch)

@@ -1,0 +1,225 @@
+"""The report's plotly figures, one builder per figure, each taking every run to compare.
+
+Every builder has the signature ``builder(views: list[RunView]) -> go.Figure``. Runs share the axes; each run
+has one colour (lines, markers, CDFs). The two stacked figures (page pool, map / unmap operations) give each
+run its own row on a shared time axis instead, coloured by category, since stacks of several runs cannot
+share one set of axes.
+
+Traces per run (:data:`TRACES_PER_RUN`; the browser test checks these counts)::
+
+    latency     2   iteration latency line (min/max per time bucket) + every sync-mapping stall (markers)
+    batch       1   batch size
+    pool        4   used / mapped-not-used / deferred / free KV memory, stacked (bucket means)
+    tail_waste  1   tail waste of running requests
+    cdf         3   TTFT, TPOT, E2E (one column each)
+    mapping     3   background maps, critical-path maps, unmaps (negative), summed per time window
+
+Times on x axes are seconds since the simulation started (``start_at_us / 1e6``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+
+from analysis.downsample import MAX_POINTS, bin_sums, bucket_mean, cdf_points, min_max, nice_window
+from analysis.results import RunResult
+from sim.units import GIB, US_PER_MS, US_PER_S
+
+RUN_COLOURS = qualitative.Plotly
+POOL_PARTS = (  # (column, legend name, colour)
+    ("used_gib", "used by tokens", "#1f77b4"),
+    ("slack_gib", "mapped, not yet used (running requests)", "#aec7e8"),
+    ("deferred_gib", "deferred (mapped on idle slots)", "#ff7f0e"),
+    ("free_gib", "free (unmapped)", "#d9d9d9"),
+)
+MAPPING_PARTS = (  # (column, legend name, colour, sign)
+    ("bg_map_page_groups", "maps, background", "#2ca02c", 1),
+    ("sync_map_page_groups", "maps, critical path", "#d62728", 1),
+    ("unmap_page_groups", "unmaps", "#7f7f7f", -1),
+)
+TRACES_PER_RUN = {"latency": 2, "batch": 1, "pool": len(POOL_PARTS), "tail_waste": 1, "cdf": 3,
+                  "mapping": len(MAPPING_PARTS)}
+TIME_AXIS = "time since start (s)"
+
+
+@dataclass
+class RunView:
+    """One run as the figures see it: its legend label, its colour and its tables."""
+
+    label: str
+    colour: str
+    result: RunResult
+
+    @cached_property
+    def iterations(self) -> pd.DataFrame:
+        """The iteration table plus ``time_s`` (start, s) and ``duration_ms``."""
+        it = self.result.iterations
+        return it.assign(time_s=it["start_at_us"] / US_PER_S, duration_ms=it["duration_us"] / US_PER_MS)
+
+    @cached_property
+    def finished(self) -> pd.DataFrame:
+        """Finished requests only."""
+        req = self.result.requests
+        return req[req["status"] == "finished"]
+
+    @property
+    def page_group_gib(self) -> float:
+        """Size of one pool unit (page group, block) in GiB."""
+        return float(self.result.config.get("page_group_bytes", 0)) / GIB
+
+
+def _layout(fig: go.Figure, title: str, height: int, **axes) -> go.Figure:
+    fig.update_layout(title=title, height=height, template="plotly_white", hovermode="closest",
+                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0), margin=dict(t=90, b=50),
+                      **axes)
+    return fig
+
+
+def latency_figure(views: list[RunView]) -> go.Figure:
+    """Iteration latency (ms) over time; every iteration with a synchronous-mapping stall as a marker."""
+    fig = go.Figure()
+    for view in views:
+        it = view.iterations
+        x, y = min_max(it["time_s"].to_numpy(), it["duration_ms"].to_numpy())
+        fig.add_scatter(x=x, y=y, mode="lines", name=view.label, legendgroup=view.label,
+                        line=dict(color=view.colour, width=1))
+        stalls = it[it["sync_stall_us"] > 0]   # never downsampled: each stall is one marker
+        fig.add_scatter(x=stalls["time_s"], y=stalls["duration_ms"], mode="markers",
+                        name=f"{view.label}: sync-mapping stalls ({len(stalls):,})", legendgroup=view.label,
+                        marker=dict(color=view.colour, symbol="x", size=9, line=dict(width=1, color="black")),
+                        customdata=np.column_stack([stalls["sync_stall_us"] / US_PER_MS, stalls["iteration"]]),
+                        hovertemplate="iteration %{customdata[1]}<br>t=%{x:.3f} s<br>latency %{y:.2f} ms<br>"
+                                      "stall %{customdata[0]:.3f} ms<extra></extra>")
+    return _layout(fig, "Iteration latency (lines: min and max per time bucket; x: sync-mapping stalls)", 420,
+                   xaxis_title=TIME_AXIS, yaxis_title="iteration latency (ms)")
+
+
+def batch_figure(views: list[RunView]) -> go.Figure:
+    """Requests in each iteration's batch over time."""
+    fig = go.Figure()
+    for view in views:
+        it = view.iterations
+        x, y = min_max(it["time_s"].to_numpy(), it["batch_size"].to_numpy())
+        fig.add_scatter(x=x, y=y, mode="lines", name=view.label, line=dict(color=view.colour, width=1))
+    return _layout(fig, "Batch size (min and max per time bucket)", 380,
+                   xaxis_title=TIME_AXIS, yaxis_title="batch size (requests)")
+
+
+def pool_parts(view: RunView, max_points: int = MAX_POINTS) -> pd.DataFrame:
+    """The page pool split into :data:`POOL_PARTS` (GiB), averaged per time bucket.
+
+    ``mapped`` counts active and idle slots; ``deferred`` is the idle part, ``used`` the pages holding tokens
+    of running requests, so ``mapped - deferred - used`` is mapped ahead of need (clipped at 0).
+    """
+    cols = ["used_page_groups", "mapped_page_groups", "deferred_page_groups", "free_page_groups"]
+    means = bucket_mean(view.iterations, "time_s", cols, max_points)
+    gib = view.page_group_gib
+    slack = (means["mapped_page_groups"] - means["deferred_page_groups"] - means["used_page_groups"]).clip(lower=0)
+    return pd.DataFrame({"time_s": means["time_s"], "used_gib": means["used_page_groups"] * gib,
+                         "slack_gib": slack * gib, "deferred_gib": means["deferred_page_groups"] * gib,
+                         "free_gib": means["free_page_groups"] * gib})
+
+
+def _rows(views: list[RunView]) -> go.Figure:
+    """One row per run on a shared time axis, each titled with the run's label."""
+    return make_subplots(rows=len(views), cols=1, shared_xaxes=True, vertical_spacing=0.3 / max(len(views), 1),
+                         subplot_titles=[view.label for view in views])
+
+
+def pool_figure(views: list[RunView]) -> go.Figure:
+    """KV-cache pool over time, stacked (GiB): one row per run."""
+    fig = _rows(views)
+    for row, view in enumerate(views, start=1):
+        parts = pool_parts(view)
+        for column, name, colour in POOL_PARTS:
+            fig.add_scatter(x=parts["time_s"], y=parts[column], mode="lines", name=name, legendgroup=name,
+                            stackgroup=f"pool{row}", line=dict(width=0.5, color=colour), fillcolor=colour,
+                            showlegend=row == 1, row=row, col=1)
+        fig.update_yaxes(title_text="KV memory (GiB)", row=row, col=1)
+    fig.update_xaxes(title_text=TIME_AXIS, row=len(views), col=1)
+    return _layout(fig, "Page pool (stacked; mean per time bucket)", 120 + 300 * len(views))
+
+
+def tail_waste_figure(views: list[RunView]) -> go.Figure:
+    """Tail waste of running requests (GiB): mapped memory past each request's last token."""
+    fig = go.Figure()
+    for view in views:
+        it = view.iterations
+        x, y = min_max(it["time_s"].to_numpy(), it["tail_waste_bytes"].to_numpy() / GIB)
+        fig.add_scatter(x=x, y=y, mode="lines", name=view.label, line=dict(color=view.colour, width=1))
+    return _layout(fig, "Tail waste (mapped, past the last token of running requests; min and max per bucket)",
+                   380, xaxis_title=TIME_AXIS, yaxis_title="tail waste (GiB)")
+
+
+CDF_METRICS = (  # (column, scale, axis title, log x)
+    ("ttft_us", US_PER_MS, "TTFT (ms)", True),
+    ("tpot_us", US_PER_MS, "TPOT (ms)", False),
+    ("e2e_us", US_PER_S, "E2E latency (s)", True),
+)
+
+
+def cdf_figure(views: list[RunView]) -> go.Figure:
+    """CDFs of TTFT, TPOT and E2E latency over finished requests, one column each."""
+    fig = make_subplots(rows=1, cols=len(CDF_METRICS), horizontal_spacing=0.06,
+                        subplot_titles=[title for _, _, title, _ in CDF_METRICS])
+    for view in views:
+        for col, (column, scale, title, log_x) in enumerate(CDF_METRICS, start=1):
+            values = view.finished[column].to_numpy(dtype=float) / scale
+            x, p = cdf_points(values[values > 0] if log_x else values)
+            fig.add_scatter(x=x, y=p, mode="lines", name=view.label, legendgroup=view.label,
+                            line=dict(color=view.colour), showlegend=col == 1, row=1, col=col)
+    for col, (_, _, title, log_x) in enumerate(CDF_METRICS, start=1):
+        fig.update_xaxes(title_text=title, type="log" if log_x else "linear", row=1, col=col)
+    fig.update_yaxes(title_text="share of finished requests", range=[0, 1.02], row=1, col=1)
+    return _layout(fig, "Request latency CDFs", 420)
+
+
+def mapping_window_s(views: list[RunView]) -> float:
+    """The map/unmap window (s): a 1-2-5 width giving at most 200 windows over the longest run."""
+    spans = [float(v.iterations["time_s"].max() - v.iterations["time_s"].min()) for v in views
+             if len(v.iterations)]
+    return nice_window(max(spans, default=0.0))
+
+
+def mapping_bins(view: RunView, window_s: float) -> pd.DataFrame:
+    """Page groups mapped (background, critical path) and unmapped per ``window_s`` window."""
+    it = view.iterations
+    return bin_sums(it["time_s"].to_numpy(), {c: it[c].to_numpy() for c, _, _, _ in MAPPING_PARTS}, window_s)
+
+
+def mapping_figure(views: list[RunView]) -> go.Figure:
+    """Map and unmap operations per time window (page groups; unmaps below zero): one row per run."""
+    window_s = mapping_window_s(views)
+    fig = _rows(views)
+    for row, view in enumerate(views, start=1):
+        bins = mapping_bins(view, window_s)
+        for column, name, colour, sign in MAPPING_PARTS:
+            fig.add_bar(x=bins["x"], y=sign * bins[column], name=name, legendgroup=name, marker_color=colour,
+                        width=window_s, showlegend=row == 1, row=row, col=1)
+        fig.update_yaxes(title_text=f"page groups per {window_s:g} s", row=row, col=1)
+    fig.update_xaxes(title_text=TIME_AXIS, row=len(views), col=1)
+    fig.update_layout(barmode="relative", bargap=0)
+    return _layout(fig, f"Map / unmap operations per {window_s:g} s window (unmaps drawn below zero)",
+                   120 + 280 * len(views))
+
+
+FIGURES = (  # (id, section heading, builder)
+    ("latency", "Iteration latency and synchronous-mapping stalls", latency_figure),
+    ("batch", "Batch size", batch_figure),
+    ("pool", "Page pool", pool_figure),
+    ("tail_waste", "Tail waste", tail_waste_figure),
+    ("cdf", "TTFT, TPOT and E2E latency", cdf_figure),
+    ("mapping", "Map and unmap operations: background vs critical path", mapping_figure),
+)
+
+
+def run_views(runs: list[RunResult], labels: list[str]) -> list[RunView]:
+    """Pair each run with its label and a colour (cycling through plotly's qualitative palette)."""
+    return [RunView(label, RUN_COLOURS[i % len(RUN_COLOURS)], run) for i, (run, label) in
+            enumerate(zip(runs, labels))]

@@ -1,0 +1,160 @@
+"""The HTML report of one or more runs: one self-contained file (plotly.js inline, works offline).
+
+Page layout::
+
+    kvsim report                 <- title, one line per run (label, directory, trace)
+    Runs                         <- configuration side by side
+    Summary                      <- analysis.compare's metrics side by side (+ every summary.json key, folded)
+    one section per figure       <- analysis.figures.FIGURES, each a <div id="fig-<id>">
+
+Long timelines are downsampled (analysis.downsample): a report of the 19,366-request Azure conversation
+trace (~620,000 iterations) is ~5 MB, of which ~4.6 MB is plotly.js.
+"""
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+
+import pandas as pd
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+
+from analysis.compare import comparison_table
+from analysis.figures import FIGURES, RunView, run_views
+from analysis.results import RunResult
+
+PLOT_CONFIG = {"displaylogo": False, "responsive": True}
+CONFIG_ROWS = (  # (label, config key)
+    ("policy", "policy"), ("model", "model"), ("GPU", "gpu"), ("tensor parallel", "tp"),
+    ("page size (bytes)", "page_size_bytes"), ("synchronous mapping", "sync_mapping"),
+    ("deferred reclaim", "deferred_reclaim"), ("scheduler", "scheduler"), ("token budget", "token_budget"),
+    ("request slots", "max_batch_slots"), ("seed", "seed"), ("trace", "trace_source"),
+    ("VMM latencies", "vmm_latency_source"),
+)
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1400px; color: #222; }
+h1 { margin-bottom: 0.2em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.9em; }
+th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+td.text { text-align: left; max-width: 40em; }
+.note { color: #555; font-size: 0.9em; }
+"""
+
+
+def run_labels(runs: list[RunResult]) -> list[str]:
+    """Legend labels: the config's ``policy_spec`` or ``label``, else the directory name, else ``run N``;
+    a label shared by several runs gets the directory (or position) appended."""
+    raw = [str(r.config.get("policy_spec") or r.config.get("label") or (r.path.name if r.path else f"run {i + 1}"))
+           for i, r in enumerate(runs)]
+    labels = []
+    for i, (label, run) in enumerate(zip(raw, runs)):
+        if raw.count(label) > 1:
+            label = f"{label} ({run.path.name if run.path else i + 1})"
+        labels.append(label if label not in labels else f"{label} #{i + 1}")
+    return labels
+
+
+def compare(runs: list[RunResult]) -> pd.DataFrame:
+    """The comparison table: one row per run (index: its label, as in the report's legends), the summary
+    metrics of :data:`analysis.compare.COMPARE_METRICS` as columns (bytes in GiB).
+
+    Unlike :func:`analysis.compare.compare`, runs sharing a label are kept apart (see :func:`run_labels`).
+    """
+    return comparison_table(dict(zip(run_labels(runs), (run.summary for run in runs))))
+
+
+def _cell(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return html.escape(str(value))
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "–"
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return html.escape(str(value))
+
+
+def html_table(rows: list[tuple[str, list]], labels: list[str]) -> str:
+    """A table with one column per run: ``rows`` are ``(row label, [value per run])``."""
+    head = "".join(f"<th>{html.escape(label)}</th>" for label in labels)
+    body = []
+    for name, values in rows:
+        cells = "".join(f'<td class="text">{_cell(v)}</td>' if isinstance(v, str) else f"<td>{_cell(v)}</td>"
+                        for v in values)
+        body.append(f"<tr><td>{html.escape(name)}</td>{cells}</tr>")
+    return f"<table><thead><tr><th></th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _tidy(value):
+    """numpy / pandas scalars to plain Python (for formatting)."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def summary_section(runs: list[RunResult], labels: list[str]) -> str:
+    """The Runs and Summary sections: configuration, the comparison metrics, and every summary key."""
+    config_rows = [(name, [r.config.get(key, "") for r in runs]) for name, key in CONFIG_ROWS]
+    config_rows.insert(0, ("directory", [str(r.path) if r.path else "(in memory)" for r in runs]))
+    table = comparison_table(dict(zip(labels, (r.summary for r in runs))))
+    metric_rows = [(column, [_tidy(v) for v in table[column]]) for column in table.columns]
+    keys = list(dict.fromkeys(k for r in runs for k in r.summary))
+    all_rows = [(key, [r.summary.get(key, float("nan")) for r in runs]) for key in keys]
+    return (f"<h2>Runs</h2>{html_table(config_rows, labels)}"
+            f"<h2>Summary</h2>{html_table(metric_rows, labels)}"
+            f"<details><summary>every summary.json key</summary>{html_table(all_rows, labels)}</details>")
+
+
+def figure_sections(views: list[RunView]) -> list[str]:
+    """One ``<section>`` per figure of :data:`analysis.figures.FIGURES` (plotly.js not included)."""
+    sections = []
+    for fig_id, heading, build in FIGURES:
+        div = pio.to_html(build(views), config=PLOT_CONFIG, include_plotlyjs=False, full_html=False,
+                          div_id=f"fig-{fig_id}", default_height=None)
+        sections.append(f'<section id="section-{fig_id}"><h2>{html.escape(heading)}</h2>{div}</section>')
+    return sections
+
+
+def _header(runs: list[RunResult], labels: list[str]) -> str:
+    items = "".join(f"<li><b>{html.escape(label)}</b>: {html.escape(str(r.path or '(in memory)'))}, "
+                    f"{r.summary.get('requests', 0):,} requests, {r.summary.get('iterations', 0):,} iterations</li>"
+                    for r, label in zip(runs, labels))
+    return (f"<h1>kvsim report</h1><ul>{items}</ul><p class='note'>Timelines are downsampled to at most "
+            "5,000 points per line (min and max per time bucket; stacked areas: bucket means); every "
+            "synchronous-mapping stall is drawn. Drag to zoom, double-click to reset; click a legend entry "
+            "to hide it.</p>")
+
+
+def build_report_html(runs: list[RunResult]) -> str:
+    """The whole report page as one HTML string (plotly.js embedded inline).
+
+    Raises:
+        ValueError: if ``runs`` is empty.
+    """
+    if not runs:
+        raise ValueError("a report needs at least one run")
+    labels = run_labels(runs)
+    views = run_views(runs, labels)
+    title = html.escape("kvsim report: " + ", ".join(labels))
+    body = _header(runs, labels) + summary_section(runs, labels) + "".join(figure_sections(views))
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
+            f'<style>{STYLE}</style>\n<script type="text/javascript">{get_plotlyjs()}</script>\n</head>\n'
+            f"<body>{body}</body></html>\n")
+
+
+def write_report(runs: list[RunResult], out_path) -> Path:
+    """Write the report of ``runs`` to ``out_path`` (overwriting it; callers decide whether they may).
+
+    Args:
+        runs: one or more runs (e.g. from :func:`analysis.results.load_run`); one colour each.
+        out_path: the HTML file to write; its parent directory is created.
+
+    Returns:
+        The path written.
+    """
+    out = Path(out_path)
+    text = build_report_html(runs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    return out
