@@ -74,9 +74,9 @@ class RunView:
         return float(self.result.config.get("page_group_bytes", 0)) / GIB
 
 
-def _layout(fig: go.Figure, title: str, height: int, **axes) -> go.Figure:
-    fig.update_layout(title=title, height=height, template="plotly_white", hovermode="closest",
-                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0), margin=dict(t=90, b=50),
+def _layout(fig: go.Figure, height: int, **axes) -> go.Figure:
+    """Common look: white template, legend on the right, ``height`` px (the section heading is the title)."""
+    fig.update_layout(height=height, template="plotly_white", hovermode="closest", margin=dict(t=40, b=50),
                       **axes)
     return fig
 
@@ -96,7 +96,7 @@ def latency_figure(views: list[RunView]) -> go.Figure:
                         customdata=np.column_stack([stalls["sync_stall_us"] / US_PER_MS, stalls["iteration"]]),
                         hovertemplate="iteration %{customdata[1]}<br>t=%{x:.3f} s<br>latency %{y:.2f} ms<br>"
                                       "stall %{customdata[0]:.3f} ms<extra></extra>")
-    return _layout(fig, "Iteration latency (lines: min and max per time bucket; x: sync-mapping stalls)", 420,
+    return _layout(fig, 420,
                    xaxis_title=TIME_AXIS, yaxis_title="iteration latency (ms)")
 
 
@@ -107,7 +107,7 @@ def batch_figure(views: list[RunView]) -> go.Figure:
         it = view.iterations
         x, y = min_max(it["time_s"].to_numpy(), it["batch_size"].to_numpy())
         fig.add_scatter(x=x, y=y, mode="lines", name=view.label, line=dict(color=view.colour, width=1))
-    return _layout(fig, "Batch size (min and max per time bucket)", 380,
+    return _layout(fig, 380,
                    xaxis_title=TIME_AXIS, yaxis_title="batch size (requests)")
 
 
@@ -143,7 +143,7 @@ def pool_figure(views: list[RunView]) -> go.Figure:
                             showlegend=row == 1, row=row, col=1)
         fig.update_yaxes(title_text="KV memory (GiB)", row=row, col=1)
     fig.update_xaxes(title_text=TIME_AXIS, row=len(views), col=1)
-    return _layout(fig, "Page pool (stacked; mean per time bucket)", 120 + 300 * len(views))
+    return _layout(fig, 80 + 300 * len(views))
 
 
 def tail_waste_figure(views: list[RunView]) -> go.Figure:
@@ -153,8 +153,7 @@ def tail_waste_figure(views: list[RunView]) -> go.Figure:
         it = view.iterations
         x, y = min_max(it["time_s"].to_numpy(), it["tail_waste_bytes"].to_numpy() / GIB)
         fig.add_scatter(x=x, y=y, mode="lines", name=view.label, line=dict(color=view.colour, width=1))
-    return _layout(fig, "Tail waste (mapped, past the last token of running requests; min and max per bucket)",
-                   380, xaxis_title=TIME_AXIS, yaxis_title="tail waste (GiB)")
+    return _layout(fig, 380, xaxis_title=TIME_AXIS, yaxis_title="tail waste (GiB)")
 
 
 CDF_METRICS = (  # (column, scale, axis title, log x)
@@ -177,7 +176,7 @@ def cdf_figure(views: list[RunView]) -> go.Figure:
     for col, (_, _, title, log_x) in enumerate(CDF_METRICS, start=1):
         fig.update_xaxes(title_text=title, type="log" if log_x else "linear", row=1, col=col)
     fig.update_yaxes(title_text="share of finished requests", range=[0, 1.02], row=1, col=1)
-    return _layout(fig, "Request latency CDFs", 420)
+    return _layout(fig, 420)
 
 
 def mapping_window_s(views: list[RunView]) -> float:
@@ -205,17 +204,26 @@ def mapping_figure(views: list[RunView]) -> go.Figure:
         fig.update_yaxes(title_text=f"page groups per {window_s:g} s", row=row, col=1)
     fig.update_xaxes(title_text=TIME_AXIS, row=len(views), col=1)
     fig.update_layout(barmode="relative", bargap=0)
-    return _layout(fig, f"Map / unmap operations per {window_s:g} s window (unmaps drawn below zero)",
-                   120 + 280 * len(views))
+    return _layout(fig, 80 + 280 * len(views))
 
 
-FIGURES = (  # (id, section heading, builder)
-    ("latency", "Iteration latency and synchronous-mapping stalls", latency_figure),
-    ("batch", "Batch size", batch_figure),
-    ("pool", "Page pool", pool_figure),
-    ("tail_waste", "Tail waste", tail_waste_figure),
-    ("cdf", "TTFT, TPOT and E2E latency", cdf_figure),
-    ("mapping", "Map and unmap operations: background vs critical path", mapping_figure),
+FIGURES = (  # (id, section heading, note under the heading, builder)
+    ("latency", "Iteration latency and synchronous-mapping stalls",
+     "Lines: the shortest and longest iteration of each time bucket. Markers (x): every iteration that waited "
+     "for synchronous mapping (sync_stall_us > 0), none left out; hover for the stall time.", latency_figure),
+    ("batch", "Batch size", "Requests per iteration; the smallest and largest of each time bucket.", batch_figure),
+    ("pool", "Page pool",
+     "KV-cache pool, stacked, averaged per time bucket: pages holding tokens, pages mapped ahead for running "
+     "requests, pages kept mapped on idle slots (deferred reclamation, eager mapping), and unmapped pages. "
+     "Click a legend entry to hide a layer.", pool_figure),
+    ("tail_waste", "Tail waste",
+     "Mapped memory past the last token of each running request, summed; min and max per time bucket.",
+     tail_waste_figure),
+    ("cdf", "TTFT, TPOT and E2E latency", "Empirical CDFs over finished requests (TTFT and E2E on log axes).",
+     cdf_figure),
+    ("mapping", "Map and unmap operations: background vs critical path",
+     "Page groups mapped by the background mapper, mapped on the critical path (the iteration waits), and "
+     "unmapped (drawn below zero), summed per time window.", mapping_figure),
 )
 
 

@@ -109,10 +109,11 @@ def summary_section(runs: list[RunResult], labels: list[str]) -> str:
 def figure_sections(views: list[RunView]) -> list[str]:
     """One ``<section>`` per figure of :data:`analysis.figures.FIGURES` (plotly.js not included)."""
     sections = []
-    for fig_id, heading, build in FIGURES:
+    for fig_id, heading, note, build in FIGURES:
         div = pio.to_html(build(views), config=PLOT_CONFIG, include_plotlyjs=False, full_html=False,
-                          div_id=f"fig-{fig_id}", default_height=None)
-        sections.append(f'<section id="section-{fig_id}"><h2>{html.escape(heading)}</h2>{div}</section>')
+                          div_id=f"fig-{fig_id}")
+        sections.append(f'<section id="section-{fig_id}"><h2>{html.escape(heading)}</h2>'
+                        f'<p class="note">{html.escape(note)}</p>{div}</section>')
     return sections
 
 

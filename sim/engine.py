@@ -189,6 +189,9 @@ class Simulator:
         """Run to the last request; returns the raw records."""
         self.env.process(self._serve())
         self.env.run()
+        for plan in self._pending_plans:    # unmaps of the last frees: performed, but after the last iteration
+            self._sync_unmaps += plan.num_page_groups_unmapped
+        self._pending_plans = []
         counters = {
             "sync_map_page_groups": self._sync_maps, "sync_unmap_page_groups": self._sync_unmaps,
             "bg_map_page_groups": self.mapper.maps_done if self.mapper else 0,
