@@ -165,8 +165,7 @@ CDF_METRICS = (  # (column, scale, axis title, log x)
 
 def cdf_figure(views: list[RunView]) -> go.Figure:
     """CDFs of TTFT, TPOT and E2E latency over finished requests, one column each."""
-    fig = make_subplots(rows=1, cols=len(CDF_METRICS), horizontal_spacing=0.06,
-                        subplot_titles=[title for _, _, title, _ in CDF_METRICS])
+    fig = make_subplots(rows=1, cols=len(CDF_METRICS), horizontal_spacing=0.06)
     for view in views:
         for col, (column, scale, title, log_x) in enumerate(CDF_METRICS, start=1):
             values = view.finished[column].to_numpy(dtype=float) / scale

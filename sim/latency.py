@@ -153,7 +153,7 @@ class VmmLatencyModel:
         from that distribution, scaled by ``num_sub_tensors / measured sub-tensors`` (the calls of a growth
         are serial). This matters: on the project's H200 a measured growth costs ~1.55x the sum of the
         isolated per-call medians (profiles/README.md). Otherwise: ``num_sub_tensors`` independent draws of
-        cuMemMap + cuMemSetAccess per group.
+        cuMemMap + cuMemSetAccess per group, times :meth:`growth_scale`.
         """
         if page_groups <= 0:
             return 0.0
@@ -161,8 +161,22 @@ class VmmLatencyModel:
             measured_tensors, distribution = self.growth[page_size_bytes]
             return float(distribution.sample_us(page_groups, rng).sum()) * num_sub_tensors / measured_tensors
         calls = page_groups * num_sub_tensors
-        return (self.total_us("cuMemMap", page_size_bytes, calls, rng)
-                + self.total_us("cuMemSetAccess", page_size_bytes, calls, rng))
+        per_call_us = (self.total_us("cuMemMap", page_size_bytes, calls, rng)
+                       + self.total_us("cuMemSetAccess", page_size_bytes, calls, rng))
+        return per_call_us * self.growth_scale(page_size_bytes)
+
+    def growth_scale(self, page_size_bytes: int) -> float:
+        """Measured growth / sum of isolated per-call means, at the measured page size nearest (log2) to
+        ``page_size_bytes``; 1 without growth measurements. Applied to page sizes whose growth was not
+        measured, so that e.g. 256 KiB what-if pages are not made cheaper than the calibrated 2 MiB ones by
+        the per-call microbenchmark's optimism."""
+        if not self.growth:
+            return 1.0
+        size = min(self.growth, key=lambda s: (abs(math.log2(s) - math.log2(page_size_bytes)), s))
+        tensors, distribution = self.growth[size]
+        per_call = (self.distribution("cuMemMap", size).mean_us()
+                    + self.distribution("cuMemSetAccess", size).mean_us())
+        return distribution.mean_us() / (tensors * per_call)
 
     def distribution(self, call: str, page_size_bytes: int) -> CallDistribution:
         """The distribution of ``call`` at the measured page size nearest to ``page_size_bytes`` (log2)."""

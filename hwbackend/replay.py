@@ -1,0 +1,273 @@
+"""Hardware replay: the simulator's serving loop (``sim/engine.py``) run in real time on the GPU.
+
+The same scheduler (:data:`sim.scheduler.SCHEDULERS`), the same memory policy (:func:`sim.memory.build_policy`,
+applied by :class:`hwbackend.executor.Executor` with real VMM calls) and the same request bookkeeping
+(:class:`sim.request.Request`) as the simulator; compute is a real decoder forward pass
+(:class:`hwbackend.model.DecoderModel`) over the VMM-backed K/V. One iteration, timed on the host clock::
+
+    start ─ accept arrivals ─ schedule (admit = alloc_slot) ─ executor.step(targets) [preempt, retry] ─┐
+      ┌──────────────────────────────────────────── sync_stall_us (wall time of the step loop) ────────┘
+      └─ launch forward ─ iteration_launched(i) ─ map_ahead(look-ahead) ─ wait for the tokens (GPU sync)
+         ─ tokens, first-token / completion times ─ free finished slots ─ end
+
+``duration_us = end - start`` (iterations tile the busy timeline as in the simulator);
+``compute_us = duration_us - sync_stall_us`` (host scheduling and bookkeeping included: that is what a
+serving loop costs). Requests arrive by their trace timestamps on the wall clock (``now - t0``).
+Records follow :mod:`sim.records` exactly; times in microseconds since the replay's start.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from hwbackend.model import BatchInputs, SeqWork
+from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS
+from sim.request import Request
+from sim.scheduler import SCHEDULERS
+
+ARRIVAL_TICKS_PER_S = 10_000_000  # as sim.engine: arrivals quantised to the Azure trace's 100 ns tick
+
+
+@dataclass
+class ReplayOutput:
+    """Raw records (tuples in the order of :mod:`sim.records`) and counters (as ``SimOutput.counters``)."""
+
+    request_records: list[tuple]
+    iteration_records: list[tuple]
+    counters: dict
+
+    def requests_frame(self) -> pd.DataFrame:
+        return pd.DataFrame.from_records(self.request_records, columns=list(REQUEST_COLUMNS))
+
+    def iterations_frame(self) -> pd.DataFrame:
+        return pd.DataFrame.from_records(self.iteration_records, columns=list(ITERATION_COLUMNS))
+
+
+def requests_from_trace(trace: pd.DataFrame, slot_max_tokens: int) -> list[Request]:
+    """Requests of a canonical trace, arrivals quantised as in ``sim.engine._requests_from_trace``.
+
+    Raises:
+        ValueError: if a request needs more KV tokens than a slot holds (clip the trace first).
+    """
+    need = trace["prompt_tokens"] + trace["output_tokens"] - 1
+    if (need > slot_max_tokens).any():
+        row = trace[need > slot_max_tokens].iloc[0]
+        raise ValueError(f"request {int(row.request_id)} needs more KV tokens than a slot holds ({slot_max_tokens})")
+    arrivals_us = (np.round(trace["arrival_s"].to_numpy(dtype=float) * ARRIVAL_TICKS_PER_S)
+                   * (1e6 / ARRIVAL_TICKS_PER_S)).tolist()
+    return [Request(int(i), a, int(p), int(o)) for i, a, p, o in zip(
+        trace["request_id"], arrivals_us, trace["prompt_tokens"], trace["output_tokens"])]
+
+
+class ReplayLoop:
+    """Serves a trace on a model and an open :class:`hwbackend.replay_kv.ReplayKV`.
+
+    Args:
+        config: the :class:`sim.config.SimConfig` (scheduler, budget, policy knobs; ``preemption`` must be
+            ``recompute``: swapping is not implemented on hardware).
+        trace: canonical table, arrival-sorted. model: a :class:`hwbackend.model.DecoderModel`.
+        kv: the open cache. sleep: ``sleep(seconds)`` while idle (tests may pass a no-op).
+    """
+
+    def __init__(self, config: Any, trace: pd.DataFrame, model: Any, kv: Any,
+                 sleep: Callable[[float], None] = time.sleep):
+        if config.preemption != "recompute":
+            raise ValueError(f"preemption {config.preemption!r}: the hardware replay implements recompute only")
+        self.config, self.model, self.kv, self.sleep = config, model, kv, sleep
+        self.executor, self.policy = kv.executor, kv.executor.policy
+        self.schedule = SCHEDULERS[config.scheduler]
+        self.requests = requests_from_trace(trace, config.slot_max_tokens)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.iteration_records: list[tuple] = []
+        self.num_done = self._next_arrival = self._admissions = self._preemptions = 0
+        self._sync_unmaps = 0
+        self._recorded = (0, 0)  # background maps, unmaps at the previous record
+        self._sub_tensors = kv.executor.cache.layout.num_sub_tensors
+        self._kv_bytes_per_token = config.model_spec.kv_bytes_per_token(config.tp)
+        self._t0_ns = 0
+
+    # ---- clock and counters ----------------------------------------------------------------------------
+    def now_us(self) -> float:
+        return (time.perf_counter_ns() - self._t0_ns) * 1e-3
+
+    def _unmapped_groups(self) -> int:
+        return self.kv.driver.stats.count("cuMemUnmap") // self._sub_tensors
+
+    def _foreground(self, call: Callable, *args: Any) -> Any:
+        """Run an executor call on the critical path, counting the unmaps it performs as synchronous."""
+        before = self._unmapped_groups()
+        result = call(*args)
+        self._sync_unmaps += self._unmapped_groups() - before
+        return result
+
+    # ---- the loop -----------------------------------------------------------------------------------
+    def run(self) -> ReplayOutput:
+        """Serve every request; returns the records."""
+        self._t0_ns, iteration, drained = time.perf_counter_ns(), 0, False
+        while self.num_done < len(self.requests):
+            start_us = self.now_us()
+            self._accept_arrivals(start_us)
+            if not self.running and not self.waiting:
+                self.sleep(max(0.0, self.requests[self._next_arrival].arrival_at_us - self.now_us()) * 1e-6)
+                continue
+            self._preemptions = 0
+            batch = self.schedule(self.running, self.waiting, self.config.token_budget, self._admit)
+            if not batch:
+                drained = self._unblock_admission(drained)
+                continue
+            drained = False
+            step_us = self.now_us()
+            sync_maps = self.executor.metrics["sync_page_groups"]
+            batch = self._step(batch)
+            if not batch:
+                continue
+            stall_us = self.now_us() - step_us
+            self._iterate(batch, iteration, start_us, stall_us, self.executor.metrics["sync_page_groups"] - sync_maps)
+            iteration += 1
+        counters = self._counters()
+        return ReplayOutput([r.record() for r in self.requests], self.iteration_records, counters)
+
+    def _iterate(self, batch: list, iteration: int, start_us: float, stall_us: float, sync_maps: int) -> None:
+        snapshot = self._pool_snapshot(batch)
+        work = [SeqWork(r.slot, r.computed, t, r.computed + t == r.seq_len) for r, t in batch]
+        inputs = BatchInputs(work, self.kv.slot_tokens, self.model.device)
+        tokens = self.model.forward(inputs, self.kv.k, self.kv.v)
+        self.executor.iteration_launched(iteration)
+        self.executor.map_ahead(self._lookahead(batch))
+        tokens.cpu()  # the sampled tokens come back to the host: the iteration is over on the GPU
+        done_us = self.now_us()
+        self.executor.poll_completed()
+        bg_maps, unmaps = self._since_last_record()
+        prefill = sum(t for r, t in batch if r.remaining > 1 or t > 1)
+        record = [iteration, start_us, 0.0, 0.0, stall_us, sync_maps, bg_maps, unmaps, prefill,
+                  sum(t for _, t in batch) - prefill, len(batch), len(self.running), len(self.waiting),
+                  *snapshot, self._preemptions, 0.0, 0.0]
+        self._finish_iteration(batch, done_us)
+        record[2] = self.now_us() - start_us
+        record[3] = record[2] - stall_us
+        self.iteration_records.append(tuple(record))
+
+    # ---- phases (mirroring sim.engine.Simulator) ------------------------------------------------------
+    def _accept_arrivals(self, now_us: float) -> None:
+        requests = self.requests
+        while self._next_arrival < len(requests) and requests[self._next_arrival].arrival_at_us <= now_us:
+            request = requests[self._next_arrival]
+            self._next_arrival += 1
+            if self._cannot_ever_fit(request):
+                request.status = "rejected"
+                self.num_done += 1
+            else:
+                self.waiting.append(request)
+
+    def _cannot_ever_fit(self, request: Request) -> bool:
+        policy = self.policy.config
+        usable = policy.pool_page_groups - int(policy.admission_watermark_frac * policy.pool_page_groups)
+        return policy.pages_for_tokens(request.final_kv_tokens) > usable
+
+    def _admit(self, request: Request, first_tokens: int) -> bool:
+        slot = self.executor.alloc_slot(request.computed + first_tokens)
+        if slot is None:
+            return False
+        request.slot = request.last_slot = slot
+        request.admitted_order = self._admissions
+        request.status = "running"
+        self._admissions += 1
+        self.running.append(request)
+        return True
+
+    def _unblock_admission(self, drained: bool) -> bool:
+        """Nothing could be scheduled: first let the mapper's queued work go (as the simulator cancels its
+        mapper), then reject an unservable head. Returns whether the mapper was just drained."""
+        if self.config.has_async_mapper and not drained:
+            self._foreground(self.executor.step, {})  # cancels queued background ops, waits for the current one
+            return True
+        if self.running:
+            raise RuntimeError("scheduler returned an empty batch while requests are running")
+        head = self.waiting.popleft()
+        head.status = "rejected"
+        self.num_done += 1
+        return False
+
+    def _step(self, batch: list) -> list:
+        """Map what the batch needs; preempt (recompute) the most recently admitted request while the pool
+        cannot cover it. Returns the (possibly smaller) batch."""
+        while True:
+            if self._foreground(self.executor.step, {r.slot: r.computed + t for r, t in batch}):
+                return batch
+            victim = max(self.running, key=lambda r: r.admitted_order)
+            if len(self.running) == 1:
+                self._drop(victim, status="rejected")
+                return []
+            self._release(victim)
+            victim.computed = 0
+            victim.preemptions += 1
+            victim.status = "waiting"
+            self._preemptions += 1
+            self.waiting.appendleft(victim)
+            batch = [(r, t) for r, t in batch if r is not victim]
+            if not batch:
+                return []
+
+    def _lookahead(self, batch: list) -> dict[int, int]:
+        steps, budget, targets = self.config.eager_lookahead_steps, self.config.token_budget, {}
+        for request, tokens in batch:
+            after = request.computed + tokens
+            if after == request.seq_len:
+                if request.generated + 1 < request.output_tokens:
+                    targets[request.slot] = min(after + steps, request.final_kv_tokens)
+            else:
+                targets[request.slot] = min(request.seq_len, after + budget)
+        return targets
+
+    def _pool_snapshot(self, batch: list) -> tuple[int, int, int, int, int]:
+        policy, tokens_per_page = self.policy, self.config.tokens_per_page
+        scheduled = {r.slot: t for r, t in batch}
+        held_tokens = [r.computed + scheduled.get(r.slot, 0) for r in self.running]
+        used = sum(-(-t // tokens_per_page) for t in held_tokens)
+        active_mapped = sum(policy.mapped[r.slot] for r in self.running)
+        waste = (active_mapped * tokens_per_page - sum(held_tokens)) * self._kv_bytes_per_token
+        return (policy.mapped_page_groups, used, policy.free_page_groups, policy.deferred_page_groups, waste)
+
+    def _since_last_record(self) -> tuple[int, int]:
+        done = (self.executor.metrics["background_page_groups"], self._unmapped_groups())
+        delta = (done[0] - self._recorded[0], done[1] - self._recorded[1])
+        self._recorded = done
+        return delta
+
+    def _finish_iteration(self, batch: list, done_us: float) -> None:
+        for request, tokens in batch:
+            request.computed += tokens
+            if request.computed != request.seq_len:
+                continue
+            request.generated += 1
+            if request.generated == 1:
+                request.first_token_at_us = done_us
+            if request.generated == request.output_tokens:
+                request.completion_at_us = done_us
+                self._drop(request, status="finished")
+
+    def _drop(self, request: Request, status: str) -> None:
+        self._release(request)
+        request.status = status
+        self.num_done += 1
+
+    def _release(self, request: Request) -> None:
+        self.running.remove(request)
+        self._foreground(self.executor.free_slot, request.slot, self.policy.completed_iteration)
+        request.slot = -1
+
+    def _counters(self) -> dict:
+        unmaps = self._unmapped_groups()
+        metrics = self.executor.metrics
+        return {"sync_map_page_groups": metrics["sync_page_groups"], "sync_unmap_page_groups": self._sync_unmaps,
+                "bg_map_page_groups": metrics["background_page_groups"],
+                "bg_unmap_page_groups": unmaps - self._sync_unmaps, "mapper_busy_us": float("nan"),
+                "swap_out_bytes": 0, "swap_in_bytes": 0, "swap_total_us": 0.0,
+                "pool_page_groups": self.config.pool_page_groups, "end_at_us": self.now_us()}

@@ -1,0 +1,90 @@
+"""The replay's KV cache: the vAttention executor plus per-layer K/V views over the cache.
+
+On CUDA the views are torch tensors over the reserved virtual memory (:func:`hwbackend.tensors.kv_tensors`),
+backed page group by page group as the policy maps them. On CPU (tests, development) the emulated driver
+does the mapping bookkeeping with the same executor and policy, and the views are ordinary host tensors.
+
+Each view is ``[B * L_max, H', D]`` (flat rows, see :mod:`hwbackend.model`); ``k[i]`` / ``v[i]`` belong to
+layer ``i`` (sub-tensors ``i`` and ``N + i`` of the cache).
+"""
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+from hwbackend.executor import Executor
+from hwbackend.kvcache import KVCache, KVCacheLayout
+from hwbackend.model import TransformerShape
+from sim.memory import build_policy
+
+
+@dataclass
+class ReplayKV:
+    """An open cache: ``executor`` (policy, cache, mapper thread), ``k`` / ``v`` flat views per layer."""
+
+    executor: Executor
+    k: list[Any]
+    v: list[Any]
+    slot_tokens: int
+    driver: Any
+    stack: ExitStack
+
+    def close(self) -> None:
+        """Stop the mapper, unmap and release everything."""
+        self.stack.close()
+
+
+def layout_for(config: Any, shape: TransformerShape) -> KVCacheLayout:
+    """Cache layout for a :class:`sim.config.SimConfig` and the decoder's shape.
+
+    Raises:
+        ValueError: if the shape's page holds a different number of tokens than the config's policy expects.
+    """
+    layout = KVCacheLayout(num_sub_tensors=shape.num_sub_tensors, num_slots=config.max_batch_slots,
+                           max_pages_per_slot=config.max_pages_per_slot, page_size_bytes=config.page_size_bytes,
+                           num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, dtype_bytes=2)
+    if layout.tokens_per_page != config.tokens_per_page:
+        raise ValueError(f"shape holds {layout.tokens_per_page} tokens per page, the policy expects "
+                         f"{config.tokens_per_page}: use {config.model_spec.kv_heads_per_worker(config.tp)} KV heads "
+                         f"of dimension {config.model_spec.head_dim}")
+    return layout
+
+
+def open_kv(config: Any, shape: TransformerShape, device: str) -> ReplayKV:
+    """Open the policy's executor and K/V views on ``device`` (``cuda:N`` real VMM, ``cpu`` emulated).
+
+    The policy is :func:`sim.memory.build_policy` of ``config`` (the simulator's); the pool holds
+    ``config.pool_page_groups`` page groups; the mapper thread runs when ``config.has_async_mapper``.
+    """
+    import torch
+
+    layout = layout_for(config, shape)
+    stack = ExitStack()
+    try:
+        if device.startswith("cuda"):
+            from hwbackend.driver import CudaVmmDriver
+            from hwbackend.tensors import kv_tensors
+
+            torch.cuda.init()
+            driver = stack.enter_context(CudaVmmDriver(torch.device(device).index or 0))
+            cache = KVCache(driver, layout, config.pool_page_groups, create_on_demand=config.create_on_demand)
+            executor = stack.enter_context(Executor(build_policy(config), cache, background=config.has_async_mapper,
+                                                    stream_handle=torch.cuda.current_stream().cuda_stream))
+            tensors = kv_tensors(cache, torch.bfloat16, device)
+        else:
+            from hwbackend.emulated import EmulatedVmmDriver
+
+            capacity = config.pool_page_groups * layout.num_sub_tensors * layout.page_size_bytes
+            driver = EmulatedVmmDriver(layout.page_size_bytes, capacity_bytes=capacity, va_limit_bytes=1 << 50)
+            cache = KVCache(driver, layout, config.pool_page_groups, create_on_demand=config.create_on_demand)
+            executor = stack.enter_context(Executor(build_policy(config), cache, background=config.has_async_mapper))
+            size = (layout.num_slots, layout.max_tokens_per_slot, layout.num_kv_heads, layout.head_dim)
+            tensors = [torch.empty(size) for _ in range(layout.num_sub_tensors)]  # pages committed on write
+    except BaseException:
+        stack.close()
+        raise
+    flat = [t.view(-1, layout.num_kv_heads, layout.head_dim) for t in tensors]
+    n = shape.num_layers
+    return ReplayKV(executor, flat[:n], flat[n:], layout.max_tokens_per_slot, driver, stack)
+

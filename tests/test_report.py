@@ -1,0 +1,152 @@
+"""The HTML report: figures and trace counts, downsampling that keeps every stall, size on a large run,
+``kvsim report`` refusals and errors. (The real-browser check is in test_report_browser.py.)"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import RunResult, compare, load_run, write_report
+from analysis.downsample import bin_sums, cdf_points, min_max, nice_window
+from analysis.figures import FIGURES, latency_figure, pool_parts, run_views
+from analysis.report import build_report_html, run_labels
+from analysis.results import summarize
+from cli import main
+from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS
+
+TRACES_PER_RUN = {"latency": 2, "batch": 1, "pool": 4, "tail_waste": 1, "cdf": 3, "mapping": 3}
+CONFIG = {"page_group_bytes": 128 * 2**20, "num_sub_tensors": 64, "policy": "vattention"}
+
+
+def synthetic_run(num_iterations: int, num_stalls: int, label: str = "synthetic", seed: int = 0) -> RunResult:
+    """A run built directly (no simulation): ~5 ms iterations, ``num_stalls`` of them stalled."""
+    rng = np.random.default_rng(seed)
+    n = num_iterations
+    it = pd.DataFrame(0, index=np.arange(n), columns=list(ITERATION_COLUMNS))
+    duration_us = rng.uniform(4000.0, 6000.0, n)
+    stalled = np.sort(rng.choice(n, num_stalls, replace=False))
+    stall_us = np.zeros(n)
+    stall_us[stalled] = rng.uniform(100.0, 3000.0, num_stalls)
+    duration_us += stall_us
+    mapped = rng.integers(100, 200, n)
+    it = it.assign(iteration=np.arange(n), start_at_us=np.cumsum(duration_us) - duration_us, duration_us=duration_us,
+                   sync_stall_us=stall_us, sync_map_page_groups=(stall_us > 0).astype(int),
+                   bg_map_page_groups=rng.integers(0, 2, n), unmap_page_groups=rng.integers(0, 2, n),
+                   batch_size=rng.integers(1, 256, n), mapped_page_groups=mapped, used_page_groups=mapped // 2,
+                   deferred_page_groups=mapped // 4, free_page_groups=900 - mapped,
+                   tail_waste_bytes=rng.integers(0, 2**32, n))
+    m = max(n // 30, 10)
+    req = pd.DataFrame(0, index=np.arange(m), columns=list(REQUEST_COLUMNS)).assign(
+        status="finished", ttft_us=rng.lognormal(10, 1, m), tpot_us=rng.normal(5000, 300, m),
+        e2e_us=rng.lognormal(14, 1, m), output_tokens=10, prompt_tokens=100,
+        arrival_at_us=np.linspace(0, it["start_at_us"].iloc[-1], m), completion_at_us=it["start_at_us"].iloc[-1])
+    counters = {"sync_map_page_groups": num_stalls, "bg_map_page_groups": 1, "sync_unmap_page_groups": 0,
+                "bg_unmap_page_groups": 0, "pool_page_groups": 900}
+    config = {**CONFIG, "label": label}
+    return RunResult(req, it, summarize(req, it, counters, config), config)
+
+
+@pytest.fixture(scope="module")
+def small_runs(tmp_path_factory) -> list:
+    """Two simulated run directories: asynchronous and synchronous mapping."""
+    base = tmp_path_factory.mktemp("runs")
+    for name, extra in (("async", []), ("sync", ["--sync-mapping"])):
+        assert main(["simulate", "--out", str(base / name), "--num-requests", "80", "--quiet", *extra]) == 0
+    return [base / "async", base / "sync"]
+
+
+@pytest.mark.parametrize("num_runs", [1, 2])
+def test_each_figure_has_its_traces_per_run(small_runs, num_runs):
+    views = run_views([load_run(p) for p in small_runs[:num_runs]], ["a", "b"][:num_runs])
+    counts = {fig_id: len(build(views).data) for fig_id, _, _, build in FIGURES}
+    assert counts == {fig_id: n * num_runs for fig_id, n in TRACES_PER_RUN.items()}
+
+
+def test_runs_have_one_colour_each_and_share_the_axes(small_runs):
+    views = run_views([load_run(p) for p in small_runs], ["async", "sync"])
+    fig = latency_figure(views)
+    assert [t.line.color if t.mode == "lines" else t.marker.color for t in fig.data] == [
+        views[0].colour, views[0].colour, views[1].colour, views[1].colour]
+    assert views[0].colour != views[1].colour
+    assert {t.xaxis for t in fig.data} == {None}   # one set of axes (plotly's default x)
+
+
+def test_downsampling_keeps_every_stall_and_bounds_the_points():
+    run = synthetic_run(600_000, num_stalls=1234)
+    fig = latency_figure(run_views([run], ["big"]))
+    line, stalls = fig.data
+    assert len(line.x) <= 5000
+    stalled = run.iterations[run.iterations["sync_stall_us"] > 0]
+    assert len(stalls.x) == 1234
+    np.testing.assert_allclose(np.asarray(stalls.x), stalled["start_at_us"] / 1e6)
+    # the min/max line still reaches the slowest and the fastest iteration
+    assert max(line.y) == pytest.approx(run.iterations["duration_us"].max() / 1e3)
+    assert min(line.y) == pytest.approx(run.iterations["duration_us"].min() / 1e3)
+
+
+def test_min_max_keeps_each_buckets_extremes_in_time_order():
+    x = np.arange(100.0)
+    y = np.zeros(100)
+    y[[7, 55]] = [9.0, -3.0]
+    xs, ys = min_max(x, y, max_points=10)
+    assert len(xs) <= 10 and list(xs) == sorted(xs)
+    assert (7.0, 9.0) in zip(xs, ys) and (55.0, -3.0) in zip(xs, ys)
+    assert min_max(x[:5], y[:5], max_points=10)[0].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_pool_parts_add_up_to_mapped_plus_free():
+    run = synthetic_run(20_000, num_stalls=0)
+    parts = pool_parts(run_views([run], ["x"])[0], max_points=100)
+    total = parts[["used_gib", "slack_gib", "deferred_gib", "free_gib"]].sum(axis=1)
+    assert len(parts) == 100
+    np.testing.assert_allclose(total, 900 * CONFIG["page_group_bytes"] / 2**30)
+
+
+def test_bin_sums_and_windows():
+    bins = bin_sums(np.array([0.1, 0.2, 2.5]), {"n": np.array([1, 2, 5])}, window=1.0)
+    assert bins["x"].tolist() == [0.5, 1.5, 2.5] and bins["n"].tolist() == [3, 0, 5]
+    assert nice_window(3600.0) == 20.0 and nice_window(30.0) == 0.2 and nice_window(0.0) == 1.0
+    x, p = cdf_points(np.array([3.0, np.nan, 1.0, 2.0, np.inf]))
+    assert x.tolist() == [1.0, 2.0, 3.0] and p[-1] == 1.0
+
+
+def test_report_of_a_large_run_stays_small():
+    runs = [synthetic_run(600_000, num_stalls=2000, label="a"), synthetic_run(600_000, 50, label="b", seed=1)]
+    size_bytes = len(build_report_html(runs).encode())
+    assert size_bytes < 20 * 2**20, f"report is {size_bytes / 2**20:.1f} MiB"
+
+
+def test_report_is_self_contained(tmp_path, small_runs):
+    text = write_report([load_run(small_runs[0])], tmp_path / "r.html").read_text()
+    assert "<script src" not in text and "cdn.plot.ly" not in text.split("</script>", 1)[1]
+    assert text.count('class="plotly-graph-div"') == len(FIGURES)
+
+
+def test_compare_has_one_row_per_run_and_keeps_equal_labels_apart(small_runs):
+    runs = [load_run(p) for p in small_runs] + [load_run(small_runs[0])]
+    table = compare(runs)
+    assert len(table) == 3 and table.index.is_unique
+    assert list(table.index) == run_labels(runs)
+    assert table.iloc[1]["sync mapping stall (ms)"] > 0
+
+
+def test_report_command_refuses_to_overwrite(tmp_path, small_runs, capsys):
+    out = tmp_path / "report.html"
+    assert main(["report", *map(str, small_runs), "--out", str(out)]) == 0
+    assert main(["report", str(small_runs[0]), "--out", str(out)]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert main(["report", str(small_runs[0]), "--out", str(out), "--force"]) == 0
+
+
+def test_bad_run_dir_gives_one_clear_error(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty"), "--out", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("kvsim: error: ") and "Traceback" not in err
+    assert str(tmp_path / "empty") in err and "not a kvsim run directory" in err
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_simulate_report_writes_it_next_to_the_results(tmp_path):
+    assert main(["simulate", "--out", str(tmp_path / "run"), "--num-requests", "30", "--quiet", "--report"]) == 0
+    assert (tmp_path / "run" / "report.html").stat().st_size > 1_000_000
