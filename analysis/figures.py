@@ -46,6 +46,7 @@ MAPPING_PARTS = (  # (column, legend name, colour, sign)
 TRACES_PER_RUN = {"latency": 2, "batch": 1, "pool": len(POOL_PARTS), "tail_waste": 1, "cdf": 3,
                   "mapping": len(MAPPING_PARTS)}
 TIME_AXIS = "time since start (s)"
+LINE_OPACITY = 0.7  # timelines of several runs overlap: let the one below show through
 
 
 @dataclass
@@ -87,7 +88,7 @@ def latency_figure(views: list[RunView]) -> go.Figure:
     for view in views:
         it = view.iterations
         x, y = min_max(it["time_s"].to_numpy(), it["duration_ms"].to_numpy())
-        fig.add_scatter(x=x, y=y, mode="lines", name=view.label, legendgroup=view.label,
+        fig.add_scatter(x=x, y=y, mode="lines", name=view.label, legendgroup=view.label, opacity=LINE_OPACITY,
                         line=dict(color=view.colour, width=1))
         stalls = it[it["sync_stall_us"] > 0]   # never downsampled: each stall is one marker
         fig.add_scatter(x=stalls["time_s"], y=stalls["duration_ms"], mode="markers",
@@ -106,7 +107,8 @@ def batch_figure(views: list[RunView]) -> go.Figure:
     for view in views:
         it = view.iterations
         x, y = min_max(it["time_s"].to_numpy(), it["batch_size"].to_numpy())
-        fig.add_scatter(x=x, y=y, mode="lines", name=view.label, line=dict(color=view.colour, width=1))
+        fig.add_scatter(x=x, y=y, mode="lines", name=view.label, opacity=LINE_OPACITY,
+                        line=dict(color=view.colour, width=1))
     return _layout(fig, 380,
                    xaxis_title=TIME_AXIS, yaxis_title="batch size (requests)")
 
@@ -152,7 +154,8 @@ def tail_waste_figure(views: list[RunView]) -> go.Figure:
     for view in views:
         it = view.iterations
         x, y = min_max(it["time_s"].to_numpy(), it["tail_waste_bytes"].to_numpy() / GIB)
-        fig.add_scatter(x=x, y=y, mode="lines", name=view.label, line=dict(color=view.colour, width=1))
+        fig.add_scatter(x=x, y=y, mode="lines", name=view.label, opacity=LINE_OPACITY,
+                        line=dict(color=view.colour, width=1))
     return _layout(fig, 380, xaxis_title=TIME_AXIS, yaxis_title="tail waste (GiB)")
 
 

@@ -89,6 +89,10 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
         "swap_out_bytes": int(counters.get("swap_out_bytes", 0)), "swap_in_bytes": int(counters.get("swap_in_bytes", 0)),
         "swap_total_ms": float(counters.get("swap_total_us", 0.0) / US_PER_MS),
         "block_table_total_ms": float(iterations["block_table_us"].sum() / US_PER_MS) if len(iterations) else 0.0,
+        # VMM time of every map/unmap, background included: per tensor-parallel worker, and the critical
+        # path (per operation, the slowest worker)
+        "mapping_worker_ms": [us / US_PER_MS for us in counters.get("mapping_worker_us", [])],
+        "mapping_critical_ms": float(counters.get("mapping_critical_us", 0.0) / US_PER_MS),
     }
     return summary
 

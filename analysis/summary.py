@@ -26,6 +26,8 @@ SUMMARY_ROWS = (
     ("maps done in background", "background_map_share", "{:.1%}"),
     ("sync mapping stall total", ("sync_stall_total_ms", "iterations_with_stall"), "{:.1f} ms in {:,} iterations"),
     ("preemptions", "preemptions", "{:,}"),
+    ("VMM time per TP worker", "mapping_worker_ms", "workers"),
+    ("VMM time, critical path", "mapping_critical_ms", "{:.1f} ms"),
 )
 
 
@@ -38,6 +40,8 @@ def summary_lines(summary: dict) -> list[tuple[str, str]]:
                 f" ({summary['rejected']} rejected)" if summary["rejected"] else "")
         elif fmt == "bytes":
             value = format_bytes(summary[key])
+        elif fmt == "workers":
+            value = " / ".join(f"{ms:.1f}" for ms in summary.get(key, [])) + " ms"
         elif fmt == "bytes2":
             value = f"{format_bytes(summary[key[0]])} / {format_bytes(summary[key[1]])}"
         else:

@@ -61,6 +61,11 @@ class VmmCost:
     Mapping a page group costs one measured page-group growth (or ``2N'`` x (cuMemMap + cuMemSetAccess),
     see :meth:`VmmLatencyModel.page_group_map_us`); unmapping costs ``2N'`` x cuMemUnmap; pages created on
     demand add cuMemCreate / cuMemRelease per page.
+
+    With tensor parallelism every one of the ``tp`` workers maps its own 2N' sub-tensors (same slots, same
+    page indices): each worker's latency is drawn independently and the plan takes the slowest worker's time
+    (the iteration, or a background op's commit, waits for all). Per-worker totals are kept in
+    :attr:`worker_us` and the critical path (sum of the maxima) in :attr:`critical_us`.
     """
 
     def __init__(self, vmm: VmmLatencyModel, config: SimConfig, rng: np.random.Generator,
@@ -68,26 +73,40 @@ class VmmCost:
         self.vmm, self.rng, self.create_on_demand = vmm, rng, create_on_demand
         self.pages_per_group = config.num_sub_tensors
         self.page_size_bytes = config.page_size_bytes
+        self.worker_us = [0.0] * config.tp
+        self.critical_us = 0.0
 
-    def map_us(self, page_groups: int) -> float:
-        calls = page_groups * self.pages_per_group
+    def _map_one_us(self, page_groups: int) -> float:
         total = self.vmm.page_group_map_us(page_groups, self.pages_per_group, self.page_size_bytes, self.rng)
         if self.create_on_demand:
-            total += self.vmm.total_us("cuMemCreate", self.page_size_bytes, calls, self.rng)
+            total += self.vmm.total_us("cuMemCreate", self.page_size_bytes, page_groups * self.pages_per_group,
+                                       self.rng)
         return total
 
-    def unmap_us(self, page_groups: int) -> float:
+    def _unmap_one_us(self, page_groups: int) -> float:
         calls = page_groups * self.pages_per_group
         total = self.vmm.total_us("cuMemUnmap", self.page_size_bytes, calls, self.rng)
         if self.create_on_demand:
             total += self.vmm.total_us("cuMemRelease", self.page_size_bytes, calls, self.rng)
         return total
 
+    def _over_workers(self, maps: int, unmaps: int) -> float:
+        if maps == 0 and unmaps == 0:
+            return 0.0
+        per_worker = [self._unmap_one_us(unmaps) + self._map_one_us(maps) for _ in self.worker_us]
+        for worker, spent_us in enumerate(per_worker):
+            self.worker_us[worker] += spent_us
+        slowest = max(per_worker)
+        self.critical_us += slowest
+        return slowest
+
     def plan_us(self, plan: Plan) -> float:
-        return self.unmap_us(plan.num_page_groups_unmapped) + self.map_us(plan.num_page_groups_mapped)
+        return self._over_workers(plan.num_page_groups_mapped, plan.num_page_groups_unmapped)
 
     def op_us(self, op: MapOp | UnmapOp) -> float:
-        return self.map_us(op.num_pages) if isinstance(op, MapOp) else self.unmap_us(op.num_pages)
+        if isinstance(op, MapOp):
+            return self._over_workers(op.num_pages, 0)
+        return self._over_workers(0, op.num_pages)
 
 
 class NoCost:
@@ -199,6 +218,8 @@ class Simulator:
             "mapper_busy_us": self.mapper.busy_us if self.mapper else 0.0,
             "swap_out_bytes": self.swap.out_bytes, "swap_in_bytes": self.swap.in_bytes,
             "swap_total_us": self.swap.total_us,
+            "mapping_worker_us": list(getattr(self.cost, "worker_us", [])),
+            "mapping_critical_us": getattr(self.cost, "critical_us", 0.0),
             "pool_page_groups": self.config.pool_page_groups, "end_at_us": self.env.now,
         }
         return SimOutput([r.record() for r in self.requests], self.iteration_records, counters,

@@ -151,3 +151,18 @@ def test_deferred_reclamation_off_unmaps_on_free():
 def test_bad_policy_specs(spec, message):
     with pytest.raises(ConfigError, match=message):
         SimConfig().with_overrides(parse_policy(spec))
+
+
+def test_tensor_parallel_mapping_waits_for_the_slowest_worker():
+    """TP=2: each worker draws its own latencies; every operation costs the slower worker's time, so the
+    critical path is at least each worker's total and, with random latencies, strictly more than their
+    mean. With constant latencies both workers take exactly the same time and nothing changes."""
+    from sim.latency import VmmLatencyModel
+    rows = [(i * 0.01, 300 + 50 * i, 40) for i in range(20)]
+    out, _, it = run(rows, vmm=VmmLatencyModel.builtin(), tp=2, page_size_bytes=64 * KIB, sync_mapping=True)
+    workers, critical = out.counters["mapping_worker_us"], out.counters["mapping_critical_us"]
+    assert len(workers) == 2 and workers[0] != workers[1]
+    assert critical >= max(workers) and critical > sum(workers) / 2
+    assert it["sync_stall_us"].sum() == pytest.approx(critical)     # sync mode: all mapping is on the critical path
+    const, _, _ = run(rows, tp=2, page_size_bytes=64 * KIB, sync_mapping=True)
+    assert const.counters["mapping_worker_us"][0] == const.counters["mapping_worker_us"][1] == const.counters["mapping_critical_us"]

@@ -1,0 +1,249 @@
+"""Parameter sweeps: the Cartesian grid of simulate (or capacity) runs, one JSON file per point.
+
+A grid axis is any ``kvsim simulate`` option (``page_size``, ``policy``, ``max_batch``, ``scheduler``,
+``token_budget``, ``sync_mapping``, ``deferred_reclaim``, ``memory_util``, ``rate_scale``, ``num_requests``,
+``tp``, ``gpu``, ``model``, ``seed``, ``trace``, ...) or any :class:`sim.config.SimConfig` field
+(``eager_lookahead_steps``, ``block_size_tokens``, ...)::
+
+    --grid page_size=64KiB,256KiB,2MiB --grid policy=vattention,paged:block=16 --grid max_batch=128,256
+
+In a ``policy`` axis a comma starts a new spec only before a policy name, so
+``policy=vattention:page=256KiB,sync,paged`` is two specs: ``vattention:page=256KiB,sync`` and ``paged``.
+
+Output directory layout (``kvsim sweep --out DIR``)::
+
+    DIR/points/<key>.json   one finished point: its grid values, status, error and summary; <key> is a
+                            hash of the job, the point and every base option, so a rerun skips it
+    DIR/sweep.parquet/.csv  one row per point in grid order (axis columns, status, error, summary keys)
+    DIR/sweep.html          a self-contained plotly figure of the main metrics
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from sim.config import POLICIES, SimConfig
+
+JOBS = ("simulate", "capacity")
+# options of the parsed command line that do not change a point's result
+_NOT_SETTINGS = {"command", "func", "grid", "job", "executor", "ray_address", "workers", "out", "quiet", "force"}
+_ALIASES = {"page": "page_size", "batch": "max_batch", "max_batch_slots": "max_batch", "budget": "token_budget",
+            "page_size_bytes": "page_size", "memory_util_frac": "memory_util"}
+_ON_OFF = {"on": True, "true": True, "1": True, "yes": True, "off": False, "false": False, "0": False, "no": False}
+
+
+@functools.lru_cache(maxsize=1)
+def _reference_parser() -> argparse.ArgumentParser:
+    """A parser holding every simulate option, to look up an axis's destination and value type."""
+    from cli import add_config_args, add_trace_args
+    parser = argparse.ArgumentParser(add_help=False)
+    add_trace_args(parser)
+    add_config_args(parser)
+    parser.add_argument("--policy", default=None)
+    parser.add_argument("--profile", default=None)
+    return parser
+
+
+@dataclass(frozen=True)
+class Axis:
+    """How a grid axis applies: to a command-line option (``dest``) or to a SimConfig field."""
+
+    name: str
+    dest: str | None = None       # argparse destination
+    field: str | None = None      # SimConfig field (when not a command-line option)
+    invert: bool = False          # the option is the negation (deferred_reclaim -> --no-deferred-reclaim)
+
+    def parse(self, text: str):
+        """The typed value of ``text`` for this axis (raises ValueError naming the axis and value)."""
+        try:
+            return self._parse(text.strip())
+        except (ValueError, argparse.ArgumentTypeError) as exc:
+            raise ValueError(f"--grid {self.name}={text!r}: {exc}") from None
+
+    def _parse(self, text: str):
+        if self.dest is None:
+            return _parse_field(self.field, text)
+        action = next(a for a in _reference_parser()._actions if a.dest == self.dest)
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            if text.lower() not in _ON_OFF:
+                raise ValueError("expected on/off")
+            return _ON_OFF[text.lower()] != self.invert
+        value = action.type(text) if action.type else text
+        if action.choices and value not in action.choices:
+            raise ValueError(f"choose one of {', '.join(map(str, action.choices))}")
+        return value
+
+
+def _parse_field(name: str, text: str):
+    default = SimConfig.__dataclass_fields__[name].default
+    if name.endswith("_bytes"):
+        from sim.units import parse_size_bytes
+        return parse_size_bytes(text)
+    if isinstance(default, bool):
+        if text.lower() not in _ON_OFF:
+            raise ValueError("expected on/off")
+        return _ON_OFF[text.lower()]
+    if isinstance(default, (int, float)):
+        return type(default)(text)
+    return None if text.lower() == "none" else (int(text) if default is None and text.isdigit() else text)
+
+
+def resolve_axis(name: str) -> Axis:
+    """The :class:`Axis` for a grid axis name (dashes or underscores).
+
+    Raises:
+        ValueError: for an unknown name, listing the valid ones.
+    """
+    key = name.strip().replace("-", "_").lower()
+    key = _ALIASES.get(key, key)
+    if key == "deferred_reclaim":
+        return Axis(name, dest="no_deferred_reclaim", invert=True)
+    dests = {a.dest for a in _reference_parser()._actions}
+    if key in dests:
+        return Axis(name, dest=key)
+    if key in SimConfig.__dataclass_fields__:
+        return Axis(name, field=key)
+    valid = sorted((dests | {"deferred_reclaim"}) - {"help"}) + sorted(SimConfig.__dataclass_fields__)
+    raise ValueError(f"--grid: unknown axis {name!r}; valid axes: {', '.join(valid)}")
+
+
+def _split_values(axis: str, text: str) -> list[str]:
+    items = [item.strip() for item in text.split(",")]
+    if _ALIASES.get(axis, axis) != "policy":
+        return [item for item in items if item]
+    specs: list[str] = []
+    for item in filter(None, items):
+        if item.partition(":")[0].strip().lower() in POLICIES or not specs:
+            specs.append(item)
+        else:
+            specs[-1] += "," + item
+    return specs
+
+
+def parse_grid(items: list[str]) -> dict[str, list[str]]:
+    """``["page_size=64KiB,2MiB", "policy=vattention,paged"]`` -> ``{axis: [values]}`` in the given order;
+    a repeated axis appends values. Every value is parsed once here, so a typo fails before anything runs.
+
+    Raises:
+        ValueError: for a malformed item, an unknown axis or a value its option rejects.
+    """
+    grid: dict[str, list[str]] = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--grid {item!r}: expected AXIS=V1,V2,... e.g. page_size=64KiB,2MiB")
+        axis = name.strip().replace("-", "_").lower()
+        resolved = resolve_axis(axis)
+        parsed = _split_values(axis, values)
+        if not parsed:
+            raise ValueError(f"--grid {item!r}: no values")
+        for value in parsed:
+            resolved.parse(value)
+        grid.setdefault(axis, []).extend(v for v in parsed if v not in grid.get(axis, []))
+    return grid
+
+
+def expand_grid(grid: dict[str, list[str]]) -> list[dict[str, str]]:
+    """The Cartesian product in row-major order (the last axis varies fastest)."""
+    names = list(grid)
+    return [dict(zip(names, combo)) for combo in itertools.product(*(grid[n] for n in names))]
+
+
+@dataclass(frozen=True)
+class PointJob:
+    """Everything one worker needs to run a point (picklable; Ray or a process pool).
+
+    Attributes:
+        index: position in grid order.
+        point: axis -> value as typed on the command line.
+        base: the base options (``vars(args)`` without executor settings).
+        job: ``simulate`` or ``capacity``.
+    """
+
+    index: int
+    point: dict
+    base: dict
+    job: str = "simulate"
+
+    @property
+    def key(self) -> str:
+        """Stable hash of job, point and base options: the point's file name under ``points/``."""
+        text = json.dumps({"job": self.job, "point": self.point, "base": self.base}, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def base_settings(args: argparse.Namespace) -> dict:
+    """The options of a parsed command line that change results (what the point key hashes)."""
+    return {k: v for k, v in sorted(vars(args).items()) if k not in _NOT_SETTINGS and not callable(v)}
+
+
+def make_jobs(grid: dict[str, list[str]], base: dict, job: str = "simulate") -> list[PointJob]:
+    """One :class:`PointJob` per grid point, in grid order."""
+    if job not in JOBS:
+        raise ValueError(f"--job {job!r}: choose one of {', '.join(JOBS)}")
+    return [PointJob(i, point, base, job) for i, point in enumerate(expand_grid(grid))]
+
+
+def point_args(job: PointJob) -> tuple[argparse.Namespace, dict]:
+    """The point's command-line namespace and its SimConfig overrides (fields without an option)."""
+    args = argparse.Namespace(**job.base)
+    overrides = {}
+    for name, text in job.point.items():
+        axis = resolve_axis(name)
+        value = axis.parse(text)
+        if axis.dest is None:
+            overrides[axis.field] = value
+        else:
+            setattr(args, axis.dest, value)
+    return args, overrides
+
+
+def point_file(out_dir: Path, job: PointJob) -> Path:
+    return Path(out_dir) / "points" / f"{job.key}.json"
+
+
+def save_point(out_dir: Path, record: dict) -> Path:
+    """Write one finished point (atomically: a partial file never counts as done)."""
+    path = Path(out_dir) / "points" / f"{record['key']}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(record, indent=1, allow_nan=True, default=str) + "\n")
+    temporary.replace(path)
+    return path
+
+
+def load_point(out_dir: Path, job: PointJob) -> dict | None:
+    path = point_file(out_dir, job)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def sweep_table(jobs: list[PointJob], records: dict[str, dict]) -> pd.DataFrame:
+    """One row per point in grid order: axis values, status, error, label, then the result keys."""
+    rows = []
+    for job in jobs:
+        record = records.get(job.key, {"status": "missing", "error": "not run"})
+        row = {**job.point, "status": record["status"], "error": record.get("error", ""),
+               "label": record.get("label", "")}
+        row.update(record.get("result", {}))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def write_table(table: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """``sweep.parquet`` and ``sweep.csv`` under ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_parquet(out / "sweep.parquet", index=False)
+    table.to_csv(out / "sweep.csv", index=False)
+    return [out / "sweep.parquet", out / "sweep.csv"]
+
+
+__all__ = ["Axis", "JOBS", "PointJob", "base_settings", "expand_grid", "load_point", "make_jobs", "parse_grid",
+           "point_args", "resolve_axis", "save_point", "sweep_table", "write_table"]

@@ -1,0 +1,130 @@
+"""Compute calibration: time real iterations over a grid of batch shapes and fit the simulator's
+:class:`sim.compute.RooflineComputeModel` to them (``kvsim calibrate --compute``).
+
+Each grid point is one iteration shape: ``decodes`` sequences of one token at a given context, plus
+prefill chunks of ``tokens`` new tokens after ``context`` cached ones. It is run through the replay's own
+code path (:class:`hwbackend.model.BatchInputs` + :meth:`DecoderModel.forward` over the VMM-backed cache,
+pages mapped by the vAttention executor, tokens copied back), ``warmup`` times and then ``repeats``
+times; the median wall time (host preparation + GPU + sync, microseconds) is the measurement.
+
+The fit (least squares on relative error, ``scipy.optimize.least_squares`` from several starts) adjusts
+``flops_efficiency``, ``bw_efficiency``, ``attention_flops_efficiency`` and ``overhead_us``; the profile
+gets ``compute.roofline`` (read by ``analysis.runner.load_models``) and ``compute.fit_error`` (median,
+p90, max of ``|model / measured - 1|`` over the grid).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hwbackend.model import BatchInputs, SeqWork
+from sim.compute import BatchShape, RooflineComputeModel
+
+FIT_FIELDS = ("flops_efficiency", "bw_efficiency", "attention_flops_efficiency", "overhead_us")
+FIT_BOUNDS = ((0.05, 0.05, 0.01, 0.0), (1.0, 1.0, 1.0, 50_000.0))
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One iteration shape: ``decodes`` x (1 token after ``decode_context`` cached) plus prefill chunks
+    ``(tokens, context)``."""
+
+    decodes: int = 0
+    decode_context: int = 0
+    chunks: tuple[tuple[int, int], ...] = ()
+
+    def work(self, first_slot: int = 0) -> list[SeqWork]:
+        """The sequences of this point on consecutive slots from ``first_slot``."""
+        seqs = [SeqWork(first_slot + i, self.decode_context, 1, True) for i in range(self.decodes)]
+        return seqs + [SeqWork(first_slot + self.decodes + j, c, t, True) for j, (t, c) in enumerate(self.chunks)]
+
+    def shape(self) -> BatchShape:
+        """The simulator's view of this iteration (as ``sim.engine._shape``)."""
+        return batch_shape(self.work())
+
+
+def batch_shape(work: list[SeqWork]) -> BatchShape:
+    """BatchShape of a list of sequences (pairs: ``t * (context + (t + 1) / 2)``, as ``sim.engine._shape``)."""
+    return BatchShape(new_tokens=sum(w.tokens for w in work),
+                      attention_pairs=sum(w.tokens * (w.computed + (w.tokens + 1) / 2) for w in work),
+                      kv_read_tokens=sum(w.computed for w in work), logit_sequences=sum(w.emits for w in work))
+
+
+def default_grid() -> list[GridPoint]:
+    """Decode batches 1..128 at contexts 128..3072, prefill chunks 32..2048 tokens, mixed batches."""
+    grid = [GridPoint(b, c) for b in (1, 4, 16, 32, 64, 128) for c in (128, 1024, 3072)]
+    grid += [GridPoint(chunks=((t, 0),)) for t in (32, 128, 512, 1024, 2048)]
+    grid += [GridPoint(chunks=((512, 2048),)), GridPoint(chunks=((2048, 2048),))]
+    grid += [GridPoint(32, 1024, ((t, 0),)) for t in (256, 1024, 2016)]
+    grid += [GridPoint(8, 2048, ((2040, 1024),)), GridPoint(96, 512, ((1952, 0),)), GridPoint(16, 1536, ((300, 700),))]
+    return grid
+
+
+def measure_grid(model: Any, kv: Any, grid: list[GridPoint], warmup: int = 2, repeats: int = 7) -> list[float]:
+    """Median wall time (us) of one iteration per grid point, pages mapped by ``kv.executor``."""
+    times_us = []
+    for point in grid:
+        work = point.work()
+        slots = [kv.executor.alloc_slot(w.computed + w.tokens) for w in work]
+        if None in slots or not kv.executor.step({s: w.computed + w.tokens for s, w in zip(slots, work)}):
+            raise RuntimeError(f"grid point {point} does not fit the KV pool")
+        work = [SeqWork(s, w.computed, w.tokens, w.emits) for s, w in zip(slots, work)]
+        samples = []
+        for i in range(warmup + repeats):
+            start = time.perf_counter_ns()
+            model.forward(BatchInputs(work, kv.slot_tokens, model.device), kv.k, kv.v).cpu()
+            samples.append((time.perf_counter_ns() - start) * 1e-3)
+        times_us.append(float(np.median(samples[warmup:])))
+        kv.executor.iteration_launched(0)
+        kv.executor.poll_completed()
+        for slot in slots:
+            kv.executor.free_slot(slot, 0)
+    return times_us
+
+
+def predict_us(base: RooflineComputeModel, params: np.ndarray, shapes: list[BatchShape]) -> np.ndarray:
+    """The roofline's iteration time (us) for each shape with ``params`` in :data:`FIT_FIELDS` order."""
+    model = base.with_overrides(dict(zip(FIT_FIELDS, params)))
+    return np.array([model.iteration_us(s) for s in shapes])
+
+
+def fit_roofline(base: RooflineComputeModel, shapes: list[BatchShape], measured_us: list[float]) -> tuple[dict, dict]:
+    """Least-squares fit of :data:`FIT_FIELDS` on relative error; returns ``(roofline, fit_error)``."""
+    from scipy.optimize import least_squares
+
+    measured = np.asarray(measured_us, dtype=float)
+
+    def residual(params: np.ndarray) -> np.ndarray:
+        return predict_us(base, params, shapes) / measured - 1.0
+
+    best = None
+    for start in ([0.8, 0.9, 0.5, 1000.0], [0.6, 0.7, 0.2, 2000.0], [0.9, 0.6, 0.8, 500.0], [0.5, 0.95, 0.1, 3000.0]):
+        result = least_squares(residual, np.array(start), bounds=FIT_BOUNDS, x_scale=[0.1, 0.1, 0.1, 500.0])
+        if best is None or result.cost < best.cost:
+            best = result
+    roofline = {name: round(float(v), 6) for name, v in zip(FIT_FIELDS, best.x)}
+    return roofline, fit_error(np.abs(residual(best.x)))
+
+
+def fit_error(relative_errors: np.ndarray) -> dict:
+    """Median / p90 / max of absolute relative errors (fractions)."""
+    return {"median": round(float(np.median(relative_errors)), 4),
+            "p90": round(float(np.percentile(relative_errors, 90)), 4),
+            "max": round(float(np.max(relative_errors)), 4), "n": int(relative_errors.size)}
+
+
+def compute_section(base: RooflineComputeModel, grid: list[GridPoint], measured_us: list[float], meta: dict) -> dict:
+    """The profile's ``compute`` section: fitted roofline, its error, and the grid with both times."""
+    shapes = [p.shape() for p in grid]
+    roofline, error = fit_roofline(base, shapes, measured_us)
+    default_error = fit_error(np.abs(predict_us(base, np.array([getattr(base, f) for f in FIT_FIELDS]), shapes)
+                                     / np.asarray(measured_us) - 1))
+    fitted = predict_us(base, np.array([roofline[f] for f in FIT_FIELDS]), shapes)
+    rows = [{"decodes": p.decodes, "decode_context": p.decode_context, "chunks": [list(c) for c in p.chunks],
+             "measured_us": round(m, 1), "model_us": round(float(f), 1)} for p, m, f in zip(grid, measured_us, fitted)]
+    return {"roofline": roofline, "fit_error": error, "default_roofline_error": default_error,
+            "method": "median wall time of the replay's forward (host prep + GPU + token copy), least squares "
+                      "on relative error", **meta, "grid": rows}
