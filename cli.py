@@ -222,8 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Run several memory policies on one trace, model and GPU; print and save "
                                       "one comparison table (CSV and Parquet).",
                           epilog="policy specs: NAME[:key=value,...]; vattention keys: page, sync, mapping, deferred, "
-                                 "lookahead, eager, eager_slots, watermark, create, preempt; paged keys: block, factor, "
-                                 "bt_base_us, bt_per_block_us, preempt; static keys: max_len, preempt")
+                                 "lookahead, eager, eager_slots, watermark, create, layout, layout_factor, batched, preempt, "
+                                 "zero; paged keys: block, factor, bt_base_us, bt_per_block_us, preempt, zero; static "
+                                 "keys: max_len, preempt, zero")
     comp.add_argument("--policy", action="append", required=True, metavar="SPEC",
                       help="a policy to run (repeat), e.g. --policy vattention:page=2MiB --policy paged:block=16")
     add_trace_args(comp)

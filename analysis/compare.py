@@ -4,10 +4,12 @@ A policy is written ``NAME[:key=value,key=value,...]`` (``kvsim compare --policy
 
     vattention:page=2MiB            vattention:page=256KiB,sync      vattention:deferred=off
     vattention:create=ondemand      vattention:lookahead=0,eager=0   paged:block=16   static:max_len=4096
+    vattention:layout=cross-layer   vattention:batched=on            vattention:zero=on-reuse
 
 Keys (see :class:`sim.config.SimConfig` for meanings and defaults): every policy takes ``preempt``
-(recompute|swap); vattention takes page, sync / mapping (sync|async), deferred (on|off), lookahead,
-eager, eager_slots, watermark, create (startup|ondemand); paged takes block, factor, bt_base_us,
+(recompute|swap) and ``zero`` (off|on-reuse|on-free); vattention takes page, sync / mapping (sync|async),
+deferred (on|off), lookahead, eager, eager_slots, watermark, create (startup|ondemand), layout
+(per-layer|cross-layer), layout_factor, batched (on|off); paged takes block, factor, bt_base_us,
 bt_per_block_us; static takes max_len.
 """
 from __future__ import annotations
@@ -38,7 +40,8 @@ def _choice(*choices: str):
 
 
 # key -> (SimConfig field, parser)
-_COMMON = {"preempt": ("preemption", _choice("recompute", "swap"))}
+_COMMON = {"preempt": ("preemption", _choice("recompute", "swap")),
+           "zero": ("zero_on_reuse", _choice("off", "on-reuse", "on-free"))}
 POLICY_KEYS: dict[str, dict] = {
     "vattention": {
         "page": ("page_size_bytes", parse_size_bytes),
@@ -50,6 +53,9 @@ POLICY_KEYS: dict[str, dict] = {
         "eager_slots": ("eager_idle_slots", int),
         "watermark": ("low_watermark_frac", float),
         "create": ("create_on_demand", lambda v: _choice("startup", "ondemand")(v) == "ondemand"),
+        "layout": ("kv_layout", _choice("per-layer", "cross-layer")),
+        "layout_factor": ("layout_attention_factor", float),
+        "batched": ("batched_set_access", _on_off),
         **_COMMON},
     "paged": {
         "block": ("block_size_tokens", int), "factor": ("paged_attention_factor", float),
@@ -93,6 +99,7 @@ COMPARE_METRICS = {
     "map_page_groups": "page groups/blocks mapped", "map_calls": "VMM map calls", "unmap_calls": "VMM unmap calls",
     "sync_stall_total_ms": "sync mapping stall (ms)", "block_table_total_ms": "block-table CPU (ms)",
     "preemptions": "preemptions", "swap_out_bytes": "swapped out (GiB)", "swap_total_ms": "swap time (ms)",
+    "zero_total_ms": "zeroing on critical path (ms)",
     "finished": "finished", "rejected": "rejected",
 }
 _GIB_COLUMNS = ("peak_mapped_bytes", "mean_tail_waste_bytes", "swap_out_bytes")
@@ -134,11 +141,22 @@ def run_policies(base: SimConfig, specs: list[str], trace: pd.DataFrame, profile
         return dict(pool.map(_run_one, jobs))
 
 
+def run_labels(runs) -> list[str]:
+    """Labels for runs (:class:`analysis.results.RunResult`): the config's ``policy_spec`` or ``label``, else
+    the directory name, else ``run N``; a label shared by several runs gets the directory (or position)
+    appended, so that no two runs collapse into one row or legend entry."""
+    raw = [str(r.config.get("policy_spec") or r.config.get("label") or (r.path.name if r.path else f"run {i + 1}"))
+           for i, r in enumerate(runs)]
+    labels = []
+    for i, (label, run) in enumerate(zip(raw, runs)):
+        if raw.count(label) > 1:
+            label = f"{label} ({run.path.name if run.path else i + 1})"
+        labels.append(label if label not in labels else f"{label} #{i + 1}")
+    return labels
+
+
 def compare(runs) -> pd.DataFrame:
-    """The comparison table of several :class:`analysis.results.RunResult` (e.g. from ``load_run``):
-    one row per run, labelled by its policy spec, its config label, or its directory."""
-    summaries = {}
-    for run in runs:
-        label = run.config.get("policy_spec") or run.config.get("label") or str(run.path)
-        summaries[label] = run.summary
-    return comparison_table(summaries)
+    """The comparison table of several runs (e.g. from :func:`analysis.load_run`): one row per run, indexed
+    by :func:`run_labels`, the :data:`COMPARE_METRICS` as columns (bytes in GiB)."""
+    runs = list(runs)
+    return comparison_table(dict(zip(run_labels(runs), (run.summary for run in runs))))

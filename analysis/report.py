@@ -8,7 +8,7 @@ Page layout::
     one section per figure       <- analysis.figures.FIGURES, each a <div id="fig-<id>">
 
 Long timelines are downsampled (analysis.downsample): a report of the 19,366-request Azure conversation
-trace (~620,000 iterations) is ~5 MB, of which ~4.6 MB is plotly.js.
+trace (~620,000 iterations) is ~5.8 MB, of which ~4.8 MB is plotly.js.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import pandas as pd
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from analysis.compare import comparison_table
+from analysis.compare import comparison_table, run_labels
 from analysis.figures import FIGURES, RunView, run_views
 from analysis.results import RunResult
 
@@ -41,28 +41,6 @@ th:first-child, td:first-child { text-align: left; }
 td.text { text-align: left; max-width: 40em; }
 .note { color: #555; font-size: 0.9em; }
 """
-
-
-def run_labels(runs: list[RunResult]) -> list[str]:
-    """Legend labels: the config's ``policy_spec`` or ``label``, else the directory name, else ``run N``;
-    a label shared by several runs gets the directory (or position) appended."""
-    raw = [str(r.config.get("policy_spec") or r.config.get("label") or (r.path.name if r.path else f"run {i + 1}"))
-           for i, r in enumerate(runs)]
-    labels = []
-    for i, (label, run) in enumerate(zip(raw, runs)):
-        if raw.count(label) > 1:
-            label = f"{label} ({run.path.name if run.path else i + 1})"
-        labels.append(label if label not in labels else f"{label} #{i + 1}")
-    return labels
-
-
-def compare(runs: list[RunResult]) -> pd.DataFrame:
-    """The comparison table: one row per run (index: its label, as in the report's legends), the summary
-    metrics of :data:`analysis.compare.COMPARE_METRICS` as columns (bytes in GiB).
-
-    Unlike :func:`analysis.compare.compare`, runs sharing a label are kept apart (see :func:`run_labels`).
-    """
-    return comparison_table(dict(zip(run_labels(runs), (run.summary for run in runs))))
 
 
 def _cell(value) -> str:

@@ -93,6 +93,9 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
         # path (per operation, the slowest worker)
         "mapping_worker_ms": [us / US_PER_MS for us in counters.get("mapping_worker_us", [])],
         "mapping_critical_ms": float(counters.get("mapping_critical_us", 0.0) / US_PER_MS),
+        "zero_critical_bytes": int(counters.get("zero_critical_bytes", 0)),
+        "zero_background_bytes": int(counters.get("zero_background_bytes", 0)),
+        "zero_total_ms": float(iterations["zero_us"].sum() / US_PER_MS) if "zero_us" in iterations else 0.0,
     }
     return summary
 

@@ -115,6 +115,8 @@ def ttft_growth(requests: pd.DataFrame) -> float:
     finished = requests[requests["status"] == "finished"]
     arrivals_us = finished["arrival_at_us"].to_numpy(dtype=float)
     ttft_us = finished["ttft_us"].to_numpy(dtype=float)
+    defined = np.isfinite(ttft_us)
+    arrivals_us, ttft_us = arrivals_us[defined], ttft_us[defined]
     if len(arrivals_us) < 8:
         return 0.0
     steady = arrivals_us >= np.sort(arrivals_us)[len(arrivals_us) // 4]

@@ -1,26 +1,78 @@
-"""``kvsim calibrate``: the hardware backend's subcommand, wired into ``cli.py`` through :func:`register`."""
+"""``kvsim calibrate`` and ``kvsim validate``: the hardware backend's subcommands, wired into ``cli.py``
+through :func:`register`."""
 from __future__ import annotations
 
 import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``calibrate`` to the ``kvsim`` subcommands; its ``func(args) -> int`` returns the exit status.
+    """Add ``calibrate`` and ``validate`` to the ``kvsim`` subcommands (``func(args) -> int``: exit status).
 
     ``kvsim calibrate [--page-sizes 2MiB,4MiB,32MiB] [--samples N] [--out profiles/NAME.json] [--force]``
-    exits 2 with one message on a machine without a usable GPU or without cuda-python, 1 when the output
-    exists and ``--force`` is not given.
+    measures VMM latencies; it exits 2 with one message on a machine without a usable GPU or without
+    cuda-python, 1 when the output exists and ``--force`` is not given.
+    ``kvsim calibrate --compute --model M --out PROFILE [--no-paged]`` measures iteration times over a grid
+    of batch shapes, fits the roofline compute model and adds the ``compute`` (and ``paged_attention``)
+    sections to PROFILE, keeping its other sections.
+    ``kvsim validate [--hw-run DIR] [--profile P] [--out DIR] [workload and config options]`` compares the
+    simulator with a hardware replay (``docs/validation/README.md``).
     """
+    from cli import add_config_args, add_trace_args
     from hwbackend.calibrate import add_arguments
 
-    parser = subparsers.add_parser("calibrate", help="measure CUDA VMM latencies and write a profile",
+    parser = subparsers.add_parser("calibrate", help="measure CUDA VMM latencies (or --compute) into a profile",
                                    description="Measure CUDA VMM call latencies on this GPU and write a "
-                                               "kvsim-profile/1 JSON profile (docs/profile-format.md).")
+                                               "kvsim-profile/1 JSON profile (docs/profile-format.md); with "
+                                               "--compute, fit the compute model and add it to the profile.")
     add_arguments(parser)
+    parser.add_argument("--compute", action="store_true",
+                        help="measure iteration times over a grid of batch shapes and fit the compute model")
+    parser.add_argument("--model", default="llama-3-8b", help="model of --compute (catalogue name)")
+    parser.add_argument("--no-paged", action="store_true", help="with --compute: skip the paged-attention baseline")
     parser.set_defaults(func=_run)
+    val = subparsers.add_parser("validate", help="error of the simulator against a hardware replay",
+                                description="Simulate the configuration and trace slice of a hardware replay "
+                                            "and print the error table (sim / hw - 1).")
+    add_trace_args(val)
+    add_config_args(val)
+    val.add_argument("--hw-run", default=None, help="hardware run directory (python -m hwbackend.replay_cli); "
+                                                    "default: replay now on the GPU")
+    val.add_argument("--profile", default=None, help="calibration profile for the simulator (vmm + compute)")
+    val.add_argument("--out", default=None, help="directory for validation.md, errors.csv, overlay.html")
+    val.add_argument("--device", default="cuda:0", help="device of a fresh replay")
+    val.set_defaults(func=_validate)
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.compute:
+        return _compute(args)
     from hwbackend.calibrate import command
 
     return command(args, prog="kvsim")
+
+
+def _compute(args: argparse.Namespace) -> int:
+    import json
+    import sys
+
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            raise RuntimeError("torch sees no CUDA device")
+        from hwbackend.compute_calibration import run_compute_calibration
+    except Exception as exc:
+        print(f"kvsim calibrate --compute needs an NVIDIA GPU with torch: {exc}", file=sys.stderr)
+        return 2
+    sections = run_compute_calibration(args.model, args.out, f"cuda:{args.device}", paged=not args.no_paged,
+                                       created_by=" ".join(["kvsim", *sys.argv[1:]]))
+    compute = sections["compute"]
+    print(f"wrote {args.out}: roofline {json.dumps(compute['roofline'])}, fit error {json.dumps(compute['fit_error'])}")
+    if "paged_attention" in sections:
+        print(f"paged attention factor {sections['paged_attention']['factor']}")
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from hwbackend.validate import command
+
+    return command(args)

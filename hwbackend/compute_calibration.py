@@ -5,7 +5,10 @@ Each grid point is one iteration shape: ``decodes`` sequences of one token at a 
 prefill chunks of ``tokens`` new tokens after ``context`` cached ones. It is run through the replay's own
 code path (:class:`hwbackend.model.BatchInputs` + :meth:`DecoderModel.forward` over the VMM-backed cache,
 pages mapped by the vAttention executor, tokens copied back), ``warmup`` times and then ``repeats``
-times; the median wall time (host preparation + GPU + sync, microseconds) is the measurement.
+times; the median wall time (microseconds) is the measurement.
+
+The timed region also holds the executor's step over already-mapped pages, the iteration event and the
+completion poll (:func:`_time_iteration_us`), i.e. a replay iteration minus scheduling and mapping.
 
 The fit (least squares on relative error, ``scipy.optimize.least_squares`` from several starts) adjusts
 ``flops_efficiency``, ``bw_efficiency``, ``attention_flops_efficiency`` and ``overhead_us``; the profile
@@ -66,23 +69,30 @@ def default_grid() -> list[GridPoint]:
 def measure_grid(model: Any, kv: Any, grid: list[GridPoint], warmup: int = 2, repeats: int = 7) -> list[float]:
     """Median wall time (us) of one iteration per grid point, pages mapped by ``kv.executor``."""
     times_us = []
-    for point in grid:
+    for index, point in enumerate(grid):
         work = point.work()
         slots = [kv.executor.alloc_slot(w.computed + w.tokens) for w in work]
         if None in slots or not kv.executor.step({s: w.computed + w.tokens for s, w in zip(slots, work)}):
             raise RuntimeError(f"grid point {point} does not fit the KV pool")
         work = [SeqWork(s, w.computed, w.tokens, w.emits) for s, w in zip(slots, work)]
-        samples = []
-        for i in range(warmup + repeats):
-            start = time.perf_counter_ns()
-            model.forward(BatchInputs(work, kv.slot_tokens, model.device), kv.k, kv.v).cpu()
-            samples.append((time.perf_counter_ns() - start) * 1e-3)
+        targets = {w.slot: w.computed + w.tokens for w in work}
+        samples = [_time_iteration_us(model, kv, work, targets, index) for _ in range(warmup + repeats)]
         times_us.append(float(np.median(samples[warmup:])))
-        kv.executor.iteration_launched(0)
-        kv.executor.poll_completed()
         for slot in slots:
-            kv.executor.free_slot(slot, 0)
+            kv.executor.free_slot(slot, index)
     return times_us
+
+
+def _time_iteration_us(model: Any, kv: Any, work: list[SeqWork], targets: dict, iteration: int) -> float:
+    """Wall time (us) of what a replay iteration does besides scheduling: the executor's step (pages already
+    mapped), host inputs, forward, the iteration event, the token copy, the completion poll."""
+    start = time.perf_counter_ns()
+    kv.executor.step(targets)
+    tokens = model.forward(BatchInputs(work, kv.slot_tokens, model.device), kv.k, kv.v)
+    kv.executor.iteration_launched(iteration)
+    tokens.cpu()
+    kv.executor.poll_completed()
+    return (time.perf_counter_ns() - start) * 1e-3
 
 
 def predict_us(base: RooflineComputeModel, params: np.ndarray, shapes: list[BatchShape]) -> np.ndarray:
@@ -128,3 +138,49 @@ def compute_section(base: RooflineComputeModel, grid: list[GridPoint], measured_
     return {"roofline": roofline, "fit_error": error, "default_roofline_error": default_error,
             "method": "median wall time of the replay's forward (host prep + GPU + token copy), least squares "
                       "on relative error", **meta, "grid": rows}
+
+
+def run_compute_calibration(model_name: str, profile_path: str, device: str = "cuda:0", paged: bool = True,
+                            created_by: str = "") -> dict:
+    """Measure the grid (and the paged baseline), fit, and merge ``compute`` / ``paged_attention`` into the
+    profile at ``profile_path`` (other sections untouched; a missing file gets a minimal header).
+
+    Returns:
+        The sections written.
+    """
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from hwbackend.model import DecoderModel, TransformerShape
+    from hwbackend.replay_cli import choose_attention, warm_up
+    from hwbackend.replay_kv import open_kv
+    from sim.config import SimConfig
+
+    config = SimConfig(model=model_name, sync_mapping=True)
+    shape = TransformerShape.from_spec(config.model_spec, config.tp)
+    model = DecoderModel(shape, device=device, seed=config.seed)
+    model.attention, check = choose_attention(model, "auto")
+    warm_up(model)
+    grid = default_grid()
+    kv = open_kv(config, shape, device)
+    try:
+        measured_us = measure_grid(model, kv, grid)
+    finally:
+        kv.close()
+    base = RooflineComputeModel(config.model_spec, config.gpu_spec, config.tp)
+    meta = {"model": model_name, "attention_backend": model.attention, "gpu_name": torch.cuda.get_device_name(),
+            "torch_version": torch.__version__, "created_by": created_by, **check}
+    sections = {"compute": compute_section(base, grid, measured_us, meta)}
+    if paged:
+        from hwbackend.paged import measure_paged
+
+        del model
+        torch.cuda.empty_cache()
+        sections["paged_attention"] = {"model": model_name, **measure_paged(shape, torch.device(device))}
+    path = Path(profile_path)
+    profile = json.loads(path.read_text()) if path.exists() else {"format": "kvsim-profile/1"}
+    profile.update(sections)
+    path.write_text(json.dumps(profile, indent=1) + "\n")
+    return sections

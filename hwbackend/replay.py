@@ -77,8 +77,11 @@ class ReplayLoop:
 
     def __init__(self, config: Any, trace: pd.DataFrame, model: Any, kv: Any,
                  sleep: Callable[[float], None] = time.sleep):
-        if config.preemption != "recompute":
-            raise ValueError(f"preemption {config.preemption!r}: the hardware replay implements recompute only")
+        unsupported = {"preemption": "recompute", "policy": "vattention", "kv_layout": "per-layer",
+                       "zero_on_reuse": "off"}
+        for name, value in unsupported.items():
+            if getattr(config, name, value) != value:
+                raise ValueError(f"{name} {getattr(config, name)!r}: the hardware replay implements {value} only")
         self.config, self.model, self.kv, self.sleep = config, model, kv, sleep
         self.executor, self.policy = kv.executor, kv.executor.policy
         self.schedule = SCHEDULERS[config.scheduler]
@@ -146,13 +149,17 @@ class ReplayLoop:
         self.executor.poll_completed()
         bg_maps, unmaps = self._since_last_record()
         prefill = sum(t for r, t in batch if r.remaining > 1 or t > 1)
-        record = [iteration, start_us, 0.0, 0.0, stall_us, sync_maps, bg_maps, unmaps, prefill,
-                  sum(t for _, t in batch) - prefill, len(batch), len(self.running), len(self.waiting),
-                  *snapshot, self._preemptions, 0.0, 0.0]
+        record = dict(zip(("mapped_page_groups", "used_page_groups", "free_page_groups", "deferred_page_groups",
+                           "tail_waste_bytes"), snapshot),
+                      iteration=iteration, start_at_us=start_us, sync_stall_us=stall_us, sync_map_page_groups=sync_maps,
+                      bg_map_page_groups=bg_maps, unmap_page_groups=unmaps, prefill_tokens=prefill,
+                      decode_tokens=sum(t for _, t in batch) - prefill, batch_size=len(batch),
+                      num_running=len(self.running), num_waiting=len(self.waiting), preemptions=self._preemptions)
         self._finish_iteration(batch, done_us)
-        record[2] = self.now_us() - start_us
-        record[3] = record[2] - stall_us
-        self.iteration_records.append(tuple(record))
+        record["duration_us"] = self.now_us() - start_us
+        record["compute_us"] = record["duration_us"] - stall_us
+        # columns the hardware has no counterpart for (block tables, swap, zeroing) are 0
+        self.iteration_records.append(tuple(record.get(c, 0.0) for c in ITERATION_COLUMNS))
 
     # ---- phases (mirroring sim.engine.Simulator) ------------------------------------------------------
     def _accept_arrivals(self, now_us: float) -> None:

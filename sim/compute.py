@@ -64,10 +64,12 @@ class RooflineComputeModel:
     attention_flops_efficiency: float = 0.5
     overhead_us: float = 1300.0
     paged_attention_factor: float = 1.0
+    layout_attention_factor: float = 1.0
 
     def __post_init__(self) -> None:
         self.model.check_tp(self.tp)
-        for name in ("flops_efficiency", "bw_efficiency", "attention_flops_efficiency", "paged_attention_factor"):
+        for name in ("flops_efficiency", "bw_efficiency", "attention_flops_efficiency", "paged_attention_factor",
+                     "layout_attention_factor"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
@@ -101,7 +103,7 @@ class RooflineComputeModel:
         attn_flops = 4 * attention_pairs * (m.num_q_heads // tp) * m.head_dim * m.num_layers
         kv_bytes = (kv_read_tokens + new_tokens) * self._kv_bytes_per_token
         attn_us = maximum(attn_flops / (self._flops_per_us * self.attention_flops_efficiency),
-                          kv_bytes / self._bytes_per_us) * self.paged_attention_factor
+                          kv_bytes / self._bytes_per_us) * self.paged_attention_factor * self.layout_attention_factor
         return linear_us + logits_us + attn_us + self._comm_us(new_tokens) + self.overhead_us
 
     @cached_property
@@ -132,7 +134,7 @@ class RooflineComputeModel:
             ValueError: naming an unknown field.
         """
         known = {"flops_efficiency", "bw_efficiency", "attention_flops_efficiency", "overhead_us",
-                 "paged_attention_factor"}
+                 "paged_attention_factor", "layout_attention_factor"}
         unknown = set(overrides) - known
         if unknown:
             raise ValueError(f"unknown compute fields {sorted(unknown)}; known: {sorted(known)}")

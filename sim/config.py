@@ -9,6 +9,8 @@ from sim.units import MIB, format_bytes
 
 SCHEDULERS = ("sarathi", "vllm")
 POLICIES = ("vattention", "paged", "static")
+KV_LAYOUTS = ("per-layer", "cross-layer")
+ZERO_MODES = ("off", "on-reuse", "on-free")
 PREEMPTION_MODES = ("recompute", "swap")
 MIN_PAGE_SIZE_BYTES = 64 * 1024
 DRIVER_GRANULARITY_BYTES = 2 * MIB  # public VMM API granularity on H200 (domain.md)
@@ -53,6 +55,16 @@ class SimConfig:
         paged_attention_factor: attention-time multiplier of the paged kernel: 1.23, the middle of the
             20-26% higher attention latency vLLM reports against FasterTransformer's kernel (Kwon et al.,
             SOSP'23, section 7.1; quoted in vAttention section 3.3.1).
+        kv_layout: ``per-layer`` (vAttention: 2N' tensors ``[B, L_max, H', D]``, a page group is 2N' pages) or
+            ``cross-layer`` (one K and one V tensor ``[B, L_max, N', H', D]``: a page holds every layer of a token
+            range, a growth maps 2 pages, N' times more often).
+        layout_attention_factor: attention-time multiplier of reading the strided per-layer view of the
+            cross-layer layout (1.0 until measured; a calibration profile's ``layout`` section sets it).
+        batched_set_access: a map op of k >= 2 adjacent pages per tensor maps them all and grants access with
+            one cuMemSetAccess over the range (cost scaled by the measured batched/serial growth ratio).
+        zero_on_reuse: multi-tenant isolation: ``off``; ``on-reuse`` clears a reused slot's stale pages and
+            recycled pages when a request takes them (critical path); ``on-free`` clears them when the previous
+            request frees them (background mapper; critical path with synchronous mapping).
     """
 
     model: str = "llama-3-8b"
@@ -81,8 +93,16 @@ class SimConfig:
     block_table_base_us: float = 50.0
     block_table_per_block_us: float = 0.02
     paged_attention_factor: float = 1.23
+    kv_layout: str = "per-layer"
+    layout_attention_factor: float = 1.0
+    batched_set_access: bool = False
+    zero_on_reuse: str = "off"
 
     def __post_init__(self) -> None:
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ConfigError(f"kv layout {self.kv_layout!r}: choose one of {', '.join(KV_LAYOUTS)}")
+        if self.zero_on_reuse not in ZERO_MODES:
+            raise ConfigError(f"zero-on-reuse {self.zero_on_reuse!r}: choose one of {', '.join(ZERO_MODES)}")
         if self.policy not in POLICIES:
             raise ConfigError(f"policy {self.policy!r}: choose one of {', '.join(POLICIES)}")
         if self.preemption not in PREEMPTION_MODES:
@@ -91,15 +111,19 @@ class SimConfig:
             raise ConfigError(f"block size must be >= 1 token, got {self.block_size_tokens}")
         if self.max_len_tokens is not None and not 2 <= self.max_len_tokens <= self.slot_max_tokens:
             raise ConfigError(f"--max-len {self.max_len_tokens} must lie in [2, {self.slot_max_tokens}] tokens")
+        if self.layout_attention_factor <= 0:
+            raise ConfigError(f"layout attention factor must be > 0, got {self.layout_attention_factor}")
         if self.paged_attention_factor < 1 or self.block_table_base_us < 0 or self.block_table_per_block_us < 0:
             raise ConfigError("paged costs must be >= 0 (and the attention factor >= 1)")
         self.model_spec.check_tp(self.tp)
         page = self.page_size_bytes
         if page < MIN_PAGE_SIZE_BYTES or page & (page - 1):
             raise ConfigError(f"--page-size {page} B: must be a power of two >= 64KiB")
-        if self.model_spec.tokens_per_page(page, self.tp) < 1:
-            raise ConfigError(f"--page-size {format_bytes(page)} holds no token of {self.model} "
-                              f"({self.model_spec.sub_tensor_bytes_per_token(self.tp)} B per token per sub-tensor)")
+        if self.uses_vmm and self.tokens_per_page < 1:
+            per_token = self.model_spec.sub_tensor_bytes_per_token(self.tp) * (
+                self.model_spec.num_layers if self.kv_layout == "cross-layer" else 1)
+            raise ConfigError(f"--page-size {format_bytes(page)} holds no token of {self.model} in the {self.kv_layout} "
+                              f"layout ({per_token} B per token per tensor)")
         if self.scheduler not in SCHEDULERS:
             raise ConfigError(f"--scheduler {self.scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
         for name in ("max_batch_slots", "token_budget"):
@@ -135,12 +159,13 @@ class SimConfig:
             return self.block_size_tokens
         if self.policy == "static":
             return self.max_len_tokens or self.slot_max_tokens
-        return self.model_spec.tokens_per_page(self.page_size_bytes, self.tp)
+        per_page = self.model_spec.tokens_per_page(self.page_size_bytes, self.tp)
+        return per_page // self.model_spec.num_layers if self.kv_layout == "cross-layer" else per_page
 
     @cached_property
     def num_sub_tensors(self) -> int:
         """2N', per-layer K and V tensors per worker."""
-        return self.model_spec.num_sub_tensors()
+        return 2 if self.kv_layout == "cross-layer" else self.model_spec.num_sub_tensors()
 
     @cached_property
     def page_group_bytes(self) -> int:
@@ -180,7 +205,10 @@ class SimConfig:
         if self.policy == "static":
             return f"static max_len={self.tokens_per_page}"
         mode = "sync" if self.sync_mapping else "async"
-        return f"vattention {format_bytes(self.page_size_bytes)} {mode}" + ("" if self.deferred_reclaim else " no-deferred")
+        extras = [("" if self.deferred_reclaim else "no-deferred"), ("cross-layer" if self.kv_layout == "cross-layer" else ""),
+                  ("batched-set-access" if self.batched_set_access else ""),
+                  (f"zero-{self.zero_on_reuse}" if self.zero_on_reuse != "off" else "")]
+        return " ".join([f"vattention {format_bytes(self.page_size_bytes)} {mode}", *filter(None, extras)])
 
     @property
     def needs_modified_driver(self) -> bool:

@@ -60,7 +60,9 @@ class VmmCost:
 
     Mapping a page group costs one measured page-group growth (or ``2N'`` x (cuMemMap + cuMemSetAccess),
     see :meth:`VmmLatencyModel.page_group_map_us`); unmapping costs ``2N'`` x cuMemUnmap; pages created on
-    demand add cuMemCreate / cuMemRelease per page.
+    demand add cuMemCreate / cuMemRelease per page. With batched set-access, a map op of k >= 2 pages costs
+    the serial cost times :attr:`VmmLatencyModel.batched_ratio` (measured: 64 maps into one range and one
+    cuMemSetAccess over it, against 64 x (map + set-access)).
 
     With tensor parallelism every one of the ``tp`` workers maps its own 2N' sub-tensors (same slots, same
     page indices): each worker's latency is drawn independently and the plan takes the slowest worker's time
@@ -75,6 +77,7 @@ class VmmCost:
         self.page_size_bytes = config.page_size_bytes
         self.worker_us = [0.0] * config.tp
         self.critical_us = 0.0
+        self.batched = config.batched_set_access
 
     def _map_one_us(self, page_groups: int) -> float:
         total = self.vmm.page_group_map_us(page_groups, self.pages_per_group, self.page_size_bytes, self.rng)
@@ -90,10 +93,21 @@ class VmmCost:
             total += self.vmm.total_us("cuMemRelease", self.page_size_bytes, calls, self.rng)
         return total
 
-    def _over_workers(self, maps: int, unmaps: int) -> float:
-        if maps == 0 and unmaps == 0:
+    def _ops_one_us(self, ops) -> float:
+        total = 0.0
+        for op in ops:
+            if isinstance(op, UnmapOp):
+                total += self._unmap_one_us(op.num_pages)
+            else:
+                cost = self._map_one_us(op.num_pages)
+                # k >= 2 pages of one slot are adjacent in every tensor: one set-access over the range
+                total += cost * self.vmm.batched_ratio if self.batched and op.num_pages >= 2 else cost
+        return total
+
+    def _over_workers(self, ops) -> float:
+        if not ops:
             return 0.0
-        per_worker = [self._unmap_one_us(unmaps) + self._map_one_us(maps) for _ in self.worker_us]
+        per_worker = [self._ops_one_us(ops) for _ in self.worker_us]
         for worker, spent_us in enumerate(per_worker):
             self.worker_us[worker] += spent_us
         slowest = max(per_worker)
@@ -101,12 +115,12 @@ class VmmCost:
         return slowest
 
     def plan_us(self, plan: Plan) -> float:
-        return self._over_workers(plan.num_page_groups_mapped, plan.num_page_groups_unmapped)
+        return self._over_workers([*plan.unmaps, *plan.maps])
 
-    def op_us(self, op: MapOp | UnmapOp) -> float:
-        if isinstance(op, MapOp):
-            return self._over_workers(op.num_pages, 0)
-        return self._over_workers(0, op.num_pages)
+    def op_us(self, op) -> float:
+        if isinstance(op, float):       # non-VMM background work (zeroing), already a duration
+            return op
+        return self._over_workers([op])
 
 
 class NoCost:
@@ -181,10 +195,16 @@ class Simulator:
         self.compute = compute or RooflineComputeModel(config.model_spec, config.gpu_spec, config.tp)
         if config.policy == "paged" and hasattr(self.compute, "paged_attention_factor"):
             self.compute = replace(self.compute, paged_attention_factor=config.paged_attention_factor)
+        if config.uses_vmm and config.kv_layout == "cross-layer" and hasattr(self.compute, "layout_attention_factor"):
+            self.compute = replace(self.compute, layout_attention_factor=config.layout_attention_factor)
         self.cost = (VmmCost(vmm or VmmLatencyModel.builtin(), config, self.rng, config.create_on_demand)
                      if config.uses_vmm else NoCost())
         self.policy = build_policy(config)
-        self.mapper = AsyncMapper(self.env, self.policy, self.cost.op_us) if config.has_async_mapper else None
+        self.mapper = AsyncMapper(self.env, self.policy, self._background_op_us) if config.has_async_mapper else None
+        self.zero_mode = config.zero_on_reuse
+        self._zero_bytes_per_us = config.gpu_spec.mem_bw_bytes_per_s * (4.3 / 4.8) / US_PER_S
+        self._pending_zero_groups = 0
+        self.zero_bytes = {"critical": 0, "background": 0}
         self.swap = SwapSpace(config)
         self.schedule = SCHEDULERS[config.scheduler]
         self.requests = _requests_from_trace(trace, config.slot_max_tokens)
@@ -220,6 +240,7 @@ class Simulator:
             "swap_total_us": self.swap.total_us,
             "mapping_worker_us": list(getattr(self.cost, "worker_us", [])),
             "mapping_critical_us": getattr(self.cost, "critical_us", 0.0),
+            "zero_critical_bytes": self.zero_bytes["critical"], "zero_background_bytes": self.zero_bytes["background"],
             "pool_page_groups": self.config.pool_page_groups, "end_at_us": self.env.now,
         }
         return SimOutput([r.record() for r in self.requests], self.iteration_records, counters,
@@ -251,7 +272,8 @@ class Simulator:
             swap_us = self.swap.take_pending_us()
             plans, self._pending_plans = [*self._pending_plans, plan], []
             mapping_us = sum(self.cost.plan_us(p) for p in plans)
-            sync_us = mapping_us + block_table_us + swap_us
+            zero_us = self._take_zero_us()
+            sync_us = mapping_us + block_table_us + swap_us + zero_us
             mapped_sync = sum(p.num_page_groups_mapped for p in plans)
             unmapped_sync = sum(p.num_page_groups_unmapped for p in plans)
             self._sync_maps += mapped_sync
@@ -271,7 +293,7 @@ class Simulator:
                 iteration, start_at_us, env.now - start_at_us, compute_us, stall_us,
                 mapped_sync, bg_maps, unmapped_sync + bg_unmaps, prefill,
                 sum(t for _, t in batch) - prefill, len(batch), len(self.running), len(self.waiting),
-                *snapshot, self._iteration_preemptions, block_table_us, swap_us))
+                *snapshot, self._iteration_preemptions, block_table_us, swap_us, zero_us))
             self._finish_iteration(batch, iteration)
             iteration += 1
             if self.progress and iteration % 2000 == 0:
@@ -302,10 +324,13 @@ class Simulator:
         slot = self.policy.alloc_slot(request.computed + first_tokens)
         if slot is None:
             return False
+        stale_groups = self.policy.mapped[slot]      # deferred pages: hold the previous request's KV
         plan = self.policy.step({slot: request.computed + first_tokens})
         if plan is None:
             self._perform_free(self.policy.free_slot(slot, self.policy.completed_iteration))
             return False
+        if self.zero_mode == "on-reuse":
+            self._pending_zero_groups += stale_groups
         self._pending_plans.append(plan)
         if request.swapped:
             self.swap.swap_in(request.computed)
@@ -394,8 +419,42 @@ class Simulator:
 
     def _release(self, request: Request) -> None:
         self.running.remove(request)
+        if self.zero_mode == "on-free":
+            self._zero_at_free(self.policy.mapped[request.slot])
         self._perform_free(self.policy.free_slot(request.slot, self.policy.completed_iteration))
         request.slot = -1
+
+    # ---- zero-on-reuse -----------------------------------------------------------------------------------
+    def _zero_us(self, page_groups: int) -> float:
+        """Clearing ``page_groups`` page groups: bytes / memset bandwidth (modelled at the H200's measured
+        device-copy rate, 4.3 of 4.8 TB/s, domain.md; a write-only stream)."""
+        return page_groups * self.config.page_group_bytes / self._zero_bytes_per_us
+
+    def _zero_at_free(self, page_groups: int) -> None:
+        if not page_groups:
+            return
+        if self.mapper:
+            self.zero_bytes["background"] += page_groups * self.config.page_group_bytes
+            self.mapper.submit_work(self._zero_us(page_groups))
+        else:
+            self._pending_zero_groups += page_groups
+
+    def _take_zero_us(self) -> float:
+        """Critical-path clearing owed by this iteration: stale pages of reused slots and recycled pages taken
+        by synchronous maps (on-reuse), or frees under synchronous mapping (on-free)."""
+        if self.zero_mode == "on-reuse":
+            self._pending_zero_groups += self.policy.take_recycled()
+        groups, self._pending_zero_groups = self._pending_zero_groups, 0
+        self.zero_bytes["critical"] += groups * self.config.page_group_bytes
+        return self._zero_us(groups)
+
+    def _background_op_us(self, op) -> float:
+        """A background op's duration: its VMM calls, plus clearing a recycled page under on-reuse."""
+        cost_us = self.cost.op_us(op)
+        if self.zero_mode == "on-reuse" and isinstance(op, MapOp) and self.policy.reserved_is_recycled(op):
+            self.zero_bytes["background"] += op.num_pages * self.config.page_group_bytes
+            cost_us += self._zero_us(op.num_pages)
+        return cost_us
 
     def _perform_free(self, plan: Plan) -> None:
         """Unmaps a free returns (deferred reclamation off): in the background, or on the critical path."""
@@ -419,7 +478,7 @@ class Simulator:
         """Fast-forward k >= 2 pure-decode iterations in one event when nothing can change inside them:
         no arrival before the last one starts, no completion, every step and look-ahead target already
         mapped, the mapper idle with no background work. Returns k (0 when not eligible)."""
-        if (len(batch) != len(self.running) or self._pending_plans or
+        if (len(batch) != len(self.running) or self._pending_plans or self._pending_zero_groups or
                 (self.mapper and not self.mapper.idle) or any(t != 1 for _, t in batch)):
             return 0
         steps = self._run_length(batch)
@@ -517,7 +576,8 @@ def _expand_blocks(blocks: list[tuple]) -> pd.DataFrame:
         "mapped_page_groups": consts[:, 3], "used_page_groups": np.concatenate([b[3] for b in blocks]),
         "free_page_groups": consts[:, 4], "deferred_page_groups": consts[:, 5],
         "tail_waste_bytes": np.concatenate([b[4] for b in blocks]), "preemptions": zeros,
-        "block_table_us": np.repeat([b[6] for b in blocks], lengths).astype(float), "swap_us": np.zeros(total)})
+        "block_table_us": np.repeat([b[6] for b in blocks], lengths).astype(float), "swap_us": np.zeros(total),
+        "zero_us": np.zeros(total)})
 
 
 def _shape(batch: Batch) -> BatchShape:

@@ -96,6 +96,7 @@ class VmmLatencyModel:
     table: dict[str, dict[int, CallDistribution]]
     source: str
     growth: dict[int, tuple[int, CallDistribution]] = field(default_factory=dict)
+    batched_ratio: float = 1.95 / 2.59   # domain.md: 64 maps + one set-access over the range vs 64 x (map + set-access)
     _nearest: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -143,7 +144,13 @@ class VmmLatencyModel:
             except (KeyError, TypeError, ValueError):
                 raise ProfileError(f"{path}: page_group_growth.{model} needs page_size_bytes, num_sub_tensors "
                                    "and sync_us") from None
-        return cls(table=table, source=f"profile {Path(path).name}", growth=growth)
+        ratios = [float(entry["batched_set_access_us"]["quantiles_us"]["mean"]) / float(entry["sync_us"]["quantiles_us"]["mean"])
+                  for entry in (data.get("page_group_growth") or {}).values()
+                  if isinstance(entry.get("batched_set_access_us"), dict) and "quantiles_us" in entry["batched_set_access_us"]]
+        model = cls(table=table, source=f"profile {Path(path).name}", growth=growth)
+        if ratios:
+            model.batched_ratio = float(np.mean(ratios))
+        return model
 
     def page_group_map_us(self, page_groups: int, num_sub_tensors: int, page_size_bytes: int,
                           rng: np.random.Generator) -> float:

@@ -38,6 +38,13 @@ class AsyncMapper:
         self._wake = env.event()
         env.process(self._run())
 
+    def submit_work(self, duration_us: float) -> None:
+        """Queue background work that is not a VMM op (e.g. clearing freed pages), as a duration (us)."""
+        if duration_us > 0:
+            self.queue.append((float(duration_us), False))
+            if not self._wake.triggered:
+                self._wake.succeed()
+
     def submit(self, plan: Plan, reserved: bool = True) -> None:
         """Queue a plan's ops (unmaps first). ``reserved=False``: accounting already applied, time only."""
         for op in plan.unmaps:
@@ -97,6 +104,10 @@ class AsyncMapper:
             cost_us = self.op_cost_us(op)
             yield self.env.timeout(cost_us)
             self.busy_us += cost_us
+            if isinstance(op, float):            # background work that is not a VMM op (zeroing)
+                self.current = None
+                self.current_done.succeed()
+                continue
             if reserved:
                 self.policy.commit(op)
                 self._queue_settled_unmaps()

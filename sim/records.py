@@ -6,7 +6,7 @@ timestamps, TTFT, TPOT (``(completion - first token) / (output - 1)``), E2E, pre
 (``finished`` or ``rejected``).
 
 Per-iteration (:data:`ITERATION_COLUMNS`): start, duration = sync stall + block-table CPU time + swap time +
-compute; page groups mapped on the critical path (``sync_map``) and by the background mapper since the
+zeroing time (zero-on-reuse) + compute; page groups mapped on the critical path (``sync_map``) and by the background mapper since the
 previous record (``bg_map``); pool state during the iteration (mapped / used / free / deferred page groups,
 tail waste bytes of running requests).
 """
@@ -17,4 +17,4 @@ ITERATION_COLUMNS = (
     "iteration", "start_at_us", "duration_us", "compute_us", "sync_stall_us", "sync_map_page_groups",
     "bg_map_page_groups", "unmap_page_groups", "prefill_tokens", "decode_tokens", "batch_size",
     "num_running", "num_waiting", "mapped_page_groups", "used_page_groups", "free_page_groups",
-    "deferred_page_groups", "tail_waste_bytes", "preemptions", "block_table_us", "swap_us")
+    "deferred_page_groups", "tail_waste_bytes", "preemptions", "block_table_us", "swap_us", "zero_us")

@@ -65,6 +65,8 @@ def test_coalesced_runs_equal_step_by_step(policy):
     a = run(rows, coalesce=True, vmm=VmmLatencyModel.h200_defaults(), compute=_roofline(), policy=policy)
     b = run(rows, coalesce=False, vmm=VmmLatencyModel.h200_defaults(), compute=_roofline(), policy=policy)
     assert len(a[0].iteration_blocks) > 0
+    it = a[2]
+    assert (it["tail_waste_bytes"] >= 0).all() and (it["used_page_groups"] <= it["mapped_page_groups"]).all()
     np.testing.assert_allclose(a[2].to_numpy(float), b[2].to_numpy(float), rtol=1e-12, atol=1e-6)
     cols = ["ttft_us", "tpot_us", "e2e_us"]
     np.testing.assert_allclose(a[1][cols].to_numpy(float), b[1][cols].to_numpy(float), rtol=1e-12, atol=1e-6)

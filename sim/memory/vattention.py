@@ -92,6 +92,11 @@ class VAttentionPolicy:
         self._mapped_total = 0
         self._deferred_total = 0
         self._eager_dirty = True
+        # pages returned to the pool still hold a previous request's KV (zero-on-reuse accounting); the pool
+        # is a stack, so the most recently released (dirty) handles are taken first
+        self.dirty_free_page_groups = 0
+        self._recycled_taken = 0
+        self._reserved_dirty: set[MapOp] = set()
         self._free_after_settle: set[int] = set()   # freed slots whose unmap waits for in-flight maps
         self._settled_unmaps: list[UnmapOp] = []
         self._low_groups = int(config.low_watermark_frac * config.pool_page_groups)
@@ -207,6 +212,7 @@ class VAttentionPolicy:
         op = UnmapOp(slot, 0, self.mapped[slot])
         self._add_mapped(slot, -op.num_pages)
         self.free_page_groups += op.num_pages
+        self.dirty_free_page_groups += op.num_pages
         return op
 
     def iteration_completed(self, iteration: int) -> None:
@@ -238,7 +244,7 @@ class VAttentionPolicy:
         maps = []
         for slot, first_page, num_pages in needs:
             self._add_mapped(slot, num_pages)
-            self.free_page_groups -= num_pages
+            self._take_free(num_pages)
             maps.append(MapOp(slot, first_page, num_pages))
         return Plan(maps=tuple(maps), unmaps=tuple(unmaps))
 
@@ -294,8 +300,27 @@ class VAttentionPolicy:
     def _reserve_map(self, slot: int) -> MapOp:
         op = MapOp(slot, self.mapped[slot] + self.in_flight_maps[slot], 1)
         self.in_flight_maps[slot] += 1
+        if self.dirty_free_page_groups:
+            self.dirty_free_page_groups -= 1
+            self._reserved_dirty.add(op)
         self.free_page_groups -= 1
         return op
+
+    def _take_free(self, page_groups: int) -> None:
+        recycled = min(page_groups, self.dirty_free_page_groups)
+        self.dirty_free_page_groups -= recycled
+        self._recycled_taken += recycled
+        self.free_page_groups -= page_groups
+
+    def take_recycled(self) -> int:
+        """Page groups that synchronous steps took from the pool still holding an earlier request's KV since
+        the last call (they need clearing under zero-on-reuse)."""
+        taken, self._recycled_taken = self._recycled_taken, 0
+        return taken
+
+    def reserved_is_recycled(self, op: MapOp) -> bool:
+        """Whether a reserved background map took a page still holding an earlier request's KV."""
+        return op in self._reserved_dirty
 
     def _lookahead_maps(self, lookahead_tokens: Mapping[int, int]) -> list[MapOp]:
         maps = []
@@ -340,11 +365,13 @@ class VAttentionPolicy:
             self._check_in_flight(op)
             self.in_flight_maps[op.slot] -= op.num_pages
             self._add_mapped(op.slot, op.num_pages)
+            self._reserved_dirty.discard(op)
             self._settle(op.slot)
         else:
             self.in_flight_unmaps -= op.num_pages
             self.in_flight_unmaps_slot[op.slot] -= op.num_pages
             self.free_page_groups += op.num_pages
+            self.dirty_free_page_groups += op.num_pages
             self._eager_dirty = True
 
     def cancel(self, op: MapOp | UnmapOp) -> None:
@@ -355,6 +382,9 @@ class VAttentionPolicy:
             self._check_in_flight(op)
             self.in_flight_maps[op.slot] -= op.num_pages
             self.free_page_groups += op.num_pages
+            if op in self._reserved_dirty:
+                self._reserved_dirty.discard(op)
+                self.dirty_free_page_groups += op.num_pages
             self._settle(op.slot)
         else:
             self.in_flight_unmaps -= op.num_pages

@@ -1,0 +1,195 @@
+"""``kvsim capacity`` and ``kvsim sweep``: capacity planning under SLOs, and parameter grids.
+
+``register(subparsers)`` adds both subcommands to the ``kvsim`` parser (cli.build_parser's discovery list).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must lie in (0, 1), got {text!r}")
+    return value
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    from cli import add_config_args, add_trace_args
+    add_trace_args(parser)
+    add_config_args(parser)
+    parser.add_argument("--policy", default=None, help="memory policy spec, e.g. vattention:page=256KiB | paged:block=16 "
+                                                       "| static (see 'kvsim compare --help'); default vattention")
+    parser.add_argument("--profile", default=None, help="calibration profile JSON for VMM latencies")
+    parser.add_argument("--slo", default=None, help="objectives METRIC=DURATION,...: metrics ttft|tpot|e2e _p50|_p90|"
+                                                    "_p99|_mean, durations with a unit, e.g. ttft_p99=2s,tpot_p99=100ms")
+    parser.add_argument("--tolerance", type=_fraction, default=0.02,
+                        help="relative precision of the capacity (bisection stops at hi/lo - 1 <= X); default 0.02")
+    parser.add_argument("--stability-tol", type=_fraction, default=0.05,
+                        help="max TTFT growth per second of trace time in the steady state (0.05 = the server keeps "
+                             "up with >= 95%% of the offered rate); default 0.05")
+    parser.add_argument("--quiet", action="store_true", help="no per-step / per-point lines")
+
+
+def register(subparsers) -> None:
+    """Add the ``capacity`` and ``sweep`` subcommands."""
+    from analysis.routing import ROUTERS
+    from analysis.sweep_run import EXECUTORS
+    cap = subparsers.add_parser(
+        "capacity", help="highest request rate per GPU replica under latency SLOs; replicas for a target rate",
+        description="Search the arrival-rate scale of a trace (exponential bracket, then bisection) for the highest "
+                    "rate one replica serves with every SLO met and a stable queue (docs/capacity.md).")
+    _add_common(cap)
+    cap.add_argument("--target-rate", type=float, default=None, metavar="R",
+                     help="requests/s to serve: print the replicas needed, ceil(R / capacity)")
+    cap.add_argument("--check-replicas", action="store_true",
+                     help="with --target-rate: simulate R req/s routed over that many replicas and check the SLOs")
+    cap.add_argument("--routing", choices=ROUTERS, default="round-robin", help="routing for --check-replicas")
+    cap.add_argument("--json", default=None, metavar="FILE", help="also write the result (and every step) as JSON")
+    cap.set_defaults(func=cmd_capacity)
+    sweep = subparsers.add_parser(
+        "sweep", help="run a Cartesian grid of simulate (or capacity) runs into one table and figure",
+        description="Run every point of --grid (any simulate option or SimConfig field as an axis) and write "
+                    "DIR/sweep.parquet, sweep.csv and sweep.html; points already in DIR/points are skipped.")
+    sweep.add_argument("--grid", action="append", required=True, metavar="AXIS=V1,V2,...",
+                       help="a grid axis (repeat), e.g. --grid page_size=64KiB,2MiB --grid policy=vattention,paged")
+    sweep.add_argument("--job", choices=("simulate", "capacity"), default="simulate",
+                       help="per-point job: simulate (summary) or capacity (needs --slo); default simulate")
+    sweep.add_argument("--executor", choices=EXECUTORS, default="local",
+                       help="local: process pool on this machine; ray: Ray tasks; default local")
+    sweep.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local instance)")
+    sweep.add_argument("--workers", type=int, default=None, help="parallel processes / local Ray CPUs (default: all cores)")
+    sweep.add_argument("--out", required=True, help="output directory (resumable: finished points are kept)")
+    _add_common(sweep)
+    sweep.set_defaults(func=cmd_sweep)
+
+
+# ---- capacity ------------------------------------------------------------------------------------------
+def cmd_capacity(args: argparse.Namespace) -> int:
+    """``kvsim capacity``: search, print the steps and the answer, optionally check the replica count."""
+    from analysis.capacity import find_capacity
+    from analysis.slo import parse_slos
+    from cli import config_from_args, load_workload
+    if not args.slo:
+        raise ValueError("capacity needs --slo, e.g. --slo ttft_p99=2s,tpot_p99=100ms")
+    if args.check_replicas and args.target_rate is None:
+        raise ValueError("--check-replicas needs --target-rate R")
+    if args.target_rate is not None and not args.target_rate > 0:
+        raise ValueError(f"--target-rate must be > 0 req/s, got {args.target_rate}")
+    slos = parse_slos(args.slo)
+    config = config_from_args(args)
+    trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
+    for note in notes:
+        print(f"kvsim: warning: {note}", file=sys.stderr)
+    started = time.perf_counter()
+    print(f"capacity search: {config.model} on {config.gpu} (tp={config.tp}), {config.label}, "
+          f"{len(trace):,} requests of {trace.attrs.get('source', 'trace')}")
+    print(f"SLOs: {', '.join(map(str, slos))}; stable: TTFT growth <= {args.stability_tol:g} s/s; "
+          f"tolerance {args.tolerance:.1%}")
+    print(_step_header(slos))
+    numbers = itertools.count(1)
+    on_step = None if args.quiet else (lambda e: print(_step_line(next(numbers), e, slos), flush=True))
+    result = find_capacity(config, trace, slos, args.tolerance, args.profile, args.stability_tol, on_step)
+    for line in capacity_lines(result, args.target_rate):
+        print(line)
+    check = _check_replicas(args, config, trace, result) if args.check_replicas else None
+    print(f"searched in {time.perf_counter() - started:.1f} s wall ({len(result.steps)} simulations)")
+    if args.json:
+        _write_json(Path(args.json), result, args.target_rate, check)
+    return 0
+
+
+def _step_header(slos) -> str:
+    columns = "".join(f" {slo.metric + ' (ms)':>15}" for slo in slos)
+    return f"{'step':>4} {'scale':>8} {'rate req/s':>11}{columns} {'TTFT growth':>11}  result"
+
+
+def _step_line(number: int, evaluation, slos) -> str:
+    values = "".join(f" {evaluation.values_us[slo.metric] / 1e3:>15.1f}" for slo in slos)
+    verdict = "pass" if evaluation.passed else "FAIL " + ",".join(evaluation.failed)
+    return (f"{number:>4} {evaluation.scale:>8.4g} {evaluation.rate_per_s:>11.3f}{values} "
+            f"{evaluation.ttft_growth:>11.3f}  {verdict}")
+
+
+def capacity_lines(result, target_rate: float | None) -> list[str]:
+    """The printed answer: capacity per replica, binding constraint, replicas for the target."""
+    if result.best is None:
+        return [f"capacity: none: the SLOs fail even at {result.above.rate_per_s:.4g} req/s "
+                f"(binding: {result.binding}); relax the SLOs or change the configuration"]
+    lines = [f"capacity per replica: {result.rate_per_s:.3f} req/s = {result.output_tokens_per_s:,.0f} output tokens/s "
+             f"({result.total_tokens_per_s:,.0f} prompt+output tokens/s) at scale x{result.best.scale:.4g} "
+             f"of the trace's {result.base_rate_per_s:.3f} req/s",
+             f"binding constraint: {result.binding}" + (
+                 f" (fails at {result.above.rate_per_s:.3f} req/s)" if result.above else "")]
+    if target_rate is not None:
+        lines.append(f"replicas for {target_rate:g} req/s: {result.replicas_for(target_rate)}")
+    return lines
+
+
+def _check_replicas(args, config, trace, result) -> dict | None:
+    """Simulate the target rate routed over the computed replica count; print whether the SLOs hold."""
+    import traces
+    from analysis.capacity import base_rate_per_s, judge
+    from analysis.routing import run_routed
+    from analysis.slo import parse_slos, ttft_growth
+    replicas = result.replicas_for(args.target_rate)
+    if replicas is None:
+        print("check: skipped (no capacity)")
+        return None
+    scale = args.target_rate / base_rate_per_s(trace)
+    routed = run_routed(config, traces.scale_rate(trace, scale), replicas, args.routing, args.profile)
+    verdict = judge(scale, args.target_rate, routed.summary, ttft_growth(routed.requests), parse_slos(args.slo),
+                    args.stability_tol)
+    values = ", ".join(f"{m}={v / 1e3:.1f} ms" for m, v in verdict.values_us.items())
+    exact = "" if routed.exact_share == 1 else f", routing verified exact for the first {routed.exact_share:.0%}"
+    print(f"check: {args.target_rate:g} req/s over {replicas} replicas ({args.routing}{exact}): {values}, "
+          f"TTFT growth {verdict.ttft_growth:.3f}: " + ("SLOs hold" if verdict.passed else
+                                                         "FAIL " + ", ".join(verdict.failed)))
+    return {"replicas": replicas, "routing": args.routing, "passed": verdict.passed, "failed": list(verdict.failed),
+            "values_us": verdict.values_us, "ttft_growth": verdict.ttft_growth, "exact_share": routed.exact_share}
+
+
+def _write_json(path: Path, result, target_rate, check) -> None:
+    steps = [{"scale": e.scale, "rate_per_s": e.rate_per_s, "values_us": e.values_us, "ttft_growth": e.ttft_growth,
+              "failed": list(e.failed)} for e in result.steps]
+    record = {**result.to_dict(), "slos": [str(s) for s in result.slos], "tolerance": result.tolerance,
+              "target_rate_per_s": target_rate,
+              "replicas": result.replicas_for(target_rate) if target_rate else None, "check": check, "steps": steps}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, allow_nan=True, default=str) + "\n")
+
+
+# ---- sweep ---------------------------------------------------------------------------------------------
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """``kvsim sweep``: run the missing points, write the table and the figure, print a short report."""
+    from analysis.sweep import base_settings, make_jobs, parse_grid, sweep_table, write_table
+    from analysis.sweep_figure import write_figure
+    from analysis.sweep_run import run_sweep
+    grid = parse_grid(args.grid)
+    if args.job == "capacity":
+        from analysis.slo import parse_slos
+        parse_slos(args.slo or "")
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    jobs = make_jobs(grid, base_settings(args), args.job)
+    out_dir = Path(args.out)
+    started = time.perf_counter()
+    records, ran = run_sweep(jobs, out_dir, args.executor, args.workers, args.ray_address, args.quiet)
+    table = sweep_table(jobs, records)
+    files = write_table(table, out_dir)
+    files.append(write_figure(table, list(grid), out_dir / "sweep.html", args.job))
+    failed = int((table["status"] != "ok").sum())
+    print(f"sweep: {len(jobs)} points ({ran} run now, {len(jobs) - ran} already in {out_dir / 'points'}), "
+          f"{failed} failed, {time.perf_counter() - started:.1f} s wall ({args.executor})")
+    for _, row in table[table["status"] != "ok"].iterrows():
+        print(f"  failed: {' '.join(f'{a}={row[a]}' for a in grid)}: {row['error']}")
+    print("wrote " + ", ".join(str(f) for f in files))
+    return 0

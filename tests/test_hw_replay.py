@@ -1,0 +1,146 @@
+"""Hardware replay: the serving loop on CPU (emulated driver, tiny decoder) against the simulator, the
+compute-model fit, and (marked ``gpu``) attention over VMM-backed K/V against an ordinary allocation."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hwbackend.compute_calibration import GridPoint, compute_section, default_grid  # noqa: E402
+from hwbackend.model import BatchInputs, SeqWork, attend, reference_attention  # noqa: E402
+from hwbackend.replay_cli import TINY_SHAPE, replay  # noqa: E402
+from sim.compute import RooflineComputeModel  # noqa: E402
+from sim.config import SimConfig  # noqa: E402
+from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS  # noqa: E402
+
+ORDER_COLUMNS = ["prefill_tokens", "decode_tokens", "batch_size", "num_running", "num_waiting", "used_page_groups"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def small_trace(n: int = 8, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"request_id": range(n), "arrival_s": np.zeros(n), "prompt_tokens": rng.integers(10, 1500, n),
+                         "output_tokens": rng.integers(2, 16, n)})
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_replay_schedules_exactly_like_the_simulator(sync):
+    pytest.importorskip("simpy")
+    from analysis.runner import run_simulation
+
+    config = SimConfig(max_batch_slots=4, max_context_tokens=4096, token_budget=512, sync_mapping=sync,
+                       memory_util_frac=0.2)
+    trace = small_trace()
+    output, meta = replay(config, trace, "cpu", TINY_SHAPE, sleep=lambda s: None)
+    hw, sim = output.iterations_frame(), run_simulation(config, trace)
+    assert list(hw.columns) == list(ITERATION_COLUMNS)
+    assert list(output.requests_frame().columns) == list(REQUEST_COLUMNS)
+    assert meta["attention_backend"] == "reference"
+    # all arrive at 0: the batches are the simulator's whatever the timing
+    pd.testing.assert_frame_equal(hw[ORDER_COLUMNS], sim.iterations[ORDER_COLUMNS], check_dtype=False)
+    if sync:  # and so is the memory policy's every decision, without a background mapper
+        for column in ("sync_map_page_groups", "mapped_page_groups", "free_page_groups"):
+            assert hw[column].tolist() == sim.iterations[column].tolist()
+    assert (output.requests_frame()["status"] == "finished").all()
+    assert (hw["duration_us"] >= hw["sync_stall_us"]).all()
+    assert np.allclose(hw["compute_us"] + hw["sync_stall_us"], hw["duration_us"])
+    assert hw["start_at_us"].is_monotonic_increasing
+
+
+def test_replay_token_accounting_and_timestamps():
+    config = SimConfig(max_batch_slots=4, max_context_tokens=4096, token_budget=256, sync_mapping=True)
+    trace = small_trace(6, seed=3).assign(arrival_s=np.linspace(0, 0.05, 6))
+    output, _ = replay(config, trace, "cpu", TINY_SHAPE)
+    requests, iterations = output.requests_frame(), output.iterations_frame()
+    assert iterations["prefill_tokens"].sum() == trace["prompt_tokens"].sum()
+    assert iterations["decode_tokens"].sum() == (trace["output_tokens"] - 1).sum()
+    assert (requests["first_token_at_us"] >= requests["arrival_at_us"]).all()
+    assert np.allclose(requests["ttft_us"], requests["first_token_at_us"] - requests["arrival_at_us"])
+    assert output.counters["sync_map_page_groups"] == iterations["sync_map_page_groups"].sum()
+
+
+def test_causal_chunks_see_their_prior_context_on_cpu():
+    """The reference path: a chunk's query j attends keys 0..c+j (checked by a direct softmax)."""
+    gen = torch.Generator().manual_seed(0)
+    k, v = torch.randn(2 * 64, 2, 8, generator=gen), torch.randn(2 * 64, 2, 8, generator=gen)
+    inputs = BatchInputs([SeqWork(1, 10, 3, True), SeqWork(0, 5, 1, True)], 64, "cpu")
+    q = torch.randn(inputs.num_tokens, 4, 8, generator=gen)
+    out = reference_attention(q, k, v, inputs)
+    # slot 0 comes first (sorted by slot): its one query at position 5 sees keys 0..5
+    scores = torch.einsum("hd,thd->ht", q[0], k[0:6].repeat_interleave(2, dim=1)) / np.sqrt(8)
+    expected = torch.einsum("ht,thd->hd", scores.softmax(-1), v[0:6].repeat_interleave(2, dim=1))
+    assert torch.allclose(out[0], expected, atol=1e-5)
+
+
+def test_roofline_fit_recovers_known_parameters():
+    config = SimConfig()
+    base = RooflineComputeModel(config.model_spec, config.gpu_spec)
+    truth = base.with_overrides({"flops_efficiency": 0.6, "bw_efficiency": 0.8, "attention_flops_efficiency": 0.3,
+                                 "overhead_us": 1800.0})
+    grid = default_grid()
+    measured = [truth.iteration_us(p.shape()) for p in grid]
+    section = compute_section(base, grid, measured, {})
+    assert section["roofline"]["overhead_us"] == pytest.approx(1800, rel=0.02)
+    assert section["roofline"]["bw_efficiency"] == pytest.approx(0.8, rel=0.02)
+    assert section["fit_error"]["max"] < 0.01
+    assert section["grid"][0]["measured_us"] == pytest.approx(measured[0], abs=0.1)
+    assert GridPoint(2, 100, ((5, 7),)).shape().attention_pairs == 2 * 101 + 5 * (7 + 3)
+
+
+# ---- GPU: attention over VMM-backed K/V equals the same computation on an ordinary allocation -------------
+@pytest.mark.gpu
+def test_attention_over_vmm_equals_reference_across_pages_and_after_reuse():
+    pytest.importorskip("cuda.bindings.driver")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    from hwbackend.driver import CudaVmmDriver
+    from hwbackend.executor import Executor, policy_config_for
+    from hwbackend.kvcache import KVCache, KVCacheLayout
+    from hwbackend.tensors import kv_tensors
+    from sim.memory.vattention import VAttentionPolicy
+
+    layout = KVCacheLayout(num_sub_tensors=2, num_slots=3, max_pages_per_slot=3, page_size_bytes=2 << 20,
+                           num_kv_heads=8, head_dim=128, dtype_bytes=2)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    with CudaVmmDriver(0) as driver:
+        cache = KVCache(driver, layout, 9)
+        with Executor(VAttentionPolicy(policy_config_for(cache)), cache, background=False,
+                      stream_handle=torch.cuda.current_stream().cuda_stream) as ex:
+            k_vmm, v_vmm = (t.view(-1, 8, 128) for t in kv_tensors(cache, torch.bfloat16))
+            k_ref, v_ref = torch.zeros_like(k_vmm, device="cuda"), torch.zeros_like(v_vmm, device="cuda")
+
+            def fill_and_compare(lengths_new: list[tuple[int, int]], iteration: int) -> list[int]:
+                slots = [ex.alloc_slot(c + t) for c, t in lengths_new]
+                assert None not in slots and ex.step({s: c + t for s, (c, t) in zip(slots, lengths_new)})
+                work = [SeqWork(s, c, t, True) for s, (c, t) in zip(slots, lengths_new)]
+                inputs = BatchInputs(work, layout.max_tokens_per_slot, "cuda")
+                for s, (c, t) in zip(slots, lengths_new):
+                    rows = slice(s * layout.max_tokens_per_slot, s * layout.max_tokens_per_slot + c + t)
+                    for vmm, ref in ((k_vmm, k_ref), (v_vmm, v_ref)):
+                        data = torch.randn(c + t, 8, 128, generator=gen, device="cuda").to(torch.bfloat16)
+                        vmm[rows], ref[rows] = data, data
+                q = torch.randn(inputs.num_tokens, 32, 128, generator=gen, device="cuda").to(torch.bfloat16)
+                expected = reference_attention(q, k_ref, v_ref, inputs).float()
+                for backend in ("varlen", "gather"):
+                    got = attend(backend, q, k_vmm, v_vmm, inputs).float()
+                    assert torch.allclose(got, expected, atol=2e-2, rtol=2e-2), backend
+                ex.iteration_launched(iteration)
+                torch.cuda.synchronize()
+                ex.poll_completed()
+                return slots
+
+            # decodes and a chunk crossing the 1024-token page boundary, one sequence over two boundaries
+            slots = fill_and_compare([(1030, 1), (1000, 40), (2100, 1)], 0)
+            for slot in slots[:2]:
+                ex.free_slot(slot, 0)
+            # reuse: new requests take the freed slots (deferred pages) with different lengths and data
+            fill_and_compare([(3000, 1), (500, 600)], 1)

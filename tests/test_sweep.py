@@ -1,0 +1,109 @@
+"""Sweeps: grid parsing and expansion, point keys, failing points, resumability, local executors."""
+from __future__ import annotations
+
+import argparse
+
+import pandas as pd
+import pytest
+
+from analysis.sweep import base_settings, expand_grid, make_jobs, parse_grid, point_args, sweep_table
+from analysis.sweep_run import run_sweep
+
+
+def sweep_args(*extra: str) -> argparse.Namespace:
+    import cli
+    from analysis.cli_capacity import register
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    if "sweep" not in sub.choices:
+        register(sub)
+    return parser.parse_args(["sweep", "--grid", "seed=0", "--out", "unused", "--num-requests", "30", *extra])
+
+
+def test_grid_expansion_is_the_cartesian_product_last_axis_fastest():
+    grid = parse_grid(["page_size=64KiB,256KiB,2MiB", "policy=vattention,paged", "max_batch=128,256"])
+    points = expand_grid(grid)
+    assert len(points) == 12
+    assert points[0] == {"page_size": "64KiB", "policy": "vattention", "max_batch": "128"}
+    assert points[1] == {"page_size": "64KiB", "policy": "vattention", "max_batch": "256"}
+    assert points[-1] == {"page_size": "2MiB", "policy": "paged", "max_batch": "256"}
+
+
+def test_policy_axis_keeps_full_specs_with_commas():
+    grid = parse_grid(["policy=vattention:page=256KiB,sync,paged:block=16,static"])
+    assert grid["policy"] == ["vattention:page=256KiB,sync", "paged:block=16", "static"]
+
+
+def test_repeated_axis_appends_values():
+    assert parse_grid(["max_batch=8", "max_batch=16,8"]) == {"max_batch": ["8", "16"]}
+
+
+@pytest.mark.parametrize("item, message", [
+    ("pagesize=2MiB", "unknown axis 'pagesize'; valid axes: "),
+    ("page_size=2MB2", "page_size"),
+    ("max_batch", "expected AXIS=V1,V2"),
+    ("scheduler=fifo", "choose one of sarathi, vllm"),
+])
+def test_grid_errors_name_the_axis(item, message):
+    with pytest.raises(ValueError, match=message):
+        parse_grid([item])
+
+
+def test_axes_map_to_options_and_config_fields():
+    base = base_settings(sweep_args())
+    job = make_jobs(parse_grid(["page_size=256KiB", "deferred_reclaim=off", "sync_mapping=on",
+                                "eager_lookahead_steps=3", "rate_scale=2"]), base)[0]
+    args, overrides = point_args(job)
+    assert args.page_size == 256 * 1024 and args.no_deferred_reclaim and args.sync_mapping and args.rate_scale == 2.0
+    assert overrides == {"eager_lookahead_steps": 3}
+
+
+def test_point_key_is_stable_and_covers_base_options():
+    grid = parse_grid(["max_batch=8,16"])
+    first, second = make_jobs(grid, base_settings(sweep_args())), make_jobs(grid, base_settings(sweep_args()))
+    assert [j.key for j in first] == [j.key for j in second] and first[0].key != first[1].key
+    other = make_jobs(grid, base_settings(sweep_args("--gpu", "h100")))
+    assert other[0].key != first[0].key
+
+
+def test_sweep_reports_a_failing_point_and_resumes(tmp_path):
+    base = base_settings(sweep_args())
+    grid = parse_grid(["memory_util=0.9,0.05", "max_batch=8,64"])
+    jobs = make_jobs(grid, base)
+    records, ran = run_sweep(jobs, tmp_path, workers=1)
+    assert ran == 4
+    table = sweep_table(jobs, records)
+    assert list(table["status"]) == ["ok", "ok", "error", "error"]
+    assert table.loc[2, "error"].startswith("ConfigError:") and "memory_util 0.05" in table.loc[2, "error"]
+    assert (table.loc[:1, "finished"] == 30).all()
+    again, ran_again = run_sweep(jobs, tmp_path, workers=1)
+    assert ran_again == 0
+    pd.testing.assert_frame_equal(sweep_table(jobs, again), table)
+
+
+def test_process_pool_matches_inline_run(tmp_path):
+    jobs = make_jobs(parse_grid(["policy=vattention,paged:block=16"]), base_settings(sweep_args()))
+    inline, _ = run_sweep(jobs, tmp_path / "inline", workers=1)
+    pooled, _ = run_sweep(jobs, tmp_path / "pool", workers=2)
+    pd.testing.assert_frame_equal(sweep_table(jobs, inline), sweep_table(jobs, pooled))
+
+
+def test_cli_sweep_writes_table_and_self_contained_figure(tmp_path, capsys):
+    args = sweep_args("--quiet", "--workers", "1")
+    args.grid, args.out = ["page_size=64KiB,2MiB", "memory_util=0.9,0.05"], str(tmp_path)
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "4 points (4 run now, 0 already" in out and "2 failed" in out
+    table = pd.read_parquet(tmp_path / "sweep.parquet")
+    assert len(table) == 4 and len(pd.read_csv(tmp_path / "sweep.csv")) == 4
+    html = (tmp_path / "sweep.html").read_text()
+    assert "plotly" in html and '<script src="http' not in html and len(html) > 1_000_000   # plotly.js embedded
+    assert args.func(args) == 0 and "(0 run now, 4 already" in capsys.readouterr().out
+
+
+def test_capacity_job_per_point(tmp_path):
+    args = sweep_args("--slo", "ttft_p99=500ms,tpot_p99=50ms", "--tolerance", "0.2")
+    jobs = make_jobs(parse_grid(["gpu=h100,h200"]), base_settings(args), job="capacity")
+    records, _ = run_sweep(jobs, tmp_path, workers=1)
+    table = sweep_table(jobs, records)
+    assert list(table["status"]) == ["ok", "ok"] and (table["capacity_req_per_s"] > 0).all()
