@@ -7,7 +7,7 @@ A policy is written ``NAME[:key=value,key=value,...]`` (``kvsim compare --policy
     vattention:layout=cross-layer   vattention:batched=on            vattention:zero=on-reuse
 
 Keys (see :class:`sim.config.SimConfig` for meanings and defaults): every policy takes ``preempt``
-(recompute|swap) and ``zero`` (off|on-reuse|on-free); vattention takes page, sync / mapping (sync|async),
+(recompute|swap), ``zero`` (off|on-reuse|on-free) and ``prefix`` (on|off: prefix caching, vattention and paged); vattention takes page, sync / mapping (sync|async),
 deferred (on|off), lookahead, eager, eager_slots, watermark, create (startup|ondemand), layout
 (per-layer|cross-layer), layout_factor, batched (on|off); paged takes block, factor, bt_base_us,
 bt_per_block_us; static takes max_len.
@@ -41,6 +41,7 @@ def _choice(*choices: str):
 
 # key -> (SimConfig field, parser)
 _COMMON = {"preempt": ("preemption", _choice("recompute", "swap")),
+           "prefix": ("prefix_caching", _on_off),
            "zero": ("zero_on_reuse", _choice("off", "on-reuse", "on-free"))}
 POLICY_KEYS: dict[str, dict] = {
     "vattention": {
@@ -99,7 +100,9 @@ COMPARE_METRICS = {
     "map_page_groups": "page groups/blocks mapped", "map_calls": "VMM map calls", "unmap_calls": "VMM unmap calls",
     "sync_stall_total_ms": "sync mapping stall (ms)", "block_table_total_ms": "block-table CPU (ms)",
     "preemptions": "preemptions", "swap_out_bytes": "swapped out (GiB)", "swap_total_ms": "swap time (ms)",
-    "zero_total_ms": "zeroing on critical path (ms)",
+    "clear_copy_total_ms": "clear/copy on critical path (ms)",
+    "prefix_hit_ratio": "prefix hit ratio", "prefill_tokens_saved": "prefill tokens saved",
+    "prefix_pages_shared": "shared pages mapped", "prefix_map_calls_added": "map calls added by sharing",
     "finished": "finished", "rejected": "rejected",
 }
 _GIB_COLUMNS = ("peak_mapped_bytes", "mean_tail_waste_bytes", "swap_out_bytes")

@@ -95,9 +95,24 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
         "mapping_critical_ms": float(counters.get("mapping_critical_us", 0.0) / US_PER_MS),
         "zero_critical_bytes": int(counters.get("zero_critical_bytes", 0)),
         "zero_background_bytes": int(counters.get("zero_background_bytes", 0)),
-        "zero_total_ms": float(iterations["zero_us"].sum() / US_PER_MS) if "zero_us" in iterations else 0.0,
+        "clear_copy_total_ms": float(iterations["clear_copy_us"].sum() / US_PER_MS) if "clear_copy_us" in iterations else 0.0,
+        **_prefix_summary(requests, finished, counters, calls_per_group),
     }
     return summary
+
+
+def _prefix_summary(requests: pd.DataFrame, finished: pd.DataFrame, counters: dict, calls_per_group: int) -> dict:
+    """Prefix-cache figures (present only when the run used one)."""
+    if "prefix_lookups" not in counters:
+        return {}
+    hit = int(requests["prefix_hit_tokens"].sum())
+    prompt = int(finished["prompt_tokens"].sum())
+    return {"prefix_hit_ratio": hit / prompt if prompt else float("nan"),
+            "prefill_tokens_saved": hit,
+            "prefix_pages_shared": int(counters["prefix_shared_pages"]),
+            "prefix_map_calls_added": int(counters["prefix_shared_maps"] * calls_per_group),
+            "prefix_cow_tokens": int(counters["prefix_cow_tokens"]), "cow_copy_bytes": int(counters.get("cow_bytes", 0)),
+            "prefix_evictions": int(counters["prefix_evictions"])}
 
 
 def build_result(output, config: dict) -> RunResult:

@@ -57,18 +57,28 @@ def batch_shape(work: list[SeqWork]) -> BatchShape:
 
 
 def default_grid() -> list[GridPoint]:
-    """Decode batches 1..128 at contexts 128..3072, prefill chunks 32..2048 tokens, mixed batches."""
-    grid = [GridPoint(b, c) for b in (1, 4, 16, 32, 64, 128) for c in (128, 1024, 3072)]
-    grid += [GridPoint(chunks=((t, 0),)) for t in (32, 128, 512, 1024, 2048)]
-    grid += [GridPoint(chunks=((512, 2048),)), GridPoint(chunks=((2048, 2048),))]
-    grid += [GridPoint(32, 1024, ((t, 0),)) for t in (256, 1024, 2016)]
-    grid += [GridPoint(8, 2048, ((2040, 1024),)), GridPoint(96, 512, ((1952, 0),)), GridPoint(16, 1536, ((300, 700),))]
+    """Decode batches 1..128 at contexts 256..3072; prefill chunks 32..2048 tokens alone and after 2048
+    cached; decode batches of 8, 24 and 48 with chunks of 64..2048 - batch tokens (Sarathi's mixed batches)."""
+    grid = [GridPoint(b, c) for b in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128) for c in (256, 1024, 3072)]
+    grid += [GridPoint(chunks=((t, c),)) for t in (32, 128, 512, 1024, 2048) for c in (0, 2048)]
+    grid += [GridPoint(b, 1024, ((t, 0),)) for b in (8, 24, 48) for t in (64, 256, 512, 1024, 2048 - b)]
     return grid
 
 
-def measure_grid(model: Any, kv: Any, grid: list[GridPoint], warmup: int = 2, repeats: int = 7) -> list[float]:
+def measure_grid(model: Any, kv: Any, grid: list[GridPoint], warmup: int = 3, repeats: int = 11) -> list[float]:
     """Median wall time (us) of one iteration per grid point, pages mapped by ``kv.executor``."""
+    import gc
+
     times_us = []
+    gc.collect()
+    gc.disable()  # as in the replay
+    try:
+        return _measure(model, kv, grid, warmup, repeats, times_us)
+    finally:
+        gc.enable()
+
+
+def _measure(model: Any, kv: Any, grid: list[GridPoint], warmup: int, repeats: int, times_us: list) -> list[float]:
     for index, point in enumerate(grid):
         work = point.work()
         slots = [kv.executor.alloc_slot(w.computed + w.tokens) for w in work]

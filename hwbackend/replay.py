@@ -178,16 +178,17 @@ class ReplayLoop:
         usable = policy.pool_page_groups - int(policy.admission_watermark_frac * policy.pool_page_groups)
         return policy.pages_for_tokens(request.final_kv_tokens) > usable
 
-    def _admit(self, request: Request, first_tokens: int) -> bool:
+    def _admit(self, request: Request, first_tokens: int) -> int:
+        """The scheduler's ``admit``: tokens scheduled (``first_tokens``; no prefix cache here), 0 if refused."""
         slot = self.executor.alloc_slot(request.computed + first_tokens)
         if slot is None:
-            return False
+            return 0
         request.slot = request.last_slot = slot
         request.admitted_order = self._admissions
         request.status = "running"
         self._admissions += 1
         self.running.append(request)
-        return True
+        return first_tokens
 
     def _unblock_admission(self, drained: bool) -> bool:
         """Nothing could be scheduled: first let the mapper's queued work go (as the simulator cancels its

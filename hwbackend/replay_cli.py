@@ -110,16 +110,40 @@ def _environment(model: DecoderModel) -> dict:
 
 def write_hw_run(output: Any, config: Any, trace: pd.DataFrame, meta: dict, out_dir: str | Path,
                  force: bool = False) -> Path:
-    """Write the run directory (simulator layout plus ``trace.parquet``)."""
-    from analysis.results import RunResult, summarize, write_run
+    """Write the run directory (simulator layout plus ``trace.parquet`` and ``counters.json``).
 
+    Raises:
+        FileExistsError: if ``out_dir`` already holds a run and ``force`` is false.
+    """
+    if not force and (Path(out_dir) / "summary.json").exists():
+        raise FileExistsError(f"{out_dir} already holds a run; pass --force")
     requests, iterations = output.requests_frame(), output.iterations_frame()
-    config_dict = {**config.to_dict(), **meta}
-    result = RunResult(requests, iterations, summarize(requests, iterations, output.counters, config_dict), config_dict)
-    out = write_run(result, out_dir, overwrite=force)
-    trace.to_parquet(out / "trace.parquet", index=False)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    trace.to_parquet(out / "trace.parquet", index=False)  # the raw data first: nothing below can lose it
     (out / "counters.json").write_text(json.dumps(output.counters, indent=1) + "\n")
-    return out
+    requests.to_parquet(out / "requests.parquet", index=False)
+    iterations.to_parquet(out / "iterations.parquet", index=False)
+    results = _results_module()
+    config_dict = {**config.to_dict(), **meta}
+    summary = results.summarize(requests, iterations, output.counters, config_dict)
+    return results.write_run(results.RunResult(requests, iterations, summary, config_dict), out, overwrite=True)
+
+
+def _results_module() -> Any:
+    """``analysis.results`` (numpy and pandas only), loaded from its file when the ``analysis`` package
+    itself cannot be imported (its ``__init__`` pulls plotly, absent on the GPU machine)."""
+    try:
+        import analysis.results as results
+    except ImportError:
+        import importlib.util
+
+        path = Path(__file__).resolve().parent.parent / "analysis" / "results.py"
+        spec = importlib.util.spec_from_file_location("_kvsim_analysis_results", path)
+        results = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = results  # dataclasses look their module up there
+        spec.loader.exec_module(results)
+    return results
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -65,6 +65,10 @@ class SimConfig:
         zero_on_reuse: multi-tenant isolation: ``off``; ``on-reuse`` clears a reused slot's stale pages and
             recycled pages when a request takes them (critical path); ``on-free`` clears them when the previous
             request frees them (background mapper; critical path with synchronous mapping).
+        prefix_caching: share the physical pages of matching prompt prefixes (trace ``hash_ids``) between
+            slots, keep them cached after their requests finish (LRU eviction); ``paged`` does vLLM-style
+            block-level prefix caching; not available for ``static``.
+        prefix_block_tokens: tokens per hash block of the trace (Mooncake: 512).
     """
 
     model: str = "llama-3-8b"
@@ -97,8 +101,14 @@ class SimConfig:
     layout_attention_factor: float = 1.0
     batched_set_access: bool = False
     zero_on_reuse: str = "off"
+    prefix_caching: bool = False
+    prefix_block_tokens: int = 512
 
     def __post_init__(self) -> None:
+        if self.prefix_caching and self.policy == "static":
+            raise ConfigError("prefix caching needs the vattention or paged policy, not static reservation")
+        if self.prefix_block_tokens < 1:
+            raise ConfigError(f"prefix block size must be >= 1 token, got {self.prefix_block_tokens}")
         if self.kv_layout not in KV_LAYOUTS:
             raise ConfigError(f"kv layout {self.kv_layout!r}: choose one of {', '.join(KV_LAYOUTS)}")
         if self.zero_on_reuse not in ZERO_MODES:
@@ -201,13 +211,14 @@ class SimConfig:
     def label(self) -> str:
         """Short description of the memory policy, e.g. ``vattention 2 MiB async``."""
         if self.policy == "paged":
-            return f"paged block={self.block_size_tokens}"
+            return f"paged block={self.block_size_tokens}" + (" prefix-caching" if self.prefix_caching else "")
         if self.policy == "static":
             return f"static max_len={self.tokens_per_page}"
         mode = "sync" if self.sync_mapping else "async"
         extras = [("" if self.deferred_reclaim else "no-deferred"), ("cross-layer" if self.kv_layout == "cross-layer" else ""),
                   ("batched-set-access" if self.batched_set_access else ""),
-                  (f"zero-{self.zero_on_reuse}" if self.zero_on_reuse != "off" else "")]
+                  (f"zero-{self.zero_on_reuse}" if self.zero_on_reuse != "off" else ""),
+                  ("prefix-sharing" if self.prefix_caching else "")]
         return " ".join([f"vattention {format_bytes(self.page_size_bytes)} {mode}", *filter(None, extras)])
 
     @property

@@ -201,10 +201,13 @@ class Simulator:
                      if config.uses_vmm else NoCost())
         self.policy = build_policy(config)
         self.mapper = AsyncMapper(self.env, self.policy, self._background_op_us) if config.has_async_mapper else None
+        self.prefix = config.prefix_caching
+        self._pending_copy_bytes = 0          # copy-on-write of partially shared pages, owed by the next iteration
         self.zero_mode = config.zero_on_reuse
         self._zero_bytes_per_us = config.gpu_spec.mem_bw_bytes_per_s * (4.3 / 4.8) / US_PER_S
         self._pending_zero_groups = 0
         self.zero_bytes = {"critical": 0, "background": 0}
+        self.cow_bytes = 0
         self.swap = SwapSpace(config)
         self.schedule = SCHEDULERS[config.scheduler]
         self.requests = _requests_from_trace(trace, config.slot_max_tokens)
@@ -241,6 +244,7 @@ class Simulator:
             "mapping_worker_us": list(getattr(self.cost, "worker_us", [])),
             "mapping_critical_us": getattr(self.cost, "critical_us", 0.0),
             "zero_critical_bytes": self.zero_bytes["critical"], "zero_background_bytes": self.zero_bytes["background"],
+            "cow_bytes": self.cow_bytes, **{f"prefix_{k}": v for k, v in getattr(self.policy, "stats", {}).items()},
             "pool_page_groups": self.config.pool_page_groups, "end_at_us": self.env.now,
         }
         return SimOutput([r.record() for r in self.requests], self.iteration_records, counters,
@@ -272,8 +276,8 @@ class Simulator:
             swap_us = self.swap.take_pending_us()
             plans, self._pending_plans = [*self._pending_plans, plan], []
             mapping_us = sum(self.cost.plan_us(p) for p in plans)
-            zero_us = self._take_zero_us()
-            sync_us = mapping_us + block_table_us + swap_us + zero_us
+            clear_copy_us = self._take_clear_copy_us()
+            sync_us = mapping_us + block_table_us + swap_us + clear_copy_us
             mapped_sync = sum(p.num_page_groups_mapped for p in plans)
             unmapped_sync = sum(p.num_page_groups_unmapped for p in plans)
             self._sync_maps += mapped_sync
@@ -288,12 +292,12 @@ class Simulator:
             yield env.timeout(compute_us)
             self.policy.iteration_completed(iteration)
             bg_maps, bg_unmaps = self._background_since_last_record()
-            prefill = sum(t for r, t in batch if r.remaining > 1 or t > 1)
+            prefill = sum(t for r, t in batch if r.remaining > 1 or r.generated == 0)
             self.iteration_records.append((
                 iteration, start_at_us, env.now - start_at_us, compute_us, stall_us,
                 mapped_sync, bg_maps, unmapped_sync + bg_unmaps, prefill,
                 sum(t for _, t in batch) - prefill, len(batch), len(self.running), len(self.waiting),
-                *snapshot, self._iteration_preemptions, block_table_us, swap_us, zero_us))
+                *snapshot, self._iteration_preemptions, block_table_us, swap_us, clear_copy_us))
             self._finish_iteration(batch, iteration)
             iteration += 1
             if self.progress and iteration % 2000 == 0:
@@ -318,17 +322,23 @@ class Simulator:
         usable = policy.pool_page_groups - int(policy.admission_watermark_frac * policy.pool_page_groups)
         return policy.pages_for_tokens(request.final_kv_tokens) > usable
 
-    def _admit(self, request: Request, first_tokens: int) -> bool:
+    def _admit(self, request: Request, first_tokens: int) -> int:
         """Take a slot and map the first chunk's pages now, so that several admissions in one scheduling
-        round cannot promise the same free pages (vLLM allocates blocks at admission the same way)."""
+        round cannot promise the same free pages (vLLM allocates blocks at admission the same way). With a
+        prefix cache, the cached prefix is mapped first and its tokens are skipped. Returns the tokens
+        scheduled for the request (0: not admitted)."""
         slot = self.policy.alloc_slot(request.computed + first_tokens)
         if slot is None:
-            return False
+            return 0
         stale_groups = self.policy.mapped[slot]      # deferred pages: hold the previous request's KV
+        hit_tokens = self._map_prefix(request, slot)
+        first_tokens = min(first_tokens, request.remaining)
         plan = self.policy.step({slot: request.computed + first_tokens})
         if plan is None:
+            request.computed -= hit_tokens
             self._perform_free(self.policy.free_slot(slot, self.policy.completed_iteration))
-            return False
+            return 0
+        request.prefix_hit_tokens += hit_tokens
         if self.zero_mode == "on-reuse":
             self._pending_zero_groups += stale_groups
         self._pending_plans.append(plan)
@@ -340,7 +350,19 @@ class Simulator:
         request.status = "running"
         self._admissions += 1
         self.running.append(request)
-        return True
+        return first_tokens
+
+    def _map_prefix(self, request: Request, slot: int) -> int:
+        """Map the cached prefix of a request that starts from scratch; returns the tokens it skips."""
+        if not self.prefix:
+            return 0
+        # every admission prepares the slot; only a request starting from scratch looks the cache up
+        ids = request.hash_ids if request.hash_ids is not None and not request.computed else ()
+        hit = self.policy.admit_prefix(slot, ids, request.prompt_tokens)
+        self._pending_plans.append(hit.plan)
+        self._pending_copy_bytes += hit.cow_tokens * self._kv_bytes_per_token
+        request.computed = hit.hit_tokens
+        return hit.hit_tokens
 
     def _unblock_admission(self):
         """Nothing could be scheduled: wait for the mapper or the next arrival; reject an unservable head."""
@@ -439,14 +461,18 @@ class Simulator:
         else:
             self._pending_zero_groups += page_groups
 
-    def _take_zero_us(self) -> float:
-        """Critical-path clearing owed by this iteration: stale pages of reused slots and recycled pages taken
-        by synchronous maps (on-reuse), or frees under synchronous mapping (on-free)."""
+    def _take_clear_copy_us(self) -> float:
+        """Critical-path memory clearing and copying owed by this iteration: stale pages of reused slots and
+        recycled pages taken by synchronous maps (zero on-reuse), frees under synchronous mapping (zero
+        on-free), and copy-on-write of partially shared prefix pages."""
         if self.zero_mode == "on-reuse":
             self._pending_zero_groups += self.policy.take_recycled()
         groups, self._pending_zero_groups = self._pending_zero_groups, 0
         self.zero_bytes["critical"] += groups * self.config.page_group_bytes
-        return self._zero_us(groups)
+        copy_bytes, self._pending_copy_bytes = self._pending_copy_bytes, 0
+        self.cow_bytes += copy_bytes
+        # a copy reads and writes every byte: 2 x bytes at the copy bandwidth
+        return self._zero_us(groups) + 2 * copy_bytes / self._zero_bytes_per_us
 
     def _background_op_us(self, op) -> float:
         """A background op's duration: its VMM calls, plus clearing a recycled page under on-reuse."""
@@ -478,9 +504,9 @@ class Simulator:
         """Fast-forward k >= 2 pure-decode iterations in one event when nothing can change inside them:
         no arrival before the last one starts, no completion, every step and look-ahead target already
         mapped, the mapper idle with no background work. Returns k (0 when not eligible)."""
-        if (len(batch) != len(self.running) or self._pending_plans or self._pending_zero_groups or
-                (self.mapper and not self.mapper.idle) or any(t != 1 for _, t in batch)):
-            return 0
+        if (len(batch) != len(self.running) or self._pending_plans or self._pending_zero_groups or self._pending_copy_bytes or
+                (self.mapper and not self.mapper.idle) or any(t != 1 or r.generated == 0 for r, t in batch)):
+            return 0   # (generated == 0: the 1-token last chunk of a prefill emits the first token)
         steps = self._run_length(batch)
         if steps < 2:
             return 0
@@ -530,7 +556,7 @@ class Simulator:
         active_mapped = sum(policy.mapped[r.slot] for r, _ in batch)
         waste = (active_mapped * tokens_per_page - held.sum(axis=0)) * self._kv_bytes_per_token
         self.iteration_blocks.append((iteration, starts_us, compute_us, used, waste, (
-            size, len(self.running), len(self.waiting), policy.mapped_page_groups, policy.free_page_groups,
+            size, len(self.running), len(self.waiting), policy.physical_page_groups, policy.free_page_groups,
             policy.deferred_page_groups), block_table_us))
 
     def _pool_snapshot(self, batch: Batch) -> tuple[int, int, int, int, int]:
@@ -540,12 +566,14 @@ class Simulator:
         used = sum(-(-t // tokens_per_page) for t in held_tokens)
         active_mapped = sum(policy.mapped[r.slot] for r in self.running)
         waste = (active_mapped * tokens_per_page - sum(held_tokens)) * self._kv_bytes_per_token
-        return (policy.mapped_page_groups, used, policy.free_page_groups, policy.deferred_page_groups, waste)
+        return (policy.physical_page_groups, used, policy.free_page_groups, policy.deferred_page_groups, waste)
 
     def _finish_iteration(self, batch: Batch, iteration: int) -> None:
         now = self.env.now
         for request, tokens in batch:
             request.computed += tokens
+            if self.prefix and request.hash_ids is not None and request.computed <= request.prompt_tokens:
+                self.policy.donate(request.slot, request.hash_ids, request.prompt_tokens, request.computed)
             if request.computed != request.seq_len:
                 continue
             request.generated += 1
@@ -577,7 +605,7 @@ def _expand_blocks(blocks: list[tuple]) -> pd.DataFrame:
         "free_page_groups": consts[:, 4], "deferred_page_groups": consts[:, 5],
         "tail_waste_bytes": np.concatenate([b[4] for b in blocks]), "preemptions": zeros,
         "block_table_us": np.repeat([b[6] for b in blocks], lengths).astype(float), "swap_us": np.zeros(total),
-        "zero_us": np.zeros(total)})
+        "clear_copy_us": np.zeros(total)})
 
 
 def _shape(batch: Batch) -> BatchShape:
@@ -600,8 +628,12 @@ def _requests_from_trace(trace: pd.DataFrame, slot_max_tokens: int) -> list[Requ
     # Quantised to 100 ns, the Azure trace's tick, so that one trace in two file forms (absolute timestamps
     # vs float seconds with ~1e-12 s noise) gives bit-identical runs.
     arrivals_us = (np.round(trace["arrival_s"].to_numpy(dtype=float) * ARRIVAL_TICKS_PER_S) * ARRIVAL_TICK_US).tolist()
-    return [Request(int(i), a, int(p), int(o)) for i, a, p, o in zip(
+    requests = [Request(int(i), a, int(p), int(o)) for i, a, p, o in zip(
         trace["request_id"], arrivals_us, trace["prompt_tokens"], trace["output_tokens"])]
+    if "hash_ids" in trace.columns:
+        for request, ids in zip(requests, trace["hash_ids"]):
+            request.hash_ids = tuple(int(x) for x in ids) if ids is not None else None
+    return requests
 
 
 __all__ = ["Simulator", "SimOutput", "ITERATION_COLUMNS", "REQUEST_COLUMNS", "VmmCost"]

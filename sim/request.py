@@ -14,7 +14,7 @@ class Request:
 
     __slots__ = ("request_id", "arrival_at_us", "prompt_tokens", "output_tokens", "computed", "generated",
                  "slot", "first_token_at_us", "completion_at_us", "preemptions", "admitted_order", "status",
-                 "last_slot", "final_kv_tokens", "swapped")
+                 "last_slot", "final_kv_tokens", "swapped", "hash_ids", "prefix_hit_tokens")
 
     def __init__(self, request_id: int, arrival_at_us: float, prompt_tokens: int, output_tokens: int):
         self.request_id = request_id
@@ -30,6 +30,8 @@ class Request:
         self.preemptions = 0
         self.admitted_order = -1
         self.status = "waiting"
+        self.hash_ids: tuple[int, ...] | None = None   # prefix block ids (Mooncake hash_ids), if the trace has them
+        self.prefix_hit_tokens = 0
         self.swapped = False  # KV held in host memory after a swap preemption
         self.final_kv_tokens = prompt_tokens + output_tokens - 1  # KV tokens at the last iteration
 
@@ -49,4 +51,4 @@ class Request:
         tpot = (self.completion_at_us - self.first_token_at_us) / decodes if decodes > 0 else float("nan")
         return (self.request_id, self.arrival_at_us, self.prompt_tokens, self.output_tokens,
                 self.first_token_at_us, self.completion_at_us, ttft, tpot, e2e, self.preemptions,
-                self.last_slot, self.status)
+                self.last_slot, self.status, self.prefix_hit_tokens)

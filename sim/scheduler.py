@@ -4,8 +4,9 @@ A scheduler is a function ``(running, waiting, token_budget, admit) -> [(request
 
 * ``running``: admitted requests, in admission order (list, mutated only through ``admit``).
 * ``waiting``: FIFO of requests not holding a slot (deque); admission is strictly FIFO (no skipping).
-* ``admit(request, first_tokens) -> bool``: asks the memory manager for a slot; on success the request is
-  appended to ``running``.
+* ``admit(request, first_tokens) -> int``: asks the memory manager for a slot; returns the tokens actually
+  scheduled (0: not admitted; fewer than asked when a prefix-cache hit skips part of the prompt); on
+  success the request is appended to ``running``.
 
 Registered in :data:`SCHEDULERS`, chosen by ``--scheduler``.
 """
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from sim.request import Request
 
 Batch = list[tuple[Request, int]]
-Admit = Callable[[Request, int], bool]
+Admit = Callable[[Request, int], int]
 
 
 def schedule_sarathi(running: list[Request], waiting: deque, token_budget: int, admit: Admit) -> Batch:
@@ -36,8 +37,8 @@ def schedule_sarathi(running: list[Request], waiting: deque, token_budget: int, 
             budget -= chunk
     while waiting and budget > 0:
         request = waiting[0]
-        chunk = min(request.remaining, budget)
-        if not admit(request, chunk):
+        chunk = admit(request, min(request.remaining, budget))
+        if not chunk:
             break
         waiting.popleft()
         batch.append((request, chunk))
@@ -53,10 +54,10 @@ def schedule_vllm(running: list[Request], waiting: deque, token_budget: int, adm
     budget = token_budget
     while waiting:
         request = waiting[0]
-        tokens = request.remaining
-        if batch and tokens > budget:
+        if batch and request.remaining > budget:
             break
-        if not admit(request, tokens):
+        tokens = admit(request, request.remaining)
+        if not tokens:
             break
         waiting.popleft()
         batch.append((request, tokens))

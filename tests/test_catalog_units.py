@@ -24,7 +24,7 @@ def test_llama3_8b_weights_match_8b_parameters():
 
 
 def test_all_seven_models_and_three_gpus():
-    assert len(model_names()) == 7
+    assert len(model_names()) == 8   # the 7 of domain.md + llama-3.1-8b (128K context)
     assert get_model("yi-34b").kv_bytes_per_token(tp=2) == 2 * 60 * 4 * 128 * 2
     assert get_gpu("h100").mem_bw_bytes_per_s == pytest.approx(3.35e12)
 
@@ -76,3 +76,9 @@ def test_config_derived_pool_size():
 def test_impossible_configurations(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SimConfig(**kwargs)
+
+
+def test_dotted_model_names_resolve():
+    # qwen2.5-7b: 2 * 28 layers * 4 KV heads * 128 * 2 B = 57,344 B per token
+    assert get_model("qwen2.5-7b").kv_bytes_per_token() == 57_344
+    assert get_model("llama-3.1-8b").max_context_tokens == 131_072

@@ -127,3 +127,12 @@ def test_vllm_scheduler_runs_prefills_first():
     # it 0: r0 prefill; it 1: r1 prefill alone (prefill-first, no mixing); then decodes of both
     assert list(it["prefill_tokens"][:2]) == [100, 100] and list(it["decode_tokens"][:2]) == [0, 0]
     assert it["decode_tokens"].iloc[2] == 2
+
+
+def test_one_token_last_prefill_chunk_sets_the_first_token_time():
+    """Token budget 100 and a 101-token prompt: the prefill ends with a 1-token chunk, which looks like a
+    decode but emits the first token (regression: the coalesced decode path skipped its timestamp)."""
+    _, req, it = run([(0.0, 101, 50)], token_budget=100, sync_mapping=True)
+    assert np.isfinite(req.loc[0, "first_token_at_us"])
+    assert req.loc[0, "ttft_us"] == 2 * 1000.0 + 3200.0 * 1     # two iterations, one page-group map (2 MiB page)
+    assert it["prefill_tokens"].sum() == 101 and it["decode_tokens"].sum() == 49

@@ -45,11 +45,13 @@ def test_replay_schedules_exactly_like_the_simulator(sync):
     assert list(hw.columns) == list(ITERATION_COLUMNS)
     assert list(output.requests_frame().columns) == list(REQUEST_COLUMNS)
     assert meta["attention_backend"] == "reference"
-    # all arrive at 0: the batches are the simulator's whatever the timing
-    pd.testing.assert_frame_equal(hw[ORDER_COLUMNS], sim.iterations[ORDER_COLUMNS], check_dtype=False)
-    if sync:  # and so is the memory policy's every decision, without a background mapper
+    if sync:  # all arrive at 0 and no mapper thread: every batch and policy decision is the simulator's
+        pd.testing.assert_frame_equal(hw[ORDER_COLUMNS], sim.iterations[ORDER_COLUMNS], check_dtype=False)
         for column in ("sync_map_page_groups", "mapped_page_groups", "free_page_groups"):
             assert hw[column].tolist() == sim.iterations[column].tolist()
+    else:  # the mapper thread's timing may delay an admission (a slot with maps in flight is not allocatable)
+        for column in ("prefill_tokens", "decode_tokens"):
+            assert hw[column].sum() == sim.iterations[column].sum()
     assert (output.requests_frame()["status"] == "finished").all()
     assert (hw["duration_us"] >= hw["sync_stall_us"]).all()
     assert np.allclose(hw["compute_us"] + hw["sync_stall_us"], hw["duration_us"])

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from hwbackend.driver import VmmError
@@ -29,6 +29,9 @@ class FaultyDriver(EmulatedVmmDriver):
 
     def clear_faults(self) -> None:
         self._faults.clear()
+
+    def pending_faults(self) -> int:
+        return sum(len(by_index) for by_index in self._faults.values())
 
 
 def small_layout(num_sub_tensors: int = 8, num_slots: int = 4, max_pages: int = 8) -> KVCacheLayout:
@@ -137,6 +140,21 @@ def test_pool_short_returns_false_and_touches_no_worker():
         assert not ex.step({slot: 5 * TOKENS_PER_PAGE})
         assert full_state(ex, drivers) == before and ex.timings == []
     assert_no_leaks(ex, drivers)
+
+
+def test_a_failing_undo_is_named_on_the_error():
+    """Double failure (corrupted-state tier): worker 0 fails, worker 1's rollback fails too."""
+    ex, drivers = make_tp(background=False)
+    ex.open()
+    slot = ex.alloc_slot(100)
+    drivers[0].inject_fault("cuMemMap", nth=5)
+    drivers[1].inject_fault("cuMemUnmap", nth=1)
+    with pytest.raises(TPStepError, match="worker 0 of 2") as info:
+        ex.step({slot: 100})
+    assert any(note.startswith("worker 1: rollback step failed too") for note in info.value.__notes__)
+    with pytest.raises(VmmError):  # worker 1 lost track of a mapping: teardown reports it
+        ex.close()
+    assert not any(t.name.startswith("tp-worker") for t in threading.enumerate())
 
 
 # ---- background --------------------------------------------------------------------------------------
@@ -272,19 +290,24 @@ def test_workers_map_concurrently():
 ACTIONS = st.lists(st.tuples(st.sampled_from(["admit", "grow", "free", "ahead", "fault"]),
                              st.integers(0, 3), st.integers(1, 8 * TOKENS_PER_PAGE)), max_size=30)
 FAULTS = st.tuples(st.integers(0, 2), st.sampled_from(["cuMemMap", "cuMemSetAccess", "cuMemUnmap"]),
-                   st.integers(1, 24))
+                   st.integers(1, 12))
 
 
-@settings(max_examples=120, deadline=None)
-@given(ACTIONS, st.booleans(), st.lists(FAULTS, max_size=6))
+@settings(max_examples=300, deadline=None)
+@given(ACTIONS, st.booleans(), st.lists(FAULTS, min_size=1, max_size=6))
+@example([("admit", 0, 100), ("fault", 0, 1), ("grow", 0, 3000)], True, [(1, "cuMemMap", 5)])
+@example([("admit", 0, 100), ("grow", 0, 100), ("fault", 0, 1), ("ahead", 1, 4000), ("grow", 0, 4000)], True,
+         [(2, "cuMemSetAccess", 2)])  # a background op fails on worker 2
+@example([("admit", 0, 100), ("grow", 0, 3000), ("fault", 0, 1), ("free", 0, 1)], False,
+         [(0, "cuMemUnmap", 3)])  # freeing without deferred reclamation fails on worker 0
 def test_random_workloads_keep_every_worker_in_step_with_the_policy(actions, deferred, faults):
     ex, drivers = make_tp(tp=3, pool=12, deferred_reclaim=deferred)
     lengths: dict[int, int] = {}
     faults = list(faults)
     with ex:
         for iteration, (kind, pick, tokens) in enumerate(actions):
-            if kind == "fault" and faults:
-                rank, call, nth = faults.pop()
+            if kind == "fault" and faults and not any(d.pending_faults() for d in drivers):
+                rank, call, nth = faults.pop()  # one fault pending at a time: a second one could hit an undo
                 drivers[rank].inject_fault(call, nth)
             run_action(ex, drivers, lengths, kind, pick, tokens, iteration)
             ex.iteration_launched(iteration, CompletedEvent())
@@ -305,6 +328,8 @@ def run_action(ex: TPExecutor, drivers: list[FaultyDriver], lengths: dict[int, i
         return
     if kind == "ahead":
         ex.map_ahead({s: min(n + tokens, 8 * TOKENS_PER_PAGE) for s, n in lengths.items()})
+        if pick % 2:  # let the mapper finish; otherwise the next foreground call races it
+            ex.wait_background()
         return
     if kind not in ("grow", "free") or not active:
         return
@@ -312,7 +337,7 @@ def run_action(ex: TPExecutor, drivers: list[FaultyDriver], lengths: dict[int, i
     try:
         ex._drain_background()
     except BackgroundMappingError:
-        pass
+        event("background op rolled back on every worker")
     ex.check_consistent()
     before = full_state(ex, drivers)
     try:
@@ -321,6 +346,7 @@ def run_action(ex: TPExecutor, drivers: list[FaultyDriver], lengths: dict[int, i
         elif kind == "free":
             ex.free_slot(slot, last_read_iteration=iteration - 1)
             del lengths[slot]
-    except TPStepError:
-        assert full_state(ex, drivers) == before
+    except TPStepError as error:
+        event(f"{kind} rolled back on every worker")
+        assert full_state(ex, drivers) == before, error
     ex.check_consistent()

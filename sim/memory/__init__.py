@@ -12,13 +12,15 @@ All three policies share one interface (that of :class:`VAttentionPolicy`) and o
 The paged and static managers are the same slot/pool bookkeeping with deferral, eager allocation and
 watermark reclamation switched off, so their differences from vAttention are exactly the knobs.
 """
+from sim.memory.prefix import PrefixCachingPolicy, PrefixHit
 from sim.memory.vattention import VAttentionConfig, VAttentionPolicy
 
 
 def build_policy(config) -> VAttentionPolicy:
-    """The memory policy a :class:`sim.config.SimConfig` describes."""
+    """The memory policy a :class:`sim.config.SimConfig` describes (with a prefix cache when
+    ``config.prefix_caching``: vAttention shares pages and copies a partial last page; paged shares blocks)."""
     vattention = config.policy == "vattention"
-    return VAttentionPolicy(VAttentionConfig(
+    policy_config = VAttentionConfig(
         num_slots=config.max_batch_slots, max_pages_per_slot=config.max_pages_per_slot,
         pool_page_groups=config.pool_page_groups, tokens_per_page=config.tokens_per_page,
         deferred_reclaim=config.deferred_reclaim and vattention,
@@ -26,7 +28,10 @@ def build_policy(config) -> VAttentionPolicy:
         eager_page_groups=config.eager_page_groups if vattention else 0,
         eager_idle_slots=config.eager_idle_slots if vattention else 0,
         low_watermark_frac=config.low_watermark_frac if vattention else 0.0,
-        admission_watermark_frac=0.0 if config.policy == "static" else config.admission_watermark_frac))
+        admission_watermark_frac=0.0 if config.policy == "static" else config.admission_watermark_frac)
+    if config.prefix_caching:
+        return PrefixCachingPolicy(policy_config, config.prefix_block_tokens, cow_partial=vattention)
+    return VAttentionPolicy(policy_config)
 
 
-__all__ = ["VAttentionConfig", "VAttentionPolicy", "build_policy"]
+__all__ = ["PrefixCachingPolicy", "PrefixHit", "VAttentionConfig", "VAttentionPolicy", "build_policy"]

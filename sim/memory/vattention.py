@@ -109,6 +109,11 @@ class VAttentionPolicy:
         return self._mapped_total
 
     @property
+    def physical_page_groups(self) -> int:
+        """Physical page groups held by mappings (without prefix sharing: the mapped ones)."""
+        return self._mapped_total
+
+    @property
     def deferred_page_groups(self) -> int:
         """Page groups mapped on idle slots (kept by deferred reclamation or eager pre-mapping)."""
         return self._deferred_total

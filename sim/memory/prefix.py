@@ -1,0 +1,296 @@
+"""Prefix sharing on vAttention: one physical page group mapped into several slots.
+
+Requests whose leading prefix blocks match (Mooncake ``hash_ids``: ids of 512-token prompt blocks, equal
+leading ids = equal prefix) map the *same* physical page groups into their slots for the shared full pages.
+domain.md: one handle mapped at two virtual addresses shows the same data, so this is feasible with the
+public VMM API; vAttention itself does not do it.
+
+Layout of a slot with sharing (pages are still a prefix ``0..mapped-1``)::
+
+    page:   0        1        2      | 3        4 ...
+            [cached] [cached] [cached] | [private][private]
+            <-------- shared[s] ------>|<---- written by this request ---->
+
+* A *cache entry* is a physical page group holding one full page of KV for a key (the block ids covering
+  the page); it carries the set of slots that map it. Entries mapped by no slot stay cached (handles kept,
+  unmapped) and are evicted LRU when pages run short (free list below the low watermark, or a step short).
+* Admission looks up the longest cached run of pages for the request's blocks, maps those entries into the
+  slot and skips their tokens (prefill tokens saved). If the match ends inside a page (blocks smaller than
+  a page), the cached page holding the partial match is **copied** into a private page (copy-on-write of a
+  partially shared last page); ``cow_partial=False`` (vLLM's block-level prefix caching) recomputes it.
+* A request's own prompt pages become cache entries as soon as they are full and inside its full blocks.
+* Preempted or finished requests keep nothing but real cache entries: a later lookup only hits what is
+  actually still cached (no stale per-request prefix state).
+
+Conservation: ``free + private mapped + in flight + cached == pool`` where ``private mapped = mapped - shared``.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sim.memory.vattention import VAttentionConfig, VAttentionPolicy
+from sim.plan import MapOp, Plan, UnmapOp
+
+
+@dataclass
+class PrefixHit:
+    """Result of an admission with prefix lookup.
+
+    Attributes:
+        plan: unmaps of the slot's stale pages and maps of the shared entries (and of the COW page).
+        hit_tokens: prompt tokens whose KV is reused (not computed again).
+        shared_pages: cached page groups mapped into the slot (map calls added by sharing: x 2N').
+        cow_tokens: tokens copied from a partially matching cached page into a private one.
+    """
+
+    plan: Plan
+    hit_tokens: int = 0
+    shared_pages: int = 0
+    cow_tokens: int = 0
+
+
+class PrefixCachingPolicy(VAttentionPolicy):
+    """vAttention (or, with no VMM cost charged, a paged block manager) with a shared prefix cache.
+
+    Args:
+        config: as for :class:`VAttentionPolicy`.
+        block_tokens: tokens per hash block of the trace (512 for Mooncake).
+        cow_partial: copy a partially matching last page (vAttention) instead of recomputing it (vLLM).
+    """
+
+    def __init__(self, config: VAttentionConfig, block_tokens: int = 512, cow_partial: bool = True):
+        super().__init__(config)
+        self.block_tokens = block_tokens
+        self.cow_partial = cow_partial
+        self.shared = [0] * config.num_slots
+        self.slot_keys: list[list[tuple]] = [[] for _ in range(config.num_slots)]
+        self.cache: OrderedDict[tuple, set[int]] = OrderedDict()   # key -> slots mapping it; LRU order
+        self._partial_index: dict[tuple, tuple] = {}               # block prefix ending inside a page -> key
+        self._unprepared: set[int] = set()      # allocated slots that admit_prefix has not prepared yet
+        # shared_pages: pages served from the cache (fresh pages saved); shared_maps: of those, the ones mapped
+        # anew into the slot (map calls sharing adds; a slot that already maps the entry needs none)
+        self.stats = {"lookups": 0, "hit_tokens": 0, "shared_pages": 0, "shared_maps": 0, "cow_tokens": 0,
+                      "evictions": 0}
+
+    # ---- keys ------------------------------------------------------------------------------------------
+    def page_keys(self, hash_ids: Sequence[int], full_blocks: int) -> list[tuple]:
+        """Keys of the request's pages that lie entirely inside its ``full_blocks`` full blocks: page p's
+        key is ``(p, block ids covering tokens [0, (p + 1) * tokens_per_page))``."""
+        per_page, block = self.config.tokens_per_page, self.block_tokens
+        pages = full_blocks * block // per_page
+        # the page index is part of the key: pages smaller than a block share the same covering blocks
+        return [(p, tuple(hash_ids[: -(-(p + 1) * per_page // block)])) for p in range(pages)]
+
+    # ---- accounting ------------------------------------------------------------------------------------
+    @property
+    def cached_page_groups(self) -> int:
+        return len(self.cache)
+
+    def conservation_error(self) -> int:
+        private = sum(self.mapped) - sum(self.shared)
+        held = private + sum(self.in_flight_maps) + self.in_flight_unmaps + len(self.cache)
+        return self.config.pool_page_groups - held - self.free_page_groups
+
+    def _evictable(self) -> list[tuple]:
+        return [key for key, slots in self.cache.items() if not slots]
+
+    def _reclaimable_page_groups(self) -> int:
+        idle_private = sum(self.mapped[s] - self.shared[s] for s in self._idle if not self.in_flight_maps[s])
+        idle_only = sum(1 for slots in self.cache.values() if all(not self.active[s] for s in slots))
+        return idle_private + idle_only
+
+    def _evict(self, page_groups: int) -> int:
+        """Evict up to ``page_groups`` unmapped cache entries, least recently used first (handles go back to
+        the pool; no VMM call). Returns how many were evicted."""
+        evicted = 0
+        for key in self._evictable():
+            if evicted >= page_groups:
+                break
+            self._drop_key(key)
+            evicted += 1
+        self.free_page_groups += evicted
+        self.dirty_free_page_groups += evicted
+        self.stats["evictions"] += evicted
+        return evicted
+
+    def _drop_key(self, key: tuple) -> None:
+        del self.cache[key]
+        for prefix in [p for p, k in self._partial_index.items() if k == key]:
+            del self._partial_index[prefix]
+
+    def _unmap_range(self, slot: int, first_page: int) -> UnmapOp | None:
+        """Unmap pages ``first_page..`` of ``slot``: private ones go to the free list, shared ones drop the
+        slot's reference (the entry stays cached)."""
+        count = self.mapped[slot] - first_page
+        if count <= 0:
+            return None
+        shared_dropped = max(0, self.shared[slot] - first_page)
+        for key in self.slot_keys[slot][first_page:]:
+            self.cache[key].discard(slot)
+        del self.slot_keys[slot][first_page:]
+        self.shared[slot] -= shared_dropped
+        self._add_mapped(slot, -count)
+        private = count - shared_dropped
+        self.free_page_groups += private
+        self.dirty_free_page_groups += private
+        return UnmapOp(slot, first_page, count)
+
+    def _unmap_all(self, slot: int) -> UnmapOp:
+        op = self._unmap_range(slot, 0)
+        if op is None:
+            raise RuntimeError(f"slot {slot} has no page to unmap")
+        return op
+
+    @property
+    def physical_page_groups(self) -> int:
+        """Physical page groups in use: private mapped pages plus cache entries (mapped or not)."""
+        return self._mapped_total - sum(self.shared) + len(self.cache)
+
+    # ---- admission ---------------------------------------------------------------------------------------
+    def alloc_slot(self, first_target_tokens: int) -> int | None:
+        """As :meth:`VAttentionPolicy.alloc_slot`; the slot must then be prepared by :meth:`admit_prefix`
+        (with no ids to only drop its stale shared pages) before it is stepped."""
+        slot = super().alloc_slot(first_target_tokens)
+        if slot is not None:
+            self._unprepared.add(slot)
+        return slot
+
+    def lookup(self, hash_ids: Sequence[int], prompt_tokens: int) -> tuple[list[tuple], int]:
+        """Longest cached run of full pages for these blocks, and the tokens of a partial match inside the
+        next page (0 unless ``cow_partial``). At least one prompt token is always left to compute."""
+        full_blocks = min(len(hash_ids), (prompt_tokens - 1) // self.block_tokens)
+        keys = []
+        for key in self.page_keys(hash_ids, full_blocks):
+            if key not in self.cache:
+                break
+            keys.append(key)
+        partial = 0
+        if self.cow_partial:
+            start = len(keys) * self.config.tokens_per_page
+            for blocks in range(full_blocks, start // self.block_tokens, -1):
+                if tuple(hash_ids[:blocks]) in self._partial_index:
+                    partial = blocks * self.block_tokens - start
+                    break
+        return keys, partial
+
+    def admit_prefix(self, slot: int, hash_ids: Sequence[int], prompt_tokens: int) -> PrefixHit:
+        """After :meth:`alloc_slot`: map the cached prefix into ``slot`` and copy a partial page (COW).
+
+        Returns a :class:`PrefixHit` whose plan is already applied to the accounting; a COW page that cannot
+        be allocated is simply not copied (those tokens are computed instead).
+        """
+        self._unprepared.discard(slot)
+        self.stats["lookups"] += 1
+        keys, partial = self.lookup(hash_ids, prompt_tokens) if hash_ids else ([], 0)
+        current = self.slot_keys[slot]
+        common = 0
+        while common < min(len(current), len(keys)) and current[common] == keys[common]:
+            common += 1
+        unmaps, maps = [], []
+        if common < len(keys) or common < self.shared[slot]:
+            op = self._unmap_range(slot, common)
+            if op:
+                unmaps.append(op)
+        for page in range(self.mapped[slot], len(keys)):
+            self.cache[keys[page]].add(slot)
+            self.cache.move_to_end(keys[page])
+            self.slot_keys[slot].append(keys[page])
+            self.shared[slot] += 1
+            self._add_mapped(slot, 1)
+        if len(keys) > common:
+            maps.append(MapOp(slot, common, len(keys) - common))
+        cow = 0
+        if partial and (self.mapped[slot] > len(keys) or self.free_page_groups > self._admission_groups):
+            if self.mapped[slot] == len(keys):
+                self._add_mapped(slot, 1)
+                self._take_free(1)
+                maps.append(MapOp(slot, len(keys), 1))
+            cow = partial
+        hit = len(keys) * self.config.tokens_per_page + cow
+        self.stats["hit_tokens"] += hit
+        self.stats["shared_pages"] += len(keys)
+        self.stats["shared_maps"] += max(0, len(keys) - common)
+        self.stats["cow_tokens"] += cow
+        return PrefixHit(Plan(maps=tuple(self._merge(maps)), unmaps=tuple(unmaps)), hit, len(keys) - common, cow)
+
+    @staticmethod
+    def _merge(maps: list[MapOp]) -> list[MapOp]:
+        if len(maps) == 2 and maps[0].first_page + maps[0].num_pages == maps[1].first_page:
+            return [MapOp(maps[0].slot, maps[0].first_page, maps[0].num_pages + maps[1].num_pages)]
+        return maps
+
+    # ---- donation of full prompt pages -------------------------------------------------------------------
+    def donate(self, slot: int, hash_ids: Sequence[int], prompt_tokens: int, computed_tokens: int) -> int:
+        """Turn the slot's next full, private prompt pages into cache entries (in page order, while the key is
+        new). Returns how many pages were donated."""
+        full_blocks = min(len(hash_ids), prompt_tokens // self.block_tokens)
+        keys = self.page_keys(hash_ids, full_blocks)
+        per_page = self.config.tokens_per_page
+        donated = 0
+        while (self.shared[slot] == len(self.slot_keys[slot]) and self.shared[slot] < min(len(keys), self.mapped[slot])
+               and (self.shared[slot] + 1) * per_page <= computed_tokens):
+            key = keys[self.shared[slot]]
+            if key in self.cache:
+                break                         # computed concurrently by another request: keep it private
+            self.cache[key] = {slot}
+            self._index_partials(hash_ids, self.shared[slot], key)
+            self.slot_keys[slot].append(key)
+            self.shared[slot] += 1
+            donated += 1
+        return donated
+
+    def _index_partials(self, hash_ids: Sequence[int], page: int, key: tuple) -> None:
+        per_page, block = self.config.tokens_per_page, self.block_tokens
+        for blocks in range(page * per_page // block + 1, (page + 1) * per_page // block):
+            self._partial_index.setdefault(tuple(hash_ids[:blocks]), key)
+
+    # ---- reclamation -------------------------------------------------------------------------------------
+    def step(self, target_tokens):
+        """As :meth:`VAttentionPolicy.step`; when short, evicts unmapped cache entries before idle slots.
+
+        Raises:
+            RuntimeError: for a slot allocated but not prepared by :meth:`admit_prefix` (its stale shared
+                pages would be written).
+        """
+        if self._unprepared.intersection(target_tokens):
+            raise RuntimeError(f"slots {sorted(self._unprepared.intersection(target_tokens))} were not prepared "
+                               "by admit_prefix()")
+        needs = self._needs(target_tokens)
+        shortfall = sum(n for _, _, n in needs) - self.free_page_groups
+        if shortfall > 0:
+            shortfall -= self._evict(shortfall)
+        if shortfall > 0:
+            if shortfall > self._reclaimable_page_groups():
+                return None
+            unmaps = self._reclaim_idle(shortfall)
+            self._evict(shortfall - sum(op.num_pages for op in unmaps))
+            plan = super().step(target_tokens)
+            return Plan(maps=plan.maps, unmaps=tuple(unmaps) + plan.unmaps) if plan is not None else None
+        return super().step(target_tokens)
+
+    def _reclaim_idle(self, page_groups: int) -> list[UnmapOp]:
+        unmaps = []
+        for slot in sorted(self._idle, key=lambda s: (-self.mapped[s], s)):
+            if page_groups <= 0 or not self.mapped[slot]:
+                break
+            if self.in_flight_maps[slot]:
+                continue
+            freed_before = self.free_page_groups + len(self._evictable())
+            unmaps.append(self._unmap_all(slot))
+            page_groups -= self.free_page_groups + len(self._evictable()) - freed_before
+        return unmaps
+
+    def _low_watermark_unmaps(self) -> list[UnmapOp]:
+        self._evict(2 * self._low_groups - self.free_page_groups)
+        unmaps = []
+        high = 2 * self._low_groups
+        for slot in sorted(self._idle, key=lambda s: (-self.mapped[s], s)):
+            while (self.mapped[slot] > self.shared[slot] and self.free_page_groups + self.in_flight_unmaps < high
+                   and not self.in_flight_maps[slot]):
+                self._add_mapped(slot, -1)
+                self.in_flight_unmaps += 1
+                self.in_flight_unmaps_slot[slot] += 1
+                unmaps.append(UnmapOp(slot, self.mapped[slot], 1))
+        return unmaps
