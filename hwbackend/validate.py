@@ -96,17 +96,31 @@ def overlay_html(hw, sim, path: str | Path, title: str) -> Path:
     return path
 
 
-def validate_run(hw_dir: str | Path, profile: str | None = None, out_dir: str | Path | None = None):
+def simulate(config: SimConfig, trace: pd.DataFrame, profile: str | None, compute_model: str = "auto"):
+    """The simulator's run (:func:`analysis.runner.run_simulation`) with the profile's compute section:
+    ``auto`` (``compute.tiled_roofline`` when present, else ``compute.roofline``), ``roofline`` or ``tiled``.
+
+    Raises:
+        ValueError: ``tiled`` without a profile holding ``compute.tiled_roofline``.
+    """
+    from analysis.runner import run_simulation
+
+    if compute_model == "tiled" and profile is None:
+        raise ValueError("--compute-model tiled needs --profile")
+    return run_simulation(config, trace, profile, compute_model=compute_model)
+
+
+def validate_run(hw_dir: str | Path, profile: str | None = None, out_dir: str | Path | None = None,
+                 compute_model: str = "auto"):
     """Simulate the hardware run's configuration and trace; returns ``(table, hw, sim)`` and writes
     ``validation.md``, ``errors.csv`` and ``overlay.html`` into ``out_dir`` when given."""
     from analysis.results import load_run
-    from analysis.runner import run_simulation
 
     hw = load_run(hw_dir)
     trace = pd.read_parquet(Path(hw_dir) / "trace.parquet")
     trace.attrs["source"] = f"{hw_dir}/trace.parquet"
     config = config_from_run(hw.config)
-    sim = run_simulation(config, trace, profile)
+    sim = simulate(config, trace, profile, compute_model)
     table = error_table(hw, sim)
     if out_dir is not None:
         out = Path(out_dir)
@@ -114,7 +128,8 @@ def validate_run(hw_dir: str | Path, profile: str | None = None, out_dir: str | 
         table.to_csv(out / "errors.csv", index=False)
         missed = check_targets(table)
         (out / "validation.md").write_text(
-            f"# {config.label}: simulator vs hardware\n\nhardware run: `{hw_dir}`; profile: `{profile or 'built-in'}`\n\n"
+            f"# {config.label}: simulator vs hardware\n\nhardware run: `{hw_dir}`; profile: `{profile or 'built-in'}`; "
+            f"compute model: {compute_model}\n\n"
             + markdown_table(table) + "\n\ntargets missed: " + ("; ".join(missed) or "none") + "\n")
         overlay_html(hw, sim, out / "overlay.html", f"{config.label}: per-iteration latency, hardware vs simulator")
     return table, hw, sim
@@ -127,7 +142,7 @@ def command(args) -> int:
         hw_dir = _fresh_replay(args)
         if hw_dir is None:
             return 2
-    table, hw, _ = validate_run(hw_dir, args.profile, args.out)
+    table, hw, _ = validate_run(hw_dir, args.profile, args.out, getattr(args, "compute_model", "roofline"))
     run_config = hw.config
     if args.trace and run_config.get("trace_source") and Path(args.trace).name not in str(run_config["trace_source"]):
         print(f"kvsim: note: --trace {args.trace} differs from the run's trace ({run_config['trace_source']}); "

@@ -19,6 +19,15 @@ Defaults and their sources (domain.md, measurements on the project's H200):
   four measured random-weight Llama-3-8B decode iterations of domain.md (batch 8 / ctx 1024: 5.1 ms,
   32 / 1024: 5.8, 64 / 2048: 8.9, 128 / 2048: 14.3); this model gives 5.05, 5.83, 8.87, 12.96 ms.
 A calibration profile's ``compute`` section replaces any of them.
+
+Two terms measured on the H200 replay (``kvsim calibrate --compute``, ``profiles/h200.json``
+``compute.tiled_roofline``), both 0 by default:
+* ``launch_floor_us``: a host-bound floor, ``iteration = max(launch_floor_us, roofline)`` (eager PyTorch
+  launches ~450 kernels per iteration: below ~50 decodes the measured iteration stays at 8.5-9 ms);
+* ``mixed_tile_rows``: in a batch that holds a prefill chunk (``new_tokens > logit_sequences``), one
+  varlen FlashAttention call pads every decode to a full query tile: ``tile_rows * kv_read_tokens`` extra
+  (query, key) pairs (measured: 48 decodes at 1,024 tokens plus a 64-token chunk take 18.2 ms, against
+  9.6 ms and 7.3 ms for the two parts alone).
 """
 from __future__ import annotations
 
@@ -65,6 +74,8 @@ class RooflineComputeModel:
     overhead_us: float = 1300.0
     paged_attention_factor: float = 1.0
     layout_attention_factor: float = 1.0
+    mixed_tile_rows: float = 0.0
+    launch_floor_us: float = 0.0
 
     def __post_init__(self) -> None:
         self.model.check_tp(self.tp)
@@ -85,15 +96,19 @@ class RooflineComputeModel:
         """Modelled duration (us) of one iteration of ``batch``; 0 for an empty batch."""
         if batch.new_tokens <= 0:
             return 0.0
-        return self._time_us(batch.new_tokens, batch.attention_pairs, batch.kv_read_tokens,
-                             batch.logit_sequences, max)
+        pairs = batch.attention_pairs
+        if batch.new_tokens > batch.logit_sequences:      # a prefill chunk is in the batch
+            pairs += self.mixed_tile_rows * batch.kv_read_tokens
+        return max(self.launch_floor_us, self._time_us(batch.new_tokens, pairs, batch.kv_read_tokens,
+                                                       batch.logit_sequences, max))
 
     def decode_run_us(self, batch_size: int, kv_read_tokens: int, attention_pairs: float, steps: int) -> np.ndarray:
         """Durations (us, shape ``[steps]``) of ``steps`` consecutive pure-decode iterations of the same
         ``batch_size`` sequences, the first reading ``kv_read_tokens`` cached tokens with
         ``attention_pairs`` pairs; each later iteration reads ``batch_size`` more of each."""
         growth = np.arange(steps, dtype=float) * batch_size
-        return self._time_us(batch_size, attention_pairs + growth, kv_read_tokens + growth, batch_size, np.maximum)
+        return np.maximum(self.launch_floor_us, self._time_us(batch_size, attention_pairs + growth,
+                                                              kv_read_tokens + growth, batch_size, np.maximum))
 
     def _time_us(self, new_tokens, attention_pairs, kv_read_tokens, logit_sequences, maximum):
         m, tp = self.model, self.tp
@@ -134,7 +149,7 @@ class RooflineComputeModel:
             ValueError: naming an unknown field.
         """
         known = {"flops_efficiency", "bw_efficiency", "attention_flops_efficiency", "overhead_us",
-                 "paged_attention_factor", "layout_attention_factor"}
+                 "paged_attention_factor", "layout_attention_factor", "mixed_tile_rows", "launch_floor_us"}
         unknown = set(overrides) - known
         if unknown:
             raise ValueError(f"unknown compute fields {sorted(unknown)}; known: {sorted(known)}")

@@ -69,6 +69,9 @@ class SimConfig:
             slots, keep them cached after their requests finish (LRU eviction); ``paged`` does vLLM-style
             block-level prefix caching; not available for ``static``.
         prefix_block_tokens: tokens per hash block of the trace (Mooncake: 512).
+        memset_bytes_per_s: bandwidth of clearing memory (zero-on-reuse) and, counting bytes read plus
+            written, of copying it (copy-on-write); ``None``: the GPU's datasheet bandwidth x 4.3/4.8 (the
+            H200's measured device-copy efficiency, domain.md); a profile's ``memory`` section sets it.
     """
 
     model: str = "llama-3-8b"
@@ -102,6 +105,7 @@ class SimConfig:
     batched_set_access: bool = False
     zero_on_reuse: str = "off"
     prefix_caching: bool = False
+    memset_bytes_per_s: float | None = None
     prefix_block_tokens: int = 512
 
     def __post_init__(self) -> None:

@@ -204,7 +204,7 @@ class Simulator:
         self.prefix = config.prefix_caching
         self._pending_copy_bytes = 0          # copy-on-write of partially shared pages, owed by the next iteration
         self.zero_mode = config.zero_on_reuse
-        self._zero_bytes_per_us = config.gpu_spec.mem_bw_bytes_per_s * (4.3 / 4.8) / US_PER_S
+        self._zero_bytes_per_us = (config.memset_bytes_per_s or config.gpu_spec.mem_bw_bytes_per_s * (4.3 / 4.8)) / US_PER_S
         self._pending_zero_groups = 0
         self.zero_bytes = {"critical": 0, "background": 0}
         self.cow_bytes = 0
@@ -448,8 +448,7 @@ class Simulator:
 
     # ---- zero-on-reuse -----------------------------------------------------------------------------------
     def _zero_us(self, page_groups: int) -> float:
-        """Clearing ``page_groups`` page groups: bytes / memset bandwidth (modelled at the H200's measured
-        device-copy rate, 4.3 of 4.8 TB/s, domain.md; a write-only stream)."""
+        """Clearing ``page_groups`` page groups: bytes / memset bandwidth (``config.memset_bytes_per_s``)."""
         return page_groups * self.config.page_group_bytes / self._zero_bytes_per_us
 
     def _zero_at_free(self, page_groups: int) -> None:

@@ -34,9 +34,26 @@ def drivers():
         pair = [CudaVmmDriver(0), CudaVmmDriver(0)]
     except GpuUnavailableError as exc:
         pytest.skip(str(exc))
+    warm_up_torch()
     yield pair
     for driver in pair:
         driver.close()
+
+
+def warm_up_torch() -> None:
+    """Run the torch operations the tests use once, so that lazily loaded kernels and the caching
+    allocator do not show up as a change of driver free memory (seen on the H200: -114 MiB)."""
+    scratch = torch.zeros((2, 64, HEADS_PER_WORKER, 128), device="cuda", dtype=torch.bfloat16)
+    scratch[0, :8] = torch.full((8, HEADS_PER_WORKER, 128), 1.0, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(scratch[0, :8], scratch[0, :8])
+    del scratch
+
+
+def free_bytes(driver: CudaVmmDriver) -> int:
+    """Driver free memory once the GPU is idle and torch's cached blocks are returned."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return driver.mem_info()[0]
 
 
 def tp_executor(drivers, background: bool, pool: int = 12, **knobs) -> TPExecutor:
@@ -61,8 +78,7 @@ def write_and_check(ex: TPExecutor, slot: int, tokens: int) -> None:
 
 @pytest.mark.parametrize("background", [False, True])
 def test_two_workers_on_one_gpu_stay_consistent_through_a_random_workload(drivers, background):
-    torch.cuda.synchronize()
-    free_before, _ = drivers[0].mem_info()
+    free_before = free_bytes(drivers[0])
     rng = random.Random(9)
     lengths: dict[int, int] = {}
     with tp_executor(drivers, background) as ex:
@@ -88,13 +104,11 @@ def test_two_workers_on_one_gpu_stay_consistent_through_a_random_workload(driver
             ex.iteration_launched(iteration)
             ex.check_consistent()
         assert len(ex.timings) > 10
-    torch.cuda.synchronize()
-    assert drivers[0].mem_info()[0] == free_before
+    assert free_bytes(drivers[0]) == free_before
 
 
 def test_a_failure_on_worker_1_rolls_back_both_workers_on_the_gpu(drivers):
-    torch.cuda.synchronize()
-    free_before, _ = drivers[0].mem_info()
+    free_before = free_bytes(drivers[0])
     original, calls = drivers[1].map, {"n": 0}
 
     def failing_map(va, size_bytes, handle):
@@ -117,5 +131,4 @@ def test_a_failure_on_worker_1_rolls_back_both_workers_on_the_gpu(drivers):
         assert ex.step({slot: 2 * TOKENS_PER_PAGE})
         write_and_check(ex, slot, 2 * TOKENS_PER_PAGE)
         ex.check_consistent()
-    torch.cuda.synchronize()
-    assert drivers[0].mem_info()[0] == free_before
+    assert free_bytes(drivers[0]) == free_before

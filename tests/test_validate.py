@@ -1,0 +1,87 @@
+"""``kvsim validate --hw-run`` on CPU against the committed H200 replay (docs/validation/hw-async): the
+error table is computed from the measured records (hand-checkable figures), and the simulator runs on the
+run's own configuration and trace slice."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("simpy")
+
+from cli import main  # noqa: E402
+from hwbackend.validate import check_targets, config_from_run, error_table, validate_run  # noqa: E402
+
+RUN = Path(__file__).resolve().parent.parent / "docs" / "validation" / "hw-async"
+
+
+@pytest.fixture(scope="module")
+def validated(tmp_path_factory):
+    if not (RUN / "iterations.parquet").is_file():
+        pytest.skip(f"{RUN} is not present")
+    out = tmp_path_factory.mktemp("validate")
+    table, hw, sim = validate_run(RUN, None, out)
+    return table, hw, sim, out
+
+
+def row(table: pd.DataFrame, metric: str, stat: str) -> pd.Series:
+    return table[(table["metric"] == metric) & (table["stat"] == stat)].iloc[0]
+
+
+def test_hardware_column_is_the_committed_measurement(validated):
+    table, _, _, _ = validated
+    iterations = pd.read_parquet(RUN / "iterations.parquet")
+    requests = pd.read_parquet(RUN / "requests.parquet")
+    finished = requests[requests["status"] == "finished"]
+    assert row(table, "iteration latency", "p50")["hw"] == pytest.approx(iterations["duration_us"].median() / 1e3)
+    assert row(table, "TTFT", "p99")["hw"] == pytest.approx(np.percentile(finished["ttft_us"], 99) / 1e3)
+    assert row(table, "TPOT", "p50")["hw"] == pytest.approx(finished["tpot_us"].median() / 1e3)
+    assert row(table, "sync mapping stall", "total")["hw"] == pytest.approx(iterations["sync_stall_us"].sum() / 1e3)
+    summary = json.loads((RUN / "summary.json").read_text())
+    assert row(table, "page groups mapped", "total")["hw"] == summary["map_page_groups"]
+    assert len(requests) == 1000 and len(finished) == 1000  # the first 1,000 requests of the Azure conv trace
+
+
+def test_simulator_ran_the_same_configuration_and_trace(validated):
+    table, hw, sim, _ = validated
+    assert sim.config["label"] == hw.config["label"] == "vattention 2 MiB async"
+    assert config_from_run(hw.config).pool_page_groups == hw.config["pool_page_groups"]
+    assert sim.requests["arrival_at_us"].tolist() == hw.requests["arrival_at_us"].tolist()
+    assert sim.requests["prompt_tokens"].tolist() == hw.requests["prompt_tokens"].tolist()
+    p50 = row(table, "TTFT", "p50")
+    assert p50["error"] == pytest.approx(p50["sim"] / p50["hw"] - 1)
+
+
+def test_report_files_and_targets(validated):
+    table, _, _, out = validated
+    text = (out / "validation.md").read_text()
+    assert "| iteration latency | p50 | ms |" in text and "targets missed:" in text
+    assert (out / "overlay.html").stat().st_size > 10_000
+    assert pd.read_csv(out / "errors.csv").shape == table.shape
+    missed = check_targets(table)
+    assert all("target" in line for line in missed)
+
+
+def test_cli_prints_the_error_table(capsys):
+    if not (RUN / "iterations.parquet").is_file():
+        pytest.skip(f"{RUN} is not present")
+    assert main(["validate", "--hw-run", str(RUN)]) == 0
+    printed = capsys.readouterr().out
+    assert "| TPOT | p99 | ms |" in printed and "vattention 2 MiB async" in printed
+
+
+def test_error_is_sim_over_hw_minus_one():
+    class Run:
+        def __init__(self, scale: float):
+            self.iterations = pd.DataFrame({"duration_us": [1000.0 * scale, 3000.0 * scale], "sync_stall_us": [0.0, 0.0],
+                                            "sync_map_page_groups": [0, 1]})
+            self.requests = pd.DataFrame({"status": ["finished"] * 2, "ttft_us": [1e3, 2e3], "tpot_us": [1e3, 1e3],
+                                          "e2e_us": [1e6, 2e6]})
+            self.summary = {"map_page_groups": 2, "peak_mapped_bytes": 2**30}
+
+    table = error_table(Run(1.0), Run(1.1))
+    assert row(table, "iteration latency", "p50")["error"] == pytest.approx(0.1)
+    assert row(table, "TTFT", "p50")["error"] == pytest.approx(0.0)
