@@ -137,7 +137,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"kvsim: warning: {note}", file=sys.stderr)
     started = time.perf_counter()
-    runs = run_policies(base, args.policy, trace, args.profile, workers=args.workers)
+    runs = run_policies(base, args.policy, trace, args.profile, workers=args.workers, keep_tables=args.save_runs)
     table = comparison_table({label: run.summary for label, run in runs.items()})
     out_dir.mkdir(parents=True, exist_ok=True)
     table.to_csv(table_files[0])

@@ -120,23 +120,27 @@ def comparison_table(summaries: dict[str, dict]) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("policy")
 
 
-def _run_one(job: tuple[str, SimConfig, pd.DataFrame, str | None]):
+def _run_one(job: tuple[str, SimConfig, pd.DataFrame, str | None, bool]):
     from analysis.runner import run_simulation
-    label, config, trace, profile = job
-    return label, run_simulation(config, trace, profile, extra_config={"policy_spec": label})
+    label, config, trace, profile, keep_tables = job
+    result = run_simulation(config, trace, profile, extra_config={"policy_spec": label})
+    if not keep_tables:    # only the summary crosses the process boundary (tables can be ~100 MB)
+        result.requests, result.iterations = result.requests.iloc[:0], result.iterations.iloc[:0]
+    return label, result
 
 
 def run_policies(base: SimConfig, specs: list[str], trace: pd.DataFrame, profile: str | None = None,
-                 workers: int | None = None) -> dict:
+                 workers: int | None = None, keep_tables: bool = True) -> dict:
     """Simulate ``trace`` once per policy spec (in parallel processes); returns ``{spec: RunResult}`` in
     the order given. Results do not depend on ``workers`` (each run has its own seeded generator).
+    ``keep_tables=False`` returns summaries only (empty request/iteration tables).
 
     Raises:
         ConfigError: for a bad spec or an impossible configuration (before anything runs).
     """
     if len(set(specs)) != len(specs):
         raise ConfigError("each --policy must be different")
-    jobs = [(spec, base.with_overrides(parse_policy(spec)), trace, profile) for spec in specs]
+    jobs = [(spec, base.with_overrides(parse_policy(spec)), trace, profile, keep_tables) for spec in specs]
     workers = workers or min(len(jobs), os.cpu_count() or 1)
     if workers <= 1:
         return dict(map(_run_one, jobs))

@@ -197,6 +197,81 @@ def measure_wrapper_overhead(driver: CudaVmmDriver, calls: int = 20000) -> dict[
             "wrapped_p50_us": round(wrapped_us, 3), "overhead_p50_us": round(wrapped_us - bare_us, 3)}
 
 
+# ---- memory bandwidth over mapped VMM pages (issue 10: zero-on-reuse, copy-on-write) ---------------------
+def measure_memory_bandwidth(driver: CudaVmmDriver, size_bytes: int = 4 << 30, repetitions: int = 10,
+                             warmup: int = 3) -> dict[str, Any]:
+    """Clearing and copying bandwidth over ``size_bytes`` of mapped 2 MiB VMM pages (two ranges of pooled
+    handles, as the KV cache maps them), timed with CUDA events on torch's current stream, median of
+    ``repetitions`` after ``warmup``. Returns the profile's ``memory`` section: ``memset_bytes_per_s`` (bytes
+    cleared / s, ``cuMemsetD32Async``, what :class:`hwbackend.beyond.SharingKVCache` uses) and
+    ``copy_bytes_per_s`` (bytes read + written / s, ``cuMemcpyDtoDAsync``, copy-on-write), plus torch's
+    ``zero_`` / ``copy_`` and ``cuMemsetD8Async`` for comparison."""
+    import torch
+
+    from hwbackend.beyond import cuda_copy_fn, cuda_memset_fn
+    from hwbackend.tensors import tensor_at
+
+    page = driver.granularity_bytes
+    size_bytes -= size_bytes % page
+    count = size_bytes // page
+    device = f"cuda:{driver.device_ordinal}"
+    stream = torch.cuda.current_stream().cuda_stream
+    ranges, handles, mapped = [], [], []
+    start_s = time.perf_counter()
+    try:
+        for _ in range(2):
+            va = driver.reserve(size_bytes, page)
+            ranges.append(va)
+            for i in range(count):
+                handles.append(driver.create(page))
+                driver.map(va + i * page, page, handles[-1])
+                mapped.append(va + i * page)
+            driver.set_access(va, size_bytes)
+        src, dst = (tensor_at(va, (size_bytes,), torch.uint8, device) for va in ranges)
+        src.random_(0, 256)
+        memset32, copy = cuda_memset_fn(driver, stream), cuda_copy_fn(driver, stream)
+
+        def d8() -> None:
+            driver._checked("cuMemsetD8Async", driver._drv.cuMemsetD8Async, ranges[1], 0, size_bytes, stream)
+
+        methods = {"cuMemsetD32Async": lambda: memset32(ranges[1], size_bytes), "cuMemsetD8Async": d8,
+                   "torch_zero_": lambda: dst.zero_(),
+                   "cuMemcpyDtoDAsync": lambda: copy(ranges[1], ranges[0], size_bytes),
+                   "torch_copy_": lambda: dst.copy_(src)}
+        times: dict[str, list[float]] = {name: [] for name in methods}
+        for rep in range(warmup + repetitions):
+            for name, fn in methods.items():
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                fn()
+                end.record()
+                end.synchronize()
+                if rep >= warmup:
+                    times[name].append(begin.elapsed_time(end) * 1e-3)
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        copy_ok = bool(torch.equal(dst[: 1 << 24], src[: 1 << 24]))
+        rates = {name: (2 if "cop" in name.lower() or "DtoD" in name else 1) * size_bytes / float(np.median(t))
+                 for name, t in times.items()}
+    finally:
+        torch.cuda.synchronize()
+        for va in mapped:
+            driver.unmap(va, page)
+        for handle in handles:
+            driver.release(handle)
+        for va in ranges:
+            driver.free_address(va, size_bytes)
+    return {"memset_bytes_per_s": round(rates["cuMemsetD32Async"]), "copy_bytes_per_s": round(rates["cuMemcpyDtoDAsync"]),
+            "bytes_per_s": {name: round(rate) for name, rate in rates.items()},
+            "median_ms": {name: round(float(np.median(t)) * 1e3, 4) for name, t in times.items()},
+            "size_bytes": size_bytes, "copy_check": copy_ok,
+            "method": (f"{size_bytes >> 20} MiB in {count} mapped {page >> 20} MiB VMM pages per range (two "
+                       "reservations); CUDA events on the current stream, median of "
+                       f"{repetitions} after {warmup} warm-ups; memset = bytes cleared / s (cuMemsetD32Async), "
+                       "copy = bytes read + written / s (cuMemcpyDtoDAsync)"),
+            "seconds": round(time.perf_counter() - start_s, 1)}
+
+
 # ---- the profile ---------------------------------------------------------------------------------------
 def environment(driver: CudaVmmDriver) -> dict[str, Any]:
     """GPU, driver, CUDA, cuda-python and torch versions, granularity and date (UTC)."""

@@ -23,6 +23,8 @@ from hwbackend.driver import VmmDriver
 from hwbackend.transaction import Transaction
 from sim.plan import MapOp, Plan, UnmapOp
 
+KV_LAYOUTS = ("per-layer", "cross-layer")
+
 
 @dataclass(frozen=True)
 class KVCacheLayout:
@@ -36,6 +38,9 @@ class KVCacheLayout:
         num_kv_heads: H', KV heads per worker (tensor shape only).
         head_dim: D, elements per head (tensor shape only).
         dtype_bytes: bytes per element (2 for bf16).
+        layers_per_sub_tensor: 1 for the per-layer layout (vAttention: 2N' tensors ``[B, L_max, H', D]``);
+            N' for the cross-layer layout (one K and one V tensor ``[B, L_max, N', H', D]``,
+            ``num_sub_tensors`` = 2): a page then holds every layer of a token range (issue 10).
     """
 
     num_sub_tensors: int
@@ -45,10 +50,11 @@ class KVCacheLayout:
     num_kv_heads: int = 8
     head_dim: int = 128
     dtype_bytes: int = 2
+    layers_per_sub_tensor: int = 1
 
     def __post_init__(self) -> None:
         for name in ("num_sub_tensors", "num_slots", "max_pages_per_slot", "page_size_bytes",
-                     "num_kv_heads", "head_dim", "dtype_bytes"):
+                     "num_kv_heads", "head_dim", "dtype_bytes", "layers_per_sub_tensor"):
             if getattr(self, name) < 1:
                 raise ValueError(f"KVCacheLayout.{name} must be >= 1, got {getattr(self, name)}")
         if self.page_size_bytes % self.bytes_per_token:
@@ -57,21 +63,43 @@ class KVCacheLayout:
 
     @classmethod
     def for_model(cls, model: Any, num_slots: int, max_context_tokens: int, page_size_bytes: int,
-                  tp: int = 1) -> "KVCacheLayout":
-        """Layout for a :class:`sim.catalog.ModelSpec` on one of ``tp`` workers."""
-        per_token = model.sub_tensor_bytes_per_token(tp)
+                  tp: int = 1, kv_layout: str = "per-layer") -> "KVCacheLayout":
+        """Layout for a :class:`sim.catalog.ModelSpec` on one of ``tp`` workers.
+
+        ``kv_layout``: ``per-layer`` (2N' sub-tensors) or ``cross-layer`` (2 sub-tensors holding all N'
+        layers; ``sim.config.SimConfig.kv_layout``).
+        """
+        if kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"kv_layout {kv_layout!r}: choose one of {', '.join(KV_LAYOUTS)}")
+        layers = model.num_layers if kv_layout == "cross-layer" else 1
+        per_token = model.sub_tensor_bytes_per_token(tp) * layers
         tokens_per_page = page_size_bytes // per_token
         if tokens_per_page < 1:
             raise ValueError(f"page_size_bytes={page_size_bytes} holds no token of {model.name} ({per_token} B)")
-        return cls(num_sub_tensors=model.num_sub_tensors(), num_slots=num_slots,
+        return cls(num_sub_tensors=2 if kv_layout == "cross-layer" else model.num_sub_tensors(), num_slots=num_slots,
                    max_pages_per_slot=-(-max_context_tokens // tokens_per_page), page_size_bytes=page_size_bytes,
                    num_kv_heads=model.kv_heads_per_worker(tp), head_dim=model.head_dim,
-                   dtype_bytes=model.dtype_bytes)
+                   dtype_bytes=model.dtype_bytes, layers_per_sub_tensor=layers)
+
+    @property
+    def kv_layout(self) -> str:
+        """``per-layer`` or ``cross-layer`` (``layers_per_sub_tensor > 1``)."""
+        return "cross-layer" if self.layers_per_sub_tensor > 1 else "per-layer"
+
+    @property
+    def num_layers(self) -> int:
+        """N', layers held by this worker's cache (``num_sub_tensors / 2`` per-layer)."""
+        return self.layers_per_sub_tensor if self.layers_per_sub_tensor > 1 else self.num_sub_tensors // 2
+
+    @property
+    def layer_bytes_per_token(self) -> int:
+        """Bytes one token of one layer takes in K (or V): ``H' * D * P``."""
+        return self.num_kv_heads * self.head_dim * self.dtype_bytes
 
     @property
     def bytes_per_token(self) -> int:
-        """Bytes one token takes in one sub-tensor: ``H' * D * P``."""
-        return self.num_kv_heads * self.head_dim * self.dtype_bytes
+        """Bytes one token takes in one sub-tensor: ``H' * D * P`` (times N' in the cross-layer layout)."""
+        return self.layers_per_sub_tensor * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
     @property
     def tokens_per_page(self) -> int:

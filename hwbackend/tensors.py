@@ -8,7 +8,9 @@ so no ``cudaPointerGetAttributes`` runs, unlike the ``__cuda_array_interface__``
 does; the capsule's deleter is a no-op. Only mapped ranges may be read or written.
 
 Layout of each tensor (``hwbackend.kvcache``): contiguous ``[B, L_max, H', D]``, so slot ``s`` token ``i``
-lives at ``base + s * slot_stride_bytes + i * H' * D * P``.
+lives at ``base + s * slot_stride_bytes + i * H' * D * P``. With the cross-layer layout
+(``layout.layers_per_sub_tensor = N' > 1``, issue 10) the two tensors are ``[B, L_max, N', H', D]``;
+:func:`layer_views` gives the per-layer views of either layout.
 """
 from __future__ import annotations
 
@@ -106,4 +108,26 @@ def kv_tensors(cache: Any, dtype: Any = None, device: str | None = None) -> list
         raise ValueError(f"dtype {dtype} does not have {layout.dtype_bytes} bytes per element")
     device = device or f"cuda:{cache.driver.device_ordinal}"
     shape = (layout.num_slots, layout.max_tokens_per_slot, layout.num_kv_heads, layout.head_dim)
+    if getattr(layout, "layers_per_sub_tensor", 1) > 1:  # cross-layer: [B, L_max, N', H', D]
+        shape = shape[:2] + (layout.layers_per_sub_tensor,) + shape[2:]
     return [tensor_at(base, shape, dtype, device) for base in cache.bases]
+
+
+def layer_views(tensors: list[Any], flat: bool = False) -> tuple[list[Any], list[Any]]:
+    """Per-layer K and V views of either layout (no copy): ``(k[layer], v[layer])``.
+
+    Per-layer layout: the 2N' tensors themselves (K first). Cross-layer layout (two tensors
+    ``[B, L_max, N', H', D]``): ``tensor[:, :, layer]``, a strided ``[B, L_max, H', D]`` view whose token
+    stride is ``N' * H' * D`` elements (not contiguous). ``flat=True`` returns ``[B * L_max, H', D]`` views
+    (the replay model's rows); merging B and L_max needs no copy in either layout.
+    """
+    if tensors[0].dim() == 5:
+        if len(tensors) != 2:
+            raise ValueError(f"a cross-layer cache has one K and one V tensor, got {len(tensors)}")
+        k, v = ([t[:, :, layer] for layer in range(t.shape[2])] for t in tensors)
+    else:
+        n = len(tensors) // 2
+        k, v = list(tensors[:n]), list(tensors[n:])
+    if flat:
+        k, v = ([x.flatten(0, 1) for x in views] for views in (k, v))
+    return k, v

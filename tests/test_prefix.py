@@ -66,6 +66,22 @@ def test_concurrent_requests_share_physical_pages():
     assert (both["mapped_page_groups"] < 2 * 3).all()   # 3 pages per slot, 2 of them shared
 
 
+def test_physical_pages_never_exceed_the_pool_under_pressure():
+    """A pool of 6 page groups, requests sharing prefixes and growing past it: eviction and idle-slot
+    reclamation must keep physical pages (private + cached) within the pool at every iteration."""
+    import numpy as np
+    cfg = SimConfig()
+    util = (cfg.model_spec.weight_bytes() + 6 * 64 * 2 * 1024 * 1024 + 1) / cfg.gpu_spec.hbm_bytes
+    rng = np.random.default_rng(3)
+    rows = [(i * 0.003, int(p), int(o)) for i, (p, o) in enumerate(zip(rng.integers(600, 3000, 40), rng.integers(5, 400, 40)))]
+    ids = [[int(rng.integers(0, 2))] + [int(x) for x in rng.integers(0, 3, 6)] for _ in range(40)]
+    for sync in (True, False):
+        out, req, it = run(rows, ids, memory_util_frac=util, admission_watermark_frac=0.0, sync_mapping=sync)
+        assert (it["mapped_page_groups"] <= 6).all() and (it["free_page_groups"] >= 0).all()
+        assert set(req["status"]) <= {"finished", "rejected"}
+        assert req["prefix_hit_tokens"].sum() > 0
+
+
 def _policy(pool=8, slots=3):
     return PrefixCachingPolicy(VAttentionConfig(num_slots=slots, max_pages_per_slot=6, pool_page_groups=pool,
                                                 tokens_per_page=1024, admission_watermark_frac=0.0,

@@ -97,9 +97,12 @@ class PrefixCachingPolicy(VAttentionPolicy):
         return [key for key, slots in self.cache.items() if not slots]
 
     def _reclaimable_page_groups(self) -> int:
-        idle_private = sum(self.mapped[s] - self.shared[s] for s in self._idle if not self.in_flight_maps[s])
-        idle_only = sum(1 for slots in self.cache.values() if all(not self.active[s] for s in slots))
-        return idle_private + idle_only
+        """Page groups that unmapping every idle slot (without in-flight maps) and then evicting would free:
+        idle private pages, plus cache entries that no active or busy slot maps."""
+        reclaimable_slots = {s for s in self._idle if not self.in_flight_maps[s]}
+        idle_private = sum(self.mapped[s] - self.shared[s] for s in reclaimable_slots)
+        freeable_entries = sum(1 for slots in self.cache.values() if slots <= reclaimable_slots)
+        return idle_private + freeable_entries
 
     def _evict(self, page_groups: int) -> int:
         """Evict up to ``page_groups`` unmapped cache entries, least recently used first (handles go back to
@@ -248,7 +251,8 @@ class PrefixCachingPolicy(VAttentionPolicy):
 
     # ---- reclamation -------------------------------------------------------------------------------------
     def step(self, target_tokens):
-        """As :meth:`VAttentionPolicy.step`; when short, evicts unmapped cache entries before idle slots.
+        """As :meth:`VAttentionPolicy.step`; when short, evicts unmapped cache entries first, then unmaps idle
+        slots (which may make more entries evictable) and evicts again.
 
         Raises:
             RuntimeError: for a slot allocated but not prepared by :meth:`admit_prefix` (its stale shared
@@ -257,29 +261,30 @@ class PrefixCachingPolicy(VAttentionPolicy):
         if self._unprepared.intersection(target_tokens):
             raise RuntimeError(f"slots {sorted(self._unprepared.intersection(target_tokens))} were not prepared "
                                "by admit_prefix()")
-        needs = self._needs(target_tokens)
-        shortfall = sum(n for _, _, n in needs) - self.free_page_groups
-        if shortfall > 0:
-            shortfall -= self._evict(shortfall)
-        if shortfall > 0:
-            if shortfall > self._reclaimable_page_groups():
-                return None
-            unmaps = self._reclaim_idle(shortfall)
-            self._evict(shortfall - sum(op.num_pages for op in unmaps))
-            plan = super().step(target_tokens)
-            return Plan(maps=plan.maps, unmaps=tuple(unmaps) + plan.unmaps) if plan is not None else None
-        return super().step(target_tokens)
+        need = sum(n for _, _, n in self._needs(target_tokens))
+        if need <= self.free_page_groups:
+            return super().step(target_tokens)
+        if need > self.free_page_groups + self._reclaimable_page_groups():
+            return None
+        self._evict(need - self.free_page_groups)
+        unmaps = self._reclaim_idle(need - self.free_page_groups) if need > self.free_page_groups else []
+        if self.free_page_groups < need:
+            raise RuntimeError("prefix cache reclamation freed less than it promised")
+        plan = super().step(target_tokens)
+        return Plan(maps=plan.maps, unmaps=tuple(unmaps) + plan.unmaps)
 
     def _reclaim_idle(self, page_groups: int) -> list[UnmapOp]:
+        """Unmap idle slots (most mapped first), evicting the entries this leaves unmapped, until
+        ``page_groups`` more are free."""
+        target = self.free_page_groups + page_groups
         unmaps = []
         for slot in sorted(self._idle, key=lambda s: (-self.mapped[s], s)):
-            if page_groups <= 0 or not self.mapped[slot]:
+            if self.free_page_groups >= target:
                 break
-            if self.in_flight_maps[slot]:
+            if not self.mapped[slot] or self.in_flight_maps[slot]:
                 continue
-            freed_before = self.free_page_groups + len(self._evictable())
             unmaps.append(self._unmap_all(slot))
-            page_groups -= self.free_page_groups + len(self._evictable()) - freed_before
+            self._evict(target - self.free_page_groups)
         return unmaps
 
     def _low_watermark_unmaps(self) -> list[UnmapOp]:
