@@ -176,6 +176,12 @@ class PrefixMachine(RuleBasedStateMachine):
             assert slots == {s for s in range(3) if key in self.p.slot_keys[s]}
         for s in range(3):
             assert self.p.shared[s] == len(self.p.slot_keys[s]) <= self.p.mapped[s]
+        # the incremental indexes agree with a recount
+        assert list(self.p._unmapped) == [k for k in self.p._unmapped if not self.p.cache[k]]
+        assert set(self.p._unmapped) == {k for k, slots in self.p.cache.items() if not slots}
+        for key, slots in self.p.cache.items():
+            assert self.p._active_refs[key] == sum(self.p.active[s] for s in slots)
+        assert self.p._freeable == sum(1 for k in self.p.cache if self.p._active_refs[k] == 0)
 
 
 TestPrefixMachine = PrefixMachine.TestCase

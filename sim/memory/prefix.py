@@ -67,7 +67,12 @@ class PrefixCachingPolicy(VAttentionPolicy):
         self.shared = [0] * config.num_slots
         self.slot_keys: list[list[tuple]] = [[] for _ in range(config.num_slots)]
         self.cache: OrderedDict[tuple, set[int]] = OrderedDict()   # key -> slots mapping it; LRU order
-        self._partial_index: dict[tuple, tuple] = {}               # block prefix ending inside a page -> key
+        self._partial_index: dict[int, tuple] = {}                 # block-prefix chain id ending inside a page -> key
+        self._partials_of: dict[tuple, list[int]] = {}              # key -> its partial-index entries
+        # incremental indexes (the cache can hold ~10^5 entries for 16-token blocks):
+        self._unmapped: OrderedDict[tuple, None] = OrderedDict()    # entries no slot maps: evictable, LRU first
+        self._active_refs: dict[tuple, int] = {}                    # entry -> active slots mapping it
+        self._freeable = 0                                          # entries no active slot maps
         self._unprepared: set[int] = set()      # allocated slots that admit_prefix has not prepared yet
         # shared_pages: pages served from the cache (fresh pages saved); shared_maps: of those, the ones mapped
         # anew into the slot (map calls sharing adds; a slot that already maps the entry needs none)
@@ -75,13 +80,26 @@ class PrefixCachingPolicy(VAttentionPolicy):
                       "evictions": 0}
 
     # ---- keys ------------------------------------------------------------------------------------------
+    @staticmethod
+    def block_chain(hash_ids: Sequence[int]) -> list[int]:
+        """``chain[b]`` identifies the block prefix ``hash_ids[:b + 1]``: ``hash((chain[b - 1], id_b))``, O(1)
+        per block (Python's hash of a tuple of ints is deterministic; a 64-bit collision is negligible)."""
+        chain, previous = [], 0
+        for block_id in hash_ids:
+            previous = hash((previous, int(block_id)))
+            chain.append(previous)
+        return chain
+
+    def page_key(self, chain: Sequence[int], page: int) -> tuple[int, int]:
+        """Key of page ``page``: ``(page, chain[last block covering tokens [0, (page + 1) * tokens_per_page)])``
+        (the page index matters: pages smaller than a block share their covering blocks)."""
+        return page, chain[-(-(page + 1) * self.config.tokens_per_page // self.block_tokens) - 1]
+
     def page_keys(self, hash_ids: Sequence[int], full_blocks: int) -> list[tuple]:
-        """Keys of the request's pages that lie entirely inside its ``full_blocks`` full blocks: page p's
-        key is ``(p, block ids covering tokens [0, (p + 1) * tokens_per_page))``."""
-        per_page, block = self.config.tokens_per_page, self.block_tokens
-        pages = full_blocks * block // per_page
-        # the page index is part of the key: pages smaller than a block share the same covering blocks
-        return [(p, tuple(hash_ids[: -(-(p + 1) * per_page // block)])) for p in range(pages)]
+        """Keys of the request's pages that lie entirely inside its ``full_blocks`` full blocks."""
+        chain = self.block_chain(hash_ids[:full_blocks])
+        pages = full_blocks * self.block_tokens // self.config.tokens_per_page
+        return [self.page_key(chain, p) for p in range(pages)]
 
     # ---- accounting ------------------------------------------------------------------------------------
     @property
@@ -93,24 +111,58 @@ class PrefixCachingPolicy(VAttentionPolicy):
         held = private + sum(self.in_flight_maps) + self.in_flight_unmaps + len(self.cache)
         return self.config.pool_page_groups - held - self.free_page_groups
 
+    # ---- entry references (kept incrementally) ----------------------------------------------------------
+    def _new_entry(self, key: tuple, slot: int) -> None:
+        self.cache[key] = {slot}
+        self._active_refs[key] = 1 if self.active[slot] else 0
+        self._freeable += self._active_refs[key] == 0
+
+    def _ref(self, key: tuple, slot: int) -> None:
+        slots = self.cache[key]
+        if not slots:
+            del self._unmapped[key]
+        slots.add(slot)
+        if self.active[slot]:
+            self._active_refs[key] += 1
+            self._freeable -= self._active_refs[key] == 1
+
+    def _unref(self, key: tuple, slot: int) -> None:
+        slots = self.cache[key]
+        slots.discard(slot)
+        if self.active[slot]:
+            self._active_refs[key] -= 1
+            self._freeable += self._active_refs[key] == 0
+        if not slots:
+            self._unmapped[key] = None          # most recently used last
+
+    def _set_active(self, slot: int, active: bool) -> None:
+        super()._set_active(slot, active)
+        for key in self.slot_keys[slot]:
+            before = self._active_refs[key]
+            self._active_refs[key] = before + (1 if active else -1)
+            self._freeable += (self._active_refs[key] == 0) - (before == 0)
+
     def _evictable(self) -> list[tuple]:
-        return [key for key, slots in self.cache.items() if not slots]
+        return list(self._unmapped)
 
     def _reclaimable_page_groups(self) -> int:
         """Page groups that unmapping every idle slot (without in-flight maps) and then evicting would free:
-        idle private pages, plus cache entries that no active or busy slot maps."""
-        reclaimable_slots = {s for s in self._idle if not self.in_flight_maps[s]}
-        idle_private = sum(self.mapped[s] - self.shared[s] for s in reclaimable_slots)
-        freeable_entries = sum(1 for slots in self.cache.values() if slots <= reclaimable_slots)
-        return idle_private + freeable_entries
+        idle private pages, plus cache entries that no active slot maps (exact unless an idle slot has
+        background maps in flight, which is then checked entry by entry)."""
+        busy_idle = {s for s in self._idle if self.in_flight_maps[s]}
+        idle_private = sum(self.mapped[s] - self.shared[s] for s in self._idle if s not in busy_idle)
+        if not busy_idle:
+            return idle_private + self._freeable
+        freeable = sum(1 for key, slots in self.cache.items()
+                       if self._active_refs[key] == 0 and not slots & busy_idle)
+        return idle_private + freeable
 
     def _evict(self, page_groups: int) -> int:
         """Evict up to ``page_groups`` unmapped cache entries, least recently used first (handles go back to
         the pool; no VMM call). Returns how many were evicted."""
         evicted = 0
-        for key in self._evictable():
-            if evicted >= page_groups:
-                break
+        while evicted < page_groups and self._unmapped:
+            key, _ = self._unmapped.popitem(last=False)
             self._drop_key(key)
             evicted += 1
         self.free_page_groups += evicted
@@ -120,8 +172,10 @@ class PrefixCachingPolicy(VAttentionPolicy):
 
     def _drop_key(self, key: tuple) -> None:
         del self.cache[key]
-        for prefix in [p for p, k in self._partial_index.items() if k == key]:
-            del self._partial_index[prefix]
+        self._freeable -= self._active_refs.pop(key) == 0
+        for chain_id in self._partials_of.pop(key, []):
+            if self._partial_index.get(chain_id) == key:
+                del self._partial_index[chain_id]
 
     def _unmap_range(self, slot: int, first_page: int) -> UnmapOp | None:
         """Unmap pages ``first_page..`` of ``slot``: private ones go to the free list, shared ones drop the
@@ -131,7 +185,7 @@ class PrefixCachingPolicy(VAttentionPolicy):
             return None
         shared_dropped = max(0, self.shared[slot] - first_page)
         for key in self.slot_keys[slot][first_page:]:
-            self.cache[key].discard(slot)
+            self._unref(key, slot)
         del self.slot_keys[slot][first_page:]
         self.shared[slot] -= shared_dropped
         self._add_mapped(slot, -count)
@@ -164,8 +218,11 @@ class PrefixCachingPolicy(VAttentionPolicy):
         """Longest cached run of full pages for these blocks, and the tokens of a partial match inside the
         next page (0 unless ``cow_partial``). At least one prompt token is always left to compute."""
         full_blocks = min(len(hash_ids), (prompt_tokens - 1) // self.block_tokens)
+        chain = self.block_chain(hash_ids[:full_blocks])
+        pages = full_blocks * self.block_tokens // self.config.tokens_per_page
         keys = []
-        for key in self.page_keys(hash_ids, full_blocks):
+        for page in range(pages):
+            key = self.page_key(chain, page)
             if key not in self.cache:
                 break
             keys.append(key)
@@ -173,7 +230,7 @@ class PrefixCachingPolicy(VAttentionPolicy):
         if self.cow_partial:
             start = len(keys) * self.config.tokens_per_page
             for blocks in range(full_blocks, start // self.block_tokens, -1):
-                if tuple(hash_ids[:blocks]) in self._partial_index:
+                if chain[blocks - 1] in self._partial_index:
                     partial = blocks * self.block_tokens - start
                     break
         return keys, partial
@@ -197,8 +254,7 @@ class PrefixCachingPolicy(VAttentionPolicy):
             if op:
                 unmaps.append(op)
         for page in range(self.mapped[slot], len(keys)):
-            self.cache[keys[page]].add(slot)
-            self.cache.move_to_end(keys[page])
+            self._ref(keys[page], slot)
             self.slot_keys[slot].append(keys[page])
             self.shared[slot] += 1
             self._add_mapped(slot, 1)
@@ -228,26 +284,32 @@ class PrefixCachingPolicy(VAttentionPolicy):
     def donate(self, slot: int, hash_ids: Sequence[int], prompt_tokens: int, computed_tokens: int) -> int:
         """Turn the slot's next full, private prompt pages into cache entries (in page order, while the key is
         new). Returns how many pages were donated."""
-        full_blocks = min(len(hash_ids), prompt_tokens // self.block_tokens)
-        keys = self.page_keys(hash_ids, full_blocks)
         per_page = self.config.tokens_per_page
+        full_blocks = min(len(hash_ids), prompt_tokens // self.block_tokens)
+        pages = full_blocks * self.block_tokens // per_page
+        page = self.shared[slot]
+        if page >= min(pages, self.mapped[slot]) or (page + 1) * per_page > computed_tokens:
+            return 0
+        chain = self.block_chain(hash_ids[:full_blocks])
         donated = 0
-        while (self.shared[slot] == len(self.slot_keys[slot]) and self.shared[slot] < min(len(keys), self.mapped[slot])
-               and (self.shared[slot] + 1) * per_page <= computed_tokens):
-            key = keys[self.shared[slot]]
+        while page < min(pages, self.mapped[slot]) and (page + 1) * per_page <= computed_tokens:
+            key = self.page_key(chain, page)
             if key in self.cache:
                 break                         # computed concurrently by another request: keep it private
-            self.cache[key] = {slot}
-            self._index_partials(hash_ids, self.shared[slot], key)
+            self._new_entry(key, slot)
+            self._index_partials(chain, page, key)
             self.slot_keys[slot].append(key)
             self.shared[slot] += 1
+            page += 1
             donated += 1
         return donated
 
-    def _index_partials(self, hash_ids: Sequence[int], page: int, key: tuple) -> None:
+    def _index_partials(self, chain: Sequence[int], page: int, key: tuple) -> None:
         per_page, block = self.config.tokens_per_page, self.block_tokens
         for blocks in range(page * per_page // block + 1, (page + 1) * per_page // block):
-            self._partial_index.setdefault(tuple(hash_ids[:blocks]), key)
+            if chain[blocks - 1] not in self._partial_index:
+                self._partial_index[chain[blocks - 1]] = key
+                self._partials_of.setdefault(key, []).append(chain[blocks - 1])
 
     # ---- reclamation -------------------------------------------------------------------------------------
     def step(self, target_tokens):
