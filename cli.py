@@ -33,19 +33,32 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _int_at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
 def add_config_args(parser: argparse.ArgumentParser) -> None:
     """Options shared by every command that builds a :class:`sim.config.SimConfig`."""
     from sim.catalog import gpu_names, model_names
     parser.add_argument("--model", default="llama-3-8b", help=f"model ({', '.join(model_names())}); default llama-3-8b")
     parser.add_argument("--gpu", default="h200", help=f"GPU ({', '.join(gpu_names())}); default h200")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (divides KV heads); default 1")
+    parser.add_argument("--tp", type=_int_at_least(1), default=1, help="tensor-parallel degree (divides KV heads); default 1")
     parser.add_argument("--page-size", type=_size, default="2MiB",
-                        help="vAttention page size per K/V sub-tensor, e.g. 2MiB, 256KiB (< 2MiB needs a modified driver)")
-    parser.add_argument("--max-batch", type=int, default=256, help="request slots B (max concurrent requests); default 256")
+                        help="vAttention page size per K/V sub-tensor, e.g. 2MiB, 256KiB (< 2MiB needs a modified "
+                             "driver); default 2MiB")
+    parser.add_argument("--max-batch", type=_int_at_least(1), default=256, help="request slots B (max concurrent requests); default 256")
     parser.add_argument("--scheduler", choices=("sarathi", "vllm"), default="sarathi",
                         help="sarathi: chunked prefill with a token budget; vllm: prefill-first; default sarathi")
-    parser.add_argument("--token-budget", type=int, default=2048, help="tokens per iteration (chunked prefill); default 2048")
-    parser.add_argument("--max-context", type=int, default=None,
+    parser.add_argument("--token-budget", type=_int_at_least(1), default=2048, help="tokens per iteration (chunked prefill); default 2048")
+    parser.add_argument("--max-context", type=_int_at_least(2), default=None,
                         help="tokens per slot L_max (default: the model's context); longer requests are clipped")
     parser.add_argument("--sync-mapping", action="store_true", help="map on the critical path (no background mapper)")
     parser.add_argument("--no-deferred-reclaim", action="store_true",
@@ -56,7 +69,7 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
                         help="when memory runs out: recompute (drop KV) or swap (copy KV to host over PCIe)")
     parser.add_argument("--host-swap", type=_size, default="4GiB",
                         help="host memory for swapped KV (vLLM swap_space default 4GiB); default 4GiB")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the run's random generator; default 0")
+    parser.add_argument("--seed", type=_int_at_least(0), default=0, help="seed of the run's random generator; default 0")
 
 
 def config_from_args(args: argparse.Namespace, **overrides):
@@ -69,9 +82,29 @@ def config_from_args(args: argparse.Namespace, **overrides):
                   preemption=args.preemption, host_swap_bytes=args.host_swap)
     values.update(overrides)
     if isinstance(getattr(args, "policy", None), str):   # simulate --policy (compare takes a list)
-        from analysis.compare import parse_policy
-        values.update(parse_policy(args.policy))
+        values.update(policy_overrides(args.policy, values))
     return SimConfig(**values)
+
+
+# SimConfig field -> (the flag that also sets it, its default) for conflict checks with --policy specs
+_FLAG_OF_FIELD = {"page_size_bytes": ("--page-size", 2 * 1024 * 1024), "sync_mapping": ("--sync-mapping", False),
+                  "deferred_reclaim": ("--no-deferred-reclaim", True), "preemption": ("--preemption", "recompute")}
+
+
+def policy_overrides(spec: str, values: dict) -> dict:
+    """The fields a ``--policy`` spec sets; a spec that contradicts an explicit flag is an error.
+
+    Raises:
+        ConfigError: naming the spec and the flag.
+    """
+    from analysis.compare import parse_policy
+    from sim.config import ConfigError
+    overrides = parse_policy(spec)
+    for field_name, value in overrides.items():
+        flag, default = _FLAG_OF_FIELD.get(field_name, (None, None))
+        if flag and values.get(field_name, default) != default and values[field_name] != value:
+            raise ConfigError(f"policy {spec!r} contradicts {flag}; set it in one place")
+    return overrides
 
 
 def add_trace_args(parser: argparse.ArgumentParser) -> None:
@@ -82,7 +115,7 @@ def add_trace_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", dest="trace_format", default=None, help="trace format (default: detect)")
     parser.add_argument("--arrival", default=None,
                         help="arrival process for length-only traces: poisson:RATE or gamma:RATE,CV")
-    parser.add_argument("--num-requests", type=int, default=None,
+    parser.add_argument("--num-requests", type=_int_at_least(1), default=None,
                         help="use the first N requests (default: all; synthetic default: 1000)")
     parser.add_argument("--rate-scale", type=_positive_float, default=1.0,
                         help="multiply the arrival rate (divide inter-arrival times) by X; default 1")
@@ -129,6 +162,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from analysis.summary import print_comparison
 
     base = config_from_args(args)
+    from analysis.compare import parse_policy
+    from sim.config import ConfigError
+    for spec in args.policy:          # every spec is checked before the trace is read
+        try:
+            base.with_overrides(parse_policy(spec))
+        except ConfigError as exc:
+            raise ConfigError(f"policy {spec!r}: {exc}" if spec not in str(exc) else str(exc)) from None
     out_dir = Path(args.out) if args.out else _default_out_dir("compare")
     table_files = [out_dir / "compare.csv", out_dir / "compare.parquet"]
     if not args.force and any(f.exists() for f in table_files):
@@ -163,8 +203,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"kvsim: warning: {note}", file=sys.stderr)
     if config.needs_modified_driver:
-        print(f"kvsim: note: page size {args.page_size} B is below the 2 MiB VMM granularity: a what-if that needs a "
-              "modified NVIDIA driver (domain.md)", file=sys.stderr)
+        from sim.units import format_bytes
+        print(f"kvsim: note: page size {format_bytes(config.page_size_bytes)} is below the 2 MiB VMM granularity: "
+              "a what-if that needs a modified NVIDIA driver (vAttention's 64-256 KiB pages used one)", file=sys.stderr)
     started = time.perf_counter()
     with _progress(len(trace), args.quiet) as progress:
         result = run_simulation(config, trace, args.profile, progress=progress)
@@ -174,6 +215,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from analysis.report import write_report
         write_report([result], out_dir / "report.html")
     print_summary(result, wall_s=wall_s, out_dir=out_dir)
+    if args.report:
+        print(f"report: {out_dir / 'report.html'}")
     return 0
 
 
@@ -205,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
                                   "PagedAttention, static reservation) with a CUDA VMM hardware backend.")
     parser.add_argument("--version", action="version", version=f"kvsim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sim = sub.add_parser("simulate", help="replay a trace through vAttention memory management",
+    sim = sub.add_parser("simulate", help="replay a trace through a KV-cache memory policy (default vAttention)",
                          description="Replay a trace (or the built-in synthetic workload) and print the summary.")
     add_trace_args(sim)
     add_config_args(sim)

@@ -54,6 +54,7 @@ def register(subparsers) -> None:
                      help="with --target-rate: simulate R req/s routed over that many replicas and check the SLOs")
     cap.add_argument("--routing", choices=ROUTERS, default="round-robin", help="routing for --check-replicas")
     cap.add_argument("--json", default=None, metavar="FILE", help="also write the result (and every step) as JSON")
+    cap.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     cap.set_defaults(func=cmd_capacity)
     sweep = subparsers.add_parser(
         "sweep", help="run a Cartesian grid of simulate (or capacity) runs into one table and figure",
@@ -68,6 +69,7 @@ def register(subparsers) -> None:
     sweep.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local instance)")
     sweep.add_argument("--workers", type=int, default=None, help="parallel processes / local Ray CPUs (default: all cores)")
     sweep.add_argument("--out", required=True, help="output directory (resumable: finished points are kept)")
+    sweep.add_argument("--force", action="store_true", help="rewrite an existing sweep table in --out")
     _add_common(sweep)
     sweep.set_defaults(func=cmd_sweep)
 
@@ -84,6 +86,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         raise ValueError("--check-replicas needs --target-rate R")
     if args.target_rate is not None and not args.target_rate > 0:
         raise ValueError(f"--target-rate must be > 0 req/s, got {args.target_rate}")
+    if args.json and Path(args.json).exists() and not args.force:
+        raise FileExistsError(f"{args.json} exists; pass --force to overwrite it")
     slos = parse_slos(args.slo)
     config = config_from_args(args)
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
@@ -104,7 +108,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     print(f"searched in {time.perf_counter() - started:.1f} s wall ({len(result.steps)} simulations)")
     if args.json:
         _write_json(Path(args.json), result, args.target_rate, check)
-    return 0
+    return 0 if result.rate_per_s else 1
 
 
 def _step_header(slos) -> str:
@@ -181,6 +185,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     jobs = make_jobs(grid, base_settings(args), args.job)
     out_dir = Path(args.out)
+    existing = [f for f in ("sweep.csv", "sweep.parquet", "sweep.html") if (out_dir / f).exists()]
+    if existing and not args.force:
+        raise FileExistsError(f"{out_dir} already holds {', '.join(existing)}: pass --force to rewrite the table "
+                              "(points already computed are reused either way)")
     started = time.perf_counter()
     records, ran = run_sweep(jobs, out_dir, args.executor, args.workers, args.ray_address, args.quiet)
     table = sweep_table(jobs, records)
@@ -192,4 +200,4 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for _, row in table[table["status"] != "ok"].iterrows():
         print(f"  failed: {' '.join(f'{a}={row[a]}' for a in grid)}: {row['error']}")
     print("wrote " + ", ".join(str(f) for f in files))
-    return 0
+    return 1 if failed else 0

@@ -77,8 +77,12 @@ def parse_policy(spec: str) -> dict:
     if name not in POLICY_KEYS:
         raise ConfigError(f"policy {spec!r}: unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
     overrides: dict = {"policy": name}
+    seen: set[str] = set()
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, _, value = item.partition("=")
+        if key in seen:
+            raise ConfigError(f"policy {spec!r}: key {key!r} given twice")
+        seen.add(key)
         if key not in POLICY_KEYS[name]:
             raise ConfigError(f"policy {spec!r}: unknown key {key!r} for {name}; "
                               f"valid keys: {', '.join(POLICY_KEYS[name])}")

@@ -26,9 +26,30 @@ SUMMARY_ROWS = (
     ("maps done in background", "background_map_share", "{:.1%}"),
     ("sync mapping stall total", ("sync_stall_total_ms", "iterations_with_stall"), "{:.1f} ms in {:,} iterations"),
     ("preemptions", "preemptions", "{:,}"),
+    ("block-table CPU time", "block_table_total_ms", "{:.1f} ms"),
     ("VMM time per TP worker", "mapping_worker_ms", "workers"),
     ("VMM time, critical path", "mapping_critical_ms", "{:.1f} ms"),
 )
+
+
+VMM_ONLY_ROWS = {"VMM map / unmap calls", "maps done in background", "sync mapping stall total",
+                 "VMM time per TP worker", "VMM time, critical path"}
+PAGED_ONLY_ROWS = {"block-table CPU time"}
+
+
+def _policy_line(config: dict) -> str:
+    if config.get("policy", "vattention") == "paged":
+        return f"PagedAttention blocks of {config['tokens_per_page']} tokens"
+    if config.get("policy") == "static":
+        return f"static reservation of {config['tokens_per_page']} tokens per request"
+    return (f"vAttention page {format_bytes(config['page_size_bytes'])} ({config['tokens_per_page']} tokens), "
+            f"{'synchronous' if config['sync_mapping'] else 'asynchronous'} mapping")
+
+
+def _relabel(label: str, config: dict) -> str:
+    if label == "page groups mapped / unmapped" and config.get("policy", "vattention") != "vattention":
+        return "blocks allocated / freed" if config.get("policy") == "paged" else "reservations made / freed"
+    return label
 
 
 def summary_lines(summary: dict) -> list[tuple[str, str]]:
@@ -53,18 +74,21 @@ def summary_lines(summary: dict) -> list[tuple[str, str]]:
 
 def print_summary(result, wall_s: float | None = None, out_dir: Path | None = None) -> None:
     """Print the run's workload line, its summary table and where the files went."""
-    console = Console(width=100)
+    console = Console(width=120, soft_wrap=True)
     config = result.config
     console.print(f"trace: {config.get('trace_source')}")
-    console.print(f"model {config['model']} on {config['gpu']} (tp={config['tp']}), vAttention page "
-                  f"{format_bytes(config['page_size_bytes'])} ({config['tokens_per_page']} tokens), "
-                  f"{'synchronous' if config['sync_mapping'] else 'asynchronous'} mapping, "
+    console.print(f"model {config['model']} on {config['gpu']} (tp={config['tp']}), {_policy_line(config)}, "
                   f"scheduler {config['scheduler']} (budget {config['token_budget']}), seed {config['seed']}")
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
+    vmm = config.get("policy", "vattention") == "vattention"
     for label, value in summary_lines(result.summary):
-        table.add_row(label, value)
+        if not vmm and label in VMM_ONLY_ROWS:
+            continue
+        if vmm and label in PAGED_ONLY_ROWS:
+            continue
+        table.add_row(_relabel(label, config), value)
     console.print(table)
     if wall_s is not None:
         console.print(f"simulated in {wall_s:.2f} s wall" + (f"; results in {out_dir}/" if out_dir else ""))

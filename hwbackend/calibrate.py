@@ -377,7 +377,7 @@ def command(args: argparse.Namespace, prog: str = "kvsim") -> int:
         if args.samples < 1:
             raise ValueError(f"--samples must be >= 1, got {args.samples}")
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"kvsim: error: {exc}", file=sys.stderr)
         return 1
     created_by = " ".join([prog, *sys.argv[1:]])
     try:

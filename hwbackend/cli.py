@@ -39,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                     "default: replay now on the GPU")
     val.add_argument("--profile", default=None, help="calibration profile for the simulator (vmm + compute)")
     val.add_argument("--out", default=None, help="directory for validation.md, errors.csv, overlay.html")
+    val.add_argument("--force", action="store_true", help="overwrite an existing validation in --out")
     val.add_argument("--device", default="cuda:0", help="device of a fresh replay")
     val.add_argument("--compute-model", choices=("auto", "roofline", "tiled"), default="auto",
                      help="simulator compute model from the profile: auto (compute.tiled_roofline when present, "

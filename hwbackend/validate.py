@@ -110,6 +110,17 @@ def simulate(config: SimConfig, trace: pd.DataFrame, profile: str | None, comput
     return run_simulation(config, trace, profile, compute_model=compute_model)
 
 
+def _resolved_model(profile: str | None, compute_model: str) -> str:
+    """Which profile section ``compute_model`` resolves to (``auto`` prefers ``compute.tiled_roofline``)."""
+    if profile is None:
+        return "built-in roofline defaults"
+    from sim.latency import read_profile
+    compute = read_profile(profile).get("compute") or {}
+    if compute_model != "roofline" and compute.get("tiled_roofline"):
+        return "compute.tiled_roofline"
+    return "compute.roofline" if compute.get("roofline") else "built-in roofline defaults"
+
+
 def validate_run(hw_dir: str | Path, profile: str | None = None, out_dir: str | Path | None = None,
                  compute_model: str = "auto"):
     """Simulate the hardware run's configuration and trace; returns ``(table, hw, sim)`` and writes
@@ -129,7 +140,7 @@ def validate_run(hw_dir: str | Path, profile: str | None = None, out_dir: str | 
         missed = check_targets(table)
         (out / "validation.md").write_text(
             f"# {config.label}: simulator vs hardware\n\nhardware run: `{hw_dir}`; profile: `{profile or 'built-in'}`; "
-            f"compute model: {compute_model}\n\n"
+            f"compute model: {compute_model} ({_resolved_model(profile, compute_model)})\n\n"
             + markdown_table(table) + "\n\ntargets missed: " + ("; ".join(missed) or "none") + "\n")
         overlay_html(hw, sim, out / "overlay.html", f"{config.label}: per-iteration latency, hardware vs simulator")
     return table, hw, sim
@@ -137,12 +148,15 @@ def validate_run(hw_dir: str | Path, profile: str | None = None, out_dir: str | 
 
 def command(args) -> int:
     """``kvsim validate``: against ``--hw-run DIR``, or a fresh replay (GPU) saved under ``--out``."""
+    if args.out and not getattr(args, "force", False) and any(
+            (Path(args.out) / name).exists() for name in ("validation.md", "errors.csv", "overlay.html")):
+        raise FileExistsError(f"{args.out} already holds a validation; choose another --out or pass --force")
     hw_dir = args.hw_run
     if hw_dir is None:
         hw_dir = _fresh_replay(args)
         if hw_dir is None:
             return 2
-    table, hw, _ = validate_run(hw_dir, args.profile, args.out, getattr(args, "compute_model", "roofline"))
+    table, hw, _ = validate_run(hw_dir, args.profile, args.out, getattr(args, "compute_model", "auto"))
     run_config = hw.config
     if args.trace and run_config.get("trace_source") and Path(args.trace).name not in str(run_config["trace_source"]):
         print(f"kvsim: note: --trace {args.trace} differs from the run's trace ({run_config['trace_source']}); "

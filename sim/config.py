@@ -124,7 +124,7 @@ class SimConfig:
         if self.block_size_tokens < 1:
             raise ConfigError(f"block size must be >= 1 token, got {self.block_size_tokens}")
         if self.max_len_tokens is not None and not 2 <= self.max_len_tokens <= self.slot_max_tokens:
-            raise ConfigError(f"--max-len {self.max_len_tokens} must lie in [2, {self.slot_max_tokens}] tokens")
+            raise ConfigError(f"static max_len {self.max_len_tokens} must lie in [2, {self.slot_max_tokens}] tokens")
         if self.layout_attention_factor <= 0:
             raise ConfigError(f"layout attention factor must be > 0, got {self.layout_attention_factor}")
         if self.paged_attention_factor < 1 or self.block_table_base_us < 0 or self.block_table_per_block_us < 0:
@@ -142,7 +142,8 @@ class SimConfig:
             raise ConfigError(f"--scheduler {self.scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
         for name in ("max_batch_slots", "token_budget"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                flag = {"max_batch_slots": "--max-batch", "token_budget": "--token-budget"}[name]
+                raise ConfigError(f"{flag} must be >= 1, got {getattr(self, name)}")
         if self.max_context_tokens is not None and self.max_context_tokens < 2:
             raise ConfigError(f"--max-context must be >= 2 tokens, got {self.max_context_tokens}")
         if not 0 < self.memory_util_frac <= 1:
@@ -151,7 +152,8 @@ class SimConfig:
             raise ConfigError(
                 f"{self.model} (tp={self.tp}) weights {format_bytes(self.model_spec.weight_bytes(self.tp))} leave "
                 f"{format_bytes(max(self.kv_budget_bytes, 0))} for KV cache on {self.gpu} at memory_util "
-                f"{self.memory_util_frac}: not one page group ({format_bytes(self.page_group_bytes)}); raise --tp")
+                f"{self.memory_util_frac}: not one page group ({format_bytes(self.page_group_bytes)}); raise --memory-util "
+                f"or --tp")
 
     @cached_property
     def model_spec(self) -> ModelSpec:

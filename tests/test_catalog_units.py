@@ -71,7 +71,7 @@ def test_config_derived_pool_size():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(page_size_bytes=3 * MIB), "power of two"), (dict(page_size_bytes=32 * 1024), "power of two"),
-    (dict(scheduler="fifo"), "scheduler"), (dict(model="llama-3-70b", gpu="a100"), "raise --tp"),
+    (dict(scheduler="fifo"), "scheduler"), (dict(model="llama-3-70b", gpu="a100"), "raise --memory-util or --tp"),
     (dict(token_budget=0), "token-budget"), (dict(memory_util_frac=1.5), "memory-util")])
 def test_impossible_configurations(kwargs, message):
     with pytest.raises(ValueError, match=message):

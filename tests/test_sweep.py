@@ -91,7 +91,7 @@ def test_process_pool_matches_inline_run(tmp_path):
 def test_cli_sweep_writes_table_and_self_contained_figure(tmp_path, capsys):
     args = sweep_args("--quiet", "--workers", "1")
     args.grid, args.out = ["page_size=64KiB,2MiB", "memory_util=0.9,0.05"], str(tmp_path)
-    assert args.func(args) == 0
+    assert args.func(args) == 1          # the sweep completes, and its exit status reports the failed points
     out = capsys.readouterr().out
     assert "4 points (4 run now, 0 already" in out and "2 failed" in out
     table = pd.read_parquet(tmp_path / "sweep.parquet")
@@ -107,3 +107,13 @@ def test_capacity_job_per_point(tmp_path):
     records, _ = run_sweep(jobs, tmp_path, workers=1)
     table = sweep_table(jobs, records)
     assert list(table["status"]) == ["ok", "ok"] and (table["capacity_req_per_s"] > 0).all()
+
+
+def test_cli_sweep_refuses_to_rewrite_a_table_without_force(tmp_path):
+    args = sweep_args("--quiet", "--workers", "1")
+    args.grid, args.out = ["seed=0"], str(tmp_path)
+    assert args.func(args) == 0
+    with pytest.raises(FileExistsError, match="--force"):
+        args.func(args)
+    args.force = True
+    assert args.func(args) == 0

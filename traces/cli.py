@@ -96,7 +96,7 @@ def _run(body, args: argparse.Namespace) -> int:
         try:
             code = body(args)
         except TraceError as err:
-            print(f"error: {err}", file=sys.stderr)
+            print(f"kvsim: error: {err}", file=sys.stderr)
             code = 2
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
@@ -117,7 +117,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     """``kvsim traces convert FILE --out F.parquet [--force]``."""
     def body(a):
         if a.out.exists() and not a.force:
-            print(f"error: {a.out} exists; pass --force to overwrite", file=sys.stderr)
+            print(f"kvsim: error: {a.out} exists; pass --force to overwrite", file=sys.stderr)
             return 1
         df = load_with_transforms(a)
         write_parquet(df, a.out)

@@ -58,5 +58,7 @@ def fail(path: str | Path, what: str, line: int | None = None,
     """
     msg = f"{where(path, line, column)}: {what}"
     if value is not None:
+        if hasattr(value, "item"):          # numpy scalar: show 3, not np.int64(3)
+            value = value.item()
         msg += f" (got {value!r})"
     return TraceError(msg)

@@ -15,6 +15,8 @@ import pandas as pd
 from traces.csvread import line_of
 from traces.errors import fail
 
+MAX_TOKENS = 100_000_000   # 100 M tokens: far above any context window, far below int64 overflow
+
 
 def _first_bad(path: Path, chunk: pd.DataFrame, column: str, bad: np.ndarray,
                what: str):
@@ -48,9 +50,14 @@ def tokens(path: Path, chunk: pd.DataFrame, column: str) -> np.ndarray:
         bad = ~np.isfinite(array) | (array != np.floor(array))
         if bad.any():
             _first_bad(path, chunk, column, bad, "token count is not an integer")
+    if array.dtype == object:            # integers beyond int64 (pandas keeps them as Python ints)
+        array = np.array([float(v) for v in array])
     bad = array < 1
     if bad.any():
         _first_bad(path, chunk, column, bad, "token count must be >= 1")
+    bad = array > MAX_TOKENS
+    if bad.any():
+        _first_bad(path, chunk, column, bad, f"token count above {MAX_TOKENS:,} (no model has such a context)")
     return array.astype(np.int64)
 
 

@@ -19,6 +19,7 @@ import pandas as pd
 
 from traces.canonical import build_table
 from traces.csvread import read_head
+from traces.fields import MAX_TOKENS
 from traces.errors import fail
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -88,3 +89,7 @@ def _check_number(path: Path, line: int, field: str, value, minimum: int | None)
         raise fail(path, "token count is not an integer", line, field, value)
     if minimum is not None and value < minimum:
         raise fail(path, f"token count must be >= {minimum}", line, field, value)
+    if minimum is not None and value > MAX_TOKENS:
+        raise fail(path, f"token count above {MAX_TOKENS:,} (no model has such a context)", line, field, value)
+    if minimum is None and not abs(value) < 1e15:
+        raise fail(path, "timestamp out of range", line, field, value)
