@@ -69,7 +69,7 @@ def register(subparsers) -> None:
     sweep.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local instance)")
     sweep.add_argument("--workers", type=int, default=None, help="parallel processes / local Ray CPUs (default: all cores)")
     sweep.add_argument("--out", required=True, help="output directory (resumable: finished points are kept)")
-    sweep.add_argument("--force", action="store_true", help="rewrite an existing sweep table in --out")
+    sweep.add_argument("--force", action="store_true", help="write into a non-empty --out that holds no sweep")
     _add_common(sweep)
     sweep.set_defaults(func=cmd_sweep)
 
@@ -185,10 +185,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     jobs = make_jobs(grid, base_settings(args), args.job)
     out_dir = Path(args.out)
-    existing = [f for f in ("sweep.csv", "sweep.parquet", "sweep.html") if (out_dir / f).exists()]
-    if existing and not args.force:
-        raise FileExistsError(f"{out_dir} already holds {', '.join(existing)}: pass --force to rewrite the table "
-                              "(points already computed are reused either way)")
+    # resuming rewrites the table from the stored points; a folder that is not a sweep is left alone
+    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / "points").is_dir() and not args.force:
+        raise FileExistsError(f"{out_dir} is not empty and holds no sweep (no points/ folder); choose another --out "
+                              "or pass --force")
     started = time.perf_counter()
     records, ran = run_sweep(jobs, out_dir, args.executor, args.workers, args.ray_address, args.quiet)
     table = sweep_table(jobs, records)

@@ -109,11 +109,11 @@ def test_capacity_job_per_point(tmp_path):
     assert list(table["status"]) == ["ok", "ok"] and (table["capacity_req_per_s"] > 0).all()
 
 
-def test_cli_sweep_refuses_to_rewrite_a_table_without_force(tmp_path):
+def test_cli_sweep_refuses_a_non_sweep_folder_without_force(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
     args = sweep_args("--quiet", "--workers", "1")
     args.grid, args.out = ["seed=0"], str(tmp_path)
-    assert args.func(args) == 0
     with pytest.raises(FileExistsError, match="--force"):
         args.func(args)
     args.force = True
-    assert args.func(args) == 0
+    assert args.func(args) == 0 and (tmp_path / "notes.txt").read_text() == "mine"
