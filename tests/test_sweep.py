@@ -98,7 +98,7 @@ def test_cli_sweep_writes_table_and_self_contained_figure(tmp_path, capsys):
     assert len(table) == 4 and len(pd.read_csv(tmp_path / "sweep.csv")) == 4
     html = (tmp_path / "sweep.html").read_text()
     assert "plotly" in html and '<script src="http' not in html and len(html) > 1_000_000   # plotly.js embedded
-    assert args.func(args) == 0 and "(0 run now, 4 already" in capsys.readouterr().out
+    assert args.func(args) == 1 and "(0 run now, 4 already" in capsys.readouterr().out
 
 
 def test_capacity_job_per_point(tmp_path):
