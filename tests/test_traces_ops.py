@@ -289,7 +289,7 @@ def test_cli_stats_error_is_one_line(tmp_path, capsys):
     path.write_text("num_prefill_tokens,num_decode_tokens\n5,6\n")
     assert run_cli(["traces", "stats", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "arrival" in err and "Traceback" not in err
+    assert err.startswith("kvsim: error: ") and err.count("\n") == 1 and "arrival" in err and "Traceback" not in err
 
 
 def test_cli_convert_refuses_overwrite(tmp_path, capsys):
