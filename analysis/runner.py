@@ -52,6 +52,7 @@ PROFILE_FIELDS = {
     "paged_attention_factor": ("paged_attention", "factor"),
     "layout_attention_factor": ("layout", "cross_layer_attention_factor"),
     "memset_bytes_per_s": ("memory", "memset_bytes_per_s"),
+    "copy_bytes_per_s": ("memory", "copy_bytes_per_s"),
 }
 
 

@@ -72,6 +72,8 @@ class SimConfig:
         memset_bytes_per_s: bandwidth of clearing memory (zero-on-reuse) and, counting bytes read plus
             written, of copying it (copy-on-write); ``None``: the GPU's datasheet bandwidth x 4.3/4.8 (the
             H200's measured device-copy efficiency, domain.md); a profile's ``memory`` section sets it.
+        copy_bytes_per_s: device-to-device copy rate counting bytes read plus written (copy-on-write of a
+            partially shared page); ``None``: as for memset; a profile's ``memory`` section sets it.
     """
 
     model: str = "llama-3-8b"
@@ -106,6 +108,7 @@ class SimConfig:
     zero_on_reuse: str = "off"
     prefix_caching: bool = False
     memset_bytes_per_s: float | None = None
+    copy_bytes_per_s: float | None = None
     prefix_block_tokens: int = 512
 
     def __post_init__(self) -> None:

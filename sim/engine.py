@@ -204,7 +204,9 @@ class Simulator:
         self.prefix = config.prefix_caching
         self._pending_copy_bytes = 0          # copy-on-write of partially shared pages, owed by the next iteration
         self.zero_mode = config.zero_on_reuse
-        self._zero_bytes_per_us = (config.memset_bytes_per_s or config.gpu_spec.mem_bw_bytes_per_s * (4.3 / 4.8)) / US_PER_S
+        default_bw = config.gpu_spec.mem_bw_bytes_per_s * (4.3 / 4.8)
+        self._zero_bytes_per_us = (config.memset_bytes_per_s or default_bw) / US_PER_S
+        self._copy_bytes_per_us = (config.copy_bytes_per_s or default_bw) / US_PER_S
         self._pending_zero_groups = 0
         self.zero_bytes = {"critical": 0, "background": 0}
         self.cow_bytes = 0
@@ -470,8 +472,8 @@ class Simulator:
         self.zero_bytes["critical"] += groups * self.config.page_group_bytes
         copy_bytes, self._pending_copy_bytes = self._pending_copy_bytes, 0
         self.cow_bytes += copy_bytes
-        # a copy reads and writes every byte: 2 x bytes at the copy bandwidth
-        return self._zero_us(groups) + 2 * copy_bytes / self._zero_bytes_per_us
+        # a copy reads and writes every byte: 2 x bytes at the (read + written) copy bandwidth
+        return self._zero_us(groups) + 2 * copy_bytes / self._copy_bytes_per_us
 
     def _background_op_us(self, op) -> float:
         """A background op's duration: its VMM calls, plus clearing a recycled page under on-reuse."""
