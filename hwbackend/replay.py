@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from hwbackend.model import BatchInputs, SeqWork
+from sim.lifecycle import RequestBookkeeping
 from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS
 from sim.request import Request
 from sim.scheduler import SCHEDULERS
@@ -65,7 +66,7 @@ def requests_from_trace(trace: pd.DataFrame, slot_max_tokens: int) -> list[Reque
         trace["request_id"], arrivals_us, trace["prompt_tokens"], trace["output_tokens"])]
 
 
-class ReplayLoop:
+class ReplayLoop(RequestBookkeeping):
     """Serves a trace on a model and an open :class:`hwbackend.replay_kv.ReplayKV`.
 
     Args:
@@ -162,22 +163,6 @@ class ReplayLoop:
         self.iteration_records.append(tuple(record.get(c, 0.0) for c in ITERATION_COLUMNS))
 
     # ---- phases (mirroring sim.engine.Simulator) ------------------------------------------------------
-    def _accept_arrivals(self, now_us: float) -> None:
-        requests = self.requests
-        while self._next_arrival < len(requests) and requests[self._next_arrival].arrival_at_us <= now_us:
-            request = requests[self._next_arrival]
-            self._next_arrival += 1
-            if self._cannot_ever_fit(request):
-                request.status = "rejected"
-                self.num_done += 1
-            else:
-                self.waiting.append(request)
-
-    def _cannot_ever_fit(self, request: Request) -> bool:
-        policy = self.policy.config
-        usable = policy.pool_page_groups - int(policy.admission_watermark_frac * policy.pool_page_groups)
-        return policy.pages_for_tokens(request.final_kv_tokens) > usable
-
     def _admit(self, request: Request, first_tokens: int) -> int:
         """The scheduler's ``admit``: tokens scheduled (``first_tokens``; no prefix cache here), 0 if refused."""
         slot = self.executor.alloc_slot(request.computed + first_tokens)
@@ -223,43 +208,12 @@ class ReplayLoop:
             if not batch:
                 return []
 
-    def _lookahead(self, batch: list) -> dict[int, int]:
-        steps, budget, targets = self.config.eager_lookahead_steps, self.config.token_budget, {}
-        for request, tokens in batch:
-            after = request.computed + tokens
-            if after == request.seq_len:
-                if request.generated + 1 < request.output_tokens:
-                    targets[request.slot] = min(after + steps, request.final_kv_tokens)
-            else:
-                targets[request.slot] = min(request.seq_len, after + budget)
-        return targets
-
-    def _pool_snapshot(self, batch: list) -> tuple[int, int, int, int, int]:
-        policy, tokens_per_page = self.policy, self.config.tokens_per_page
-        scheduled = {r.slot: t for r, t in batch}
-        held_tokens = [r.computed + scheduled.get(r.slot, 0) for r in self.running]
-        used = sum(-(-t // tokens_per_page) for t in held_tokens)
-        active_mapped = sum(policy.mapped[r.slot] for r in self.running)
-        waste = (active_mapped * tokens_per_page - sum(held_tokens)) * self._kv_bytes_per_token
-        return (policy.mapped_page_groups, used, policy.free_page_groups, policy.deferred_page_groups, waste)
-
     def _since_last_record(self) -> tuple[int, int]:
         done = (self.executor.metrics["background_page_groups"], self._unmapped_groups())
         delta = (done[0] - self._recorded[0], done[1] - self._recorded[1])
         self._recorded = done
         return delta
 
-    def _finish_iteration(self, batch: list, done_us: float) -> None:
-        for request, tokens in batch:
-            request.computed += tokens
-            if request.computed != request.seq_len:
-                continue
-            request.generated += 1
-            if request.generated == 1:
-                request.first_token_at_us = done_us
-            if request.generated == request.output_tokens:
-                request.completion_at_us = done_us
-                self._drop(request, status="finished")
 
     def _drop(self, request: Request, status: str) -> None:
         self._release(request)

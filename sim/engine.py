@@ -21,6 +21,7 @@ import simpy
 from sim.compute import BatchShape, RooflineComputeModel
 from sim.config import SimConfig
 from sim.latency import VmmLatencyModel
+from sim.lifecycle import RequestBookkeeping
 from sim.mapper import AsyncMapper
 from sim.memory import build_policy
 from sim.plan import MapOp, Plan, UnmapOp
@@ -168,7 +169,7 @@ class SwapSpace:
         return pending
 
 
-class Simulator:
+class Simulator(RequestBookkeeping):
     """Replays a canonical trace table through a scheduler and the vAttention memory policy.
 
     Args:
@@ -255,7 +256,7 @@ class Simulator:
     def _serve(self):
         env, total, iteration = self.env, len(self.requests), 0
         while self.num_done < total:
-            self._accept_arrivals()
+            self._accept_arrivals(env.now)
             if not self.running and not self.waiting:
                 yield env.timeout(self.requests[self._next_arrival].arrival_at_us - env.now)
                 continue
@@ -300,7 +301,7 @@ class Simulator:
                 mapped_sync, bg_maps, unmapped_sync + bg_unmaps, prefill,
                 sum(t for _, t in batch) - prefill, len(batch), len(self.running), len(self.waiting),
                 *snapshot, self._iteration_preemptions, block_table_us, swap_us, clear_copy_us))
-            self._finish_iteration(batch, iteration)
+            self._finish_iteration(batch, env.now, iteration)
             iteration += 1
             if self.progress and iteration % 2000 == 0:
                 self.progress(self.num_done, total)
@@ -308,22 +309,6 @@ class Simulator:
             self.progress(self.num_done, total)
 
     # ---- phases ----------------------------------------------------------------------------------------
-    def _accept_arrivals(self) -> None:
-        now, requests = self.env.now, self.requests
-        while self._next_arrival < len(requests) and requests[self._next_arrival].arrival_at_us <= now:
-            request = requests[self._next_arrival]
-            self._next_arrival += 1
-            if self.config.max_pages_per_slot and self._cannot_ever_fit(request):
-                request.status = "rejected"
-                self.num_done += 1
-            else:
-                self.waiting.append(request)
-
-    def _cannot_ever_fit(self, request: Request) -> bool:
-        policy = self.policy.config
-        usable = policy.pool_page_groups - int(policy.admission_watermark_frac * policy.pool_page_groups)
-        return policy.pages_for_tokens(request.final_kv_tokens) > usable
-
     def _admit(self, request: Request, first_tokens: int) -> int:
         """Take a slot and map the first chunk's pages now, so that several admissions in one scheduling
         round cannot promise the same free pages (vLLM allocates blocks at admission the same way). With a
@@ -490,17 +475,6 @@ class Simulator:
         elif plan:
             self._pending_plans.append(plan)
 
-    def _lookahead(self, batch: Batch) -> dict[int, int]:
-        steps, budget, targets = self.config.eager_lookahead_steps, self.config.token_budget, {}
-        for request, tokens in batch:
-            after = request.computed + tokens
-            if after == request.seq_len:
-                if request.generated + 1 < request.output_tokens:
-                    targets[request.slot] = min(after + steps, request.final_kv_tokens)
-            else:
-                targets[request.slot] = min(request.seq_len, after + budget)
-        return targets
-
     def _decode_run(self, batch: Batch, iteration: int):
         """Fast-forward k >= 2 pure-decode iterations in one event when nothing can change inside them:
         no arrival before the last one starts, no completion, every step and look-ahead target already
@@ -560,29 +534,9 @@ class Simulator:
             size, len(self.running), len(self.waiting), policy.physical_page_groups, policy.free_page_groups,
             policy.deferred_page_groups), block_table_us))
 
-    def _pool_snapshot(self, batch: Batch) -> tuple[int, int, int, int, int]:
-        policy, tokens_per_page = self.policy, self.config.tokens_per_page
-        scheduled = {r.slot: t for r, t in batch}
-        held_tokens = [r.computed + scheduled.get(r.slot, 0) for r in self.running]
-        used = sum(-(-t // tokens_per_page) for t in held_tokens)
-        active_mapped = sum(policy.mapped[r.slot] for r in self.running)
-        waste = (active_mapped * tokens_per_page - sum(held_tokens)) * self._kv_bytes_per_token
-        return (policy.physical_page_groups, used, policy.free_page_groups, policy.deferred_page_groups, waste)
-
-    def _finish_iteration(self, batch: Batch, iteration: int) -> None:
-        now = self.env.now
-        for request, tokens in batch:
-            request.computed += tokens
-            if self.prefix and request.hash_ids is not None and request.computed <= request.prompt_tokens:
-                self.policy.donate(request.slot, request.hash_ids, request.prompt_tokens, request.computed)
-            if request.computed != request.seq_len:
-                continue
-            request.generated += 1
-            if request.generated == 1:
-                request.first_token_at_us = now
-            if request.generated == request.output_tokens:
-                request.completion_at_us = now
-                self._drop(request, status="finished")
+    def _after_compute(self, request: Request) -> None:
+        if self.prefix and request.hash_ids is not None and request.computed <= request.prompt_tokens:
+            self.policy.donate(request.slot, request.hash_ids, request.prompt_tokens, request.computed)
 
 
 def _expand_blocks(blocks: list[tuple]) -> pd.DataFrame:
