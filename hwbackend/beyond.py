@@ -208,26 +208,16 @@ class SharingKVCache(KVCache):
             self.zeroed_bytes += size * self.layout.num_sub_tensors
 
     # ---- unmapping with reference counts -----------------------------------------------------------------
-    def _unmap_pages(self, tx: Transaction, op: UnmapOp) -> None:
-        size_bytes = self.layout.page_size_bytes
-        for page in self._pages(op):
-            handles = self._page_handles.get((op.slot, page))
-            if handles is None:
-                raise RuntimeError(f"{op}: page {page} of slot {op.slot} is not mapped")
-            for t, handle in enumerate(handles):
-                va = self.page_va(t, op.slot, page)
-                self.driver.unmap(va, size_bytes)
-                tx.on_rollback(self._remap, va, handle)
-            del self._page_handles[(op.slot, page)]
-            tx.on_rollback(self._page_handles.__setitem__, (op.slot, page), handles)
-            freed = []
-            for handle in handles:
-                if self._mappings.get(handle_key(handle), 1) > 1:
-                    self._add_mapping(tx, handle, -1)   # still mapped by another slot: stays out of the pool
-                else:
-                    freed.append(handle)
-            self._free_handles.extend(freed)
-            tx.on_rollback(_drop_last_n, self._free_handles, len(freed))
+    def _return_handles(self, tx: Transaction, handles: list) -> None:
+        """A handle still mapped by another slot stays out of the pool (its mapping count drops by one)."""
+        freed = []
+        for handle in handles:
+            if self._mappings.get(handle_key(handle), 1) > 1:
+                self._add_mapping(tx, handle, -1)
+            else:
+                freed.append(handle)
+        self._free_handles.extend(freed)
+        tx.on_rollback(_drop_last_n, self._free_handles, len(freed))
 
     def close(self) -> None:
         """Unmap every mapping, release every handle once, free every reservation and the scratch range."""

@@ -291,8 +291,12 @@ class KVCache:
                 tx.on_rollback(self._remap, va, handle)
             del self._page_handles[(op.slot, page)]
             tx.on_rollback(self._page_handles.__setitem__, (op.slot, page), handles)
-            self._free_handles.extend(handles)
-            tx.on_rollback(_drop_last, self._free_handles, len(handles))
+            self._return_handles(tx, handles)
+
+    def _return_handles(self, tx: Transaction, handles: list) -> None:
+        """Handles a page group no longer maps go back to the pool (overridden where handles are shared)."""
+        self._free_handles.extend(handles)
+        tx.on_rollback(_drop_last, self._free_handles, len(handles))
 
     def _remap(self, va: int, handle: Any) -> None:
         self.driver.map(va, self.layout.page_size_bytes, handle)
