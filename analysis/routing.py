@@ -4,32 +4,22 @@
   replica simulated alone, the per-request records merged. Exact.
 * **least-outstanding**: each arrival goes to the replica with the fewest outstanding requests (arrived,
   not finished) at its arrival time; ties go to the replica with fewer requests so far, then the lower
-  index. The simulator replays a whole trace and cannot take requests pushed over time, so the routing
-  is found by a *causal fixed-point iteration* instead of a co-simulation::
-
-      assignment_0 = round-robin
-      repeat: simulate every replica under assignment_k -> completion times c_k
-              assignment_k+1 = least-outstanding routing replayed with the completion times c_k
-      until assignment_k+1 == assignment_k (or max_passes)
-
-  The simulator is causal (a replica's state at time t depends only on requests arriving by t), so if
-  assignment_k+1 and assignment_k agree on the first m arrivals, those m decisions are exactly what a
-  co-simulation would make; each pass extends that exact prefix by at least one arrival, and at the fixed
-  point the routing *is* the co-simulated one. :attr:`RoutedRun.exact_share` reports the verified prefix
-  (1.0 = exact) when the pass limit stops the iteration first.
+  index. Exact: the replicas are co-simulated in one SimPy environment and a router process submits each
+  request at its arrival time (:meth:`sim.engine.Simulator.submit`), reading every replica's state then.
 """
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
 from analysis import runner
-from analysis.results import RunResult, summarize
+import simpy
+
+from analysis.results import RunResult, build_result, summarize
 from sim.config import SimConfig
-from sim.engine import ARRIVAL_TICK_US, ARRIVAL_TICKS_PER_S
+from sim.engine import ARRIVAL_TICK_US, ARRIVAL_TICKS_PER_S, Simulator
 
 ROUTERS = ("round-robin", "least-outstanding")
 # summary keys that add up over replicas (the rest is recomputed from the merged records)
@@ -47,8 +37,6 @@ class RoutedRun:
         requests: merged per-request table (times in us on the trace's clock) with a ``replica`` column.
         summary: the summary of the merged records (rates are totals over the replicas).
         replicas: each replica's own :class:`RunResult` (None for a replica that received no request).
-        passes: simulation passes run (1 for round-robin).
-        exact_share: share of arrivals whose routing decision is verified exact (see module docstring).
     """
 
     routing: str
@@ -56,40 +44,11 @@ class RoutedRun:
     requests: pd.DataFrame
     summary: dict
     replicas: list = field(default_factory=list, repr=False)
-    passes: int = 1
-    exact_share: float = 1.0
 
 
 def round_robin(num_requests: int, num_replicas: int) -> np.ndarray:
     """Replica index per request: ``0, 1, ..., R-1, 0, 1, ...``."""
     return np.arange(num_requests, dtype=np.int64) % num_replicas
-
-
-def least_outstanding(arrival_us: np.ndarray, completion_us: np.ndarray, num_replicas: int) -> np.ndarray:
-    """Least-outstanding routing replayed with known completion times.
-
-    Args:
-        arrival_us: arrival times in arrival order (us).
-        completion_us: completion time of each request were it routed as before (us; NaN = rejected, never
-            outstanding). A request completing exactly at an arrival no longer counts for that arrival.
-        num_replicas: R.
-
-    Returns:
-        Replica index per request.
-    """
-    heaps: list[list[float]] = [[] for _ in range(num_replicas)]
-    assigned = np.zeros(num_replicas, dtype=np.int64)
-    out = np.empty(len(arrival_us), dtype=np.int64)
-    for i, (now_us, done_us) in enumerate(zip(arrival_us, completion_us)):
-        for heap in heaps:
-            while heap and heap[0] <= now_us:
-                heapq.heappop(heap)
-        choice = min(range(num_replicas), key=lambda r: (len(heaps[r]), assigned[r], r))
-        out[i] = choice
-        assigned[choice] += 1
-        if done_us > now_us:   # False for NaN (rejected)
-            heapq.heappush(heaps[choice], done_us)
-    return out
 
 
 def split_trace(trace: pd.DataFrame, assignment: np.ndarray, num_replicas: int) -> list[pd.DataFrame]:
@@ -130,15 +89,59 @@ def merge_replicas(results: list[RunResult | None], config: SimConfig) -> tuple[
     return requests, summary
 
 
-def _completions_us(requests: pd.DataFrame, num_requests: int) -> np.ndarray:
-    """Completion time per request id (NaN for rejected ones)."""
-    out = np.full(num_requests, np.nan)
-    out[requests["request_id"].to_numpy()] = requests["completion_at_us"].to_numpy(dtype=float)
-    return out
+def co_simulate_least_outstanding(config: SimConfig, trace: pd.DataFrame, num_replicas: int,
+                                  profile_path: str | None = None) -> tuple[np.ndarray, list[RunResult | None]]:
+    """Least-outstanding routing, co-simulated: one environment, R open-arrival simulators (replica r with
+    seed ``config.seed + r``) and a router process that submits each request at its arrival time.
+
+    Returns:
+        ``(assignment, results)``: replica index per request and each replica's :class:`RunResult`.
+    """
+    env = simpy.Environment()
+    empty = trace.iloc[:0]
+    replicas = []
+    for replica in range(num_replicas):
+        replica_config = runner.profile_config_overrides(replace(config, seed=config.seed + replica), profile_path)
+        vmm, compute = runner.load_models(replica_config, profile_path)
+        simulator = Simulator(replica_config, empty, vmm=vmm, compute=compute, env=env)
+        simulator.open_arrivals()
+        simulator.start()
+        replicas.append((replica_config, vmm, simulator))
+    assignment = np.empty(len(trace), dtype=np.int64)
+    env.process(_router(env, trace, [s for _, _, s in replicas], assignment))
+    env.run()
+    results = []
+    for replica, (replica_config, vmm, simulator) in enumerate(replicas):
+        if not simulator.requests:
+            results.append(None)
+            continue
+        meta = {**replica_config.to_dict(), "trace_source": f"{trace.attrs.get('source', 'trace')} | replica {replica}",
+                "vmm_latency_source": vmm.source}
+        results.append(build_result(simulator.output(), meta))
+    return assignment, results
+
+
+def _router(env: simpy.Environment, trace: pd.DataFrame, simulators: list, assignment: np.ndarray):
+    arrivals_us = np.round(trace["arrival_s"].to_numpy(dtype=float) * ARRIVAL_TICKS_PER_S) * ARRIVAL_TICK_US
+    hash_ids = trace["hash_ids"] if "hash_ids" in trace.columns else [None] * len(trace)
+    assigned = [0] * len(simulators)
+    rows = zip(arrivals_us, trace["request_id"], trace["prompt_tokens"], trace["output_tokens"], hash_ids)
+    for index, (arrival_us, request_id, prompt, output, ids) in enumerate(rows):
+        for simulator in simulators:      # no replica fast-forwards past an arrival it might receive
+            simulator.arrival_horizon_us = arrival_us
+        if arrival_us > env.now:
+            yield env.timeout(arrival_us - env.now)
+        choice = min(range(len(simulators)), key=lambda r: (simulators[r].outstanding, assigned[r], r))
+        simulators[choice].submit(int(request_id), int(prompt), int(output), ids)
+        assigned[choice] += 1
+        assignment[index] = choice
+    for simulator in simulators:
+        simulator.arrival_horizon_us = float("inf")
+        simulator.close()
 
 
 def run_routed(config: SimConfig, trace: pd.DataFrame, num_replicas: int, routing: str = "round-robin",
-               profile_path: str | None = None, max_passes: int = 4) -> RoutedRun:
+               profile_path: str | None = None) -> RoutedRun:
     """Route ``trace`` over ``num_replicas`` replicas of ``config`` and simulate them.
 
     Args:
@@ -147,7 +150,6 @@ def run_routed(config: SimConfig, trace: pd.DataFrame, num_replicas: int, routin
         num_replicas: R >= 1.
         routing: one of :data:`ROUTERS`.
         profile_path: calibration profile for VMM latencies.
-        max_passes: simulation passes for least-outstanding (module docstring).
 
     Raises:
         ValueError: for an unknown routing, R < 1, or request ids that are not row numbers.
@@ -158,17 +160,10 @@ def run_routed(config: SimConfig, trace: pd.DataFrame, num_replicas: int, routin
         raise ValueError(f"replicas must be >= 1, got {num_replicas}")
     if not np.array_equal(trace["request_id"].to_numpy(), np.arange(len(trace))):
         raise ValueError("routing needs request ids 0..n-1 in arrival order (renumber the trace)")
-    arrival_us = np.round(trace["arrival_s"].to_numpy(dtype=float) * ARRIVAL_TICKS_PER_S) * ARRIVAL_TICK_US
-    assignment, passes = round_robin(len(trace), num_replicas), 0
-    while True:
+    if routing == "least-outstanding":
+        assignment, results = co_simulate_least_outstanding(config, trace, num_replicas, profile_path)
+    else:
+        assignment = round_robin(len(trace), num_replicas)
         results = simulate_replicas(config, trace, assignment, num_replicas, profile_path)
-        requests, summary = merge_replicas(results, config)
-        passes += 1
-        if routing == "round-robin":
-            return RoutedRun(routing, assignment, requests, summary, results, passes, 1.0)
-        rerouted = least_outstanding(arrival_us, _completions_us(requests, len(trace)), num_replicas)
-        differs = np.flatnonzero(rerouted != assignment)
-        if not len(differs) or passes >= max_passes:
-            exact = 1.0 if not len(differs) else differs[0] / len(trace)
-            return RoutedRun(routing, assignment, requests, summary, results, passes, exact)
-        assignment = rerouted
+    requests, summary = merge_replicas(results, config)
+    return RoutedRun(routing, assignment, requests, summary, results)

@@ -182,6 +182,7 @@ class Simulator(RequestBookkeeping):
         coalesce: fast-forward runs of identical pure-decode iterations (no arrival, completion, page map or
             mapper activity inside the run) in one SimPy event; records are identical to stepping them one
             by one (``tests/test_engine.py`` checks this), only faster.
+        env: a shared SimPy environment (several replicas behind a router); default: a new one.
 
     Raises:
         ValueError: if a request does not fit a slot.
@@ -189,10 +190,12 @@ class Simulator(RequestBookkeeping):
 
     def __init__(self, config: SimConfig, trace: pd.DataFrame, vmm: VmmLatencyModel | None = None,
                  compute: RooflineComputeModel | None = None, progress: Callable[[int, int], None] | None = None,
-                 coalesce: bool = True):
+                 coalesce: bool = True, env: simpy.Environment | None = None):
         self.config = config
         self.rng = np.random.default_rng(config.seed)
-        self.env = simpy.Environment()
+        self.env = env or simpy.Environment()
+        self._open, self._closed, self._arrival = False, True, None
+        self.arrival_horizon_us = float("inf")   # open arrivals: time of the router's next submission
         self.compute = compute or RooflineComputeModel(config.model_spec, config.gpu_spec, config.tp)
         if config.policy == "paged" and hasattr(self.compute, "paged_attention_factor"):
             self.compute = replace(self.compute, paged_attention_factor=config.paged_attention_factor)
@@ -232,8 +235,42 @@ class Simulator(RequestBookkeeping):
     # ---- driver ----------------------------------------------------------------------------------------
     def run(self) -> SimOutput:
         """Run to the last request; returns the raw records."""
-        self.env.process(self._serve())
+        self.start()
         self.env.run()
+        return self.output()
+
+    # ---- open arrivals (requests pushed over time, e.g. by a router in a shared environment) -------------
+    def start(self) -> None:
+        """Start the serving process in :attr:`env` (``run`` does this; a shared environment runs it)."""
+        self.env.process(self._serve())
+
+    def open_arrivals(self) -> None:
+        """Take requests pushed with :meth:`submit` until :meth:`close`, instead of only the trace's."""
+        self._open, self._closed = True, False
+
+    def submit(self, request_id: int, prompt_tokens: int, output_tokens: int, hash_ids=None) -> None:
+        """A request arrives now (``env.now``). Raises ValueError if it cannot fit a slot."""
+        if prompt_tokens + output_tokens - 1 > self.config.slot_max_tokens:
+            raise ValueError(f"request {request_id} does not fit a slot ({self.config.slot_max_tokens} tokens)")
+        request = Request(request_id, self.env.now, prompt_tokens, output_tokens)
+        request.hash_ids = tuple(hash_ids) if hash_ids is not None else None
+        self.requests.append(request)
+        if self._arrival is not None and not self._arrival.triggered:
+            self._arrival.succeed()
+
+    def close(self) -> None:
+        """No more submissions: the process ends once every request is done."""
+        self._closed = True
+        if self._arrival is not None and not self._arrival.triggered:
+            self._arrival.succeed()
+
+    @property
+    def outstanding(self) -> int:
+        """Requests arrived (or submitted) and not yet finished or rejected."""
+        return len(self.requests) - self.num_done
+
+    def output(self) -> SimOutput:
+        """The raw records of a finished run."""
         for plan in self._pending_plans:    # unmaps of the last frees: performed, but after the last iteration
             self._sync_unmaps += plan.num_page_groups_unmapped
         self._pending_plans = []
@@ -254,11 +291,15 @@ class Simulator(RequestBookkeeping):
                          self.iteration_blocks)
 
     def _serve(self):
-        env, total, iteration = self.env, len(self.requests), 0
-        while self.num_done < total:
+        env, iteration = self.env, 0
+        while self.num_done < len(self.requests) or (self._open and not self._closed):
             self._accept_arrivals(env.now)
             if not self.running and not self.waiting:
-                yield env.timeout(self.requests[self._next_arrival].arrival_at_us - env.now)
+                if self._next_arrival < len(self.requests):
+                    yield env.timeout(self.requests[self._next_arrival].arrival_at_us - env.now)
+                elif self._open and not self._closed:
+                    self._arrival = env.event()
+                    yield self._arrival
                 continue
             start_at_us = env.now
             self._iteration_preemptions = 0
@@ -304,9 +345,9 @@ class Simulator(RequestBookkeeping):
             self._finish_iteration(batch, env.now, iteration)
             iteration += 1
             if self.progress and iteration % 2000 == 0:
-                self.progress(self.num_done, total)
+                self.progress(self.num_done, len(self.requests))
         if self.progress:
-            self.progress(self.num_done, total)
+            self.progress(self.num_done, len(self.requests))
 
     # ---- phases ----------------------------------------------------------------------------------------
     def _admit(self, request: Request, first_tokens: int) -> int:
@@ -498,9 +539,12 @@ class Simulator(RequestBookkeeping):
         block_table_us = self._block_table_us(batch)   # constant: no block is added inside the run
         durations_us = compute_us + block_table_us
         starts_us = np.cumsum(np.concatenate(([self.env.now], durations_us)))
-        if self._next_arrival < len(self.requests):
-            steps = min(steps, int(np.searchsorted(starts_us[:steps], self.requests[self._next_arrival].arrival_at_us,
-                                                   side="left")))
+        next_arrival_us = (self.requests[self._next_arrival].arrival_at_us
+                           if self._next_arrival < len(self.requests) else float("inf"))
+        if self._open:                    # requests not submitted yet may arrive: stop at the router's next one
+            next_arrival_us = min(next_arrival_us, self.arrival_horizon_us)
+        if next_arrival_us < float("inf"):
+            steps = min(steps, int(np.searchsorted(starts_us[:steps], next_arrival_us, side="left")))
             if steps < 2:
                 return 0
         yield self.env.timeout(starts_us[steps] - self.env.now)

@@ -1,4 +1,4 @@
-"""Multi-replica routing: exact round-robin split, least-outstanding replay, merged records."""
+"""Multi-replica routing: exact round-robin split, co-simulated least-outstanding routing, merged records."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 import traces
-from analysis.routing import least_outstanding, round_robin, run_routed, split_trace
+from analysis.routing import round_robin, run_routed, split_trace
 from analysis.runner import run_simulation
 from sim.config import SimConfig
 
@@ -25,15 +25,6 @@ def test_round_robin_splits_exactly(workload):
     assert parts[2]["arrival_s"].tolist() == workload["arrival_s"].iloc[2::3].tolist()
 
 
-def test_least_outstanding_replay_by_hand():
-    arrival_us = np.array([0.0, 1.0, 2.0, 3.0, 10.0])
-    completion_us = np.array([5.0, 2.0, 20.0, 4.0, 11.0])
-    # t=0: both empty -> 0; t=1: r0 has 1 -> 1; t=2: r1's request done at 2 -> r1 (0 vs 1 outstanding, r1 has
-    # 1 assigned = r0's 1, r1 0 outstanding) ; t=3: r0 1, r1 1 -> fewer assigned: r0 (1) vs r1 (2) -> 0;
-    # t=10: r0 empty, r1 holds 20 -> 0
-    assert least_outstanding(arrival_us, completion_us, 2).tolist() == [0, 1, 1, 0, 0]
-
-
 def test_one_replica_equals_a_plain_run(workload):
     config = SimConfig()
     routed = run_routed(config, workload, 1)
@@ -48,9 +39,33 @@ def test_round_robin_run_merges_every_request_once(workload):
     assert routed.summary["finished"] == 60 and routed.summary["replicas"] == 3
 
 
-def test_least_outstanding_run_is_valid_and_reports_its_exact_prefix(workload):
-    routed = run_routed(SimConfig(), traces.scale_rate(workload, 20.0), 3, "least-outstanding", max_passes=3)
-    assert set(np.unique(routed.assignment)) <= {0, 1, 2} and routed.summary["finished"] == 60
-    assert 0 <= routed.exact_share <= 1 and 1 <= routed.passes <= 3
+def test_least_outstanding_picks_the_replica_with_fewest_outstanding(workload):
+    """Recount, from the merged records, each replica's outstanding requests (assigned earlier, not yet
+    completed) at every arrival: the router's choice is always a minimum, ties broken by fewer requests
+    assigned so far, then the lower index."""
+    trace = traces.scale_rate(workload, 20.0)
+    routed = run_routed(SimConfig(), trace, 3, "least-outstanding")
+    req = routed.requests.set_index("request_id")
+    arrivals, completions = req["arrival_at_us"].to_numpy(), req["completion_at_us"].to_numpy()
+    assigned = [0, 0, 0]
+    for i, choice in enumerate(routed.assignment):
+        earlier = np.arange(i)
+        outstanding = [int(np.sum((routed.assignment[earlier] == r) & ~(completions[earlier] <= arrivals[i])))
+                       for r in range(3)]
+        best = min(range(3), key=lambda r: (outstanding[r], assigned[r], r))
+        assert choice == best, (i, outstanding, assigned)
+        assigned[choice] += 1
+    assert routed.summary["finished"] == 60 and len(set(routed.assignment)) == 3
+
+
+def test_least_outstanding_one_replica_equals_a_plain_run(workload):
+    """Co-simulated with arrivals pushed by the router, one replica gives the plain run's records."""
+    config = SimConfig()
+    routed = run_routed(config, workload, 1, "least-outstanding")
+    plain = run_simulation(config, workload).requests
+    pd.testing.assert_frame_equal(routed.requests.drop(columns="replica"), plain)
+
+
+def test_unknown_routing():
     with pytest.raises(ValueError, match="choose one of round-robin, least-outstanding"):
-        run_routed(SimConfig(), workload, 2, "random")
+        run_routed(SimConfig(), traces.synthetic_default(0, num_requests=5), 2, "random")
