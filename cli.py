@@ -242,6 +242,12 @@ class _progress:
         return False
 
 
+def _policy_keys_help() -> str:
+    from analysis.compare import POLICY_KEYS
+    keys = "; ".join(f"{name} keys: {', '.join(spec)}" for name, spec in POLICY_KEYS.items())
+    return f"policy specs: NAME[:key=value,...]; {keys}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvsim", description="Trace-driven simulator of LLM-serving KV-cache memory management (vAttention, "
@@ -264,10 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp = sub.add_parser("compare", help="run several memory policies on one trace and print one table",
                           description="Run several memory policies on one trace, model and GPU; print and save "
                                       "one comparison table (CSV and Parquet).",
-                          epilog="policy specs: NAME[:key=value,...]; vattention keys: page, sync, mapping, deferred, "
-                                 "lookahead, eager, eager_slots, watermark, create, layout, layout_factor, batched, preempt, "
-                                 "zero; paged keys: block, factor, bt_base_us, bt_per_block_us, preempt, zero; static "
-                                 "keys: max_len, preempt, zero")
+                          epilog=_policy_keys_help())
     comp.add_argument("--policy", action="append", required=True, metavar="SPEC",
                       help="a policy to run (repeat), e.g. --policy vattention:page=2MiB --policy paged:block=16")
     add_trace_args(comp)
