@@ -157,6 +157,11 @@ def _default_out_dir(kind: str = "sim") -> Path:
     return out
 
 
+def _check_out_dir(out_dir: Path) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise FileExistsError(f"--out {out_dir} is a file, not a directory")
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from analysis.compare import comparison_table, run_policies
     from analysis.summary import print_comparison
@@ -170,6 +175,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             raise ConfigError(f"policy {spec!r}: {exc}" if spec not in str(exc) else str(exc)) from None
     out_dir = Path(args.out) if args.out else _default_out_dir("compare")
+    _check_out_dir(out_dir)
     table_files = [out_dir / "compare.csv", out_dir / "compare.parquet"]
     if not args.force and any(f.exists() for f in table_files):
         raise FileExistsError(f"{out_dir} already holds a comparison; choose another --out or pass --force")
@@ -197,6 +203,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     out_dir = Path(args.out) if args.out else _default_out_dir()
+    _check_out_dir(out_dir)
     if not args.force and any((out_dir / f).exists() for f in ("summary.json", "requests.parquet")):
         raise FileExistsError(f"{out_dir} already holds a run; choose another --out or pass --force")
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens)

@@ -146,11 +146,18 @@ def load_run(path: str | Path) -> RunResult:
 
     Raises:
         FileNotFoundError: naming the missing file.
+        ValueError: naming a file that cannot be read.
     """
     run = Path(path)
     for name in RUN_FILES:
         if not (run / name).is_file():
             raise FileNotFoundError(f"{run}: not a kvsim run directory ({name} is missing)")
-    return RunResult(pd.read_parquet(run / "requests.parquet"), pd.read_parquet(run / "iterations.parquet"),
-                     json.loads((run / "summary.json").read_text()), json.loads((run / "config.json").read_text()),
-                     run)
+    tables = {}
+    for name in RUN_FILES:
+        try:
+            tables[name] = (pd.read_parquet(run / name) if name.endswith(".parquet")
+                            else json.loads((run / name).read_text()))
+        except (ValueError, OSError) as exc:     # JSONDecodeError and Arrow errors are ValueErrors/OSErrors
+            raise ValueError(f"{run / name}: unreadable ({exc})") from None
+    return RunResult(tables["requests.parquet"], tables["iterations.parquet"], tables["summary.json"],
+                     tables["config.json"], run)

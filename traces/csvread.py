@@ -33,7 +33,7 @@ def read_head(path: Path) -> bytes:
         TraceError: Missing, empty, binary (NUL bytes) or not UTF-8 at the start.
     """
     if not path.is_file():
-        raise TraceError(f"{path}: no such file")
+        raise TraceError(f"{path}: {'is a directory, not a trace file' if path.is_dir() else 'no such file'}")
     with open(path, "rb") as fh:
         head = fh.read(HEAD_BYTES)
     if not head.strip():

@@ -75,7 +75,7 @@ def load_trace(path: str | Path, fmt: str | None = None, arrival: str | None = N
 def read_parquet(path: Path) -> pd.DataFrame:
     """Reads a canonical Parquet trace (as written by :func:`write_parquet`) and checks it."""
     if not path.is_file():
-        raise TraceError(f"{path}: no such file")
+        raise TraceError(f"{path}: {'is a directory, not a trace file' if path.is_dir() else 'no such file'}")
     try:
         df = pd.read_parquet(path)
     except Exception as err:  # pyarrow raises several unrelated types
