@@ -205,7 +205,7 @@ class Simulator(RequestBookkeeping):
                      if config.uses_vmm else NoCost())
         self.policy = build_policy(config)
         self.mapper = AsyncMapper(self.env, self.policy, self._background_op_us) if config.has_async_mapper else None
-        self.prefix = config.prefix_caching
+        self.prefix = self._donates = config.prefix_caching
         self._pending_copy_bytes = 0          # copy-on-write of partially shared pages, owed by the next iteration
         self.zero_mode = config.zero_on_reuse
         default_bw = config.gpu_spec.mem_bw_bytes_per_s * (4.3 / 4.8)
@@ -336,7 +336,7 @@ class Simulator(RequestBookkeeping):
             yield env.timeout(compute_us)
             self.policy.iteration_completed(iteration)
             bg_maps, bg_unmaps = self._background_since_last_record()
-            prefill = sum(t for r, t in batch if r.remaining > 1 or r.generated == 0)
+            prefill = sum(t for r, t in batch if r.generated == 0 or r.prompt_tokens + r.generated - r.computed > 1)
             self.iteration_records.append((
                 iteration, start_at_us, env.now - start_at_us, compute_us, stall_us,
                 mapped_sync, bg_maps, unmapped_sync + bg_unmaps, prefill,
@@ -614,7 +614,7 @@ def _shape(batch: Batch) -> BatchShape:
         new += tokens
         pairs += tokens * (context + (tokens + 1) / 2)
         kv_read += context
-        logits += context + tokens == request.seq_len
+        logits += context + tokens == request.prompt_tokens + request.generated
     return BatchShape(new_tokens=new, attention_pairs=pairs, kv_read_tokens=kv_read, logit_sequences=logits)
 
 

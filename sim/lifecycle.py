@@ -14,6 +14,8 @@ from sim.request import Request
 class RequestBookkeeping:
     """Mixin: the time-free phases of one serving iteration."""
 
+    _donates = False   # whether _after_compute does anything (set by a loop that overrides it)
+
     def _accept_arrivals(self, now_us: float) -> None:
         """Move requests that arrived by ``now_us`` to the waiting queue (or reject one that can never fit)."""
         requests = self.requests
@@ -61,10 +63,12 @@ class RequestBookkeeping:
     def _finish_iteration(self, batch: list, done_us: float, iteration: int | None = None) -> None:
         """Apply an iteration's tokens: KV grows; a chunk that completes the sequence emits a token; the
         request finishes at its last output token (its slot is freed through ``_drop``)."""
+        donates = self._donates
         for request, tokens in batch:
             request.computed += tokens
-            self._after_compute(request)
-            if request.computed != request.seq_len:
+            if donates:
+                self._after_compute(request)
+            if request.computed != request.prompt_tokens + request.generated:
                 continue
             request.generated += 1
             if request.generated == 1:

@@ -26,15 +26,21 @@ def schedule_sarathi(running: list[Request], waiting: deque, token_budget: int, 
     prefills, then new admissions, until ``token_budget`` tokens are scheduled."""
     batch: Batch = []
     budget = token_budget
+    prefills = []
     for request in running:
-        if request.remaining == 1 and budget > 0:
-            batch.append((request, 1))
-            budget -= 1
-    for request in running:
-        if request.remaining > 1 and budget > 0:
-            chunk = min(request.remaining, budget)
-            batch.append((request, chunk))
-            budget -= chunk
+        remaining = request.prompt_tokens + request.generated - request.computed   # Request.remaining, inlined
+        if remaining == 1:
+            if budget > 0:
+                batch.append((request, 1))
+                budget -= 1
+        else:
+            prefills.append((request, remaining))
+    for request, remaining in prefills:
+        if budget <= 0:
+            break
+        chunk = min(remaining, budget)
+        batch.append((request, chunk))
+        budget -= chunk
     while waiting and budget > 0:
         request = waiting[0]
         chunk = admit(request, min(request.remaining, budget))
