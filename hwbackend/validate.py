@@ -146,12 +146,24 @@ def validate_run(hw_dir: str | Path, profile: str | None = None, out_dir: str | 
     return table, hw, sim
 
 
+# options a saved hardware run already fixes (its config.json and trace.parquet), with their CLI defaults
+_RUN_DEFINED = {"model": "llama-3-8b", "gpu": "h200", "tp": 1, "page_size": 2 * 1024 * 1024, "max_batch": 256,
+                "scheduler": "sarathi", "token_budget": 2048, "max_context": None, "sync_mapping": False,
+                "no_deferred_reclaim": False, "num_requests": None, "rate_scale": 1.0, "seed": 0}
+
+
 def command(args) -> int:
     """``kvsim validate``: against ``--hw-run DIR``, or a fresh replay (GPU) saved under ``--out``."""
     if args.out and not getattr(args, "force", False) and any(
             (Path(args.out) / name).exists() for name in ("validation.md", "errors.csv", "overlay.html")):
         raise FileExistsError(f"{args.out} already holds a validation; choose another --out or pass --force")
     hw_dir = args.hw_run
+    if hw_dir is not None:
+        ignored = [f"--{name.replace('_', '-')}" for name, default in _RUN_DEFINED.items()
+                   if getattr(args, name, default) != default]
+        if ignored:
+            print(f"kvsim: note: {', '.join(ignored)} ignored: the hardware run's own configuration and trace slice "
+                  "are simulated", flush=True)
     if hw_dir is None:
         hw_dir = _fresh_replay(args)
         if hw_dir is None:
