@@ -200,10 +200,8 @@ class ReplayLoop(RequestBookkeeping):
                 return []
             self._release(victim)
             victim.computed = 0
-            victim.preemptions += 1
-            victim.status = "waiting"
             self._preemptions += 1
-            self.waiting.appendleft(victim)
+            self._requeue(victim)
             batch = [(r, t) for r, t in batch if r is not victim]
             if not batch:
                 return []
@@ -214,11 +212,6 @@ class ReplayLoop(RequestBookkeeping):
         self._recorded = done
         return delta
 
-
-    def _drop(self, request: Request, status: str) -> None:
-        self._release(request)
-        request.status = status
-        self.num_done += 1
 
     def _release(self, request: Request) -> None:
         self.running.remove(request)

@@ -462,15 +462,8 @@ class Simulator(RequestBookkeeping):
         victim.swapped = self.swap.swap_out(victim.computed)
         if not victim.swapped:
             victim.computed = 0
-        victim.preemptions += 1
-        victim.status = "waiting"
         self._iteration_preemptions += 1
-        self.waiting.appendleft(victim)
-
-    def _drop(self, request: Request, status: str) -> None:
-        self._release(request)
-        request.status = status
-        self.num_done += 1
+        self._requeue(victim)
 
     def _release(self, request: Request) -> None:
         self.running.remove(request)

@@ -4,7 +4,8 @@ token-emission rules; neither depends on a clock (times are passed in, in micros
 
 A class using the mixin provides: ``requests`` (list of :class:`sim.request.Request` in arrival order),
 ``_next_arrival`` (index), ``waiting`` (deque), ``running`` (list), ``num_done`` (int), ``policy`` (a memory
-policy), ``config`` (:class:`sim.config.SimConfig`), ``_kv_bytes_per_token`` and ``_drop(request, status)``.
+policy), ``config`` (:class:`sim.config.SimConfig`), ``_kv_bytes_per_token`` and ``_release(request)`` (give
+the request's slot back to its memory manager).
 """
 from __future__ import annotations
 
@@ -56,6 +57,18 @@ class RequestBookkeeping:
         active_mapped = sum(policy.mapped[r.slot] for r in self.running)
         waste = (active_mapped * tokens_per_page - sum(held_tokens)) * self._kv_bytes_per_token
         return (policy.physical_page_groups, used, policy.free_page_groups, policy.deferred_page_groups, waste)
+
+    def _drop(self, request: Request, status: str) -> None:
+        """The request leaves for good (``finished`` or ``rejected``): its slot is released."""
+        self._release(request)
+        request.status = status
+        self.num_done += 1
+
+    def _requeue(self, victim: Request) -> None:
+        """A preempted request goes back to the head of the waiting queue (its slot already released)."""
+        victim.preemptions += 1
+        victim.status = "waiting"
+        self.waiting.appendleft(victim)
 
     def _after_compute(self, request: Request) -> None:
         """Hook after a request's KV grew (the simulator donates full prefix pages here)."""
