@@ -12,8 +12,9 @@ completion poll (:func:`_time_iteration_us`), i.e. a replay iteration minus sche
 
 The fit (least squares on relative error, ``scipy.optimize.least_squares`` from several starts) adjusts
 ``flops_efficiency``, ``bw_efficiency``, ``attention_flops_efficiency`` and ``overhead_us``; the profile
-gets ``compute.roofline`` (read by ``analysis.runner.load_models``) and ``compute.fit_error`` (median,
-p90, max of ``|model / measured - 1|`` over the grid).
+gets ``compute.roofline`` and ``compute.fit_error`` (median, p90, max of ``|model / measured - 1|`` over the
+grid), plus ``compute.tiled_roofline`` (the roofline with a launch floor and a mixed-batch term,
+:mod:`hwbackend.compute_calibration_tiled`), which ``analysis.runner.load_models`` prefers when present.
 """
 from __future__ import annotations
 
@@ -145,9 +146,11 @@ def compute_section(base: RooflineComputeModel, grid: list[GridPoint], measured_
     fitted = predict_us(base, np.array([roofline[f] for f in FIT_FIELDS]), shapes)
     rows = [{"decodes": p.decodes, "decode_context": p.decode_context, "chunks": [list(c) for c in p.chunks],
              "measured_us": round(m, 1), "model_us": round(float(f), 1)} for p, m, f in zip(grid, measured_us, fitted)]
+    from hwbackend.compute_calibration_tiled import fit_tiled
     return {"roofline": roofline, "fit_error": error, "default_roofline_error": default_error,
             "method": "median wall time of the replay's forward (host prep + GPU + token copy), least squares "
-                      "on relative error", **meta, "grid": rows}
+                      "on relative error", **meta, "tiled_roofline": fit_tiled(base, shapes, measured_us),
+            "grid": rows}
 
 
 def run_compute_calibration(model_name: str, profile_path: str, device: str = "cuda:0", paged: bool = True,

@@ -94,6 +94,8 @@ def test_roofline_fit_recovers_known_parameters():
     assert section["roofline"]["overhead_us"] == pytest.approx(1800, rel=0.02)
     assert section["roofline"]["bw_efficiency"] == pytest.approx(0.8, rel=0.02)
     assert section["fit_error"]["max"] < 0.01
+    # the tiled model contains the plain roofline (tile_rows = 0, a floor below every point): it fits too
+    assert section["tiled_roofline"]["fit_error"]["max"] < 0.02
     assert section["grid"][0]["measured_us"] == pytest.approx(measured[0], abs=0.1)
     assert GridPoint(2, 100, ((5, 7),)).shape().attention_pairs == 2 * 101 + 5 * (7 + 3)
 

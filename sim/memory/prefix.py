@@ -95,17 +95,7 @@ class PrefixCachingPolicy(VAttentionPolicy):
         (the page index matters: pages smaller than a block share their covering blocks)."""
         return page, chain[-(-(page + 1) * self.config.tokens_per_page // self.block_tokens) - 1]
 
-    def page_keys(self, hash_ids: Sequence[int], full_blocks: int) -> list[tuple]:
-        """Keys of the request's pages that lie entirely inside its ``full_blocks`` full blocks."""
-        chain = self.block_chain(hash_ids[:full_blocks])
-        pages = full_blocks * self.block_tokens // self.config.tokens_per_page
-        return [self.page_key(chain, p) for p in range(pages)]
-
     # ---- accounting ------------------------------------------------------------------------------------
-    @property
-    def cached_page_groups(self) -> int:
-        return len(self.cache)
-
     def conservation_error(self) -> int:
         private = sum(self.mapped) - sum(self.shared)
         held = private + sum(self.in_flight_maps) + self.in_flight_unmaps + len(self.cache)
@@ -141,9 +131,6 @@ class PrefixCachingPolicy(VAttentionPolicy):
             before = self._active_refs[key]
             self._active_refs[key] = before + (1 if active else -1)
             self._freeable += (self._active_refs[key] == 0) - (before == 0)
-
-    def _evictable(self) -> list[tuple]:
-        return list(self._unmapped)
 
     def _reclaimable_page_groups(self) -> int:
         """Page groups that unmapping every idle slot (without in-flight maps) and then evicting would free:
