@@ -17,6 +17,7 @@ import json
 import math
 from importlib import resources
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -202,11 +203,21 @@ class VmmLatencyModel:
 
 
 def read_profile(path: str | Path) -> dict:
-    """Load a profile JSON file.
+    """Load a profile JSON file (parsed once per file version: a run reads its VMM, compute and measurement
+    sections from it; treat the returned dict as read-only).
 
     Raises:
         ProfileError: if the file is missing, not JSON, or not of format ``kvsim-profile/1``.
     """
+    try:
+        mtime_ns = Path(path).stat().st_mtime_ns
+    except FileNotFoundError:
+        raise ProfileError(f"profile {path}: file not found") from None
+    return _parse_profile(str(path), mtime_ns)
+
+
+@lru_cache(maxsize=8)
+def _parse_profile(path: str, mtime_ns: int) -> dict:
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
