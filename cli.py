@@ -115,6 +115,8 @@ def add_trace_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", dest="trace_format", default=None, help="trace format (default: detect)")
     parser.add_argument("--arrival", default=None,
                         help="arrival process for length-only traces: poisson:RATE or gamma:RATE,CV")
+    parser.add_argument("--skip-requests", type=_int_at_least(0), default=0,
+                        help="drop the first N requests (before --num-requests; the next one arrives at 0 s); default 0")
     parser.add_argument("--num-requests", type=_int_at_least(1), default=None,
                         help="use the first N requests (default: all; synthetic default: 1000)")
     parser.add_argument("--rate-scale", type=_positive_float, default=1.0,
@@ -122,7 +124,8 @@ def add_trace_args(parser: argparse.ArgumentParser) -> None:
 
 
 def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int):
-    """Load (or synthesise) the trace, apply --num-requests / --rate-scale, clip to the slot length.
+    """Load (or synthesise) the trace, apply --skip-requests / --num-requests / --rate-scale, clip to the slot
+    length.
 
     Returns:
         ``(trace, notes)``: the canonical table and human-readable notes (warnings) to print.
@@ -137,6 +140,8 @@ def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int):
         else:
             trace = traces.synthetic_default(seed, num_requests=args.num_requests or 1000)
     notes += [str(w.message) for w in caught if issubclass(w.category, traces.TraceWarning)]
+    if getattr(args, "skip_requests", 0):
+        trace = traces.skip_n(trace, args.skip_requests)
     if args.num_requests:
         trace = traces.first_n(trace, args.num_requests)
     if args.rate_scale != 1.0:

@@ -20,6 +20,13 @@ Attention backends (``ATTENTION_BACKENDS``):
   causal masking is bottom-right aligned (flash-attn >= 2.1), so a chunk sees its prior context. CUDA only.
 * ``gather``: copy each sequence's rows into a packed buffer (``index_select``), then the same kernel.
 * ``reference``: one SDPA per sequence with an explicit mask (any device; tests and CPU runs).
+
+Decode-only iterations can run as CUDA graphs (:class:`DecodeGraphs`, as vLLM and SGLang serve decodes):
+one graph of the whole forward per decode batch size, captured once over the cache's fixed virtual
+addresses, replayed with the batch's index tensors copied into static buffers. Eager PyTorch launches
+~20 kernels per layer from Python (~9 ms per Llama-3-8B iteration on the lent H200's host, more at times:
+``docs/validation/README.md``); a graph replay launches them in one call, so the iteration follows the
+GPU. Iterations that hold a prefill chunk stay eager.
 """
 from __future__ import annotations
 
@@ -145,6 +152,7 @@ class DecoderModel:
                        for _ in range(s.num_layers)]
         self.final_norm = torch.ones(s.hidden_size, device=self.device, dtype=self.dtype)
         self.lm_head = weight(s.vocab_size, s.hidden_size)
+        self.graphs: DecodeGraphs | None = None
 
     def forward(self, batch: BatchInputs, k_flat: list[Any], v_flat: list[Any]) -> Any:
         """One iteration: write the new K/V into the cache, attend, return the next token ids ``[S]`` (device).
@@ -152,6 +160,13 @@ class DecoderModel:
         Args:
             batch: the iteration's index tensors. k_flat / v_flat: per layer ``[B * L_max, H', D]`` views.
         """
+        if (self.graphs is not None and batch.max_q == 1 and batch.num_tokens in self.graphs.sizes
+                and batch.logit_rows.shape[0] == batch.num_tokens):  # every sequence decodes one token
+            return self.graphs.replay(batch)
+        return self.eager_forward(batch, k_flat, v_flat)
+
+    def eager_forward(self, batch: Any, k_flat: list[Any], v_flat: list[Any]) -> Any:
+        """:meth:`forward` without graphs (``batch``: :class:`BatchInputs` or the graphs' static view)."""
         import torch
         import torch.nn.functional as F
 
@@ -169,6 +184,94 @@ class DecoderModel:
             x = x + F.linear(F.silu(gate) * up, w["down"])
         last = F.rms_norm(x[batch.logit_rows], (s.hidden_size,), self.final_norm, 1e-5)
         return F.linear(last, self.lm_head).argmax(dim=-1)
+
+
+class _StaticDecode:
+    """The index tensors of a decode batch of ``n`` sequences, as views of :class:`DecodeGraphs`' static
+    buffers (the attribute names of :class:`BatchInputs` that :meth:`DecoderModel.eager_forward` reads)."""
+
+    def __init__(self, graphs: "DecodeGraphs", n: int):
+        self.num_tokens, self.max_q, self.max_k = n, 1, graphs.slot_tokens
+        self.write_rows, self.logit_rows = graphs.write_rows[:n], graphs.arange[:n]
+        self.cu_seq_q, self.cu_seq_k, self.seqused_k = graphs.cu_q[:n + 1], graphs.cu_k[:n + 1], graphs.used_k[:n]
+
+
+class DecodeGraphs:
+    """CUDA graphs of :meth:`DecoderModel.eager_forward` for decode-only batches of 1..``max_batch`` sequences.
+
+    Captured largest first into one memory pool (graphs never run concurrently and each output is read
+    before the next replay). The capture runs the forward once per size (warm-up, on a side stream) over
+    ``scratch_slot``, a slot whose first page group the caller has mapped: every static row points into
+    it then. ``max_k`` is fixed at ``slot_tokens`` (FlashAttention's varlen forward reads each sequence's
+    true length from ``seqused_k``; the grid depends on ``max_q`` only).
+
+    Args:
+        model: the decoder. k_flat / v_flat: the cache views (fixed virtual addresses, as the graphs need).
+        slot_tokens: L_max. scratch_slot: a mapped slot. max_batch: largest batch size captured.
+
+    Raises:
+        RuntimeError: from CUDA if a capture fails (the caller falls back to eager decodes).
+    """
+
+    def __init__(self, model: DecoderModel, k_flat: list[Any], v_flat: list[Any], slot_tokens: int,
+                 scratch_slot: int, max_batch: int):
+        import torch
+
+        device, self.slot_tokens = model.device, slot_tokens
+        start = scratch_slot * slot_tokens
+        self.arange = torch.arange(max_batch + 1, device=device, dtype=torch.long)
+        self.write_rows = start + self.arange[:max_batch].clone()
+        self.cu_q = self.arange.to(torch.int32)
+        self.cu_k = torch.full((max_batch + 1,), start, device=device, dtype=torch.int32)
+        self.used_k = torch.ones(max_batch, device=device, dtype=torch.int32)
+        self.graphs: dict[int, Any] = {}
+        self.outputs: dict[int, Any] = {}
+        pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream(device=device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for n in range(max_batch, 0, -1):
+                static = _StaticDecode(self, n)
+                model.eager_forward(static, k_flat, v_flat)  # warm-up: kernels chosen, workspaces allocated
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=side):
+                    self.outputs[n] = model.eager_forward(static, k_flat, v_flat)
+                self.graphs[n] = graph
+        torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.synchronize(device)
+        self.sizes = frozenset(self.graphs)
+
+    def replay(self, batch: BatchInputs) -> Any:
+        """Copy ``batch``'s rows, key starts and lengths into the static buffers and replay its graph;
+        returns the next token ids ``[n]`` (a view of the graph's output: read it before the next replay)."""
+        n = batch.num_tokens
+        self.write_rows[:n].copy_(batch.write_rows)
+        self.cu_k[:n + 1].copy_(batch.cu_seq_k)
+        self.used_k[:n].copy_(batch.seqused_k)
+        self.graphs[n].replay()
+        return self.outputs[n]
+
+
+def capture_decode_graphs(model: DecoderModel, kv: Any, max_batch: int) -> float:
+    """Capture :class:`DecodeGraphs` on ``model`` over an open :class:`hwbackend.replay_kv.ReplayKV`;
+    a scratch slot is taken from the executor for the capture and freed afterwards (its page group
+    returns to the pool by the policy's own rules). Returns the capture's wall time (s).
+
+    Raises:
+        RuntimeError: if the executor cannot map the scratch slot, or a capture fails.
+    """
+    import time
+
+    started = time.perf_counter()
+    slot = kv.executor.alloc_slot(1)
+    if slot is None or not kv.executor.step({slot: 1}):
+        raise RuntimeError("no slot or page group free for the decode graphs' capture")
+    try:
+        model.graphs = DecodeGraphs(model, kv.k, kv.v, kv.slot_tokens, slot, max_batch)
+    finally:
+        kv.executor.iteration_launched(-1)
+        kv.executor.free_slot(slot, -1)
+    return time.perf_counter() - started
 
 
 def attend(backend: str, q: Any, k_flat: Any, v_flat: Any, batch: BatchInputs) -> Any:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,9 @@ from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS
 from sim.request import Request
 from sim.scheduler import SCHEDULERS
 
+SHAPE_COLUMNS = ("iteration", "new_tokens", "attention_pairs", "kv_read_tokens", "logit_sequences")
+"""``shapes.parquet``: :class:`sim.compute.BatchShape` of each hardware iteration (tokens; pairs = (query, key)
+pairs attention computes, ``sum t * (context + (t + 1) / 2)``)."""
 ARRIVAL_TICKS_PER_S = 10_000_000  # as sim.engine: arrivals quantised to the Azure trace's 100 ns tick
 
 
@@ -42,6 +45,13 @@ class ReplayOutput:
     request_records: list[tuple]
     iteration_records: list[tuple]
     counters: dict
+    shape_records: list[tuple] = field(default_factory=list)
+
+    def shapes_frame(self) -> pd.DataFrame:
+        """Per iteration, what it computed (:data:`SHAPE_COLUMNS`): the simulator's
+        :class:`sim.compute.BatchShape`, so that a compute model can be fitted on the loop's own iterations
+        (:mod:`hwbackend.compute_inloop`)."""
+        return pd.DataFrame.from_records(self.shape_records, columns=list(SHAPE_COLUMNS))
 
     def requests_frame(self) -> pd.DataFrame:
         return pd.DataFrame.from_records(self.request_records, columns=list(REQUEST_COLUMNS))
@@ -90,6 +100,7 @@ class ReplayLoop(RequestBookkeeping):
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.iteration_records: list[tuple] = []
+        self.shape_records: list[tuple] = []
         self.num_done = self._next_arrival = self._admissions = self._preemptions = 0
         self._sync_unmaps = 0
         self._recorded = (0, 0)  # background maps, unmaps at the previous record
@@ -136,7 +147,8 @@ class ReplayLoop(RequestBookkeeping):
             self._iterate(batch, iteration, start_us, stall_us, self.executor.metrics["sync_page_groups"] - sync_maps)
             iteration += 1
         counters = self._counters()
-        return ReplayOutput([r.record() for r in self.requests], self.iteration_records, counters)
+        return ReplayOutput([r.record() for r in self.requests], self.iteration_records, counters,
+                            self.shape_records)
 
     def _iterate(self, batch: list, iteration: int, start_us: float, stall_us: float, sync_maps: int) -> None:
         snapshot = self._pool_snapshot(batch)
@@ -147,6 +159,9 @@ class ReplayLoop(RequestBookkeeping):
         self.executor.map_ahead(self._lookahead(batch))
         tokens.cpu()  # the sampled tokens come back to the host: the iteration is over on the GPU
         done_us = self.now_us()
+        self.shape_records.append((iteration, inputs.num_tokens,
+                                   sum(w.tokens * (w.computed + (w.tokens + 1) / 2) for w in work),
+                                   sum(w.computed for w in work), sum(w.emits for w in work)))
         self.executor.poll_completed()
         bg_maps, unmaps = self._since_last_record()
         prefill = sum(t for r, t in batch if r.remaining > 1 or t > 1)

@@ -3,8 +3,9 @@
 Same options as ``kvsim simulate`` for the workload and the configuration (``--trace``, ``--num-requests``,
 ``--rate-scale``, ``--model``, ``--sync-mapping``, ...), so that ``kvsim validate`` can rebuild the very same
 simulation. The run directory has the simulator's layout (``analysis/results.py``: requests.parquet,
-iterations.parquet, summary.json, config.json) plus ``trace.parquet``, the replayed trace slice (arrivals
-already rate-scaled), so the comparison needs no trace file.
+iterations.parquet, summary.json, config.json) plus ``shapes.parquet`` (what each iteration computed, for
+:mod:`hwbackend.compute_inloop`). The replayed trace slice is not copied: ``kvsim validate`` rebuilds it
+from ``requests.parquet`` (arrival, prompt and output tokens of every request, as replayed).
 
 Example (the H200 validation runs, ``docs/validation/README.md``)::
 
@@ -59,31 +60,65 @@ def choose_attention(model: DecoderModel, requested: str) -> tuple[str, dict]:
     return ("varlen" if diff < 1e-2 else "gather"), {"attention_check_max_abs_diff": diff}
 
 
-def warm_up(model: DecoderModel) -> None:
-    """Run a prefill and a decode on scratch K/V so kernels and allocator are ready before the clock starts."""
+WARMUP_SHAPES = ((0, 0, ((2048, 0),)), (0, 0, ((1024, 1024),)), (64, 512, ()), (16, 1024, ()),
+                 (48, 512, ((1024, 0),)), (8, 1024, ((64, 0),)), (1, 256, ()))
+"""(decodes, decode context, prefill chunks (tokens, context)) run by :func:`warm_up`: the largest
+activations an iteration of the default token budget (2048) allocates, and the kernels of every kind of
+batch, so that neither the caching allocator nor kernel selection runs inside the timed loop."""
+
+
+def warm_up(model: DecoderModel, seconds: float = 0.0) -> int:
+    """Run :data:`WARMUP_SHAPES` eagerly on scratch K/V (twice each, then round after round until
+    ``seconds`` have passed: a host that has just started runs the first tens of seconds slower,
+    ``docs/validation/README.md``). Returns the number of forwards run."""
     import torch
 
     from hwbackend.model import BatchInputs, SeqWork
 
-    s = model.shape
-    scratch = torch.zeros(2 * 2048, s.num_kv_heads, s.head_dim, device=model.device, dtype=model.dtype)
-    for work in ([SeqWork(0, 0, 1024, True)], [SeqWork(0, 1024, 1, True), SeqWork(1, 0, 512, True)]):
-        for _ in range(2):
-            model.forward(BatchInputs(work, 2048, model.device), [scratch] * s.num_layers,
-                          [scratch] * s.num_layers).cpu()
+    s, slot_tokens = model.shape, 2048
+    slots = max(d + len(c) for d, _, c in WARMUP_SHAPES)
+    scratch = torch.zeros(slots * slot_tokens, s.num_kv_heads, s.head_dim, device=model.device, dtype=model.dtype)
+    batches = [[SeqWork(i, ctx, 1, True) for i in range(d)]
+               + [SeqWork(d + j, c, t, True) for j, (t, c) in enumerate(chunks)] for d, ctx, chunks in WARMUP_SHAPES]
+    started, runs = time.perf_counter(), 0
+    while runs < 2 * len(batches) or time.perf_counter() - started < seconds:
+        for work in batches:
+            model.eager_forward(BatchInputs(work, slot_tokens, model.device), [scratch] * s.num_layers,
+                                [scratch] * s.num_layers).cpu()
+            runs += 1
+    del scratch
+    return runs
 
 
 def replay(config: Any, trace: pd.DataFrame, device: str = "cuda:0", shape: TransformerShape | None = None,
-           attention: str = "auto", sleep=time.sleep) -> tuple[Any, dict]:
-    """Replay ``trace`` under ``config``; returns the :class:`hwbackend.replay.ReplayOutput` and run metadata."""
+           attention: str = "auto", sleep=time.sleep, cuda_graphs: bool = True,
+           warmup_s: float = 20.0) -> tuple[Any, dict]:
+    """Replay ``trace`` under ``config``; returns the :class:`hwbackend.replay.ReplayOutput` and run metadata.
+
+    On CUDA: ``warmup_s`` seconds of eager warm-up (:func:`warm_up`), then, with ``cuda_graphs``, decode
+    iterations as CUDA graphs (:func:`hwbackend.model.capture_decode_graphs`, batch sizes 1..max batch).
+    """
     shape = shape or TransformerShape.from_spec(config.model_spec, config.tp)
     model = DecoderModel(shape, device=device, seed=config.seed)
     backend, check = choose_attention(model, attention)
     model.attention = backend
+    extra: dict = {"cuda_graphs": False}
     if model.device.type == "cuda":
-        warm_up(model)
+        started = time.perf_counter()
+        extra["warmup_forwards"] = warm_up(model, warmup_s)
+        extra["warmup_s"] = round(time.perf_counter() - started, 1)
     kv = open_kv(config, shape, device)
     try:
+        if cuda_graphs and model.device.type == "cuda":
+            from hwbackend.model import capture_decode_graphs
+
+            try:
+                extra["graph_capture_s"] = round(capture_decode_graphs(model, kv, config.max_batch_slots), 1)
+                extra["cuda_graphs"] = True
+            except RuntimeError as exc:  # recorded in config.json; the replay runs every iteration eagerly
+                model.graphs = None
+                extra["graph_capture_error"] = str(exc).splitlines()[0][:300]
+                print(f"replay: warning: CUDA graph capture failed, decodes run eagerly: {exc}", file=sys.stderr)
         gc.collect()
         gc.freeze()
         gc.disable()  # a full collection mid-run costs ~50 ms (docs/hwbackend.md)
@@ -94,7 +129,7 @@ def replay(config: Any, trace: pd.DataFrame, device: str = "cuda:0", shape: Tran
         gc.enable()
         kv.close()
     meta = {"backend": "hardware", "device": device, "attention_backend": backend, "replay_wall_s": wall_s,
-            "transformer_shape": asdict(shape),
+            "transformer_shape": asdict(shape), **extra,
             **check, **_environment(model)}
     return output, meta
 
@@ -108,9 +143,8 @@ def _environment(model: DecoderModel) -> dict:
     return env
 
 
-def write_hw_run(output: Any, config: Any, trace: pd.DataFrame, meta: dict, out_dir: str | Path,
-                 force: bool = False) -> Path:
-    """Write the run directory (simulator layout plus ``trace.parquet`` and ``counters.json``).
+def write_hw_run(output: Any, config: Any, meta: dict, out_dir: str | Path, force: bool = False) -> Path:
+    """Write the run directory (simulator layout plus ``shapes.parquet`` and ``counters.json``).
 
     Raises:
         FileExistsError: if ``out_dir`` already holds a run and ``force`` is false.
@@ -120,10 +154,10 @@ def write_hw_run(output: Any, config: Any, trace: pd.DataFrame, meta: dict, out_
     requests, iterations = output.requests_frame(), output.iterations_frame()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    trace.to_parquet(out / "trace.parquet", index=False)  # the raw data first: nothing below can lose it
     (out / "counters.json").write_text(json.dumps(output.counters, indent=1) + "\n")
     requests.to_parquet(out / "requests.parquet", index=False)
     iterations.to_parquet(out / "iterations.parquet", index=False)
+    output.shapes_frame().to_parquet(out / "shapes.parquet", index=False)
     results = _results_module()
     config_dict = {**config.to_dict(), **meta}
     summary = results.summarize(requests, iterations, output.counters, config_dict)
@@ -156,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--force", action="store_true", help="overwrite the run files in --out")
     parser.add_argument("--device", default="cuda:0", help="cuda:N (real VMM) or cpu (emulated driver, tiny model)")
     parser.add_argument("--attention", default="auto", choices=("auto", "varlen", "gather", "reference"))
+    parser.add_argument("--no-cuda-graphs", action="store_true",
+                        help="run decode iterations eagerly too (default: CUDA graphs for decode-only batches)")
+    parser.add_argument("--warmup-s", type=float, default=20.0,
+                        help="seconds of eager warm-up before the clock starts (CUDA); default 20")
     return parser
 
 
@@ -169,10 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         print(f"replay: warning: {note}", file=sys.stderr)
     shape = TINY_SHAPE if args.device == "cpu" else None
-    output, meta = replay(config, trace, args.device, shape, args.attention)
+    output, meta = replay(config, trace, args.device, shape, args.attention, cuda_graphs=not args.no_cuda_graphs,
+                          warmup_s=args.warmup_s)
     meta.update(trace_source=trace.attrs.get("source", args.trace), rate_scale=args.rate_scale,
-                num_requests=args.num_requests, command=" ".join(["python -m hwbackend.replay_cli", *sys.argv[1:]]))
-    out = write_hw_run(output, config, trace, meta, args.out, force=args.force)
+                num_requests=args.num_requests, skip_requests=args.skip_requests, command=" ".join(["python -m hwbackend.replay_cli", *sys.argv[1:]]))
+    out = write_hw_run(output, config, meta, args.out, force=args.force)
     summary = json.loads((out / "summary.json").read_text())
     print(f"wrote {out}: {summary['finished']} finished, {summary['iterations']} iterations, "
           f"iteration p50 {summary['iteration_p50_ms']:.2f} ms, TTFT p50 {summary['ttft_p50_ms']:.1f} ms, "

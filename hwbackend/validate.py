@@ -1,9 +1,10 @@
 """``kvsim validate``: the simulator against a hardware replay of the same trace slice and configuration.
 
 The hardware run directory (``python -m hwbackend.replay_cli``, or a fresh replay when a GPU is present)
-holds the configuration (``config.json``) and the replayed trace slice (``trace.parquet``, arrivals
-already rate-scaled); the simulator (:func:`analysis.runner.run_simulation`) runs that same
-:class:`sim.config.SimConfig` on that same table. The error of a statistic is ``sim / hw - 1``.
+holds the configuration (``config.json``) and, in ``requests.parquet``, every replayed request's arrival
+(already rate-scaled), prompt and output tokens: :func:`trace_of_run` rebuilds the replayed trace slice
+from them (runs written before that carried it as ``trace.parquet``, still read). The simulator
+(:func:`analysis.runner.run_simulation`) runs that same :class:`sim.config.SimConfig` on that same table. The error of a statistic is ``sim / hw - 1``.
 
 Compared (percentiles linear-interpolated, as ``analysis.results``): iteration latency, TTFT, TPOT
 (finished requests) and E2E at p50 / p90 / p99; synchronous mapping stall (total, and the number of
@@ -121,6 +122,22 @@ def _resolved_model(profile: str | None, compute_model: str) -> str:
     return "compute.roofline" if compute.get("roofline") else "built-in roofline defaults"
 
 
+def trace_of_run(hw_dir: str | Path, requests: pd.DataFrame) -> pd.DataFrame:
+    """The canonical trace a hardware run replayed: ``trace.parquet`` if the run has one, else rebuilt from
+    its request records (arrival us -> s; the simulator re-quantises arrivals to 100 ns, so the rebuilt table
+    simulates bit-identically to the original slice: ``tests/test_validate.py``)."""
+    path = Path(hw_dir) / "trace.parquet"
+    if path.exists():
+        trace = pd.read_parquet(path)
+        trace.attrs["source"] = str(path)
+        return trace
+    from traces.canonical import build_table
+
+    ordered = requests.sort_values(["arrival_at_us", "request_id"], kind="stable")
+    return build_table(ordered["arrival_at_us"].to_numpy(dtype=float) / 1e6, ordered["prompt_tokens"].to_numpy(),
+                       ordered["output_tokens"].to_numpy(), f"{hw_dir}/requests.parquet (replayed requests)")
+
+
 def validate_run(hw_dir: str | Path, profile: str | None = None, out_dir: str | Path | None = None,
                  compute_model: str = "auto"):
     """Simulate the hardware run's configuration and trace; returns ``(table, hw, sim)`` and writes
@@ -128,8 +145,7 @@ def validate_run(hw_dir: str | Path, profile: str | None = None, out_dir: str | 
     from analysis.results import load_run
 
     hw = load_run(hw_dir)
-    trace = pd.read_parquet(Path(hw_dir) / "trace.parquet")
-    trace.attrs["source"] = f"{hw_dir}/trace.parquet"
+    trace = trace_of_run(hw_dir, hw.requests)
     config = config_from_run(hw.config)
     sim = simulate(config, trace, profile, compute_model)
     table = error_table(hw, sim)
@@ -146,10 +162,10 @@ def validate_run(hw_dir: str | Path, profile: str | None = None, out_dir: str | 
     return table, hw, sim
 
 
-# options a saved hardware run already fixes (its config.json and trace.parquet), with their CLI defaults
+# options a saved hardware run already fixes (its config.json and request records), with their CLI defaults
 _RUN_DEFINED = {"model": "llama-3-8b", "gpu": "h200", "tp": 1, "page_size": 2 * 1024 * 1024, "max_batch": 256,
                 "scheduler": "sarathi", "token_budget": 2048, "max_context": None, "sync_mapping": False,
-                "no_deferred_reclaim": False, "num_requests": None, "rate_scale": 1.0, "seed": 0}
+                "no_deferred_reclaim": False, "skip_requests": 0, "num_requests": None, "rate_scale": 1.0, "seed": 0}
 
 
 def command(args) -> int:
@@ -172,7 +188,7 @@ def command(args) -> int:
     run_config = hw.config
     if args.trace and run_config.get("trace_source") and Path(args.trace).name not in str(run_config["trace_source"]):
         print(f"kvsim: note: --trace {args.trace} differs from the run's trace ({run_config['trace_source']}); "
-              "the run's own trace.parquet was used", flush=True)
+              "the run's own requests were simulated", flush=True)
     print(f"{hw.config.get('label', '')} ({len(hw.requests)} requests, {len(hw.iterations)} hw iterations)")
     print(markdown_table(table))
     missed = check_targets(table)
@@ -196,5 +212,5 @@ def _fresh_replay(args) -> Path | None:
     trace, _ = load_workload(args, config.seed, config.slot_max_tokens)
     output, meta = replay(config, trace, args.device)
     meta.update(trace_source=trace.attrs.get("source", args.trace), rate_scale=args.rate_scale,
-                num_requests=args.num_requests)
-    return write_hw_run(output, config, trace, meta, Path(args.out or "runs/validate") / "hw", force=True)
+                num_requests=args.num_requests, skip_requests=args.skip_requests)
+    return write_hw_run(output, config, meta, Path(args.out or "runs/validate") / "hw", force=True)

@@ -148,3 +148,45 @@ def test_attention_over_vmm_equals_reference_across_pages_and_after_reuse():
                 ex.free_slot(slot, 0)
             # reuse: new requests take the freed slots (deferred pages) with different lengths and data
             fill_and_compare([(3000, 1), (500, 600)], 1)
+
+
+# ---- GPU: a decode iteration replayed as a CUDA graph computes what the eager forward computes ------------
+@pytest.mark.gpu
+def test_decode_cuda_graph_equals_eager_forward_over_vmm():
+    pytest.importorskip("cuda.bindings.driver")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    from hwbackend.model import DecoderModel, capture_decode_graphs
+    from hwbackend.replay_kv import open_kv
+
+    config = SimConfig(sync_mapping=True, max_batch=16)
+    model = DecoderModel(TINY_SHAPE, device="cuda:0", seed=3)
+    kv = open_kv(config, TINY_SHAPE, "cuda:0")
+    try:
+        assert capture_decode_graphs(model, kv, 8) > 0 and model.graphs.sizes == frozenset(range(1, 9))
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        contexts = [1030, 5, 2047, 700, 1]  # 1023/1024-token page boundaries crossed and not
+        slots = [kv.executor.alloc_slot(c + 1) for c in contexts]
+        assert None not in slots and kv.executor.step({s: c + 1 for s, c in zip(slots, contexts)})
+        for s, c in zip(slots, contexts):
+            rows = slice(s * kv.slot_tokens, s * kv.slot_tokens + c)
+            for layer in range(TINY_SHAPE.num_layers):
+                for cache in (kv.k, kv.v):
+                    cache[layer][rows] = torch.randn(c, 8, 128, generator=gen, device="cuda").to(torch.bfloat16)
+        inputs = BatchInputs([SeqWork(s, c, 1, True) for s, c in zip(slots, contexts)], kv.slot_tokens, "cuda")
+        new_rows = inputs.write_rows
+        eager = model.eager_forward(inputs, kv.k, kv.v).clone()
+        written = [kv.k[-1][new_rows].float().clone(), kv.v[-1][new_rows].float().clone()]
+        for cache in (kv.k[-1], kv.v[-1]):
+            cache[new_rows] = torch.full_like(cache[new_rows], float("nan"))  # the graph must write them again
+        graphed = model.forward(inputs, kv.k, kv.v)
+        torch.cuda.synchronize()
+        assert torch.equal(graphed, eager)
+        for before, cache in zip(written, (kv.k[-1], kv.v[-1])):
+            assert torch.allclose(cache[new_rows].float(), before, atol=1e-2, rtol=1e-2)
+        kv.executor.iteration_launched(0)
+        torch.cuda.synchronize()
+        kv.executor.poll_completed()
+    finally:
+        model.graphs = None
+        kv.close()

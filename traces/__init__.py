@@ -10,7 +10,7 @@ from traces.generators import (ArrivalSpec, LengthTarget, arrivals_from_spec,
                                lognormal_lengths, parse_arrival, poisson_arrivals,
                                spliced_lengths, synthesize, synthetic_default)
 from traces.loader import FORMAT_NAMES, detect_format, load_trace, write_parquet
-from traces.transforms import (clip_context, first_n, merge, sample_n, scale_rate,
+from traces.transforms import (clip_context, first_n, merge, sample_n, scale_rate, skip_n,
                                time_window)
 from traces.named import NAMED_TRACES, data_dir, fetch_trace, resolve_trace
 from traces.servegen import servegen_mix
@@ -23,5 +23,5 @@ __all__ = [
     "empirical_lengths", "first_n", "fitted_lengths", "gamma_arrivals",
     "ideal_prefix_hit", "load_trace", "lognormal_lengths", "merge", "parse_arrival",
     "poisson_arrivals", "renumber", "sample_n", "scale_rate", "spliced_lengths",
-    "synthesize", "synthetic_default", "time_window", "trace_stats", "write_parquet",
+    "skip_n", "synthesize", "synthetic_default", "time_window", "trace_stats", "write_parquet",
 ]

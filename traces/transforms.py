@@ -50,6 +50,18 @@ def first_n(df: pd.DataFrame, n: int) -> pd.DataFrame:
     return renumber(df.iloc[:n], _source(df, f"first {n}"))
 
 
+def skip_n(df: pd.DataFrame, n: int) -> pd.DataFrame:
+    """Drops the first ``n`` requests in arrival order; the first kept one arrives at 0 s (e.g. a second,
+    disjoint slice of a trace to fit a model on, with ``first_n`` after it).
+
+    Raises:
+        TraceError: If ``n`` is negative or leaves no request.
+    """
+    if not 0 <= n < len(df):
+        raise TraceError(f"skip_n: n must be in [0, {len(df) - 1}] (got {n}): the trace has {len(df)} requests")
+    return renumber(df.iloc[n:], _source(df, f"after the first {n}"))
+
+
 def sample_n(df: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
     """Keeps ``n`` requests drawn uniformly without replacement, in arrival order.
 
