@@ -158,6 +158,9 @@ class ReplayLoop(RequestBookkeeping):
         self.executor.iteration_launched(iteration)
         self.executor.map_ahead(self._lookahead(batch))
         tokens.cpu()  # the sampled tokens come back to the host: the iteration is over on the GPU
+        if tokens.numel() == 0 and tokens.is_cuda:  # only partial prefill chunks: no token, so no copy waited
+            import torch
+            torch.cuda.current_stream(tokens.device).synchronize()
         done_us = self.now_us()
         self.shape_records.append((iteration, inputs.num_tokens,
                                    sum(w.tokens * (w.computed + (w.tokens + 1) / 2) for w in work),

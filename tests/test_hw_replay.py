@@ -159,7 +159,7 @@ def test_decode_cuda_graph_equals_eager_forward_over_vmm():
     from hwbackend.model import DecoderModel, capture_decode_graphs
     from hwbackend.replay_kv import open_kv
 
-    config = SimConfig(sync_mapping=True, max_batch=16)
+    config = SimConfig(sync_mapping=True, max_batch_slots=16)
     model = DecoderModel(TINY_SHAPE, device="cuda:0", seed=3)
     kv = open_kv(config, TINY_SHAPE, "cuda:0")
     try:
