@@ -15,36 +15,78 @@ from sim.latency import VmmLatencyModel, read_profile
 def load_models(config: SimConfig, profile_path: str | None,
                 compute_model: str = "auto") -> tuple[VmmLatencyModel, RooflineComputeModel]:
     """The VMM latency and compute models for ``config``: built-in defaults (the committed H200 profile and the
-    roofline), or a calibration profile's
-    ``vmm`` and optional ``compute`` sections.
+    roofline), or a calibration profile's ``vmm`` and compute sections (:func:`compute_overrides`). When the
+    compute model is the in-loop fit, the profile's ``vmm_in_loop.growth_scale`` (a page-group growth's cost
+    inside the replay's loop over its isolated measurement) scales the mapping times as well.
 
     Raises:
         ProfileError: for an unreadable profile (names the file and field).
+        ValueError: a ``compute_model`` the profile does not hold.
     """
     compute = RooflineComputeModel(config.model_spec, config.gpu_spec, config.tp)
     if profile_path is None:
+        if compute_model not in ("auto", "roofline"):
+            raise ValueError(f"--compute-model {compute_model} needs --profile")
         return VmmLatencyModel.builtin(), compute
     vmm = VmmLatencyModel.from_profile(profile_path)
-    return vmm, compute.with_overrides(compute_overrides(read_profile(profile_path), compute_model))
+    profile = read_profile(profile_path)
+    chosen = resolve_compute_model(profile, compute_model, config)
+    if chosen == "in-loop":
+        scale = float((profile.get("vmm_in_loop") or {}).get("growth_scale") or 1.0)
+        if scale != 1.0:
+            vmm.in_loop_scale = scale
+            vmm.source += f", growths x{scale:g} (vmm_in_loop)"
+    return vmm, compute.with_overrides(compute_overrides(profile, chosen, config))
 
 
-def compute_overrides(profile: dict, compute_model: str = "auto") -> dict:
-    """Compute-model fields from a profile: ``auto``: the fitted ``compute.tiled_roofline`` (roofline + launch
-    floor + mixed-batch tile term) when present, else ``compute.roofline``; ``roofline``: only the latter;
-    ``tiled``: only the former. Empty when the profile has none of them.
+COMPUTE_MODELS = ("auto", "in-loop", "tiled", "roofline")
+"""``--compute-model`` choices: ``in-loop`` (``compute_in_loop``: fitted on a hardware replay's own
+iterations, ``kvsim calibrate --from-run``), ``tiled`` (``compute.tiled_roofline``), ``roofline``
+(``compute.roofline``; both fitted on the isolated grid of ``kvsim calibrate --compute``); ``auto``: the
+first of these the profile holds for the run's model and tensor-parallel degree."""
+
+
+def resolve_compute_model(profile: dict, compute_model: str, config: SimConfig | None = None) -> str:
+    """The compute model ``compute_model`` stands for with this profile (``auto`` resolved; ``roofline`` when
+    the profile has no fitted section, meaning the built-in defaults).
 
     Raises:
-        ValueError: ``tiled`` asked for and absent.
+        ValueError: ``in-loop`` or ``tiled`` asked for and absent (or, for ``in-loop``, fitted for another
+            model or tensor-parallel degree).
     """
-    compute = profile.get("compute") or {}
-    tiled = (compute.get("tiled_roofline") or {}).get("params")
+    if compute_model not in COMPUTE_MODELS:
+        raise ValueError(f"compute model {compute_model!r}: choose one of {', '.join(COMPUTE_MODELS)}")
+    in_loop = profile.get("compute_in_loop") or {}
+    if in_loop and config is not None and (in_loop.get("model"), int(in_loop.get("tp", 1))) != (config.model, config.tp):
+        if compute_model == "in-loop":
+            raise ValueError(f"the profile's compute_in_loop was fitted for {in_loop.get('model')} at tp "
+                             f"{in_loop.get('tp', 1)}, not {config.model} at tp {config.tp}")
+        in_loop = {}
+    tiled = ((profile.get("compute") or {}).get("tiled_roofline") or {}).get("params")
+    if compute_model == "in-loop" and not in_loop.get("params"):
+        raise ValueError("the profile has no compute_in_loop (kvsim calibrate --from-run RUN_DIR)")
     if compute_model == "tiled" and not tiled:
         raise ValueError("the profile has no compute.tiled_roofline (kvsim calibrate --compute)")
-    if tiled and compute_model != "roofline":
-        fields = dict(tiled)
+    if compute_model != "auto":
+        return compute_model
+    return "in-loop" if in_loop.get("params") else "tiled" if tiled else "roofline"
+
+
+def compute_overrides(profile: dict, compute_model: str = "auto", config: SimConfig | None = None) -> dict:
+    """Compute-model fields from a profile for ``compute_model`` (see :data:`COMPUTE_MODELS`); empty when
+    the profile has none of the sections.
+
+    Raises:
+        ValueError: as :func:`resolve_compute_model`.
+    """
+    chosen = resolve_compute_model(profile, compute_model, config)
+    if chosen == "in-loop":
+        return dict(profile["compute_in_loop"]["params"])
+    if chosen == "tiled":
+        fields = dict(profile["compute"]["tiled_roofline"]["params"])
         fields["mixed_tile_rows"] = fields.pop("tile_rows", 0.0)
         return fields
-    return dict(compute.get("roofline") or {})
+    return dict((profile.get("compute") or {}).get("roofline") or {})
 
 
 # SimConfig field -> (profile section, key): measured values that replace a field left at its default

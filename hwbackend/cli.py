@@ -14,6 +14,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ``kvsim calibrate --compute --model M --out PROFILE [--no-paged]`` measures iteration times over a grid
     of batch shapes, fits the roofline compute model and adds the ``compute`` (and ``paged_attention``)
     sections to PROFILE, keeping its other sections.
+    ``kvsim calibrate --from-run RUN_DIR [--from-run ...] --out PROFILE [--force]`` fits the compute model on
+    the iterations of hardware replays (CPU; :mod:`hwbackend.compute_inloop`) and adds ``compute_in_loop``
+    (and ``vmm_in_loop``) to PROFILE; 1 if PROFILE already holds them and ``--force`` is not given, 2 for a
+    run directory that cannot be fitted on.
     ``kvsim validate [--hw-run DIR] [--profile P] [--out DIR] [workload and config options]`` compares the
     simulator with a hardware replay (``docs/validation/README.md``).
     """
@@ -29,6 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="measure iteration times over a grid of batch shapes and fit the compute model")
     parser.add_argument("--model", default="llama-3-8b", help="model of --compute (catalogue name)")
     parser.add_argument("--no-paged", action="store_true", help="with --compute: skip the paged-attention baseline")
+    parser.add_argument("--from-run", action="append", default=None, metavar="RUN_DIR",
+                        help="fit the compute model on a hardware replay's own iterations (repeatable; no GPU "
+                             "needed) and add compute_in_loop / vmm_in_loop to the profile --out")
     parser.set_defaults(func=_run)
     val = subparsers.add_parser("validate", help="error of the simulator against a hardware replay",
                                 description="Simulate the configuration and trace slice of a hardware replay "
@@ -41,13 +48,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     val.add_argument("--out", default=None, help="directory for validation.md, errors.csv, overlay.html")
     val.add_argument("--force", action="store_true", help="overwrite an existing validation in --out")
     val.add_argument("--device", default="cuda:0", help="device of a fresh replay")
-    val.add_argument("--compute-model", choices=("auto", "roofline", "tiled"), default="auto",
-                     help="simulator compute model from the profile: auto (compute.tiled_roofline when present, "
-                          "else compute.roofline; default), roofline, or tiled")
+    val.add_argument("--compute-model", choices=("auto", "in-loop", "tiled", "roofline"), default="auto",
+                     help="simulator compute model from the profile: auto (the first present of compute_in_loop, "
+                          "compute.tiled_roofline, compute.roofline; default), in-loop, tiled, or roofline")
     val.set_defaults(func=_validate)
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.from_run:
+        return _from_runs(args)
     if args.compute:
         return _compute(args)
     from hwbackend.calibrate import command
@@ -73,6 +82,47 @@ def _compute(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: roofline {json.dumps(compute['roofline'])}, fit error {json.dumps(compute['fit_error'])}")
     if "paged_attention" in sections:
         print(f"paged attention factor {sections['paged_attention']['factor']}")
+    return 0
+
+
+def _from_runs(args: argparse.Namespace) -> int:
+    import json
+    import sys
+    from pathlib import Path
+
+    from hwbackend.compute_inloop import InLoopError, calibrate_from_runs
+
+    if args.compute:
+        print("kvsim calibrate: --from-run fits on saved runs; leave out --compute", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    if not out.is_file():
+        print(f"kvsim calibrate --from-run adds to an existing profile (its vmm section and page-group growths are "
+              f"needed): {out} does not exist; pass --out PROFILE (e.g. profiles/h200.json)", file=sys.stderr)
+        return 2
+    try:
+        profile = json.loads(out.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        print(f"kvsim calibrate: cannot read the profile {out}: {exc}", file=sys.stderr)
+        return 2
+    if "compute_in_loop" in profile and not args.force:
+        print(f"kvsim calibrate: {out} already holds compute_in_loop; pass --force to replace it", file=sys.stderr)
+        return 1
+    try:
+        sections = calibrate_from_runs(args.from_run, profile, command=" ".join(["kvsim", *sys.argv[1:]]))
+    except InLoopError as exc:
+        print(f"kvsim calibrate: {exc}", file=sys.stderr)
+        return 2
+    profile.pop("vmm_in_loop", None)
+    profile.update(sections)
+    out.write_text(json.dumps(profile, indent=1) + "\n")
+    fit = sections["compute_in_loop"]
+    print(f"wrote {out}: compute_in_loop fitted on {sum(r['iterations'] for r in fit['runs'])} iterations of "
+          f"{len(fit['runs'])} run(s); fit error (|model / measured - 1|) {json.dumps(fit['fit_error'].get('all_corrected', fit['fit_error']['all']))}")
+    if "vmm_in_loop" in sections:
+        v = sections["vmm_in_loop"]
+        print(f"  page-group growth in the loop {v['in_loop_growth']['mean_us']:.0f} us vs "
+              f"{v['isolated_growth_mean_us']:.0f} us isolated: growth_scale {v['growth_scale']}")
     return 0
 
 

@@ -98,28 +98,31 @@ def overlay_html(hw, sim, path: str | Path, title: str) -> Path:
 
 
 def simulate(config: SimConfig, trace: pd.DataFrame, profile: str | None, compute_model: str = "auto"):
-    """The simulator's run (:func:`analysis.runner.run_simulation`) with the profile's compute section:
-    ``auto`` (``compute.tiled_roofline`` when present, else ``compute.roofline``), ``roofline`` or ``tiled``.
+    """The simulator's run (:func:`analysis.runner.run_simulation`) with the profile's compute model
+    (:data:`analysis.runner.COMPUTE_MODELS`; ``auto``: in-loop fit, else tiled, else roofline).
 
     Raises:
-        ValueError: ``tiled`` without a profile holding ``compute.tiled_roofline``.
+        ValueError: a compute model the profile does not hold (or any but auto/roofline without a profile).
     """
     from analysis.runner import run_simulation
 
-    if compute_model == "tiled" and profile is None:
-        raise ValueError("--compute-model tiled needs --profile")
     return run_simulation(config, trace, profile, compute_model=compute_model)
 
 
-def _resolved_model(profile: str | None, compute_model: str) -> str:
-    """Which profile section ``compute_model`` resolves to (``auto`` prefers ``compute.tiled_roofline``)."""
+def _resolved_model(profile: str | None, compute_model: str, config: SimConfig) -> str:
+    """The profile section ``compute_model`` resolves to, in words."""
     if profile is None:
         return "built-in roofline defaults"
+    from analysis.runner import resolve_compute_model
     from sim.latency import read_profile
-    compute = read_profile(profile).get("compute") or {}
-    if compute_model != "roofline" and compute.get("tiled_roofline"):
+
+    data = read_profile(profile)
+    chosen = resolve_compute_model(data, compute_model, config)
+    if chosen == "in-loop":
+        return "compute_in_loop" + (" + vmm_in_loop" if data.get("vmm_in_loop") else "")
+    if chosen == "tiled":
         return "compute.tiled_roofline"
-    return "compute.roofline" if compute.get("roofline") else "built-in roofline defaults"
+    return "compute.roofline" if (data.get("compute") or {}).get("roofline") else "built-in roofline defaults"
 
 
 def trace_of_run(hw_dir: str | Path, requests: pd.DataFrame) -> pd.DataFrame:
@@ -156,7 +159,7 @@ def validate_run(hw_dir: str | Path, profile: str | None = None, out_dir: str | 
         missed = check_targets(table)
         (out / "validation.md").write_text(
             f"# {config.label}: simulator vs hardware\n\nhardware run: `{hw_dir}`; profile: `{profile or 'built-in'}`; "
-            f"compute model: {compute_model} ({_resolved_model(profile, compute_model)})\n\n"
+            f"compute model: {compute_model} ({_resolved_model(profile, compute_model, config)})\n\n"
             + markdown_table(table) + "\n\ntargets missed: " + ("; ".join(missed) or "none") + "\n")
         overlay_html(hw, sim, out / "overlay.html", f"{config.label}: per-iteration latency, hardware vs simulator")
     return table, hw, sim

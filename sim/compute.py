@@ -28,6 +28,19 @@ Two terms measured on the H200 replay (``kvsim calibrate --compute``, ``profiles
   varlen FlashAttention call pads every decode to a full query tile: ``tile_rows * kv_read_tokens`` extra
   (query, key) pairs (measured: 48 decodes at 1,024 tokens plus a 64-token chunk take 18.2 ms, against
   9.6 ms and 7.3 ms for the two parts alone).
+
+Decode iterations as CUDA graphs (``decode_graphs = 1``, as vLLM serves decodes and as the hardware replay
+does by default, :class:`hwbackend.model.DecodeGraphs`): a decode-only iteration (``new_tokens ==
+logit_sequences``) is launched in one call, so it has no host launch floor and its own fixed cost
+``decode_overhead_us`` replaces ``overhead_us``. ``attention_bytes_factor`` (default 1) multiplies the K/V
+bytes attention reads: FlashAttention-2's varlen kernel with a causal mask does not pack the query heads of
+one KV head together, so each KV head is read once per query head that shares it (up to ``Hq / H'`` = 4
+for Llama-3-8B). ``decode_batch_knots`` / ``decode_batch_correction_us``: a measured correction (added time) of graphed
+decode iterations by batch size, piecewise linear between the knots. The GEMM kernels change tile shapes with the batch, and
+FlashAttention's decode grid (one block per sequence and query head, no split of the keys) fills the GPU
+in waves, so time per cached token depends on the batch: steps a roofline has no term for (+3.5 ms from
+24 to 48 decodes on the H200). All are fitted on a replay's own iterations
+(:mod:`hwbackend.compute_inloop`, ``profiles/h200.json`` ``compute_in_loop``).
 """
 from __future__ import annotations
 
@@ -76,11 +89,20 @@ class RooflineComputeModel:
     layout_attention_factor: float = 1.0
     mixed_tile_rows: float = 0.0
     launch_floor_us: float = 0.0
+    decode_graphs: float = 0.0
+    decode_overhead_us: float = 0.0
+    attention_bytes_factor: float = 1.0
+    decode_batch_knots: tuple[float, ...] = ()
+    decode_batch_correction_us: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         self.model.check_tp(self.tp)
+        knots = self.decode_batch_knots
+        if len(knots) != len(self.decode_batch_correction_us) or list(knots) != sorted(set(knots)):
+            raise ValueError("decode_batch_knots must increase strictly and match decode_batch_correction_us "
+                             f"in length, got {knots} and {self.decode_batch_correction_us}")
         for name in ("flops_efficiency", "bw_efficiency", "attention_flops_efficiency", "paged_attention_factor",
-                     "layout_attention_factor"):
+                     "layout_attention_factor", "attention_bytes_factor"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
@@ -96,30 +118,61 @@ class RooflineComputeModel:
         """Modelled duration (us) of one iteration of ``batch``; 0 for an empty batch."""
         if batch.new_tokens <= 0:
             return 0.0
-        pairs = batch.attention_pairs
-        if batch.new_tokens > batch.logit_sequences:      # a prefill chunk is in the batch
-            pairs += self.mixed_tile_rows * batch.kv_read_tokens
-        return max(self.launch_floor_us, self._time_us(batch.new_tokens, pairs, batch.kv_read_tokens,
-                                                       batch.logit_sequences, max))
+        mixed = batch.new_tokens > batch.logit_sequences  # a prefill chunk is in the batch
+        pairs = batch.attention_pairs + (self.mixed_tile_rows * batch.kv_read_tokens if mixed else 0.0)
+        if self.decode_graphs and not mixed:
+            size = batch.logit_sequences
+            return (self._time_us(size, pairs, batch.kv_read_tokens, size, max, 0.0) + self.decode_overhead_us
+                    + float(self._decode_correction_us(size)))
+        roofline = self._time_us(batch.new_tokens, pairs, batch.kv_read_tokens, batch.logit_sequences, max, 0.0)
+        return max(self.launch_floor_us, roofline + self.overhead_us)
+
+    def _decode_correction_us(self, batch_size):
+        """The measured per-batch-size correction of graphed decode iterations (piecewise linear between
+        ``decode_batch_knots``, constant beyond the ends; 0 without knots)."""
+        if not self.decode_batch_knots:
+            return 0.0 * np.asarray(batch_size, dtype=float)
+        return np.interp(batch_size, self.decode_batch_knots, self.decode_batch_correction_us)
+
+    def iteration_us_array(self, new_tokens: np.ndarray, attention_pairs: np.ndarray, kv_read_tokens: np.ndarray,
+                           logit_sequences: np.ndarray) -> np.ndarray:
+        """:meth:`iteration_us` of many iterations at once (arrays of one length: the fields of
+        :class:`BatchShape`); used by the fits (``hwbackend.compute_inloop``). Empty batches give 0."""
+        new = np.asarray(new_tokens, dtype=float)
+        logits = np.asarray(logit_sequences, dtype=float)
+        kv_read = np.asarray(kv_read_tokens, dtype=float)
+        mixed = new > logits  # a prefill chunk is in the batch
+        pairs = np.asarray(attention_pairs, dtype=float) + np.where(mixed, self.mixed_tile_rows * kv_read, 0.0)
+        eager = np.maximum(self.launch_floor_us, self._time_us(new, pairs, kv_read, logits, np.maximum, 0.0)
+                           + self.overhead_us)
+        if not self.decode_graphs:
+            return np.where(new > 0, eager, 0.0)
+        graphed = (self._time_us(new, pairs, kv_read, logits, np.maximum, 0.0) + self.decode_overhead_us
+                   + self._decode_correction_us(logits))
+        return np.where(new > 0, np.where(mixed, eager, graphed), 0.0)
 
     def decode_run_us(self, batch_size: int, kv_read_tokens: int, attention_pairs: float, steps: int) -> np.ndarray:
         """Durations (us, shape ``[steps]``) of ``steps`` consecutive pure-decode iterations of the same
         ``batch_size`` sequences, the first reading ``kv_read_tokens`` cached tokens with
         ``attention_pairs`` pairs; each later iteration reads ``batch_size`` more of each."""
         growth = np.arange(steps, dtype=float) * batch_size
-        return np.maximum(self.launch_floor_us, self._time_us(batch_size, attention_pairs + growth,
-                                                              kv_read_tokens + growth, batch_size, np.maximum))
+        if self.decode_graphs:
+            return (self._time_us(batch_size, attention_pairs + growth, kv_read_tokens + growth, batch_size,
+                                  np.maximum, 0.0) + self.decode_overhead_us + float(self._decode_correction_us(batch_size)))
+        roofline = self._time_us(batch_size, attention_pairs + growth, kv_read_tokens + growth, batch_size,
+                                 np.maximum, 0.0)
+        return np.maximum(self.launch_floor_us, roofline + self.overhead_us)
 
-    def _time_us(self, new_tokens, attention_pairs, kv_read_tokens, logit_sequences, maximum):
+    def _time_us(self, new_tokens, attention_pairs, kv_read_tokens, logit_sequences, maximum, overhead_us):
         m, tp = self.model, self.tp
         linear_us = maximum(2 * new_tokens * self._linear_params / self._flops_per_us,
                             self._streamed_weight_bytes / self._bytes_per_us)
         logits_us = 2 * logit_sequences * m.hidden_size * m.vocab_size / tp / self._flops_per_us
         attn_flops = 4 * attention_pairs * (m.num_q_heads // tp) * m.head_dim * m.num_layers
-        kv_bytes = (kv_read_tokens + new_tokens) * self._kv_bytes_per_token
+        kv_bytes = (kv_read_tokens + new_tokens) * self._kv_bytes_per_token * self.attention_bytes_factor
         attn_us = maximum(attn_flops / (self._flops_per_us * self.attention_flops_efficiency),
                           kv_bytes / self._bytes_per_us) * self.paged_attention_factor * self.layout_attention_factor
-        return linear_us + logits_us + attn_us + self._comm_us(new_tokens) + self.overhead_us
+        return linear_us + logits_us + attn_us + self._comm_us(new_tokens) + overhead_us
 
     @cached_property
     def _linear_params(self) -> int:
@@ -149,11 +202,14 @@ class RooflineComputeModel:
             ValueError: naming an unknown field.
         """
         known = {"flops_efficiency", "bw_efficiency", "attention_flops_efficiency", "overhead_us",
-                 "paged_attention_factor", "layout_attention_factor", "mixed_tile_rows", "launch_floor_us"}
-        unknown = set(overrides) - known
+                 "paged_attention_factor", "layout_attention_factor", "mixed_tile_rows", "launch_floor_us",
+                 "decode_graphs", "decode_overhead_us", "attention_bytes_factor"}
+        tables = {"decode_batch_knots", "decode_batch_correction_us"}
+        unknown = set(overrides) - known - tables
         if unknown:
-            raise ValueError(f"unknown compute fields {sorted(unknown)}; known: {sorted(known)}")
-        return replace(self, **{k: float(v) for k, v in overrides.items()})
+            raise ValueError(f"unknown compute fields {sorted(unknown)}; known: {sorted(known | tables)}")
+        return replace(self, **{k: tuple(float(x) for x in v) if k in tables else float(v)
+                                for k, v in overrides.items()})
 
 
 def decode_batch(batch_size: int, context_tokens: int) -> BatchShape:

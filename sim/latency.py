@@ -98,6 +98,7 @@ class VmmLatencyModel:
     source: str
     growth: dict[int, tuple[int, CallDistribution]] = field(default_factory=dict)
     batched_ratio: float = 1.95 / 2.59   # domain.md: 64 maps + one set-access over the range vs 64 x (map + set-access)
+    in_loop_scale: float = 1.0           # growth inside a serving loop / isolated growth (profile vmm_in_loop)
     _nearest: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -161,17 +162,19 @@ class VmmLatencyModel:
         from that distribution, scaled by ``num_sub_tensors / measured sub-tensors`` (the calls of a growth
         are serial). This matters: on the project's H200 a measured growth costs ~1.55x the sum of the
         isolated per-call medians (profiles/README.md). Otherwise: ``num_sub_tensors`` independent draws of
-        cuMemMap + cuMemSetAccess per group, times :meth:`growth_scale`.
+        cuMemMap + cuMemSetAccess per group, times :meth:`growth_scale`. Both times ``in_loop_scale``
+        (1 unless :func:`analysis.runner.load_models` applies a profile's ``vmm_in_loop.growth_scale``).
         """
         if page_groups <= 0:
             return 0.0
         if page_size_bytes in self.growth:
             measured_tensors, distribution = self.growth[page_size_bytes]
-            return float(distribution.sample_us(page_groups, rng).sum()) * num_sub_tensors / measured_tensors
+            return (float(distribution.sample_us(page_groups, rng).sum()) * num_sub_tensors / measured_tensors
+                    * self.in_loop_scale)
         calls = page_groups * num_sub_tensors
         per_call_us = (self.total_us("cuMemMap", page_size_bytes, calls, rng)
                        + self.total_us("cuMemSetAccess", page_size_bytes, calls, rng))
-        return per_call_us * self.growth_scale(page_size_bytes)
+        return per_call_us * self.growth_scale(page_size_bytes) * self.in_loop_scale
 
     def growth_scale(self, page_size_bytes: int) -> float:
         """Measured growth / sum of isolated per-call means, at the measured page size nearest (log2) to
