@@ -85,3 +85,48 @@ def test_error_is_sim_over_hw_minus_one():
     table = error_table(Run(1.0), Run(1.1))
     assert row(table, "iteration latency", "p50")["error"] == pytest.approx(0.1)
     assert row(table, "TTFT", "p50")["error"] == pytest.approx(0.0)
+
+
+# ---- the replays with decode CUDA graphs (docs/validation/graphs-x1.5), simulated with the in-loop fit --------
+GRAPHS = RUN.parent / "graphs-x1.5"
+PROFILE = RUN.parent.parent.parent / "profiles" / "h200.json"
+
+
+@pytest.fixture(scope="module")
+def graphs_validated():
+    if not (GRAPHS / "test-sync" / "iterations.parquet").is_file():
+        pytest.skip(f"{GRAPHS} is not present")
+    return {mode: validate_run(GRAPHS / f"test-{mode}", str(PROFILE))[0] for mode in ("sync", "async")}
+
+
+def test_in_loop_model_meets_the_targets_on_the_held_out_sync_run(graphs_validated):
+    # fitted on train-sync (requests 1,000-1,999), validated on the first 1,000 requests (docs/validation/README.md)
+    table = graphs_validated["sync"]
+    assert check_targets(table) == []
+    assert abs(row(table, "iteration latency", "p50")["error"]) < 0.05
+    assert abs(row(table, "TPOT", "p99")["error"]) <= 0.10
+
+
+def test_in_loop_model_on_the_held_out_async_run(graphs_validated):
+    table = graphs_validated["async"]
+    for metric in ("iteration latency", "TTFT", "TPOT"):
+        assert abs(row(table, metric, "p50")["error"]) <= 0.05, metric
+    for metric in ("iteration latency", "TTFT"):
+        assert abs(row(table, metric, "p99")["error"]) <= 0.10, metric
+    # TPOT p99 is the one target missed (-13.8%, docs/validation/README.md): the simulator is low, not high
+    assert row(table, "TPOT", "p99")["error"] < 0
+
+
+def test_replayed_trace_is_rebuilt_from_the_request_records():
+    from hwbackend.validate import trace_of_run
+
+    run = GRAPHS / "test-sync"
+    if not (run / "requests.parquet").is_file():
+        pytest.skip(f"{run} is not present")
+    requests = pd.read_parquet(run / "requests.parquet")
+    assert not (run / "trace.parquet").exists()  # the trace itself is not copied into the repository
+    trace = trace_of_run(run, requests)
+    ordered = requests.sort_values("arrival_at_us", kind="stable")
+    assert np.array_equal(np.round(trace["arrival_s"].to_numpy() * 1e7), np.round(ordered["arrival_at_us"].to_numpy() * 10))
+    assert trace["prompt_tokens"].tolist() == ordered["prompt_tokens"].tolist()
+    assert trace["output_tokens"].tolist() == ordered["output_tokens"].tolist()

@@ -1,0 +1,183 @@
+"""In-loop compute calibration (``hwbackend/compute_inloop.py``, ``kvsim calibrate --from-run``) and the
+compute model's graphed-decode terms (``sim/compute.py``)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("scipy")
+
+from hwbackend.compute_inloop import (InLoopError, calibrate_from_runs, fit_compute,  # noqa: E402
+                                      fit_decode_correction, growth_in_loop, load_rows)
+from sim.compute import BatchShape, RooflineComputeModel, decode_batch  # noqa: E402
+from sim.config import SimConfig  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = ROOT / "docs" / "validation" / "graphs-x1.5" / "train-sync"
+PROFILE = ROOT / "profiles" / "h200.json"
+CONFIG = SimConfig()
+BASE = RooflineComputeModel(CONFIG.model_spec, CONFIG.gpu_spec)
+GRAPHED = BASE.with_overrides({"decode_graphs": 1, "decode_overhead_us": 2000, "launch_floor_us": 9000,
+                               "overhead_us": 3000, "decode_batch_knots": [1, 32, 64],
+                               "decode_batch_correction_us": [0, 800, 1600]})
+
+
+# ---- the compute model -------------------------------------------------------------------------------------
+def test_graphed_decode_has_no_launch_floor_and_its_own_overhead():
+    shape = decode_batch(8, 1000)
+    roofline = BASE.with_overrides({"overhead_us": 0}).iteration_us(shape)
+    # batch 8 on the knots (1, 0 us) - (32, 800 us): 7/31 of the way
+    assert GRAPHED.iteration_us(shape) == pytest.approx(roofline + 2000 + 800 * 7 / 31)
+    eager = GRAPHED.with_overrides({"decode_graphs": 0})
+    assert eager.iteration_us(shape) == pytest.approx(max(9000, roofline + 3000))
+
+
+def test_mixed_batches_stay_eager_with_graphs():
+    mixed = BatchShape(new_tokens=8 + 512, attention_pairs=8 * 1001 + 512 * 256.5, kv_read_tokens=8000,
+                       logit_sequences=9)
+    assert GRAPHED.iteration_us(mixed) == GRAPHED.with_overrides({"decode_graphs": 0}).iteration_us(mixed)
+    assert GRAPHED.iteration_us(mixed) >= 9000
+
+
+@pytest.mark.parametrize("model", [BASE, GRAPHED, GRAPHED.with_overrides({"mixed_tile_rows": 64})])
+def test_array_and_decode_run_forms_agree_with_iteration_us(model):
+    shapes = [decode_batch(b, c) for b, c in ((1, 10), (8, 1000), (40, 3000), (64, 500))]
+    shapes.append(BatchShape(new_tokens=2048, attention_pairs=2048 * 1024.5, kv_read_tokens=0, logit_sequences=1))
+    shapes.append(BatchShape(new_tokens=0, attention_pairs=0, kv_read_tokens=0, logit_sequences=0))
+    arrays = [np.array([getattr(s, f) for s in shapes], dtype=float) for f in
+              ("new_tokens", "attention_pairs", "kv_read_tokens", "logit_sequences")]
+    assert model.iteration_us_array(*arrays) == pytest.approx([model.iteration_us(s) for s in shapes])
+    # a run of 5 decode steps of 16 sequences at 700 cached tokens = 5 single iterations, each one token longer
+    run = model.decode_run_us(16, 16 * 700, 16 * 701, 5)
+    assert run == pytest.approx([model.iteration_us(decode_batch(16, 700 + i)) for i in range(5)])
+
+
+def test_correction_tables_are_checked():
+    with pytest.raises(ValueError, match="decode_batch_knots"):
+        BASE.with_overrides({"decode_batch_knots": [1, 8], "decode_batch_correction_us": [0]})
+    with pytest.raises(ValueError, match="decode_batch_knots"):
+        BASE.with_overrides({"decode_batch_knots": [8, 1], "decode_batch_correction_us": [0, 0]})
+    with pytest.raises(ValueError, match="unknown compute fields"):
+        BASE.with_overrides({"decode_overheads_us": 1})
+
+
+# ---- the fit ---------------------------------------------------------------------------------------------------
+def synthetic_rows(model: RooflineComputeModel, seed: int = 0) -> pd.DataFrame:
+    """Iterations whose target is exactly ``model``'s time: decodes of 1-64 sequences, mixed batches."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(600):
+        batch = int(rng.integers(1, 65))
+        context = int(rng.integers(100, 3000))
+        if i % 4:
+            shape = decode_batch(batch, context)
+        else:
+            chunk = int(rng.integers(16, 2048 - batch))
+            shape = BatchShape(new_tokens=batch + chunk, attention_pairs=batch * (context + 1) + chunk * (chunk + 1) / 2,
+                               kv_read_tokens=batch * context, logit_sequences=batch + 1)
+        rows.append({"new_tokens": shape.new_tokens, "attention_pairs": shape.attention_pairs,
+                     "kv_read_tokens": shape.kv_read_tokens, "logit_sequences": shape.logit_sequences,
+                     "target_us": model.iteration_us(shape), "decode_only": shape.new_tokens == shape.logit_sequences})
+    return pd.DataFrame(rows)
+
+
+def test_fit_reproduces_iterations_of_a_known_model():
+    truth = BASE.with_overrides({"decode_graphs": 1, "flops_efficiency": 0.7, "bw_efficiency": 0.6,
+                                 "attention_flops_efficiency": 0.4, "overhead_us": 4000, "mixed_tile_rows": 100,
+                                 "launch_floor_us": 12000, "decode_overhead_us": 2500, "attention_bytes_factor": 3})
+    rows = synthetic_rows(truth)
+    params, errors = fit_compute(BASE.with_overrides({"decode_graphs": 1}), rows)
+    # the parameters need not be unique (terms trade against each other); the times must come back
+    assert errors["all"]["median"] < 0.005 and errors["all"]["p90"] < 0.02
+    assert errors["decode_only"]["n"] + errors["mixed"]["n"] == len(rows)
+
+
+def test_decode_correction_recovers_a_step_in_batch_size():
+    fitted = BASE.with_overrides({"decode_graphs": 1, "decode_overhead_us": 2000})
+    truth = fitted.with_overrides({"decode_batch_knots": [1, 24, 32, 64],
+                                   "decode_batch_correction_us": [0, 0, 3000, 3000]})
+    rows = synthetic_rows(truth)
+    fields, errors = fit_decode_correction(fitted, rows)
+    corrected = fitted.with_overrides(fields)
+    for batch in (4, 16, 40, 60):
+        assert corrected.iteration_us(decode_batch(batch, 1000)) == pytest.approx(
+            truth.iteration_us(decode_batch(batch, 1000)), rel=0.02), batch
+    assert errors["median"] < 0.01
+
+
+def test_rows_targets_and_growth_by_hand(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    iterations = pd.DataFrame({"iteration": [0, 1, 2, 3], "duration_us": [10_000.0, 12_000, 20_000, 9_000],
+                               "sync_stall_us": [100.0, 80, 8_100, 90], "sync_map_page_groups": [0, 0, 2, 0]})
+    shapes = pd.DataFrame({"iteration": [0, 1, 2, 3], "new_tokens": [4, 4, 600, 4], "attention_pairs": [4e3] * 4,
+                           "kv_read_tokens": [4000] * 4, "logit_sequences": [4, 4, 5, 4]})
+    iterations.to_parquet(run / "iterations.parquet")
+    shapes.to_parquet(run / "shapes.parquet")
+    (run / "config.json").write_text(json.dumps({"backend": "hardware", "sync_mapping": True}))
+    rows, _ = load_rows(run)
+    # step = median stall of the iterations that mapped nothing (100, 80, 90) = 90 us; iteration 2 maps
+    # 2 page groups: mapping = 8100 - 90 = 8010 us, target = 20000 - 8010
+    assert rows.attrs["step_us"] == 90
+    assert rows["target_us"].tolist() == [10_000, 12_000, 20_000 - 8_010, 9_000]
+    assert rows["decode_only"].tolist() == [True, True, False, True]
+    assert growth_in_loop(rows) == {"mean_us": 4005.0, "page_groups": 2, "iterations": 1}
+    (run / "shapes.parquet").unlink()
+    with pytest.raises(InLoopError, match="shapes.parquet"):
+        load_rows(run)
+
+
+def test_fit_on_the_committed_h200_training_run():
+    if not (TRAIN / "shapes.parquet").is_file():
+        pytest.skip(f"{TRAIN} is not present")
+    profile = json.loads(PROFILE.read_text())
+    sections = calibrate_from_runs([str(TRAIN)], profile)
+    fit = sections["compute_in_loop"]
+    assert fit["params"]["decode_graphs"] == 1.0 and fit["runs"][0]["iterations"] == 12368
+    # measured 2026-11-29: median 3.0% over 12,368 iterations (docs/validation/README.md)
+    assert fit["fit_error"]["all_corrected"]["median"] < 0.05
+    growth = sections["vmm_in_loop"]
+    assert growth["in_loop_growth"]["page_groups"] == 254 and growth["growth_scale"] > 1
+    # the committed profile holds this very fit
+    assert profile["compute_in_loop"]["params"] == pytest.approx(fit["params"])
+
+
+def test_cli_from_run_adds_sections_and_asks_before_replacing(tmp_path, capsys):
+    from cli import main
+
+    if not (TRAIN / "shapes.parquet").is_file():
+        pytest.skip(f"{TRAIN} is not present")
+    profile = tmp_path / "p.json"
+    data = json.loads(PROFILE.read_text())
+    data.pop("compute_in_loop")
+    data.pop("vmm_in_loop")
+    profile.write_text(json.dumps(data))
+    assert main(["calibrate", "--from-run", str(TRAIN), "--out", str(profile)]) == 0
+    written = json.loads(profile.read_text())
+    assert {"compute_in_loop", "vmm_in_loop", "vmm", "compute"} <= set(written)
+    before = profile.read_text()
+    assert main(["calibrate", "--from-run", str(TRAIN), "--out", str(profile)]) == 1
+    assert profile.read_text() == before and "--force" in capsys.readouterr().err
+    assert main(["calibrate", "--from-run", str(tmp_path), "--out", str(profile), "--force"]) == 2
+    assert "iterations.parquet" in capsys.readouterr().err
+    assert main(["calibrate", "--from-run", str(TRAIN), "--out", str(tmp_path / "missing.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_in_loop_fit_is_used_only_for_its_model():
+    from analysis.runner import compute_overrides, load_models, resolve_compute_model
+
+    profile = json.loads(PROFILE.read_text())
+    assert resolve_compute_model(profile, "auto", CONFIG) == "in-loop"
+    other = SimConfig(model="llama-2-7b")
+    assert resolve_compute_model(profile, "auto", other) == "tiled"
+    with pytest.raises(ValueError, match="fitted for llama-3-8b"):
+        compute_overrides(profile, "in-loop", other)
+    vmm, compute = load_models(CONFIG, str(PROFILE))
+    assert compute.decode_graphs == 1 and vmm.in_loop_scale == profile["vmm_in_loop"]["growth_scale"]
+    vmm, compute = load_models(CONFIG, str(PROFILE), "tiled")
+    assert compute.decode_graphs == 0 and vmm.in_loop_scale == 1.0
