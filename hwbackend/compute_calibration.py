@@ -54,7 +54,8 @@ def batch_shape(work: list[SeqWork]) -> BatchShape:
     """BatchShape of a list of sequences (pairs: ``t * (context + (t + 1) / 2)``, as ``sim.engine._shape``)."""
     return BatchShape(new_tokens=sum(w.tokens for w in work),
                       attention_pairs=sum(w.tokens * (w.computed + (w.tokens + 1) / 2) for w in work),
-                      kv_read_tokens=sum(w.computed for w in work), logit_sequences=sum(w.emits for w in work))
+                      kv_read_tokens=sum(w.computed for w in work), logit_sequences=sum(w.emits for w in work),
+                      max_context_tokens=max((w.computed + w.tokens for w in work), default=0))
 
 
 def default_grid() -> list[GridPoint]:

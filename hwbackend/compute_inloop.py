@@ -37,11 +37,24 @@ import pandas as pd
 from sim.compute import RooflineComputeModel
 
 INLOOP_FIELDS = ("flops_efficiency", "bw_efficiency", "attention_flops_efficiency", "overhead_us",
-                 "mixed_tile_rows", "launch_floor_us", "decode_overhead_us", "attention_bytes_factor")
-INLOOP_BOUNDS = ((0.05, 0.05, 0.01, 0.0, 0.0, 0.0, 0.0, 0.25), (1.0, 1.0, 1.0, 50_000.0, 512.0, 50_000.0, 20_000.0, 8.0))
-_STARTS = ([0.6, 0.8, 0.5, 5000.0, 64.0, 10_000.0, 2000.0, 1.0], [0.4, 0.5, 0.2, 2000.0, 200.0, 15_000.0, 4000.0, 4.0],
-           [0.8, 0.6, 0.8, 8000.0, 16.0, 5000.0, 500.0, 2.0])
-_SCALES = [0.1, 0.1, 0.1, 1000.0, 50.0, 1000.0, 500.0, 0.5]
+                 "mixed_tile_rows", "launch_floor_us", "decode_overhead_us", "attention_bytes_factor",
+                 "wave_us_per_token")
+_BOUNDS = {"flops_efficiency": (0.05, 1.0), "bw_efficiency": (0.05, 1.0), "attention_flops_efficiency": (0.01, 1.0),
+           "overhead_us": (0.0, 50_000.0), "mixed_tile_rows": (0.0, 512.0), "launch_floor_us": (0.0, 50_000.0),
+           "decode_overhead_us": (0.0, 20_000.0), "attention_bytes_factor": (0.25, 8.0), "wave_us_per_token": (0.0, 10.0)}
+_SCALES = {"flops_efficiency": 0.1, "bw_efficiency": 0.1, "attention_flops_efficiency": 0.1, "overhead_us": 1000.0,
+           "mixed_tile_rows": 50.0, "launch_floor_us": 1000.0, "decode_overhead_us": 500.0,
+           "attention_bytes_factor": 0.5, "wave_us_per_token": 0.1}
+_STARTS = ({"flops_efficiency": 0.6, "bw_efficiency": 0.8, "attention_flops_efficiency": 0.5, "overhead_us": 5000.0,
+            "mixed_tile_rows": 64.0, "launch_floor_us": 10_000.0, "decode_overhead_us": 2000.0,
+            "attention_bytes_factor": 1.0, "wave_us_per_token": 0.0},
+           {"flops_efficiency": 0.4, "bw_efficiency": 0.5, "attention_flops_efficiency": 0.2, "overhead_us": 2000.0,
+            "mixed_tile_rows": 200.0, "launch_floor_us": 15_000.0, "decode_overhead_us": 4000.0,
+            "attention_bytes_factor": 4.0, "wave_us_per_token": 0.5},
+           {"flops_efficiency": 0.8, "bw_efficiency": 0.6, "attention_flops_efficiency": 0.8, "overhead_us": 8000.0,
+            "mixed_tile_rows": 16.0, "launch_floor_us": 5000.0, "decode_overhead_us": 500.0,
+            "attention_bytes_factor": 2.0, "wave_us_per_token": 0.2})
+SHAPE_FIELDS = ("new_tokens", "attention_pairs", "kv_read_tokens", "logit_sequences", "max_context_tokens")
 
 
 class InLoopError(ValueError):
@@ -66,6 +79,8 @@ def load_rows(run_dir: str | Path) -> tuple[pd.DataFrame, dict]:
         raise InLoopError(f"{run}/config.json: backend {config.get('backend')!r}, not a hardware run")
     rows = pd.read_parquet(run / "iterations.parquet").merge(pd.read_parquet(run / "shapes.parquet"),
                                                              on="iteration", validate="one_to_one")
+    if "max_context_tokens" not in rows:  # replays before it was logged: wave_us_per_token is not fitted
+        rows["max_context_tokens"] = np.nan
     if rows.empty:
         raise InLoopError(f"{run}: no iteration")
     no_map = rows["sync_map_page_groups"] == 0
@@ -78,26 +93,28 @@ def load_rows(run_dir: str | Path) -> tuple[pd.DataFrame, dict]:
 
 
 def fit_compute(base: RooflineComputeModel, rows: pd.DataFrame) -> tuple[dict, dict]:
-    """Fit :data:`INLOOP_FIELDS` to ``rows.target_us``; returns ``(params, errors)`` (errors: ``all``,
-    ``decode_only``, ``mixed``, each median / p90 / max / n of the absolute relative error)."""
+    """Fit :data:`INLOOP_FIELDS` to ``rows.target_us`` (``wave_us_per_token`` only where every row has
+    ``max_context_tokens``); returns ``(params, errors)`` (errors: ``all``, ``decode_only``, ``mixed``, each
+    median / p90 / max / n of the absolute relative error)."""
     from scipy.optimize import least_squares
 
     from hwbackend.compute_calibration import fit_error
 
+    fields = [f for f in INLOOP_FIELDS if f != "wave_us_per_token" or rows["max_context_tokens"].notna().all()]
     measured = rows["target_us"].to_numpy(dtype=float)
-    columns = [rows[c].to_numpy(dtype=float) for c in ("new_tokens", "attention_pairs", "kv_read_tokens",
-                                                        "logit_sequences")]
+    columns = shape_columns(rows)
 
     def predict(x: np.ndarray) -> np.ndarray:
-        return base.with_overrides(dict(zip(INLOOP_FIELDS, x))).iteration_us_array(*columns)
+        return base.with_overrides(dict(zip(fields, x))).iteration_us_array(*columns)
 
     def residual(x: np.ndarray) -> np.ndarray:
         return predict(x) / measured - 1.0
 
+    bounds = ([_BOUNDS[f][0] for f in fields], [_BOUNDS[f][1] for f in fields])
     best = None
     for start in _STARTS:
-        result = least_squares(residual, np.array(start), bounds=INLOOP_BOUNDS, loss="soft_l1", f_scale=0.05,
-                               x_scale=_SCALES)
+        result = least_squares(residual, np.array([start[f] for f in fields]), bounds=bounds, loss="soft_l1",
+                               f_scale=0.05, x_scale=[_SCALES[f] for f in fields])
         if best is None or result.cost < best.cost:
             best = result
     errors = np.abs(residual(best.x))
@@ -106,7 +123,12 @@ def fit_compute(base: RooflineComputeModel, rows: pd.DataFrame) -> tuple[dict, d
     for name, mask in (("decode_only", decode), ("mixed", ~decode)):
         if mask.any():
             report[name] = fit_error(errors[mask])
-    return {k: round(float(v), 6) for k, v in zip(INLOOP_FIELDS, best.x)}, report
+    return {k: round(float(v), 6) for k, v in zip(fields, best.x)}, report
+
+
+def shape_columns(rows: pd.DataFrame) -> list[np.ndarray]:
+    """The :data:`SHAPE_FIELDS` columns as float arrays (unknown longest contexts as 0)."""
+    return [np.nan_to_num(rows[c].to_numpy(dtype=float)) for c in SHAPE_FIELDS]
 
 
 DECODE_KNOTS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 96, 128, 192, 256)
@@ -135,8 +157,7 @@ def fit_decode_correction(model: RooflineComputeModel, rows: pd.DataFrame, ridge
     if knots[-1] < batch.max():
         knots = np.append(knots, batch.max())
     basis = np.stack([np.interp(batch, knots, np.eye(len(knots))[i]) for i in range(len(knots))], axis=1)
-    base = model.iteration_us_array(*(decode[c].to_numpy(dtype=float) for c in (
-        "new_tokens", "attention_pairs", "kv_read_tokens", "logit_sequences")))
+    base = model.iteration_us_array(*shape_columns(decode))
     measured = decode["target_us"].to_numpy(dtype=float)
 
     def residual(c: np.ndarray) -> np.ndarray:
@@ -183,8 +204,7 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "") -
     correction, decode_errors = fit_decode_correction(fitted, rows)
     if correction:
         errors["decode_only_corrected"] = decode_errors
-        predicted = fitted.with_overrides(correction).iteration_us_array(*(rows[c].to_numpy(dtype=float) for c in (
-            "new_tokens", "attention_pairs", "kv_read_tokens", "logit_sequences")))
+        predicted = fitted.with_overrides(correction).iteration_us_array(*shape_columns(rows))
         from hwbackend.compute_calibration import fit_error
         errors["all_corrected"] = fit_error(np.abs(predicted / rows["target_us"].to_numpy(dtype=float) - 1.0))
     section = {"params": {**params, "decode_graphs": float(graphs), **correction}, "fit_error": errors,

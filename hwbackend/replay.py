@@ -32,7 +32,8 @@ from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS
 from sim.request import Request
 from sim.scheduler import SCHEDULERS
 
-SHAPE_COLUMNS = ("iteration", "new_tokens", "attention_pairs", "kv_read_tokens", "logit_sequences")
+SHAPE_COLUMNS = ("iteration", "new_tokens", "attention_pairs", "kv_read_tokens", "logit_sequences",
+                 "max_context_tokens")
 """``shapes.parquet``: :class:`sim.compute.BatchShape` of each hardware iteration (tokens; pairs = (query, key)
 pairs attention computes, ``sum t * (context + (t + 1) / 2)``)."""
 ARRIVAL_TICKS_PER_S = 10_000_000  # as sim.engine: arrivals quantised to the Azure trace's 100 ns tick
@@ -164,7 +165,8 @@ class ReplayLoop(RequestBookkeeping):
         done_us = self.now_us()
         self.shape_records.append((iteration, inputs.num_tokens,
                                    sum(w.tokens * (w.computed + (w.tokens + 1) / 2) for w in work),
-                                   sum(w.computed for w in work), sum(w.emits for w in work)))
+                                   sum(w.computed for w in work), sum(w.emits for w in work),
+                                   max(w.computed + w.tokens for w in work)))
         self.executor.poll_completed()
         bg_maps, unmaps = self._since_last_record()
         prefill = sum(t for r, t in batch if r.remaining > 1 or t > 1)

@@ -39,7 +39,10 @@ for Llama-3-8B). ``decode_batch_knots`` / ``decode_batch_correction_us``: a meas
 decode iterations by batch size, piecewise linear between the knots. The GEMM kernels change tile shapes with the batch, and
 FlashAttention's decode grid (one block per sequence and query head, no split of the keys) fills the GPU
 in waves, so time per cached token depends on the batch: steps a roofline has no term for (+3.5 ms from
-24 to 48 decodes on the H200). All are fitted on a replay's own iterations
+24 to 48 decodes on the H200). ``wave_us_per_token``: time per key of the batch's longest sequence
+(``BatchShape.max_context_tokens``): FlashAttention's varlen grid has one block per sequence and query head
+and does not split the keys, so the last wave of blocks runs as long as the longest sequence (0 by default).
+All are fitted on a replay's own iterations
 (:mod:`hwbackend.compute_inloop`, ``profiles/h200.json`` ``compute_in_loop``).
 """
 from __future__ import annotations
@@ -62,12 +65,14 @@ class BatchShape:
         attention_pairs: A, (query, key) pairs attention computes.
         kv_read_tokens: cached tokens attention reads (context before this iteration, all sequences).
         logit_sequences: S, sequences that emit a token this iteration (decodes + finishing prefills).
+        max_context_tokens: keys the longest sequence attends to (its cached plus new tokens); 0 if unknown.
     """
 
     new_tokens: int
     attention_pairs: float
     kv_read_tokens: int
     logit_sequences: int
+    max_context_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,7 @@ class RooflineComputeModel:
     decode_graphs: float = 0.0
     decode_overhead_us: float = 0.0
     attention_bytes_factor: float = 1.0
+    wave_us_per_token: float = 0.0
     decode_batch_knots: tuple[float, ...] = ()
     decode_batch_correction_us: tuple[float, ...] = ()
 
@@ -120,12 +126,13 @@ class RooflineComputeModel:
             return 0.0
         mixed = batch.new_tokens > batch.logit_sequences  # a prefill chunk is in the batch
         pairs = batch.attention_pairs + (self.mixed_tile_rows * batch.kv_read_tokens if mixed else 0.0)
+        wave_us = self.wave_us_per_token * batch.max_context_tokens
         if self.decode_graphs and not mixed:
             size = batch.logit_sequences
             return (self._time_us(size, pairs, batch.kv_read_tokens, size, max, 0.0) + self.decode_overhead_us
-                    + float(self._decode_correction_us(size)))
+                    + float(self._decode_correction_us(size)) + wave_us)
         roofline = self._time_us(batch.new_tokens, pairs, batch.kv_read_tokens, batch.logit_sequences, max, 0.0)
-        return max(self.launch_floor_us, roofline + self.overhead_us)
+        return max(self.launch_floor_us, roofline + self.overhead_us + wave_us)
 
     def _decode_correction_us(self, batch_size):
         """The measured per-batch-size correction of graphed decode iterations (piecewise linear between
@@ -135,33 +142,39 @@ class RooflineComputeModel:
         return np.interp(batch_size, self.decode_batch_knots, self.decode_batch_correction_us)
 
     def iteration_us_array(self, new_tokens: np.ndarray, attention_pairs: np.ndarray, kv_read_tokens: np.ndarray,
-                           logit_sequences: np.ndarray) -> np.ndarray:
+                           logit_sequences: np.ndarray, max_context_tokens: np.ndarray | float = 0.0) -> np.ndarray:
         """:meth:`iteration_us` of many iterations at once (arrays of one length: the fields of
         :class:`BatchShape`); used by the fits (``hwbackend.compute_inloop``). Empty batches give 0."""
+        wave_us = self.wave_us_per_token * np.asarray(max_context_tokens, dtype=float)
         new = np.asarray(new_tokens, dtype=float)
         logits = np.asarray(logit_sequences, dtype=float)
         kv_read = np.asarray(kv_read_tokens, dtype=float)
         mixed = new > logits  # a prefill chunk is in the batch
         pairs = np.asarray(attention_pairs, dtype=float) + np.where(mixed, self.mixed_tile_rows * kv_read, 0.0)
         eager = np.maximum(self.launch_floor_us, self._time_us(new, pairs, kv_read, logits, np.maximum, 0.0)
-                           + self.overhead_us)
+                           + self.overhead_us + wave_us)
         if not self.decode_graphs:
             return np.where(new > 0, eager, 0.0)
         graphed = (self._time_us(new, pairs, kv_read, logits, np.maximum, 0.0) + self.decode_overhead_us
-                   + self._decode_correction_us(logits))
+                   + self._decode_correction_us(logits) + wave_us)
         return np.where(new > 0, np.where(mixed, eager, graphed), 0.0)
 
-    def decode_run_us(self, batch_size: int, kv_read_tokens: int, attention_pairs: float, steps: int) -> np.ndarray:
+    def decode_run_us(self, batch_size: int, kv_read_tokens: int, attention_pairs: float, steps: int,
+                      max_context_tokens: int = 0) -> np.ndarray:
         """Durations (us, shape ``[steps]``) of ``steps`` consecutive pure-decode iterations of the same
         ``batch_size`` sequences, the first reading ``kv_read_tokens`` cached tokens with
-        ``attention_pairs`` pairs; each later iteration reads ``batch_size`` more of each."""
-        growth = np.arange(steps, dtype=float) * batch_size
+        ``attention_pairs`` pairs and its longest sequence attending to ``max_context_tokens`` keys; each later
+        iteration reads ``batch_size`` more tokens (one more of each sequence)."""
+        step = np.arange(steps, dtype=float)
+        growth = step * batch_size
+        wave_us = self.wave_us_per_token * (max_context_tokens + step) if max_context_tokens else 0.0
         if self.decode_graphs:
             return (self._time_us(batch_size, attention_pairs + growth, kv_read_tokens + growth, batch_size,
-                                  np.maximum, 0.0) + self.decode_overhead_us + float(self._decode_correction_us(batch_size)))
+                                  np.maximum, 0.0) + self.decode_overhead_us + float(self._decode_correction_us(batch_size))
+                    + wave_us)
         roofline = self._time_us(batch_size, attention_pairs + growth, kv_read_tokens + growth, batch_size,
                                  np.maximum, 0.0)
-        return np.maximum(self.launch_floor_us, roofline + self.overhead_us)
+        return np.maximum(self.launch_floor_us, roofline + self.overhead_us + wave_us)
 
     def _time_us(self, new_tokens, attention_pairs, kv_read_tokens, logit_sequences, maximum, overhead_us):
         m, tp = self.model, self.tp
@@ -203,7 +216,7 @@ class RooflineComputeModel:
         """
         known = {"flops_efficiency", "bw_efficiency", "attention_flops_efficiency", "overhead_us",
                  "paged_attention_factor", "layout_attention_factor", "mixed_tile_rows", "launch_floor_us",
-                 "decode_graphs", "decode_overhead_us", "attention_bytes_factor"}
+                 "decode_graphs", "decode_overhead_us", "attention_bytes_factor", "wave_us_per_token"}
         tables = {"decode_batch_knots", "decode_batch_correction_us"}
         unknown = set(overrides) - known - tables
         if unknown:
@@ -215,4 +228,5 @@ class RooflineComputeModel:
 def decode_batch(batch_size: int, context_tokens: int) -> BatchShape:
     """Shape of a pure decode iteration of ``batch_size`` sequences each with ``context_tokens`` cached."""
     return BatchShape(new_tokens=batch_size, attention_pairs=batch_size * (context_tokens + 1),
-                      kv_read_tokens=batch_size * context_tokens, logit_sequences=batch_size)
+                      kv_read_tokens=batch_size * context_tokens, logit_sequences=batch_size,
+                      max_context_tokens=context_tokens + 1)

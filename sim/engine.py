@@ -533,7 +533,8 @@ class Simulator(RequestBookkeeping):
                 return 0
         computed = np.fromiter((r.computed for r, _ in batch), dtype=np.int64, count=len(batch))
         size = len(batch)
-        compute_us = self.compute.decode_run_us(size, int(computed.sum()), float(computed.sum() + size), steps)
+        compute_us = self.compute.decode_run_us(size, int(computed.sum()), float(computed.sum() + size), steps,
+                                                int(computed.max()) + 1)
         block_table_us = self._block_table_us(batch)   # constant: no block is added inside the run
         durations_us = compute_us + block_table_us
         starts_us = np.cumsum(np.concatenate(([self.env.now], durations_us)))
@@ -611,14 +612,16 @@ def _expand_blocks(blocks: list[tuple]) -> dict[str, np.ndarray]:
 
 
 def _shape(batch: Batch) -> BatchShape:
-    new = pairs = kv_read = logits = 0
+    new = pairs = kv_read = logits = longest = 0
     for request, tokens in batch:
         context = request.computed
         new += tokens
         pairs += tokens * (context + (tokens + 1) / 2)
         kv_read += context
         logits += context + tokens == request.prompt_tokens + request.generated
-    return BatchShape(new_tokens=new, attention_pairs=pairs, kv_read_tokens=kv_read, logit_sequences=logits)
+        longest = max(longest, context + tokens)
+    return BatchShape(new_tokens=new, attention_pairs=pairs, kv_read_tokens=kv_read, logit_sequences=logits,
+                      max_context_tokens=longest)
 
 
 def _requests_from_trace(trace: pd.DataFrame, slot_max_tokens: int) -> list[Request]:

@@ -24,7 +24,7 @@ class ConstantCompute:
     def iteration_us(self, batch) -> float:
         return self.constant_us if batch.new_tokens else 0.0
 
-    def decode_run_us(self, batch_size, kv_read_tokens, attention_pairs, steps) -> np.ndarray:
+    def decode_run_us(self, batch_size, kv_read_tokens, attention_pairs, steps, max_context_tokens=0) -> np.ndarray:
         return np.full(steps, self.constant_us)
 
 

@@ -78,9 +78,11 @@ def synthetic_rows(model: RooflineComputeModel, seed: int = 0) -> pd.DataFrame:
         else:
             chunk = int(rng.integers(16, 2048 - batch))
             shape = BatchShape(new_tokens=batch + chunk, attention_pairs=batch * (context + 1) + chunk * (chunk + 1) / 2,
-                               kv_read_tokens=batch * context, logit_sequences=batch + 1)
+                               kv_read_tokens=batch * context, logit_sequences=batch + 1,
+                               max_context_tokens=max(context + 1, chunk))
         rows.append({"new_tokens": shape.new_tokens, "attention_pairs": shape.attention_pairs,
                      "kv_read_tokens": shape.kv_read_tokens, "logit_sequences": shape.logit_sequences,
+                     "max_context_tokens": shape.max_context_tokens,
                      "target_us": model.iteration_us(shape), "decode_only": shape.new_tokens == shape.logit_sequences})
     return pd.DataFrame(rows)
 
@@ -88,7 +90,8 @@ def synthetic_rows(model: RooflineComputeModel, seed: int = 0) -> pd.DataFrame:
 def test_fit_reproduces_iterations_of_a_known_model():
     truth = BASE.with_overrides({"decode_graphs": 1, "flops_efficiency": 0.7, "bw_efficiency": 0.6,
                                  "attention_flops_efficiency": 0.4, "overhead_us": 4000, "mixed_tile_rows": 100,
-                                 "launch_floor_us": 12000, "decode_overhead_us": 2500, "attention_bytes_factor": 3})
+                                 "launch_floor_us": 12000, "decode_overhead_us": 2500, "attention_bytes_factor": 3,
+                                 "wave_us_per_token": 0.8})
     rows = synthetic_rows(truth)
     params, errors = fit_compute(BASE.with_overrides({"decode_graphs": 1}), rows)
     # the parameters need not be unique (terms trade against each other); the times must come back
