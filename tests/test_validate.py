@@ -100,7 +100,7 @@ def graphs_validated():
 
 
 def test_in_loop_model_meets_the_targets_on_the_held_out_sync_run(graphs_validated):
-    # fitted on train-sync (requests 1,000-1,999), validated on the first 1,000 requests (docs/validation/README.md)
+    # fitted on train2-sync / train2-x2-sync (requests 1,000-2,999), validated on the first 1,000 requests
     table = graphs_validated["sync"]
     assert check_targets(table) == []
     assert abs(row(table, "iteration latency", "p50")["error"]) < 0.05
@@ -113,7 +113,7 @@ def test_in_loop_model_on_the_held_out_async_run(graphs_validated):
         assert abs(row(table, metric, "p50")["error"]) <= 0.05, metric
     for metric in ("iteration latency", "TTFT"):
         assert abs(row(table, metric, "p99")["error"]) <= 0.10, metric
-    # TPOT p99 is the one target missed (-13.8%, docs/validation/README.md): the simulator is low, not high
+    # TPOT p99 is the one target missed (-11.2%, docs/validation/README.md): the simulator is low, not high
     assert row(table, "TPOT", "p99")["error"] < 0
 
 
