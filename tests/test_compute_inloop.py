@@ -9,12 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-pytest.importorskip("scipy")
-
-from hwbackend.compute_inloop import (InLoopError, calibrate_from_runs, fit_compute,  # noqa: E402
-                                      fit_decode_correction, growth_in_loop, load_rows)
-from sim.compute import BatchShape, RooflineComputeModel, decode_batch  # noqa: E402
-from sim.config import SimConfig  # noqa: E402
+from hwbackend.compute_inloop import (InLoopError, calibrate_from_runs, fit_compute, fit_decode_correction,
+                                      growth_in_loop, load_rows)
+from sim.compute import BatchShape, RooflineComputeModel, decode_batch
+from sim.config import SimConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "docs" / "validation" / "graphs-x1.5"
