@@ -141,6 +141,8 @@ def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int):
             trace = traces.synthetic_default(seed, num_requests=args.num_requests or 1000)
     notes += [str(w.message) for w in caught if issubclass(w.category, traces.TraceWarning)]
     if getattr(args, "skip_requests", 0):
+        if args.skip_requests >= len(trace):
+            raise traces.TraceError(f"--skip-requests {args.skip_requests}: the trace has only {len(trace)} requests")
         trace = traces.skip_n(trace, args.skip_requests)
     if args.num_requests:
         trace = traces.first_n(trace, args.num_requests)

@@ -149,6 +149,9 @@ def load_run(path: str | Path) -> RunResult:
         ValueError: naming a file that cannot be read.
     """
     run = Path(path)
+    if not run.is_dir():
+        raise FileNotFoundError(f"{run}: {'not a directory' if run.exists() else 'does not exist'} (a kvsim run "
+                                "directory is needed)")
     for name in RUN_FILES:
         if not (run / name).is_file():
             raise FileNotFoundError(f"{run}: not a kvsim run directory ({name} is missing)")

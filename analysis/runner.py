@@ -121,7 +121,13 @@ def run_simulation(config: SimConfig, trace: pd.DataFrame, profile_path: str | N
     vmm, compute = load_models(config, profile_path, compute_model)
     output = Simulator(config, trace, vmm=vmm, compute=compute, progress=progress).run()
     meta = config.to_dict()
+    if profile_path:
+        chosen = resolve_compute_model(read_profile(profile_path), compute_model, config)
+        section = {"in-loop": "compute_in_loop", "tiled": "compute.tiled_roofline", "roofline": "compute.roofline"}
+        resolved = f"{chosen} ({section[chosen]} of {profile_path})"
+    else:
+        resolved = "roofline (built-in defaults)"
     meta.update(trace_source=trace.attrs.get("source", "in-memory table"), vmm_latency_source=vmm.source,
-                compute_model=compute_model if profile_path else "roofline defaults",
+                compute_model=resolved,
                 **(extra_config or {}))
     return build_result(output, meta)

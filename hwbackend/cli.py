@@ -85,6 +85,9 @@ def _compute(args: argparse.Namespace) -> int:
     return 0
 
 
+MIN_ITERATIONS = 1000  # below this a fit of the in-loop model's ~20 fields is warned about
+
+
 def _from_runs(args: argparse.Namespace) -> int:
     import json
     import sys
@@ -97,13 +100,19 @@ def _from_runs(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out)
     if not out.is_file():
-        print(f"kvsim calibrate --from-run adds to an existing profile (its vmm section and page-group growths are "
-              f"needed): {out} does not exist; pass --out PROFILE (e.g. profiles/h200.json)", file=sys.stderr)
+        what = "is a directory" if out.is_dir() else "does not exist"
+        print(f"kvsim calibrate: --from-run adds to an existing profile (its vmm section and page-group growths are "
+              f"needed): {out} {what}; pass --out PROFILE (e.g. profiles/h200.json)", file=sys.stderr)
         return 2
     try:
         profile = json.loads(out.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         print(f"kvsim calibrate: cannot read the profile {out}: {exc}", file=sys.stderr)
+        return 2
+    if not isinstance(profile, dict) or profile.get("format") != "kvsim-profile/1" or not isinstance(
+            profile.get("vmm"), dict):
+        print(f"kvsim calibrate: {out} is not a kvsim-profile/1 profile with a vmm section (kvsim calibrate writes "
+              "one on the GPU; docs/profile-format.md)", file=sys.stderr)
         return 2
     if "compute_in_loop" in profile and not args.force:
         print(f"kvsim calibrate: {out} already holds compute_in_loop; pass --force to replace it", file=sys.stderr)
@@ -113,12 +122,19 @@ def _from_runs(args: argparse.Namespace) -> int:
     except InLoopError as exc:
         print(f"kvsim calibrate: {exc}", file=sys.stderr)
         return 2
+    if "vmm_in_loop" in profile and "vmm_in_loop" not in sections:
+        print("kvsim calibrate: note: no run mapped synchronously, so the profile's vmm_in_loop is removed "
+              "(it belonged to the replaced fit)", file=sys.stderr)
     profile.pop("vmm_in_loop", None)
     profile.update(sections)
     out.write_text(json.dumps(profile, indent=1) + "\n")
     fit = sections["compute_in_loop"]
     print(f"wrote {out}: compute_in_loop fitted on {sum(r['iterations'] for r in fit['runs'])} iterations of "
           f"{len(fit['runs'])} run(s); fit error (|model / measured - 1|) {json.dumps(fit['fit_error'].get('all_corrected', fit['fit_error']['all']))}")
+    total = sum(r["iterations"] for r in fit["runs"])
+    if total < MIN_ITERATIONS:
+        print(f"kvsim calibrate: warning: {total} iterations are few for {len(fit['params'])} fitted fields; "
+              f"a replay of a few minutes gives >= {MIN_ITERATIONS:,}", file=sys.stderr)
     if "vmm_in_loop" in sections:
         v = sections["vmm_in_loop"]
         print(f"  page-group growth in the loop {v['in_loop_growth']['mean_us']:.0f} us vs "

@@ -70,19 +70,36 @@ def load_rows(run_dir: str | Path) -> tuple[pd.DataFrame, dict]:
             ``iterations.parquet`` or ``config.json``, or has no iteration.
     """
     run = Path(run_dir)
+    if not run.is_dir():
+        raise InLoopError(f"{run}: {'not a directory' if run.exists() else 'does not exist'} (a hardware run "
+                          "directory of python -m hwbackend.replay_cli is needed)")
     for name in ("iterations.parquet", "shapes.parquet", "config.json"):
         if not (run / name).is_file():
-            raise InLoopError(f"{run}: no {name} (a hardware run directory of python -m hwbackend.replay_cli "
-                              "is needed; runs older than shapes.parquet cannot be fitted on)")
-    config = json.loads((run / "config.json").read_text())
+            raise InLoopError(f"{run}: no {name} (a hardware run directory of python -m hwbackend.replay_cli is "
+                              "needed; runs older than shapes.parquet cannot be fitted on)")
+    try:
+        config = json.loads((run / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InLoopError(f"{run / 'config.json'}: unreadable ({exc})") from None
+    if not isinstance(config, dict):
+        raise InLoopError(f"{run / 'config.json'}: not a JSON object")
     if config.get("backend") != "hardware":
         raise InLoopError(f"{run}/config.json: backend {config.get('backend')!r}, not a hardware run")
-    rows = pd.read_parquet(run / "iterations.parquet").merge(pd.read_parquet(run / "shapes.parquet"),
-                                                             on="iteration", validate="one_to_one")
+    frames = {}
+    for name, needed in (("iterations.parquet", ("iteration", "duration_us", "sync_stall_us", "sync_map_page_groups")),
+                         ("shapes.parquet", ("iteration",) + SHAPE_FIELDS[:4])):
+        frames[name] = pd.read_parquet(run / name)
+        missing = [c for c in needed if c not in frames[name].columns]
+        if missing:
+            raise InLoopError(f"{run / name}: missing column(s) {missing}")
+    try:
+        rows = frames["iterations.parquet"].merge(frames["shapes.parquet"], on="iteration", validate="one_to_one")
+    except pd.errors.MergeError:
+        raise InLoopError(f"{run}: an iteration appears twice in iterations.parquet or shapes.parquet") from None
     if "max_context_tokens" not in rows:  # replays before it was logged: wave_us_per_token is not fitted
         rows["max_context_tokens"] = np.nan
     if rows.empty:
-        raise InLoopError(f"{run}: no iteration")
+        raise InLoopError(f"{run}: iterations.parquet and shapes.parquet share no iteration")
     no_map = rows["sync_map_page_groups"] == 0
     step_us = float(rows.loc[no_map, "sync_stall_us"].median()) if no_map.any() else 0.0
     mapping = np.where(no_map, 0.0, np.maximum(rows["sync_stall_us"] - step_us, 0.0))
@@ -190,7 +207,12 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "") -
     from sim.config import SimConfig
     from hwbackend.validate import config_from_run
 
+    resolved = [Path(d).resolve() for d in run_dirs]
+    if len(set(resolved)) != len(resolved):
+        raise InLoopError(f"a run is given twice: {[str(d) for d in run_dirs]}")
     loaded = [load_rows(d) for d in run_dirs]
+    for d, (_, meta) in zip(run_dirs, loaded):
+        _check_shape(d, meta)
     configs = [config_from_run(c) for _, c in loaded]
     keys = {(c.model, c.gpu, c.tp, bool(meta.get("cuda_graphs"))) for c, (_, meta) in zip(configs, loaded)}
     if len(keys) != 1:
@@ -227,11 +249,41 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "") -
     return sections
 
 
+def _check_shape(run_dir: str, meta: dict) -> None:
+    """The decoder the run computed (``transformer_shape``) must be its configured model's (one worker's)."""
+    from hwbackend.model import TransformerShape
+    from hwbackend.validate import config_from_run
+
+    recorded = meta.get("transformer_shape")
+    if recorded is None:
+        return
+    try:
+        config = config_from_run(meta)
+        expected = TransformerShape.from_spec(config.model_spec, config.tp).__dict__
+    except Exception as exc:  # an unknown model name, a bad field: the run's config.json is not usable
+        raise InLoopError(f"{run_dir}/config.json: {exc}") from None
+    if recorded != expected:
+        raise InLoopError(f"{run_dir}/config.json: transformer_shape {recorded} is not {config.model}'s at tp "
+                          f"{config.tp} ({expected})")
+
+
 def _isolated_growth_mean_us(profile: dict, config: Any) -> float | None:
-    for entry in (profile.get("page_group_growth") or {}).values():
-        if int(entry.get("page_size_bytes", 0)) == config.page_size_bytes:
-            mean = ((entry.get("sync_us") or {}).get("quantiles_us") or {}).get("mean")
-            tensors = int(entry.get("num_sub_tensors", 0))
-            if mean and tensors:
-                return float(mean) * config.model_spec.num_layers * 2 / tensors
+    """The profile's isolated page-group growth mean (us) scaled to ``config``'s model, or None.
+
+    Raises:
+        InLoopError: a malformed ``page_group_growth`` section (names the field).
+    """
+    growth = profile.get("page_group_growth") or {}
+    if not isinstance(growth, dict):
+        raise InLoopError("profile field page_group_growth: not an object")
+    for model, entry in growth.items():
+        try:
+            if int(entry.get("page_size_bytes", 0)) == config.page_size_bytes:
+                mean = ((entry.get("sync_us") or {}).get("quantiles_us") or {}).get("mean")
+                tensors = int(entry.get("num_sub_tensors", 0))
+                if mean and tensors:
+                    return float(mean) * config.model_spec.num_layers * 2 / tensors
+        except (AttributeError, TypeError, ValueError):
+            raise InLoopError(f"profile field page_group_growth.{model}: needs page_size_bytes, num_sub_tensors "
+                              "and sync_us.quantiles_us.mean") from None
     return None

@@ -116,7 +116,9 @@ class VmmLatencyModel:
             path = resources.files("profiles").joinpath("h200.json")
             if path.is_file():
                 with resources.as_file(path) as real_path:
-                    return cls.from_profile(real_path)
+                    model = cls.from_profile(real_path)
+                model.source = "built-in default (profiles/h200.json vmm section)"
+                return model
         except ModuleNotFoundError:
             pass
         return cls.h200_defaults()
