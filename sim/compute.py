@@ -167,7 +167,7 @@ class RooflineComputeModel:
         iteration reads ``batch_size`` more tokens (one more of each sequence)."""
         step = np.arange(steps, dtype=float)
         growth = step * batch_size
-        wave_us = self.wave_us_per_token * (max_context_tokens + step) if max_context_tokens else 0.0
+        wave_us = self.wave_us_per_token * (max_context_tokens + step) if self.wave_us_per_token else 0.0
         if self.decode_graphs:
             return (self._time_us(batch_size, attention_pairs + growth, kv_read_tokens + growth, batch_size,
                                   np.maximum, 0.0) + self.decode_overhead_us + float(self._decode_correction_us(batch_size))

@@ -618,8 +618,10 @@ def _shape(batch: Batch) -> BatchShape:
         new += tokens
         pairs += tokens * (context + (tokens + 1) / 2)
         kv_read += context
-        logits += context + tokens == request.prompt_tokens + request.generated
-        longest = max(longest, context + tokens)
+        keys = context + tokens
+        logits += keys == request.prompt_tokens + request.generated
+        if keys > longest:
+            longest = keys
     return BatchShape(new_tokens=new, attention_pairs=pairs, kv_read_tokens=kv_read, logit_sequences=logits,
                       max_context_tokens=longest)
 
