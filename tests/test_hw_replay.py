@@ -68,6 +68,16 @@ def test_replay_token_accounting_and_timestamps():
     assert (requests["first_token_at_us"] >= requests["arrival_at_us"]).all()
     assert np.allclose(requests["ttft_us"], requests["first_token_at_us"] - requests["arrival_at_us"])
     assert output.counters["sync_map_page_groups"] == iterations["sync_map_page_groups"].sum()
+    # shapes.parquet (the in-loop fit's input): what each iteration computed, consistent with its record
+    shapes = output.shapes_frame()
+    assert shapes["iteration"].tolist() == iterations["iteration"].tolist()
+    assert (shapes["new_tokens"] == iterations["prefill_tokens"] + iterations["decode_tokens"]).all()
+    assert shapes["logit_sequences"].sum() == trace["output_tokens"].sum()  # every output token is sampled once
+    batch = iterations["batch_size"]
+    assert (shapes["max_context_tokens"] * batch >= shapes["kv_read_tokens"] + shapes["new_tokens"]).all()
+    assert (shapes["max_context_tokens"] <= (trace["prompt_tokens"] + trace["output_tokens"] - 1).max()).all()
+    # pairs: a t-token chunk after c cached tokens is t * (c + (t + 1) / 2) >= t * (t + 1) / 2 per sequence
+    assert (shapes["attention_pairs"] >= shapes["kv_read_tokens"] + shapes["new_tokens"]).all()
 
 
 def test_causal_chunks_see_their_prior_context_on_cpu():
