@@ -129,3 +129,29 @@ def test_replayed_trace_is_rebuilt_from_the_request_records():
     assert np.array_equal(np.round(trace["arrival_s"].to_numpy() * 1e7), np.round(ordered["arrival_at_us"].to_numpy() * 10))
     assert trace["prompt_tokens"].tolist() == ordered["prompt_tokens"].tolist()
     assert trace["output_tokens"].tolist() == ordered["output_tokens"].tolist()
+
+
+def test_compute_model_on_the_hardware_batches():
+    from hwbackend.validate import same_batches_error
+
+    run = GRAPHS / "train2-sync"
+    if not (run / "shapes.parquet").is_file():
+        pytest.skip(f"{run} is not present")
+    config = config_from_run(json.loads((run / "config.json").read_text()))
+    frame = same_batches_error(run, config, str(PROFILE)).set_index("stat")
+    iterations = pd.read_parquet(run / "iterations.parquet")
+    # the hardware column is the measured duration minus the mapping part of the stall: never above duration
+    assert frame.loc["p50", "hw_ms"] <= iterations["duration_us"].median() / 1e3
+    assert frame.loc["per-iteration |error| median", "error"] < 0.05  # a run the fit was made on (3.0% measured)
+    # a run from before max_context_tokens was logged cannot evaluate the wave term: no table, not a wrong one
+    assert same_batches_error(GRAPHS / "test-sync", config, str(PROFILE)) is None
+
+
+def test_eager_runs_are_simulated_with_the_grid_fit_under_auto():
+    from hwbackend.validate import matching_compute_model
+
+    eager = json.loads((RUN / "config.json").read_text())
+    assert not eager.get("cuda_graphs")
+    assert matching_compute_model(eager, str(PROFILE), "auto") == "tiled"
+    assert matching_compute_model(eager, str(PROFILE), "in-loop") == "in-loop"
+    assert matching_compute_model({"cuda_graphs": True}, str(PROFILE), "auto") == "auto"
