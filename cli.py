@@ -138,7 +138,8 @@ def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int):
             path = traces.resolve_trace(args.trace)  # a file, or a public trace name (kvsim traces fetch)
             trace = traces.load_trace(path, fmt=args.trace_format, arrival=args.arrival, seed=seed)
         else:
-            trace = traces.synthetic_default(seed, num_requests=args.num_requests or 1000)
+            trace = traces.synthetic_default(seed, num_requests=(args.num_requests or 1000)
+                                             + getattr(args, "skip_requests", 0))
     notes += [str(w.message) for w in caught if issubclass(w.category, traces.TraceWarning)]
     if getattr(args, "skip_requests", 0):
         if args.skip_requests >= len(trace):

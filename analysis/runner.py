@@ -17,7 +17,8 @@ def load_models(config: SimConfig, profile_path: str | None,
     """The VMM latency and compute models for ``config``: built-in defaults (the committed H200 profile and the
     roofline), or a calibration profile's ``vmm`` and compute sections (:func:`compute_overrides`). When the
     compute model is the in-loop fit, the profile's ``vmm_in_loop.growth_scale`` (a page-group growth's cost
-    inside the replay's loop over its isolated measurement) scales the mapping times as well.
+    inside the replay's loop over its isolated measurement) scales the mapping times as well, when it was
+    measured for this model and page size.
 
     Raises:
         ProfileError: for an unreadable profile (names the file and field).
@@ -31,8 +32,10 @@ def load_models(config: SimConfig, profile_path: str | None,
     vmm = VmmLatencyModel.from_profile(profile_path)
     profile = read_profile(profile_path)
     chosen = resolve_compute_model(profile, compute_model, config)
-    if chosen == "in-loop":
-        scale = float((profile.get("vmm_in_loop") or {}).get("growth_scale") or 1.0)
+    growth = profile.get("vmm_in_loop") or {}
+    if chosen == "in-loop" and (growth.get("model"), growth.get("page_size_bytes")) == (config.model,
+                                                                                        config.page_size_bytes):
+        scale = float(growth.get("growth_scale") or 1.0)
         if scale != 1.0:
             vmm.in_loop_scale = scale
             vmm.source += f", growths x{scale:g} (vmm_in_loop)"
@@ -57,10 +60,11 @@ def resolve_compute_model(profile: dict, compute_model: str, config: SimConfig |
     if compute_model not in COMPUTE_MODELS:
         raise ValueError(f"compute model {compute_model!r}: choose one of {', '.join(COMPUTE_MODELS)}")
     in_loop = profile.get("compute_in_loop") or {}
-    if in_loop and config is not None and (in_loop.get("model"), int(in_loop.get("tp", 1))) != (config.model, config.tp):
+    fitted_for = (in_loop.get("model"), in_loop.get("gpu", config.gpu if config else None), int(in_loop.get("tp", 1)))
+    if in_loop and config is not None and fitted_for != (config.model, config.gpu, config.tp):
         if compute_model == "in-loop":
-            raise ValueError(f"the profile's compute_in_loop was fitted for {in_loop.get('model')} at tp "
-                             f"{in_loop.get('tp', 1)}, not {config.model} at tp {config.tp}")
+            raise ValueError(f"the profile's compute_in_loop was fitted for {fitted_for[0]} on {fitted_for[1]} at tp "
+                             f"{fitted_for[2]}, not {config.model} on {config.gpu} at tp {config.tp}")
         in_loop = {}
     tiled = ((profile.get("compute") or {}).get("tiled_roofline") or {}).get("params")
     if compute_model == "in-loop" and not in_loop.get("params"):

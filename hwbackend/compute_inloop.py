@@ -154,8 +154,9 @@ DECODE_KNOTS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 96, 128, 192, 256)
 
 def fit_decode_correction(model: RooflineComputeModel, rows: pd.DataFrame, ridge: float = 1.0) -> tuple[dict, dict]:
     """Second stage, graphed decode iterations only: a per-batch-size added time (us), piecewise linear over
-    :data:`DECODE_KNOTS` (up to the largest batch seen); knots without data are pulled to 0 by a ridge term
-    of weight ``ridge`` per millisecond; soft-L1 loss on relative error. (A per-batch scale of the attention
+    :data:`DECODE_KNOTS` (up to the largest batch seen); a ridge term of weight ``ridge`` per millisecond on
+    every knot keeps knots without data near 0 (weakly: it shares the soft-L1 loss); soft-L1 loss on
+    relative error. (A per-batch scale of the attention
     term as well was tried: on the H200 runs it fitted the training run better and the held-out runs worse.)
 
     Returns:
@@ -276,7 +277,8 @@ def _isolated_growth_mean_us(profile: dict, config: Any) -> float | None:
     growth = profile.get("page_group_growth") or {}
     if not isinstance(growth, dict):
         raise InLoopError("profile field page_group_growth: not an object")
-    for model, entry in growth.items():
+    entries = sorted(growth.items(), key=lambda item: item[0] != config.model)  # this model's entry first
+    for model, entry in entries:
         try:
             if int(entry.get("page_size_bytes", 0)) == config.page_size_bytes:
                 mean = ((entry.get("sync_us") or {}).get("quantiles_us") or {}).get("mean")

@@ -201,8 +201,8 @@ class DecodeGraphs:
 
     Captured largest first into one memory pool (graphs never run concurrently and each output is read
     before the next replay). The capture runs the forward once per size (warm-up, on a side stream) over
-    ``scratch_slot``, a slot whose first page group the caller has mapped: every static row points into
-    it then. ``max_k`` is fixed at ``slot_tokens`` (FlashAttention's varlen forward reads each sequence's
+    ``scratch_slot``, a slot whose first ``max_batch`` tokens the caller has mapped: every static row points
+    into them then. ``max_k`` is fixed at ``slot_tokens`` (FlashAttention's varlen forward reads each sequence's
     true length from ``seqused_k``; the grid depends on ``max_q`` only).
 
     Args:
@@ -220,7 +220,7 @@ class DecodeGraphs:
         device, self.slot_tokens = model.device, slot_tokens
         start = scratch_slot * slot_tokens
         self.arange = torch.arange(max_batch + 1, device=device, dtype=torch.long)
-        self.write_rows = start + self.arange[:max_batch].clone()
+        self.write_rows = start + self.arange[:max_batch].clone()  # rows 0..max_batch-1 of the scratch slot
         self.cu_q = self.arange.to(torch.int32)
         self.cu_k = torch.full((max_batch + 1,), start, device=device, dtype=torch.int32)
         self.used_k = torch.ones(max_batch, device=device, dtype=torch.int32)
@@ -264,7 +264,8 @@ def capture_decode_graphs(model: DecoderModel, kv: Any, max_batch: int) -> float
 
     started = time.perf_counter()
     slot = kv.executor.alloc_slot(1)
-    if slot is None or not kv.executor.step({slot: 1}):
+    # the capture's warm-up writes rows 0..max_batch-1 of the scratch slot: map the page groups they need
+    if slot is None or not kv.executor.step({slot: max_batch}):
         raise RuntimeError("no slot or page group free for the decode graphs' capture")
     try:
         model.graphs = DecodeGraphs(model, kv.k, kv.v, kv.slot_tokens, slot, max_batch)

@@ -109,7 +109,11 @@ def replay(config: Any, trace: pd.DataFrame, device: str = "cuda:0", shape: Tran
         extra["warmup_s"] = round(time.perf_counter() - started, 1)
     kv = open_kv(config, shape, device)
     try:
-        if cuda_graphs and model.device.type == "cuda":
+        if cuda_graphs and model.device.type == "cuda" and backend != "varlen":
+            # gather / reference read per-batch host data a captured graph would replay stale
+            extra["graph_capture_error"] = f"decode graphs need the varlen attention backend, not {backend}"
+            print(f"replay: warning: {extra['graph_capture_error']}; decodes run eagerly", file=sys.stderr)
+        elif cuda_graphs and model.device.type == "cuda":
             from hwbackend.model import capture_decode_graphs
 
             try:
@@ -202,8 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     from cli import config_from_args, load_workload
 
     args = build_parser().parse_args(argv)
-    config = config_from_args(args)
-    trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
+    try:
+        config = config_from_args(args)
+        trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
+    except (ValueError, OSError) as exc:  # a bad option value or trace: one message, no traceback
+        print(f"replay: error: {exc}", file=sys.stderr)
+        return 2
     for note in notes:
         print(f"replay: warning: {note}", file=sys.stderr)
     shape = TINY_SHAPE if args.device == "cpu" else None

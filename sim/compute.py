@@ -221,8 +221,14 @@ class RooflineComputeModel:
         unknown = set(overrides) - known - tables
         if unknown:
             raise ValueError(f"unknown compute fields {sorted(unknown)}; known: {sorted(known | tables)}")
-        return replace(self, **{k: tuple(float(x) for x in v) if k in tables else float(v)
-                                for k, v in overrides.items()})
+        for name in tables & set(overrides):
+            if not isinstance(overrides[name], (list, tuple)):
+                raise ValueError(f"compute field {name} must be a list of numbers, got {overrides[name]!r}")
+        try:
+            return replace(self, **{k: tuple(float(x) for x in v) if k in tables else float(v)
+                                    for k, v in overrides.items()})
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"compute fields {sorted(overrides)}: {exc}") from None
 
 
 def decode_batch(batch_size: int, context_tokens: int) -> BatchShape:
