@@ -188,11 +188,7 @@ class ReplayLoop(RequestBookkeeping):
         slot = self.executor.alloc_slot(request.computed + first_tokens)
         if slot is None:
             return 0
-        request.slot = request.last_slot = slot
-        request.admitted_order = self._admissions
-        request.status = "running"
-        self._admissions += 1
-        self.running.append(request)
+        self._start_running(request, slot)
         return first_tokens
 
     def _unblock_admission(self, drained: bool) -> bool:

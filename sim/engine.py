@@ -378,11 +378,7 @@ class Simulator(RequestBookkeeping):
         if request.swapped:
             self.swap.swap_in(request.computed)
             request.swapped = False
-        request.slot = request.last_slot = slot
-        request.admitted_order = self._admissions
-        request.status = "running"
-        self._admissions += 1
-        self.running.append(request)
+        self._start_running(request, slot)
         return first_tokens
 
     def _map_prefix(self, request: Request, slot: int) -> int:

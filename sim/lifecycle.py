@@ -58,6 +58,14 @@ class RequestBookkeeping:
         waste = (active_mapped * tokens_per_page - sum(held_tokens)) * self._kv_bytes_per_token
         return (policy.physical_page_groups, used, policy.free_page_groups, policy.deferred_page_groups, waste)
 
+    def _start_running(self, request: Request, slot: int) -> None:
+        """An admitted request holds ``slot`` and joins the running set, after every earlier admission."""
+        request.slot = request.last_slot = slot
+        request.admitted_order = self._admissions
+        request.status = "running"
+        self._admissions += 1
+        self.running.append(request)
+
     def _drop(self, request: Request, status: str) -> None:
         """The request leaves for good (``finished`` or ``rejected``): its slot is released."""
         self._release(request)
