@@ -122,15 +122,15 @@ def run_simulation(config: SimConfig, trace: pd.DataFrame, profile_path: str | N
     """Simulate ``trace`` under ``config``; the result's config records the sources of trace and latencies.
     ``compute_model`` chooses the profile's compute section (see :func:`compute_overrides`)."""
     config = profile_config_overrides(config, profile_path)
-    vmm, compute = load_models(config, profile_path, compute_model)
-    output = Simulator(config, trace, vmm=vmm, compute=compute, progress=progress).run()
-    meta = config.to_dict()
     if profile_path:
         chosen = resolve_compute_model(read_profile(profile_path), compute_model, config)
         section = {"in-loop": "compute_in_loop", "tiled": "compute.tiled_roofline", "roofline": "compute.roofline"}
         resolved = f"{chosen} ({section[chosen]} of {profile_path})"
     else:
-        resolved = "roofline (built-in defaults)"
+        chosen, resolved = compute_model, "roofline (built-in defaults)"
+    vmm, compute = load_models(config, profile_path, chosen)
+    output = Simulator(config, trace, vmm=vmm, compute=compute, progress=progress).run()
+    meta = config.to_dict()
     meta.update(trace_source=trace.attrs.get("source", "in-memory table"), vmm_latency_source=vmm.source,
                 compute_model=resolved,
                 **(extra_config or {}))

@@ -109,22 +109,6 @@ def simulate(config: SimConfig, trace: pd.DataFrame, profile: str | None, comput
     return run_simulation(config, trace, profile, compute_model=compute_model)
 
 
-def _resolved_model(profile: str | None, compute_model: str, config: SimConfig) -> str:
-    """The profile section ``compute_model`` resolves to, in words."""
-    if profile is None:
-        return "built-in roofline defaults"
-    from analysis.runner import resolve_compute_model
-    from sim.latency import read_profile
-
-    data = read_profile(profile)
-    chosen = resolve_compute_model(data, compute_model, config)
-    if chosen == "in-loop":
-        return "compute_in_loop" + (" + vmm_in_loop" if data.get("vmm_in_loop") else "")
-    if chosen == "tiled":
-        return "compute.tiled_roofline"
-    return "compute.roofline" if (data.get("compute") or {}).get("roofline") else "built-in roofline defaults"
-
-
 def trace_of_run(hw_dir: str | Path, requests: pd.DataFrame) -> pd.DataFrame:
     """The canonical trace a hardware run replayed: ``trace.parquet`` if the run has one, else rebuilt from
     its request records (arrival us -> s; the simulator re-quantises arrivals to 100 ns, so the rebuilt table
@@ -197,8 +181,8 @@ def matching_compute_model(run_config: dict, profile: str | None, compute_model:
 
 def validate_run(hw_dir: str | Path, profile: str | None = None, out_dir: str | Path | None = None,
                  compute_model: str = "auto"):
-    """Simulate the hardware run's configuration and trace; returns ``(table, hw, sim)`` and writes
-    ``validation.md`` (with :func:`same_batches_error` when the run has ``shapes.parquet``), ``errors.csv``
+    """Simulate the hardware run's configuration and trace; returns ``(table, hw, sim, same)`` (``same``:
+    :func:`same_batches_error`, None without ``shapes.parquet``) and writes ``validation.md``, ``errors.csv``
     and ``overlay.html`` into ``out_dir`` when given."""
     from analysis.results import load_run
 
@@ -216,12 +200,12 @@ def validate_run(hw_dir: str | Path, profile: str | None = None, out_dir: str | 
         missed = check_targets(table)
         (out / "validation.md").write_text(
             f"# {config.label}: simulator vs hardware\n\nhardware run: `{hw_dir}`; profile: `{profile or 'built-in'}`; "
-            f"compute model: {compute_model} ({_resolved_model(profile, compute_model, config)})\n\n"
+            f"compute model: {compute_model} ({sim.config['compute_model']}); VMM: {sim.config['vmm_latency_source']}\n\n"
             + markdown_table(table) + "\n\ntargets missed: " + ("; ".join(missed) or "none") + "\n"
             + ("" if same is None else "\nThe compute model on the hardware's own batches (`shapes.parquet`; hardware: "
                "duration minus the mapping part of the stall):\n\n" + _same_batches_markdown(same) + "\n"))
         overlay_html(hw, sim, out / "overlay.html", f"{config.label}: per-iteration latency, hardware vs simulator")
-    return table, hw, sim
+    return table, hw, sim, same
 
 
 # options a saved hardware run already fixes (its config.json and request records), with their CLI defaults
@@ -246,7 +230,7 @@ def command(args) -> int:
         hw_dir = _fresh_replay(args)
         if hw_dir is None:
             return 2
-    table, hw, _ = validate_run(hw_dir, args.profile, args.out, getattr(args, "compute_model", "auto"))
+    table, hw, _, same = validate_run(hw_dir, args.profile, args.out, getattr(args, "compute_model", "auto"))
     run_config = hw.config
     if args.trace and run_config.get("trace_source") and Path(args.trace).name not in str(run_config["trace_source"]):
         print(f"kvsim: note: --trace {args.trace} differs from the run's trace ({run_config['trace_source']}); "
@@ -255,8 +239,6 @@ def command(args) -> int:
     print(markdown_table(table))
     missed = check_targets(table)
     print("targets missed: " + ("; ".join(missed) or "none"))
-    same = same_batches_error(hw_dir, config_from_run(hw.config), args.profile,
-                              matching_compute_model(hw.config, args.profile, getattr(args, "compute_model", "auto")))
     if same is not None:
         print("\n" + _same_batches_markdown(same))
     return 0

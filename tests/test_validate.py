@@ -23,7 +23,7 @@ def validated(tmp_path_factory):
     if not (RUN / "iterations.parquet").is_file():
         pytest.skip(f"{RUN} is not present")
     out = tmp_path_factory.mktemp("validate")
-    table, hw, sim = validate_run(RUN, None, out)
+    table, hw, sim, _ = validate_run(RUN, None, out)
     return table, hw, sim, out
 
 
