@@ -19,6 +19,7 @@ grid), plus ``compute.tiled_roofline`` (the roofline with a launch floor and a m
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,20 +116,24 @@ def predict_us(base: RooflineComputeModel, params: np.ndarray, shapes: list[Batc
 
 def fit_roofline(base: RooflineComputeModel, shapes: list[BatchShape], measured_us: list[float]) -> tuple[dict, dict]:
     """Least-squares fit of :data:`FIT_FIELDS` on relative error; returns ``(roofline, fit_error)``."""
-    from scipy.optimize import least_squares
-
     measured = np.asarray(measured_us, dtype=float)
 
     def residual(params: np.ndarray) -> np.ndarray:
         return predict_us(base, params, shapes) / measured - 1.0
 
-    best = None
-    for start in ([0.8, 0.9, 0.5, 1000.0], [0.6, 0.7, 0.2, 2000.0], [0.9, 0.6, 0.8, 500.0], [0.5, 0.95, 0.1, 3000.0]):
-        result = least_squares(residual, np.array(start), bounds=FIT_BOUNDS, x_scale=[0.1, 0.1, 0.1, 500.0])
-        if best is None or result.cost < best.cost:
-            best = result
+    best = best_fit(residual, ([0.8, 0.9, 0.5, 1000.0], [0.6, 0.7, 0.2, 2000.0], [0.9, 0.6, 0.8, 500.0],
+                               [0.5, 0.95, 0.1, 3000.0]), bounds=FIT_BOUNDS, x_scale=[0.1, 0.1, 0.1, 500.0])
     roofline = {name: round(float(v), 6) for name, v in zip(FIT_FIELDS, best.x)}
     return roofline, fit_error(np.abs(residual(best.x)))
+
+
+def best_fit(residual: Callable[[np.ndarray], np.ndarray], starts, **options: Any) -> Any:
+    """``scipy.optimize.least_squares(residual, start, **options)`` from each of ``starts``; the result of
+    lowest cost (a rough guard against the local minima the ``max`` terms of a roofline create)."""
+    from scipy.optimize import least_squares
+
+    results = [least_squares(residual, np.asarray(start, dtype=float), **options) for start in starts]
+    return min(results, key=lambda result: result.cost)
 
 
 def fit_error(relative_errors: np.ndarray) -> dict:

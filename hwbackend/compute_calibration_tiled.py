@@ -41,9 +41,7 @@ def fit_tiled(base: RooflineComputeModel, shapes: list[BatchShape], measured_us:
     Returns:
         ``{"params": {...}, "fit_error": {...}, "method": ...}``.
     """
-    from scipy.optimize import least_squares
-
-    from hwbackend.compute_calibration import fit_error
+    from hwbackend.compute_calibration import best_fit, fit_error
 
     measured = np.asarray(measured_us, dtype=float)
 
@@ -51,13 +49,9 @@ def fit_tiled(base: RooflineComputeModel, shapes: list[BatchShape], measured_us:
         model = build(base, dict(zip(TILED_FIELDS, x)))
         return np.array([model.iteration_us(s) for s in shapes]) / measured - 1.0
 
-    best = None
-    for start in ([0.7, 0.8, 0.5, 1000.0, 64.0, 8500.0], [0.6, 0.6, 0.8, 2500.0, 200.0, 9000.0],
-                  [0.8, 0.9, 0.3, 500.0, 128.0, 8000.0]):
-        result = least_squares(residual, np.array(start), bounds=TILED_BOUNDS, loss="soft_l1", f_scale=0.05,
-                               x_scale=[0.1, 0.1, 0.1, 500.0, 50.0, 500.0])
-        if best is None or result.cost < best.cost:
-            best = result
+    best = best_fit(residual, ([0.7, 0.8, 0.5, 1000.0, 64.0, 8500.0], [0.6, 0.6, 0.8, 2500.0, 200.0, 9000.0],
+                               [0.8, 0.9, 0.3, 500.0, 128.0, 8000.0]), bounds=TILED_BOUNDS, loss="soft_l1",
+                    f_scale=0.05, x_scale=[0.1, 0.1, 0.1, 500.0, 50.0, 500.0])
     return {"params": {k: round(float(v), 6) for k, v in zip(TILED_FIELDS, best.x)},
             "fit_error": fit_error(np.abs(residual(best.x))),
             "method": "least squares, soft-L1 loss (scale 0.05) on relative error over compute.grid"}

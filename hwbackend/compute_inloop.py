@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from hwbackend.compute_calibration import best_fit, fit_error
 from sim.compute import RooflineComputeModel
 
 INLOOP_FIELDS = ("flops_efficiency", "bw_efficiency", "attention_flops_efficiency", "overhead_us",
@@ -113,10 +114,6 @@ def fit_compute(base: RooflineComputeModel, rows: pd.DataFrame) -> tuple[dict, d
     """Fit :data:`INLOOP_FIELDS` to ``rows.target_us`` (``wave_us_per_token`` only where every row has
     ``max_context_tokens``); returns ``(params, errors)`` (errors: ``all``, ``decode_only``, ``mixed``, each
     median / p90 / max / n of the absolute relative error)."""
-    from scipy.optimize import least_squares
-
-    from hwbackend.compute_calibration import fit_error
-
     fields = [f for f in INLOOP_FIELDS if f != "wave_us_per_token" or rows["max_context_tokens"].notna().all()]
     measured = rows["target_us"].to_numpy(dtype=float)
     columns = shape_columns(rows)
@@ -128,12 +125,8 @@ def fit_compute(base: RooflineComputeModel, rows: pd.DataFrame) -> tuple[dict, d
         return predict(x) / measured - 1.0
 
     bounds = ([_BOUNDS[f][0] for f in fields], [_BOUNDS[f][1] for f in fields])
-    best = None
-    for start in _STARTS:
-        result = least_squares(residual, np.array([start[f] for f in fields]), bounds=bounds, loss="soft_l1",
-                               f_scale=0.05, x_scale=[_SCALES[f] for f in fields])
-        if best is None or result.cost < best.cost:
-            best = result
+    best = best_fit(residual, [[start[f] for f in fields] for start in _STARTS], bounds=bounds, loss="soft_l1",
+                    f_scale=0.05, x_scale=[_SCALES[f] for f in fields])
     errors = np.abs(residual(best.x))
     decode = rows["decode_only"].to_numpy()
     report = {"all": fit_error(errors)}
@@ -164,8 +157,6 @@ def fit_decode_correction(model: RooflineComputeModel, rows: pd.DataFrame, ridge
         :meth:`sim.compute.RooflineComputeModel.with_overrides`, and the decode-only fit error with them.
     """
     from scipy.optimize import least_squares
-
-    from hwbackend.compute_calibration import fit_error
 
     decode = rows[rows["decode_only"]]
     if decode.empty or not model.decode_graphs:
@@ -206,15 +197,12 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "") -
         InLoopError: for a run that cannot be used, or runs of different models / GPUs / decode-graph modes.
     """
     from sim.config import SimConfig
-    from hwbackend.validate import config_from_run
 
     resolved = [Path(d).resolve() for d in run_dirs]
     if len(set(resolved)) != len(resolved):
         raise InLoopError(f"a run is given twice: {[str(d) for d in run_dirs]}")
     loaded = [load_rows(d) for d in run_dirs]
-    for d, (_, meta) in zip(run_dirs, loaded):
-        _check_shape(d, meta)
-    configs = [config_from_run(c) for _, c in loaded]
+    configs = [_run_config(d, meta) for d, (_, meta) in zip(run_dirs, loaded)]
     keys = {(c.model, c.gpu, c.tp, bool(meta.get("cuda_graphs"))) for c, (_, meta) in zip(configs, loaded)}
     if len(keys) != 1:
         raise InLoopError(f"runs of different (model, gpu, tp, cuda graphs): {sorted(keys)}; fit one at a time")
@@ -228,7 +216,6 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "") -
     if correction:
         errors["decode_only_corrected"] = decode_errors
         predicted = fitted.with_overrides(correction).iteration_us_array(*shape_columns(rows))
-        from hwbackend.compute_calibration import fit_error
         errors["all_corrected"] = fit_error(np.abs(predicted / rows["target_us"].to_numpy(dtype=float) - 1.0))
     section = {"params": {**params, "decode_graphs": float(graphs), **correction}, "fit_error": errors,
                "runs": [{"dir": str(d), "iterations": len(r), "step_us": round(r.attrs["step_us"], 1),
@@ -250,22 +237,26 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "") -
     return sections
 
 
-def _check_shape(run_dir: str, meta: dict) -> None:
-    """The decoder the run computed (``transformer_shape``) must be its configured model's (one worker's)."""
+def _run_config(run_dir: str, meta: dict) -> Any:
+    """The :class:`sim.config.SimConfig` of a run's ``config.json``; the decoder the run computed
+    (``transformer_shape``, where recorded) must be its configured model's (one worker's).
+
+    Raises:
+        InLoopError: an unusable config.json (unknown model, bad field) or a shape of another model.
+    """
     from hwbackend.model import TransformerShape
     from hwbackend.validate import config_from_run
 
-    recorded = meta.get("transformer_shape")
-    if recorded is None:
-        return
     try:
         config = config_from_run(meta)
         expected = TransformerShape.from_spec(config.model_spec, config.tp).__dict__
     except Exception as exc:  # an unknown model name, a bad field: the run's config.json is not usable
         raise InLoopError(f"{run_dir}/config.json: {exc}") from None
-    if recorded != expected:
+    recorded = meta.get("transformer_shape")
+    if recorded is not None and recorded != expected:
         raise InLoopError(f"{run_dir}/config.json: transformer_shape {recorded} is not {config.model}'s at tp "
                           f"{config.tp} ({expected})")
+    return config
 
 
 def _isolated_growth_mean_us(profile: dict, config: Any) -> float | None:
