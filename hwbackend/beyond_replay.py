@@ -132,12 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     import hwbackend.replay_cli as replay_cli
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    out = Path(argv[argv.index("--out") + 1])
     replay_cli.ReplayLoop = PhaseTimedLoop
+    PhaseTimedLoop.last = None
     started = time.perf_counter()
-    status = replay_cli.main(argv)
+    status = replay_cli.main(argv)  # parses and checks every option, --out included, with one message each
     loop = PhaseTimedLoop.last
-    if loop is not None:
+    if loop is not None and status == 0:
+        out = Path(next(a.split("=", 1)[1] if a.startswith("--out=") else argv[i + 1]
+                        for i, a in enumerate(argv) if a == "--out" or a.startswith("--out=")))
         frame = phases_frame(loop)
         frame.to_parquet(out / "phases.parquet", index=False)
         summary = summarize_phases(frame)
