@@ -62,6 +62,22 @@ class InLoopError(ValueError):
     """A run directory that cannot be fitted on (names the file and what is missing)."""
 
 
+def mapping_stall_us(iterations: pd.DataFrame) -> tuple[np.ndarray, float]:
+    """The mapping part of each iteration's ``sync_stall_us`` (microseconds), and the policy step's time.
+
+    ``iterations``: rows with ``sync_stall_us`` and ``sync_map_page_groups`` (the simulator's iteration
+    schema). The replay's stall also times the policy step on the host, every iteration; its median over the
+    iterations that mapped nothing is taken as ``step_us`` and removed from the iterations that mapped on the
+    critical path (``max(stall - step_us, 0)``); iterations that mapped nothing contribute 0. For simulator
+    records (stall 0 where nothing mapped) this is the stall unchanged. Returns ``(mapping_us, step_us)``
+    with ``mapping_us`` of shape ``(len(iterations),)``.
+    """
+    no_map = (iterations["sync_map_page_groups"] == 0).to_numpy()
+    stall = iterations["sync_stall_us"].to_numpy(dtype=float)
+    step_us = float(np.median(stall[no_map])) if no_map.any() else 0.0
+    return np.where(no_map, 0.0, np.maximum(stall - step_us, 0.0)), step_us
+
+
 def load_rows(run_dir: str | Path) -> tuple[pd.DataFrame, dict]:
     """Rows of one hardware run: iteration records with their batch shape and ``target_us``, ``mapping_us``,
     ``decode_only``; and the run's ``config.json``.
@@ -101,9 +117,7 @@ def load_rows(run_dir: str | Path) -> tuple[pd.DataFrame, dict]:
         rows["max_context_tokens"] = np.nan
     if rows.empty:
         raise InLoopError(f"{run}: iterations.parquet and shapes.parquet share no iteration")
-    no_map = rows["sync_map_page_groups"] == 0
-    step_us = float(rows.loc[no_map, "sync_stall_us"].median()) if no_map.any() else 0.0
-    mapping = np.where(no_map, 0.0, np.maximum(rows["sync_stall_us"] - step_us, 0.0))
+    mapping, step_us = mapping_stall_us(rows)
     rows = rows.assign(mapping_us=mapping, target_us=rows["duration_us"] - mapping,
                        decode_only=rows["new_tokens"] == rows["logit_sequences"], run=str(run_dir))
     rows.attrs["step_us"] = step_us

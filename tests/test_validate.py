@@ -39,7 +39,10 @@ def test_hardware_column_is_the_committed_measurement(validated):
     assert row(table, "iteration latency", "p50")["hw"] == pytest.approx(iterations["duration_us"].median() / 1e3)
     assert row(table, "TTFT", "p99")["hw"] == pytest.approx(np.percentile(finished["ttft_us"], 99) / 1e3)
     assert row(table, "TPOT", "p50")["hw"] == pytest.approx(finished["tpot_us"].median() / 1e3)
-    assert row(table, "sync mapping stall", "total")["hw"] == pytest.approx(iterations["sync_stall_us"].sum() / 1e3)
+    mapped = iterations["sync_map_page_groups"] > 0
+    step_us = iterations.loc[~mapped, "sync_stall_us"].median()  # the policy step, timed inside the stall
+    mapping_ms = (iterations.loc[mapped, "sync_stall_us"] - step_us).clip(lower=0).sum() / 1e3
+    assert row(table, "sync mapping stall", "total")["hw"] == pytest.approx(mapping_ms)
     summary = json.loads((RUN / "summary.json").read_text())
     assert row(table, "page groups mapped", "total")["hw"] == summary["map_page_groups"]
     assert len(requests) == 1000 and len(finished) == 1000  # the first 1,000 requests of the Azure conv trace
@@ -87,33 +90,39 @@ def test_error_is_sim_over_hw_minus_one():
     assert row(table, "TTFT", "p50")["error"] == pytest.approx(0.0)
 
 
-# ---- the replays with decode CUDA graphs (docs/validation/graphs-x1.5), simulated with the in-loop fit --------
+# ---- the replays with decode CUDA graphs (graphs-x1.5: second session; same-start: the profile's fit), in-loop fit
 GRAPHS = RUN.parent / "graphs-x1.5"
 PROFILE = RUN.parent.parent.parent / "profiles" / "h200.json"
 
 
+SAME_START = RUN.parent / "same-start"  # every run on one start of the machine; the profile's fit is on train-*
+
+
 @pytest.fixture(scope="module")
-def graphs_validated():
-    if not (GRAPHS / "test-sync" / "iterations.parquet").is_file():
-        pytest.skip(f"{GRAPHS} is not present")
-    return {mode: validate_run(GRAPHS / f"test-{mode}", str(PROFILE))[0] for mode in ("sync", "async")}
+def same_start_validated():
+    if not (SAME_START / "test-sync-x1" / "iterations.parquet").is_file():
+        pytest.skip(f"{SAME_START} is not present")
+    return {name: validate_run(SAME_START / name, str(PROFILE))[0]
+            for name in ("test-async-x1", "test-sync-x1", "test-async", "test-sync")}
 
 
-def test_in_loop_model_meets_the_targets_on_the_held_out_sync_run(graphs_validated):
-    # fitted on train2-sync, train2-x2-sync, train3-x2-sync (requests 1,000-3,799); validated on the first 1,000
-    table = graphs_validated["sync"]
-    assert check_targets(table) == []
-    assert abs(row(table, "TPOT", "p99")["error"]) <= 0.10
+@pytest.mark.parametrize("name", ["test-async-x1", "test-sync-x1"])
+def test_in_loop_model_meets_every_target_on_the_held_out_runs_in_real_time(same_start_validated, name):
+    # the issue's configuration: the first 1,000 requests at their trace times; fitted on requests 1,000-3,799
+    # (docs/validation/same-start/PLAN.md fixed the fit before these runs were validated)
+    assert check_targets(same_start_validated[name]) == []
 
 
-def test_in_loop_model_on_the_held_out_async_run(graphs_validated):
-    # measured: every p99 within 10%; iteration and TPOT p50 -5.2% / -5.1%, just past the 5% target
-    # (docs/validation/README.md: the test machine ran ~4% slower than the training runs' machine)
-    table = graphs_validated["async"]
+@pytest.mark.parametrize("name", ["test-async", "test-sync"])
+def test_in_loop_model_on_the_held_out_runs_at_x1_5(same_start_validated, name):
+    # measured: every p50 within 5%, iteration and TTFT p99 within 10%; TPOT p99 -11.1% (async) / -10.8%
+    # (sync) misses the 10% target (docs/validation/README.md: half of it is the compute model on the
+    # hardware's own schedule, half the simulated schedule's drift)
+    table = same_start_validated[name]
     for metric in ("iteration latency", "TTFT", "TPOT"):
-        assert abs(row(table, metric, "p99")["error"]) <= 0.10, metric
-        assert -0.06 < row(table, metric, "p50")["error"] < 0, metric
-    assert sorted(line.split(":")[0] for line in check_targets(table)) == ["TPOT p50", "iteration latency p50"]
+        assert abs(row(table, metric, "p50")["error"]) <= 0.05, metric
+    assert [line.split(":")[0] for line in check_targets(table)] == ["TPOT p99"]
+    assert -0.12 < row(table, "TPOT", "p99")["error"] < -0.10
 
 
 def test_replayed_trace_is_rebuilt_from_the_request_records():
@@ -134,7 +143,7 @@ def test_replayed_trace_is_rebuilt_from_the_request_records():
 def test_compute_model_on_the_hardware_batches():
     from hwbackend.validate import same_batches_error
 
-    run = GRAPHS / "train2-sync"
+    run = SAME_START / "train-a-sync"
     if not (run / "shapes.parquet").is_file():
         pytest.skip(f"{run} is not present")
     config = config_from_run(json.loads((run / "config.json").read_text()))
@@ -142,7 +151,7 @@ def test_compute_model_on_the_hardware_batches():
     iterations = pd.read_parquet(run / "iterations.parquet")
     # the hardware column is the measured duration minus the mapping part of the stall: never above duration
     assert frame.loc["p50", "hw_ms"] <= iterations["duration_us"].median() / 1e3
-    assert frame.loc["per-iteration |error| median", "error"] < 0.05  # a run the fit was made on (3.0% measured)
+    assert frame.loc["per-iteration |error| median", "error"] < 0.05  # a run the fit was made on (3.3% over the three)
     # a run from before max_context_tokens was logged cannot evaluate the wave term: no table, not a wrong one
     assert same_batches_error(GRAPHS / "test-sync", config, str(PROFILE)) is None
 
@@ -155,3 +164,17 @@ def test_eager_runs_are_simulated_with_the_grid_fit_under_auto():
     assert matching_compute_model(eager, str(PROFILE), "auto") == "tiled"
     assert matching_compute_model(eager, str(PROFILE), "in-loop") == "in-loop"
     assert matching_compute_model({"cuda_graphs": True}, str(PROFILE), "auto") == "auto"
+
+
+def test_mapping_stall_removes_the_policy_step_only_where_an_iteration_mapped():
+    from hwbackend.compute_inloop import mapping_stall_us
+
+    # step medians 70 us over the three iterations that mapped nothing; the two that mapped lose 70 us each,
+    # the second clipped at 0 (a stall shorter than the step maps nothing measurable)
+    iterations = pd.DataFrame({"sync_stall_us": [60.0, 70.0, 90.0, 3070.0, 50.0],
+                               "sync_map_page_groups": [0, 0, 0, 1, 2]})
+    mapping_us, step_us = mapping_stall_us(iterations)
+    assert step_us == 70.0
+    assert mapping_us.tolist() == [0.0, 0.0, 0.0, 3000.0, 0.0]
+    simulated = pd.DataFrame({"sync_stall_us": [0.0, 0.0, 2600.0], "sync_map_page_groups": [0, 0, 1]})
+    assert mapping_stall_us(simulated)[0].tolist() == [0.0, 0.0, 2600.0]  # simulator records: unchanged
