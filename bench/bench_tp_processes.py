@@ -1,0 +1,162 @@
+"""Tensor-parallel mapping latency with one *process* per worker (issue 9, point 3).
+
+``bench/bench_tp.py`` runs the TP workers as threads of one process (``hwbackend.tp``). On two H200s it
+measured a page-group map at 2.00x its one-worker time when both workers map at once (docs/tp2/README.md):
+the two devices did not map independently. This script asks whether that comes from sharing one process
+(the driver's or the interpreter's locks) or from the devices: each worker is a process of its own
+(``multiprocessing`` spawn, as vLLM runs one process per GPU), with its own driver on its own device, its own
+:class:`hwbackend.kvcache.KVCache` (Llama-3-8B at TP=2: 64 sub-tensors of 4 KV heads, 2 MiB pages) and its own
+copy of the same :class:`sim.memory.vattention.VAttentionPolicy`, so every worker applies the same plans.
+
+Each round grows one slot page group by page group to ``L_max`` (one plan per page group), then frees it
+(one unmap plan). Before every plan the workers meet at a barrier; each times its own ``KVCache.apply``.
+Modes: ``alone`` (only worker 0 applies; the other waits at the barriers) and ``both``; rounds alternate
+after one warm-up round each. The critical path of a plan is the slower worker's time.
+
+Run on a GPU machine: ``python bench/bench_tp_processes.py --devices 0,1 --rounds 8 --out tp.json``
+(``--emulated`` without a GPU: drivers that sleep domain.md's H200 medians per call).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MIB = 1 << 20
+
+
+def _worker(rank: int, device: int, emulated: bool, rounds: int, max_pages: int, barrier: Any,
+            results: Any) -> None:
+    """One TP worker process: returns ``{"rank", "alone": [...], "both": [...], "environment"}`` through
+    ``results`` (per-plan apply times in microseconds, ``("map" | "unmap", us)``), or ``{"rank", "error"}``."""
+    try:
+        from bench.bench_tp import make_drivers
+        from hwbackend.executor import policy_config_for
+        from hwbackend.kvcache import KVCache, KVCacheLayout
+        from sim.catalog import get_model
+        from sim.memory.vattention import VAttentionPolicy
+
+        driver = make_drivers([device], emulated)[0]
+        driver.make_current()
+        model = get_model("llama-3-8b")
+        layout = KVCacheLayout.for_model(model, num_slots=1, page_size_bytes=2 * MIB, tp=2,
+                                         max_context_tokens=max_pages * (2 * MIB // model.sub_tensor_bytes_per_token(2)))
+        out: dict[str, Any] = {"rank": rank, "alone": [], "both": [], "environment": driver.environment()}
+        schedule = ["alone", "both"] + ["alone", "both"] * rounds  # the first two are warm-up rounds
+        gc.collect()
+        gc.disable()
+        for index, mode in enumerate(schedule):
+            active = mode == "both" or rank == 0
+            with KVCache(driver, layout, pool_page_groups=layout.max_pages_per_slot) as cache:
+                policy = VAttentionPolicy(policy_config_for(cache, deferred_reclaim=False, eager_idle_slots=0,
+                                                            eager_lookahead_steps=0, admission_watermark_frac=0.0))
+                slot = policy.alloc_slot(1)
+                plans = []
+                for pages in range(1, layout.max_pages_per_slot + 1):
+                    plan = policy.step({slot: pages * layout.tokens_per_page})
+                    if plan is None:
+                        raise RuntimeError(f"pool short at {pages} page groups")
+                    plans.append(("map", plan))
+                policy.iteration_completed(0)
+                plans.append(("unmap", policy.free_slot(slot, 0)))
+                for kind, plan in plans:
+                    barrier.wait()
+                    if active:
+                        started = time.perf_counter()
+                        cache.apply(plan)
+                        elapsed_us = (time.perf_counter() - started) * 1e6
+                        if index >= 2:
+                            out[mode].append((kind, elapsed_us))
+                barrier.wait()
+        gc.enable()
+        driver.close()
+        results.put(out)
+    except BaseException as exc:  # reported by the parent with the worker's rank
+        results.put({"rank": rank, "error": f"{type(exc).__name__}: {exc}"})
+        barrier.abort()
+
+
+def summary_us(values_us: list[float]) -> dict[str, float]:
+    """n, mean, p10, p50, p90, max of a list of microseconds."""
+    ordered = sorted(values_us)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"n": len(ordered), "mean_us": round(statistics.fmean(ordered), 1), "p10_us": round(pick(0.1), 1),
+            "p50_us": round(statistics.median(ordered), 1), "p90_us": round(pick(0.9), 1),
+            "max_us": round(ordered[-1], 1)}
+
+
+def measure(devices: list[int], emulated: bool, rounds: int, max_pages: int) -> dict[str, Any]:
+    """Start one process per device, collect their per-plan times, summarise per worker and critical path.
+
+    Raises:
+        RuntimeError: naming the worker that failed and its error.
+    """
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(len(devices)), ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(rank, device, emulated, rounds, max_pages, barrier, results))
+             for rank, device in enumerate(devices)]
+    for proc in procs:
+        proc.start()
+    outs = sorted((results.get(timeout=600) for _ in procs), key=lambda o: o["rank"])
+    for proc in procs:
+        proc.join()
+    errors = [f"worker {o['rank']}: {o['error']}" for o in outs if "error" in o]
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    modes: dict[str, Any] = {}
+    for mode in ("alone", "both"):
+        workers = [o for o in outs if o[mode]]
+        modes[mode] = {}
+        for kind, name in (("map", "map_page_group"), ("unmap", "unmap_slot")):
+            per_worker = [[us for k, us in o[mode] if k == kind] for o in workers]
+            critical = [max(values) for values in zip(*per_worker)]
+            modes[mode][name] = {"per_worker": [summary_us(v) for v in per_worker],
+                                 "critical_path": summary_us(critical)}
+    return {"environment": outs[0]["environment"], "modes": modes}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", default="0,1", help="device of each worker process (default 0,1)")
+    parser.add_argument("--rounds", type=int, default=4, help="measured rounds per mode")
+    parser.add_argument("--max-pages", type=int, default=32, help="page groups per slot")
+    parser.add_argument("--emulated", action="store_true", help="emulated drivers (no GPU)")
+    parser.add_argument("--out", type=Path, help="write the JSON result here")
+    args = parser.parse_args(argv)
+    try:
+        devices = [int(d) for d in args.devices.split(",")]
+    except ValueError:
+        parser.error(f"--devices must be comma-separated device ordinals, got {args.devices!r}")
+    if len(devices) != 2:
+        parser.error(f"--devices needs two workers (TP=2), got {devices}")
+    if args.rounds < 1 or args.max_pages < 1:
+        parser.error("--rounds and --max-pages must be >= 1")
+    result = {"bench": "bench/bench_tp_processes.py", "argv": sys.argv[1:] if argv is None else argv,
+              "started_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "model": "llama-3-8b", "tp": 2,
+              "devices": devices, "emulated": args.emulated, "workers": "one process per worker (spawn)"}
+    try:
+        result.update(measure(devices, args.emulated, args.rounds, args.max_pages))
+    except RuntimeError as exc:
+        print(f"bench_tp_processes: {exc}", file=sys.stderr)
+        return 1
+    alone = result["modes"]["alone"]["map_page_group"]["per_worker"][0]["p50_us"]
+    both = result["modes"]["both"]["map_page_group"]
+    result["both_over_alone_p50"] = {"worker_0": round(both["per_worker"][0]["p50_us"] / alone, 3),
+                                     "critical_path": round(both["critical_path"]["p50_us"] / alone, 3)}
+    text = json.dumps(result, indent=1)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
