@@ -7,10 +7,11 @@ a timeout inside the deadline, writing its result under ``DIR`` as soon as it fi
 2. ``memory``: memset and copy bandwidth over mapped VMM pages -> ``memory.json`` (profile section ``memory``);
 3. ``layout``: attention per KV layout -> ``layout.json`` (profile section ``layout``);
 4. ``pytest -m gpu tests/test_hw_tp_gpu.py``;
-5. the hardware replay at ``--rate-scale 1.5``, asynchronous then synchronous mapping
-   (:mod:`hwbackend.beyond_replay`), each only if the time left can hold it.
+5. the hardware replay of the trace's first 1,000 requests at ``--rate-scale 1.5``, asynchronous then
+   synchronous mapping (:mod:`hwbackend.beyond_replay`), each only if the time left can hold it.
 
 Part logs and run directories go to ``DIR/runs/``; ``times.json`` records each part's status and seconds.
+Exit status 1 if any part that ran failed (non-zero exit or killed), 2 without the trace.
 """
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-TRACE = "docs/validation/azure_conv_2023_first1000.parquet"
+TRACE_CANDIDATES = ("shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv",
+                    "../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv")
+"""Where the Azure 2023 conversation trace lies: beside the checkout on the device machine, or one level up
+(the traces are never copied into the repository)."""
 REPLAY_NEEDS_S = 185
 
 
@@ -86,7 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--deadline-s", type=float, default=545.0)
     parser.add_argument("--part", choices=("memory", "layout"), help="run one measurement in this process")
+    parser.add_argument("--trace", help="the Azure 2023 conversation trace (default: the first of "
+                                        f"{', '.join(TRACE_CANDIDATES)} that exists)")
     args = parser.parse_args(argv)
+    trace = args.trace or next((t for t in TRACE_CANDIDATES if Path(t).is_file()), None)
+    if args.part is None and (trace is None or not Path(trace).is_file()):
+        parser.exit(2, f"{parser.prog}: error: trace not found: {args.trace or ' or '.join(TRACE_CANDIDATES)}\n")
     out = Path(args.out)
     if args.part == "memory":
         memory_part(out)
@@ -124,13 +133,17 @@ def main(argv: list[str] | None = None) -> int:
             times[name] = {"rc": None, "skipped": f"{left():.0f} s left < {REPLAY_NEEDS_S} s"}
             print(f"=== {name}: skipped ({left():.0f} s left)", flush=True)
             continue
-        cmd = [py, "-m", "hwbackend.beyond_replay", "--trace", TRACE, "--rate-scale", "1.5", *extra,
+        cmd = [py, "-m", "hwbackend.beyond_replay", "--trace", trace, "--num-requests", "1000", "--rate-scale", "1.5", *extra,
                "--out", str(runs / f"hw-{mode}-x1.5")]
         run_part(name, cmd, runs / f"{name}.log", left() - 8, times)
         save()
     times["total_s"] = round(time.perf_counter() - t0, 1)
     save()
     print(json.dumps(times))
+    failed = [name for name, part in times.items() if isinstance(part, dict) and part.get("rc") not in (0, None)]
+    if failed:
+        print(f"{parser.prog}: parts failed: {', '.join(failed)} (logs in {runs})", file=sys.stderr)
+        return 1
     return 0
 
 

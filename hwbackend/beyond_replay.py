@@ -135,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     replay_cli.ReplayLoop = PhaseTimedLoop
     PhaseTimedLoop.last = None
     started = time.perf_counter()
-    status = replay_cli.main(argv)  # parses and checks every option, --out included, with one message each
+    # parses and checks every option, the device and --out before the replay, with one message each
+    status = replay_cli.main(argv, prog="python -m hwbackend.beyond_replay")
     loop = PhaseTimedLoop.last
     if loop is not None and status == 0:
         out = Path(next(a.split("=", 1)[1] if a.startswith("--out=") else argv[i + 1]

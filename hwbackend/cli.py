@@ -102,7 +102,9 @@ def _from_runs(args: argparse.Namespace) -> int:
     if not out.is_file():
         what = "is a directory" if out.is_dir() else "does not exist"
         print(f"kvsim calibrate: --from-run adds to an existing profile (its vmm section and page-group growths are "
-              f"needed): {out} {what}; pass --out PROFILE (e.g. profiles/h200.json)", file=sys.stderr)
+              f"needed): {out} {what}; pass --out PROFILE, e.g. a copy of the GPU's VMM profile "
+              f"(cp profiles/h200.json {out if not out.is_dir() else 'my-h200.json'}, then --force to replace its fit)",
+              file=sys.stderr)
         return 2
     try:
         profile = json.loads(out.read_text())
@@ -125,6 +127,10 @@ def _from_runs(args: argparse.Namespace) -> int:
     if "vmm_in_loop" in profile and "vmm_in_loop" not in sections:
         print("kvsim calibrate: note: no run mapped synchronously, so the profile's vmm_in_loop is removed "
               "(it belonged to the replaced fit)", file=sys.stderr)
+    missing_context = [r["dir"] for r in sections["compute_in_loop"]["runs"] if not r["max_context_logged"]]
+    if missing_context:
+        print(f"kvsim calibrate: warning: {', '.join(missing_context)}: shapes.parquet has no max_context_tokens "
+              "(older replays), so wave_us_per_token (the longest sequence's cost) is not fitted", file=sys.stderr)
     profile.pop("vmm_in_loop", None)
     profile.update(sections)
     out.write_text(json.dumps(profile, indent=1) + "\n")

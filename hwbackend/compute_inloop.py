@@ -102,6 +102,9 @@ def load_rows(run_dir: str | Path) -> tuple[pd.DataFrame, dict]:
         raise InLoopError(f"{run / 'config.json'}: not a JSON object")
     if config.get("backend") != "hardware":
         raise InLoopError(f"{run}/config.json: backend {config.get('backend')!r}, not a hardware run")
+    if not isinstance(config.get("cuda_graphs"), bool):
+        raise InLoopError(f"{run}/config.json: field cuda_graphs is {config.get('cuda_graphs', 'missing')!r}, not "
+                          "true / false (the replay records whether decodes ran as CUDA graphs; the fit needs it)")
     frames = {}
     for name, needed in (("iterations.parquet", ("iteration", "duration_us", "sync_stall_us", "sync_map_page_groups")),
                          ("shapes.parquet", ("iteration",) + SHAPE_FIELDS[:4])):
@@ -234,7 +237,8 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "") -
     section = {"params": {**params, "decode_graphs": float(graphs), **correction}, "fit_error": errors,
                "runs": [{"dir": str(d), "iterations": len(r), "step_us": round(r.attrs["step_us"], 1),
                          "trace_source": m.get("trace_source"), "sync_mapping": bool(m.get("sync_mapping")),
-                         "gpu_name": m.get("gpu_name"), "torch_version": m.get("torch_version")}
+                         "gpu_name": m.get("gpu_name"), "torch_version": m.get("torch_version"),
+                         "max_context_logged": bool(r["max_context_tokens"].notna().all())}
                         for d, (r, m) in zip(run_dirs, loaded)],
                "model": config.model, "gpu": config.gpu, "tp": config.tp, "command": command,
                "method": "least squares (soft-L1, scale 0.05) on relative error of duration_us minus the mapping "

@@ -9,7 +9,7 @@ from ``requests.parquet`` (arrival, prompt and output tokens of every request, a
 
 Example (the H200 validation runs, ``docs/validation/README.md``)::
 
-    python -m hwbackend.replay_cli --trace docs/validation/azure_conv_2023_first1000.parquet \\
+    python -m hwbackend.replay_cli --trace ../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv --num-requests 1000 \\
         --rate-scale 3 --out $OUT/hw-async
 """
 from __future__ import annotations
@@ -184,10 +184,10 @@ def _results_module() -> Any:
     return results
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m hwbackend.replay_cli") -> argparse.ArgumentParser:
     from cli import add_config_args, add_trace_args
 
-    parser = argparse.ArgumentParser(prog="python -m hwbackend.replay_cli", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     add_trace_args(parser)
     add_config_args(parser)
     parser.add_argument("--out", required=True, help="run directory to write")
@@ -201,11 +201,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; exit 0 on success."""
+def preflight(device: str, out_dir: str | Path, force: bool, warmup_s: float) -> str | None:
+    """Why a replay on ``device`` into ``out_dir`` cannot start (one line), or None. Checked before the trace
+    is loaded and before minutes of GPU time: torch present, ``cpu`` or ``cuda:N`` with that device
+    visible and supporting CUDA VMM (:class:`hwbackend.driver.CudaVmmDriver` opened and closed), ``--out``
+    not a file and not holding a run unless ``force``, ``warmup_s`` >= 0."""
+    if not warmup_s >= 0:
+        return f"--warmup-s {warmup_s}: must be >= 0 seconds"
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        return f"--out {out}: exists and is not a directory"
+    if not force and (out / "summary.json").exists():
+        return f"--out {out}: already holds a run (summary.json); pass --force to overwrite its run files"
+    try:
+        import torch
+    except ImportError:
+        return "the hardware replay needs torch and cuda-python: pip install -e '.[hw]'"
+    if device == "cpu":
+        return None
+    prefix, _, ordinal = device.partition(":")
+    if prefix != "cuda" or not ordinal.isdigit():
+        return f"--device {device!r}: use cuda:N (a GPU with CUDA VMM) or cpu (emulated driver, tiny model)"
+    if not torch.cuda.is_available():
+        return f"--device {device}: torch sees no CUDA device (torch {torch.__version__}); --device cpu runs the emulated replay"
+    from hwbackend.driver import CudaVmmDriver, GpuUnavailableError
+
+    try:
+        CudaVmmDriver(int(ordinal)).close()
+    except GpuUnavailableError as exc:
+        return f"--device {device}: {exc}"
+    return None
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m hwbackend.replay_cli") -> int:
+    """Entry point; exit 0 on success, 2 for an option, trace or machine that cannot be used (one line on
+    stderr, checked before the replay starts)."""
     from cli import config_from_args, load_workload
 
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
+    problem = preflight(args.device, args.out, args.force, args.warmup_s)
+    if problem:
+        print(f"replay: error: {problem}", file=sys.stderr)
+        return 2
     try:
         config = config_from_args(args)
         trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
@@ -218,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     output, meta = replay(config, trace, args.device, shape, args.attention, cuda_graphs=not args.no_cuda_graphs,
                           warmup_s=args.warmup_s)
     meta.update(trace_source=trace.attrs.get("source", args.trace), rate_scale=args.rate_scale,
-                num_requests=args.num_requests, skip_requests=args.skip_requests, command=" ".join(["python -m hwbackend.replay_cli", *sys.argv[1:]]))
+                num_requests=args.num_requests, skip_requests=args.skip_requests, command=" ".join([prog, *(sys.argv[1:] if argv is None else argv)]))
     out = write_hw_run(output, config, meta, args.out, force=args.force)
     summary = json.loads((out / "summary.json").read_text())
     print(f"wrote {out}: {summary['finished']} finished, {summary['iterations']} iterations, "

@@ -124,7 +124,7 @@ def test_rows_targets_and_growth_by_hand(tmp_path):
                            "kv_read_tokens": [4000] * 4, "logit_sequences": [4, 4, 5, 4]})
     iterations.to_parquet(run / "iterations.parquet")
     shapes.to_parquet(run / "shapes.parquet")
-    (run / "config.json").write_text(json.dumps({"backend": "hardware", "sync_mapping": True}))
+    (run / "config.json").write_text(json.dumps({"backend": "hardware", "sync_mapping": True, "cuda_graphs": True}))
     rows, _ = load_rows(run)
     # step = median stall of the iterations that mapped nothing (100, 80, 90) = 90 us; iteration 2 maps
     # 2 page groups: mapping = 8100 - 90 = 8010 us, target = 20000 - 8010
@@ -228,3 +228,19 @@ def test_in_loop_fit_is_used_only_for_its_model():
     assert compute.decode_graphs == 1 and vmm.in_loop_scale == profile["vmm_in_loop"]["growth_scale"]
     vmm, compute = load_models(CONFIG, str(PROFILE), "tiled")
     assert compute.decode_graphs == 0 and vmm.in_loop_scale == 1.0
+
+
+def test_a_run_must_say_whether_decodes_ran_as_graphs(tmp_path):
+    if not (TRAIN / "shapes.parquet").is_file():
+        pytest.skip(f"{TRAIN} is not present")
+    run = tmp_path / "run"
+    shutil.copytree(TRAIN, run)
+    config = json.loads((run / "config.json").read_text())
+    for value in ("missing", "yes"):
+        edited = {k: v for k, v in config.items() if k != "cuda_graphs"}
+        if value != "missing":
+            edited["cuda_graphs"] = value
+        (run / "config.json").write_text(json.dumps(edited))
+        with pytest.raises(InLoopError, match="config.json: field cuda_graphs is 'yes'" if value == "yes"
+                           else "config.json: field cuda_graphs is 'missing'"):
+            load_rows(run)
