@@ -146,7 +146,8 @@ def load_run(path: str | Path) -> RunResult:
 
     Raises:
         FileNotFoundError: naming the missing file.
-        ValueError: naming a file that cannot be read.
+        ValueError: naming a file that cannot be read (not JSON, truncated or corrupt Parquet, unreadable), or
+            a ``summary.json`` / ``config.json`` that is not a JSON object.
     """
     run = Path(path)
     if not run.is_dir():
@@ -161,6 +162,8 @@ def load_run(path: str | Path) -> RunResult:
             tables[name] = (pd.read_parquet(run / name) if name.endswith(".parquet")
                             else json.loads((run / name).read_text()))
         except (ValueError, OSError) as exc:     # JSONDecodeError and Arrow errors are ValueErrors/OSErrors
-            raise ValueError(f"{run / name}: unreadable ({exc})") from None
+            raise ValueError(f"{run / name}: unreadable or corrupt ({exc})") from None
+        if name.endswith(".json") and not isinstance(tables[name], dict):
+            raise ValueError(f"{run / name}: expected a JSON object, got a JSON {type(tables[name]).__name__}")
     return RunResult(tables["requests.parquet"], tables["iterations.parquet"], tables["summary.json"],
                      tables["config.json"], run)

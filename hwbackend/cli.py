@@ -149,6 +149,16 @@ def _from_runs(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    """``kvsim validate``; a bad run directory, ``--profile`` or ``--out`` (ValueError / OSError, the message
+    naming the file, field and value) prints one ``kvsim validate: ...`` line and exits 2."""
+    import sys
+
     from hwbackend.validate import command
 
-    return command(args)
+    try:
+        return command(args)
+    except BrokenPipeError:
+        raise  # cli.main: output piped into e.g. head, not an error
+    except (ValueError, OSError) as exc:
+        print(f"kvsim validate: {exc}", file=sys.stderr)
+        return 2
