@@ -178,3 +178,17 @@ def test_mapping_stall_removes_the_policy_step_only_where_an_iteration_mapped():
     assert mapping_us.tolist() == [0.0, 0.0, 0.0, 3000.0, 0.0]
     simulated = pd.DataFrame({"sync_stall_us": [0.0, 0.0, 2600.0], "sync_map_page_groups": [0, 0, 1]})
     assert mapping_stall_us(simulated)[0].tolist() == [0.0, 0.0, 2600.0]  # simulator records: unchanged
+
+
+def test_tpot_on_the_hardware_schedule_by_hand():
+    from hwbackend.validate import tpot_on_hardware_schedule
+
+    # three iterations of 10, 20, 30 us ending at 10, 30, 60; request A: first token at 10, done at 60 with
+    # 3 output tokens -> (20 + 30) / 2 = 25 us measured; modelled durations 10, 10, 10 -> (10 + 10) / 2 = 10 us
+    rows = pd.DataFrame({"iteration": [0, 1, 2], "start_at_us": [0.0, 10.0, 30.0], "duration_us": [10.0, 20.0, 30.0]})
+    requests = pd.DataFrame({"status": ["finished", "finished", "rejected"], "output_tokens": [3, 1, 5],
+                             "first_token_at_us": [10.0, 30.0, np.nan], "completion_at_us": [60.0, 30.0, np.nan]})
+    frame = tpot_on_hardware_schedule(rows, np.array([10.0, 10.0, 10.0]), requests).set_index("stat")
+    row50 = frame.loc["TPOT p50 on the hardware's schedule"]
+    assert row50["hw_ms"] == pytest.approx(0.025) and row50["sim_ms"] == pytest.approx(0.010)
+    assert row50["error"] == pytest.approx(0.010 / 0.025 - 1)
