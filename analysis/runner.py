@@ -6,10 +6,10 @@ from collections.abc import Callable
 import pandas as pd
 
 from analysis.results import RunResult, build_result
-from sim.compute import RooflineComputeModel
+from sim.compute import ComputeFieldError, RooflineComputeModel
 from sim.config import SimConfig
 from sim.engine import Simulator
-from sim.latency import VmmLatencyModel, read_profile
+from sim.latency import ProfileError, VmmLatencyModel, read_profile
 
 
 def load_models(config: SimConfig, profile_path: str | None,
@@ -21,7 +21,9 @@ def load_models(config: SimConfig, profile_path: str | None,
     measured for this model and page size.
 
     Raises:
-        ProfileError: for an unreadable profile (names the file and field).
+        ProfileError: for an unreadable profile, a field of the wrong type or out of its range
+            (:func:`sim.latency.check_profile`), or compute fields that together give a graphed decode iteration
+            a negative time; the message names the file and the field.
         ValueError: a ``compute_model`` the profile does not hold.
     """
     compute = RooflineComputeModel(config.model_spec, config.gpu_spec, config.tp)
@@ -35,11 +37,15 @@ def load_models(config: SimConfig, profile_path: str | None,
     growth = profile.get("vmm_in_loop") or {}
     if chosen == "in-loop" and (growth.get("model"), growth.get("page_size_bytes")) == (config.model,
                                                                                         config.page_size_bytes):
-        scale = float(growth.get("growth_scale") or 1.0)
+        scale = float(growth["growth_scale"])  # > 0 and finite (check_profile)
         if scale != 1.0:
             vmm.in_loop_scale = scale
             vmm.source += f", growths x{scale:g} (vmm_in_loop)"
-    return vmm, compute.with_overrides(compute_overrides(profile, chosen, config))
+    try:
+        return vmm, compute.with_overrides(compute_overrides(profile, chosen, config))
+    except ComputeFieldError as exc:  # fields each in range, together not (a decode correction below -overhead)
+        name = "tile_rows" if chosen == "tiled" and exc.field == "mixed_tile_rows" else exc.field
+        raise ProfileError(f"profile {profile_path}: field {COMPUTE_SECTIONS[chosen]}.{name} {exc.problem}") from None
 
 
 COMPUTE_MODELS = ("auto", "in-loop", "tiled", "roofline")
@@ -48,10 +54,15 @@ iterations, ``kvsim calibrate --from-run``), ``tiled`` (``compute.tiled_roofline
 (``compute.roofline``; both fitted on the isolated grid of ``kvsim calibrate --compute``); ``auto``: the
 first of these the profile holds for the run's model and tensor-parallel degree."""
 
+COMPUTE_SECTIONS = {"in-loop": "compute_in_loop.params", "tiled": "compute.tiled_roofline.params",
+                    "roofline": "compute.roofline"}
+"""Where in a profile each resolved compute model's fields are (for messages)."""
+
 
 def resolve_compute_model(profile: dict, compute_model: str, config: SimConfig | None = None) -> str:
     """The compute model ``compute_model`` stands for with this profile (``auto`` resolved; ``roofline`` when
-    the profile has no fitted section, meaning the built-in defaults).
+    the profile has no fitted section, meaning the built-in defaults). ``profile`` as :func:`read_profile`
+    returns it (its fields checked).
 
     Raises:
         ValueError: ``in-loop`` or ``tiled`` asked for and absent (or, for ``in-loop``, fitted for another
@@ -77,8 +88,8 @@ def resolve_compute_model(profile: dict, compute_model: str, config: SimConfig |
 
 
 def compute_overrides(profile: dict, compute_model: str = "auto", config: SimConfig | None = None) -> dict:
-    """Compute-model fields from a profile for ``compute_model`` (see :data:`COMPUTE_MODELS`); empty when
-    the profile has none of the sections.
+    """Compute-model fields from a profile (as :func:`read_profile` returns it) for ``compute_model`` (see
+    :data:`COMPUTE_MODELS`); empty when the profile has none of the sections.
 
     Raises:
         ValueError: as :func:`resolve_compute_model`.
@@ -104,14 +115,20 @@ PROFILE_FIELDS = {
 
 def profile_config_overrides(config: SimConfig, profile_path: str | None) -> SimConfig:
     """Apply a profile's measurements (:data:`PROFILE_FIELDS`: the PagedAttention kernel factor, the
-    cross-layer layout's attention factor, the memset bandwidth) to fields left at their defaults."""
+    cross-layer layout's attention factor, the memset and copy bandwidths in bytes/s) to fields left at their
+    defaults.
+
+    Raises:
+        ProfileError: an unreadable profile or a bad field (:func:`sim.latency.check_profile`: the factors and
+            rates must be finite, the paged factor >= 1, the others > 0).
+    """
     if profile_path is None:
         return config
     profile = read_profile(profile_path)
     overrides = {}
     for field_name, (section, key) in PROFILE_FIELDS.items():
         value = (profile.get(section) or {}).get(key)
-        if value and getattr(config, field_name) == SimConfig.__dataclass_fields__[field_name].default:
+        if value is not None and getattr(config, field_name) == SimConfig.__dataclass_fields__[field_name].default:
             overrides[field_name] = float(value)
     return config.with_overrides(overrides) if overrides else config
 

@@ -47,6 +47,9 @@ All are fitted on a replay's own iterations
 """
 from __future__ import annotations
 
+import json
+import math
+import numbers
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -54,6 +57,103 @@ import numpy as np
 
 from sim.catalog import GPUSpec, ModelSpec
 from sim.units import US_PER_S
+
+
+SCALAR_FIELDS: dict[str, str] = {
+    "flops_efficiency": "> 0", "bw_efficiency": "> 0", "attention_flops_efficiency": "> 0",
+    "overhead_us": ">= 0", "paged_attention_factor": "> 0", "layout_attention_factor": "> 0",
+    "mixed_tile_rows": ">= 0", "launch_floor_us": ">= 0", "decode_graphs": "0 or 1",
+    "decode_overhead_us": ">= 0", "attention_bytes_factor": "> 0", "wave_us_per_token": ">= 0",
+}
+"""The scalar fields of :class:`RooflineComputeModel` with their physical range (times in us and rows
+``>= 0``, efficiencies and factors ``> 0``, ``decode_graphs`` a flag); every value must be finite."""
+
+TABLE_FIELDS = ("decode_batch_knots", "decode_batch_correction_us")
+"""The list fields of :class:`RooflineComputeModel`: batch sizes (``> 0``, strictly increasing) and the
+added time (us, any sign) at each, of one length."""
+
+
+class ComputeFieldError(ValueError):
+    """A compute-model field out of its type or range; ``str()`` is ``"<field> <problem>"``, so a caller can
+    prefix the section it read the field from (``analysis.runner.load_models``)."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(field, problem)
+        self.field, self.problem = field, problem
+
+    def __str__(self) -> str:
+        return f"{self.field} {self.problem}"
+
+
+def show_value(value, limit: int = 60) -> str:
+    """``value`` as JSON text (``"x"``, ``null``, ``[1]``, ``NaN``), cut to ``limit`` characters, for error
+    messages about a JSON file's fields."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def finite_number(value) -> float | None:
+    """``value`` as a finite float, or None for a non-number (``bool``, ``None`` and strings included), NaN,
+    infinity, or an integer too large for a float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        number = float(value)
+    except (OverflowError, TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _unknown_fields(names: list[str]) -> ComputeFieldError:
+    return ComputeFieldError(names[0], f"is not a compute-model field (unknown compute fields {names}; known: "
+                                       f"{', '.join(sorted(SCALAR_FIELDS) + list(TABLE_FIELDS))})")
+
+
+def check_compute_field(name: str, value) -> float | tuple[float, ...]:
+    """Convert one value of a compute-model field (e.g. from a profile's ``compute_in_loop.params``) after
+    checking its type and physical range (:data:`SCALAR_FIELDS`; for :data:`TABLE_FIELDS` a non-empty list of
+    finite numbers, knots ``> 0`` and strictly increasing). The two tables' lengths are checked together by
+    :class:`RooflineComputeModel`.
+
+    Returns:
+        A float (scalar fields; ``decode_graphs`` as 0.0 or 1.0, ``true``/``false`` accepted), or a tuple of
+        floats (table fields).
+
+    Raises:
+        ComputeFieldError: an unknown field, a non-number (null, string, bool), NaN, infinity, or a value
+            out of range; the message names the field and the value.
+    """
+    if name in TABLE_FIELDS:
+        if not isinstance(value, (list, tuple)) or not value:
+            raise ComputeFieldError(name, f"must be a list of numbers (at least one), got {show_value(value)}")
+        numbers_ = [finite_number(x) for x in value]
+        for index, (raw, number) in enumerate(zip(value, numbers_)):
+            if number is None:
+                raise ComputeFieldError(f"{name}[{index}]", f"must be a finite number, got {show_value(raw)}")
+            if name == "decode_batch_knots" and number <= 0:
+                raise ComputeFieldError(f"{name}[{index}]", f"must be a batch size > 0, got {show_value(raw)}")
+        if name == "decode_batch_knots":
+            for index in range(1, len(numbers_)):
+                if numbers_[index] <= numbers_[index - 1]:
+                    raise ComputeFieldError(name, f"must increase strictly, got {show_value(value)}")
+        return tuple(numbers_)
+    rule = SCALAR_FIELDS.get(name)
+    if rule is None:
+        raise _unknown_fields([name])
+    if rule == "0 or 1":
+        number = float(value) if isinstance(value, bool) else finite_number(value)
+        if number not in (0.0, 1.0):
+            raise ComputeFieldError(name, f"must be 0 or 1 (decodes as CUDA graphs), got {show_value(value)}")
+        return number
+    number = finite_number(value)
+    bad = number is None or (number <= 0 if rule == "> 0" else number < 0)
+    if bad:
+        unit = " (us)" if name.endswith("_us") else " (us per token)" if name == "wave_us_per_token" else ""
+        raise ComputeFieldError(name, f"must be a finite number {rule}{unit}, got {show_value(value)}")
+    return number
 
 
 @dataclass(frozen=True)
@@ -102,15 +202,44 @@ class RooflineComputeModel:
     decode_batch_correction_us: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
+        """Check every field's type and range (:func:`check_compute_field`), the two decode tables' lengths,
+        and that no graphed decode iteration gets a negative time from its correction.
+
+        Raises:
+            CatalogError: a ``tp`` that does not divide the model's heads.
+            ComputeFieldError: naming the field and the value.
+        """
         self.model.check_tp(self.tp)
-        knots = self.decode_batch_knots
-        if len(knots) != len(self.decode_batch_correction_us) or list(knots) != sorted(set(knots)):
-            raise ValueError("decode_batch_knots must increase strictly and match decode_batch_correction_us "
-                             f"in length, got {knots} and {self.decode_batch_correction_us}")
-        for name in ("flops_efficiency", "bw_efficiency", "attention_flops_efficiency", "paged_attention_factor",
-                     "layout_attention_factor", "attention_bytes_factor"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in SCALAR_FIELDS:
+            check_compute_field(name, getattr(self, name))
+        knots, corrections = self.decode_batch_knots, self.decode_batch_correction_us
+        if knots or corrections:
+            check_compute_field("decode_batch_knots", knots)
+            check_compute_field("decode_batch_correction_us", corrections)
+            if len(knots) != len(corrections):
+                raise ComputeFieldError("decode_batch_correction_us", f"must have one value per decode_batch_knots "
+                                        f"entry ({len(knots)}), got {len(corrections)}")
+            if self.decode_graphs:
+                self._check_decode_times()
+
+    def _check_decode_times(self) -> None:
+        """A correction below ``-(decode_overhead_us + roofline)`` would give a graphed decode iteration a
+        negative time. The least time over batch sizes ``b >= 1`` is at zero context (context only adds time);
+        there the roofline is ``max(a b, c) + d b`` (FLOPs or streamed weights, plus terms proportional to
+        ``b``), convex with one kink, and the correction is linear between knots and constant outside them, so
+        the minimum lies at ``b = 1``, at a knot, or at the kink: those are checked."""
+        knots = np.asarray(self.decode_batch_knots, dtype=float)
+        kink = (self._streamed_weight_bytes / self._bytes_per_us) / (2 * self._linear_params / self._flops_per_us)
+        sizes = np.unique(np.clip(np.concatenate(([1.0, kink], knots)), 1.0, max(knots[-1], 1.0)))
+        times = (self._time_us(sizes, sizes, 0.0, sizes, np.maximum, 0.0) + self.decode_overhead_us
+                 + self._decode_correction_us(sizes))
+        if np.any(times < 0):
+            worst = int(np.argmin(times))
+            raise ComputeFieldError(
+                "decode_batch_correction_us",
+                f"gives a graphed decode iteration of batch {sizes[worst]:g} a negative time "
+                f"({times[worst]:.1f} us; decode_overhead_us {self.decode_overhead_us:g}), got "
+                f"{show_value(list(self.decode_batch_correction_us))}")
 
     @cached_property
     def _flops_per_us(self) -> float:
@@ -209,26 +338,17 @@ class RooflineComputeModel:
         return 2 * m.num_layers * bytes_per_allreduce / (self.gpu.nvlink_bytes_per_s / US_PER_S)
 
     def with_overrides(self, overrides: dict) -> "RooflineComputeModel":
-        """A copy with fields replaced from a profile's ``compute`` section.
+        """A copy with fields replaced from a profile's compute section (``{field: value}``, values as in
+        the JSON file: numbers, and lists of numbers for :data:`TABLE_FIELDS`).
 
         Raises:
-            ValueError: naming an unknown field.
+            ComputeFieldError: an unknown field, or a value of the wrong type or out of range
+                (:func:`check_compute_field`); the message names the field and the value.
         """
-        known = {"flops_efficiency", "bw_efficiency", "attention_flops_efficiency", "overhead_us",
-                 "paged_attention_factor", "layout_attention_factor", "mixed_tile_rows", "launch_floor_us",
-                 "decode_graphs", "decode_overhead_us", "attention_bytes_factor", "wave_us_per_token"}
-        tables = {"decode_batch_knots", "decode_batch_correction_us"}
-        unknown = set(overrides) - known - tables
+        unknown = sorted(set(overrides) - set(SCALAR_FIELDS) - set(TABLE_FIELDS))
         if unknown:
-            raise ValueError(f"unknown compute fields {sorted(unknown)}; known: {sorted(known | tables)}")
-        for name in tables & set(overrides):
-            if not isinstance(overrides[name], (list, tuple)):
-                raise ValueError(f"compute field {name} must be a list of numbers, got {overrides[name]!r}")
-        try:
-            return replace(self, **{k: tuple(float(x) for x in v) if k in tables else float(v)
-                                    for k, v in overrides.items()})
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"compute fields {sorted(overrides)}: {exc}") from None
+            raise _unknown_fields(unknown)
+        return replace(self, **{name: check_compute_field(name, value) for name, value in overrides.items()})
 
 
 def decode_batch(batch_size: int, context_tokens: int) -> BatchShape:

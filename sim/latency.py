@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.compute import (SCALAR_FIELDS, TABLE_FIELDS, ComputeFieldError, check_compute_field, finite_number,
+                         show_value)
 from sim.units import MIB
 
 VMM_CALLS = ("cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease")
@@ -37,7 +39,8 @@ H200_DOMAIN_US: dict[str, dict[int, tuple[float, float, float, float]]] = {
 
 
 class ProfileError(ValueError):
-    """A calibration profile that cannot be read; the message names the file and the field."""
+    """A calibration profile that cannot be read; the message names the file and the field, as
+    ``profile PATH: field a.b.c <problem>, got <value as JSON>``."""
 
 
 @dataclass(frozen=True)
@@ -130,27 +133,20 @@ class VmmLatencyModel:
         Raises:
             ProfileError: naming the file and the missing or malformed field.
         """
-        data = read_profile(path)
-        vmm = data.get("vmm")
-        if not isinstance(vmm, dict):
-            raise ProfileError(f"{path}: no 'vmm' section")
-        table: dict[str, dict[int, CallDistribution]] = {}
-        for call in VMM_CALLS:
-            if call not in vmm:
-                raise ProfileError(f"{path}: field vmm.{call} is missing")
-            table[call] = {int(size): _distribution(path, f"vmm.{call}.{size}", entry)
-                           for size, entry in vmm[call].items()}
-        growth = {}
-        for model, entry in (data.get("page_group_growth") or {}).items():
-            try:
-                growth[int(entry["page_size_bytes"])] = (
-                    int(entry["num_sub_tensors"]), _distribution(path, f"page_group_growth.{model}.sync_us", entry["sync_us"]))
-            except (KeyError, TypeError, ValueError):
-                raise ProfileError(f"{path}: page_group_growth.{model} needs page_size_bytes, num_sub_tensors "
-                                   "and sync_us") from None
-        ratios = [float(entry["batched_set_access_us"]["quantiles_us"]["mean"]) / float(entry["sync_us"]["quantiles_us"]["mean"])
-                  for entry in (data.get("page_group_growth") or {}).values()
-                  if isinstance(entry.get("batched_set_access_us"), dict) and "quantiles_us" in entry["batched_set_access_us"]]
+        data = read_profile(path)  # checked by check_profile: every field below has its type and range
+        vmm = data["vmm"]
+        table = {call: {int(size): _distribution(path, f"vmm.{call}.{size}", entry) for size, entry in vmm[call].items()}
+                 for call in VMM_CALLS}
+        growth, ratios = {}, []
+        for name, entry in (data.get("page_group_growth") or {}).items():
+            sync = _distribution(path, f"page_group_growth.{name}.sync_us", entry["sync_us"])
+            growth[int(entry["page_size_bytes"])] = (int(entry["num_sub_tensors"]), sync)
+            if "batched_set_access_us" in entry:
+                where = f"page_group_growth.{name}.batched_set_access_us"
+                batched = _mean_us(entry["batched_set_access_us"], _distribution(path, where, entry["batched_set_access_us"]))
+                serial = _mean_us(entry["sync_us"], sync)
+                if serial > 0:
+                    ratios.append(batched / serial)
         model = cls(table=table, source=f"profile {Path(path).name}", growth=growth)
         if ratios:
             model.batched_ratio = float(np.mean(ratios))
@@ -189,7 +185,7 @@ class VmmLatencyModel:
         tensors, distribution = self.growth[size]
         per_call = (self.distribution("cuMemMap", size).mean_us()
                     + self.distribution("cuMemSetAccess", size).mean_us())
-        return distribution.mean_us() / (tensors * per_call)
+        return distribution.mean_us() / (tensors * per_call) if per_call > 0 else 1.0
 
     def distribution(self, call: str, page_size_bytes: int) -> CallDistribution:
         """The distribution of ``call`` at the measured page size nearest to ``page_size_bytes`` (log2)."""
@@ -212,8 +208,11 @@ def read_profile(path: str | Path) -> dict:
     sections from it; treat the returned dict as read-only).
 
     Raises:
-        ProfileError: if the file is missing, not JSON, or not of format ``kvsim-profile/1``.
+        ProfileError: if the file is missing, not JSON, not of format ``kvsim-profile/1``, or holds a field the
+            simulator reads with a wrong type or value (:func:`check_profile`).
     """
+    if not str(path):
+        raise ProfileError("profile '': the path is empty")
     try:
         mtime_ns = Path(path).stat().st_mtime_ns
     except FileNotFoundError:
@@ -227,22 +226,216 @@ def _parse_profile(path: str, mtime_ns: int) -> dict:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise ProfileError(f"profile {path}: file not found") from None
+    except OSError as exc:  # a directory, no permission
+        raise ProfileError(f"profile {path}: cannot read it ({exc.strerror or exc})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProfileError(f"profile {path}: not a JSON file ({exc})") from None
+    except RecursionError:
+        raise ProfileError(f"profile {path}: not a JSON file (nested too deeply)") from None
     if not isinstance(data, dict) or data.get("format") != "kvsim-profile/1":
         raise ProfileError(f"profile {path}: field 'format' must be 'kvsim-profile/1'")
+    check_profile(data, path)
     return data
 
 
-def _distribution(path, field_name: str, entry: dict) -> CallDistribution:
-    samples = entry.get("samples_us") if isinstance(entry, dict) else None
-    if samples:
-        values = np.asarray(samples, dtype=float)
-        if np.any(~np.isfinite(values)) or np.any(values < 0):
-            raise ProfileError(f"{path}: {field_name}.samples_us holds a negative or non-finite value")
+def _fail(path, field_name: str, problem: str, value=None, show: bool = True) -> ProfileError:
+    got = f", got {show_value(value)}" if show else ""
+    return ProfileError(f"profile {path}: field {field_name} {problem}{got}")
+
+
+def _object(path, field_name: str, value, what: str = "an object") -> dict:
+    if not isinstance(value, dict):
+        raise _fail(path, field_name, f"must be {what}", value)
+    return value
+
+
+def _whole(path, field_name: str, value, what: str) -> int:
+    """``value`` as an int > 0 (an integral float such as 2097152.0 is accepted; bool is not)."""
+    number = finite_number(value)
+    if number is None or number != int(number) or number <= 0:
+        raise _fail(path, field_name, f"must be {what} (a whole number > 0)", value)
+    return int(value)
+
+
+def _positive(path, field_name: str, value, what: str, minimum: float = 0.0) -> float:
+    """``value`` as a finite float > ``minimum`` (>= 1 where ``minimum`` is 1)."""
+    number = finite_number(value)
+    if number is None or (number < minimum if minimum else number <= 0):
+        bound = f">= {minimum:g}" if minimum else "> 0"
+        raise _fail(path, field_name, f"must be a finite number {bound} ({what})", value)
+    return number
+
+
+def _latency(path, field_name: str, value) -> float:
+    number = finite_number(value)
+    if number is None or number < 0:
+        raise _fail(path, field_name, "must be a finite latency >= 0 (us)", value)
+    return number
+
+
+def _distribution(path, field_name: str, entry) -> CallDistribution:
+    """The latency distribution of one ``{n, quantiles_us, samples_us}`` entry: its samples (resampled) if
+    it has any, else its quantiles (:meth:`CallDistribution.from_quantiles`).
+
+    Raises:
+        ProfileError: an entry that is not an object; ``samples_us`` not a non-empty list of finite latencies
+            >= 0; a present quantile that is not a finite latency >= 0; p50 > p90 or p90 > p99; neither
+            samples nor all of p50, p90, p99, mean. The message names the field and the value.
+    """
+    _object(path, field_name, entry, "an object with samples_us or quantiles_us (us)")
+    quantiles = entry.get("quantiles_us")
+    if quantiles is not None:
+        _object(path, f"{field_name}.quantiles_us", quantiles, "an object {p50, p90, p99, mean, ...} (us)")
+        for key in ("p50", "p90", "p99", "mean", "min", "max"):
+            if key in quantiles:
+                _latency(path, f"{field_name}.quantiles_us.{key}", quantiles[key])
+        ordered = [quantiles[k] for k in ("p50", "p90", "p99") if k in quantiles]
+        if ordered != sorted(ordered):
+            raise _fail(path, f"{field_name}.quantiles_us", "must have p50 <= p90 <= p99",
+                        {k: quantiles[k] for k in ("p50", "p90", "p99") if k in quantiles})
+    if "samples_us" in entry:
+        samples = entry["samples_us"]
+        if not isinstance(samples, list) or not samples:
+            raise _fail(path, f"{field_name}.samples_us", "must be a non-empty list of latencies (us)", samples)
+        try:  # fast path: plain numbers (a bool, string or null takes the slow path, which names it)
+            values = (np.asarray(samples, dtype=float) if all(type(v) in (int, float) for v in samples)
+                      else np.array([np.nan]))
+        except OverflowError:
+            values = np.array([np.nan])
+        if not (np.all(np.isfinite(values)) and np.all(values >= 0)):
+            for index, value in enumerate(samples):  # name the first bad one
+                _latency(path, f"{field_name}.samples_us[{index}]", value)
         return CallDistribution(samples_us=values)
-    quantiles = entry.get("quantiles_us", {}) if isinstance(entry, dict) else {}
-    try:
-        return CallDistribution.from_quantiles(*(float(quantiles[k]) for k in ("p50", "p90", "p99", "mean")))
-    except (KeyError, TypeError, ValueError):
-        raise ProfileError(f"{path}: {field_name} needs samples_us or quantiles_us p50/p90/p99/mean") from None
+    missing = [k for k in ("p50", "p90", "p99", "mean") if k not in (quantiles or {})]
+    if missing:
+        raise _fail(path, field_name, f"needs samples_us or quantiles_us with p50, p90, p99 and mean "
+                                      f"(missing {', '.join(missing)})", show=False)
+    return CallDistribution.from_quantiles(*(float(quantiles[k]) for k in ("p50", "p90", "p99", "mean")))
+
+
+def _mean_us(entry: dict, distribution: CallDistribution) -> float:
+    """The measured mean (us) of an entry: ``quantiles_us.mean`` (over all ``n`` calls) where present, else the
+    mean of its distribution."""
+    mean = (entry.get("quantiles_us") or {}).get("mean")
+    return float(mean) if mean is not None else distribution.mean_us()
+
+
+def _compute_params(path, field_name: str, params, renamed: dict | None = None) -> dict:
+    """Check a compute-model field section (:func:`sim.compute.check_compute_field` per field, the two
+    decode tables of one length); ``renamed`` maps profile keys to model fields (``tile_rows``)."""
+    _object(path, field_name, params)
+    renamed = renamed or {}
+    known = sorted(set(SCALAR_FIELDS) - set(renamed.values()) | set(renamed)) + list(TABLE_FIELDS)
+    for key, value in params.items():
+        name = renamed.get(key, key)
+        if key not in known:
+            alias = [k for k, v in renamed.items() if v == key]
+            problem = (f"is named {alias[0]} in this section" if alias
+                       else f"is not a compute-model field (known: {', '.join(known)})")
+            raise _fail(path, f"{field_name}.{key}", problem, show=False)
+        try:
+            check_compute_field(name, value)
+        except ComputeFieldError as exc:  # exc.field is name, or name[index] for a table's element
+            raise _fail(path, f"{field_name}.{key}{exc.field[len(name):]}", exc.problem, show=False) from None
+    tables = [key for key in TABLE_FIELDS if key in params]
+    if tables and len(tables) < 2:
+        other = [key for key in TABLE_FIELDS if key not in params][0]
+        raise _fail(path, f"{field_name}.{other}", f"is missing ({tables[0]} is given)", show=False)
+    if tables and len(params[TABLE_FIELDS[0]]) != len(params[TABLE_FIELDS[1]]):
+        raise _fail(path, f"{field_name}.{TABLE_FIELDS[1]}", f"must have one value per {TABLE_FIELDS[0]} entry "
+                    f"({len(params[TABLE_FIELDS[0]])})", params[TABLE_FIELDS[1]])
+    return params
+
+
+def check_profile(data: dict, path: str | Path) -> None:
+    """Check every field the simulator reads from a profile (``docs/profile-format.md``), so that a bad one
+    is reported when the file is read rather than as a traceback or a silently wrong run:
+
+    * ``vmm`` (required) and ``vmm.<call>`` for each of :data:`VMM_CALLS`: objects keyed by page sizes in bytes
+      (whole numbers > 0, at least one), each a latency distribution (:func:`_distribution`: finite
+      latencies >= 0 in us, quantiles ordered);
+    * ``page_group_growth.<model>``: ``page_size_bytes`` and ``num_sub_tensors`` (whole numbers > 0),
+      ``sync_us`` and optional ``batched_set_access_us`` (distributions);
+    * ``compute.roofline``, ``compute.tiled_roofline.params``, ``compute_in_loop.params``: compute-model
+      fields in their physical ranges (:func:`sim.compute.check_compute_field`), decode tables of one
+      length; ``compute_in_loop.model`` (required with ``params``), ``.gpu`` (strings), ``.tp`` (whole > 0);
+    * ``vmm_in_loop``: ``growth_scale`` (> 0), ``model`` (string), ``page_size_bytes`` (whole > 0), all required;
+    * ``paged_attention.factor`` (>= 1), ``layout.cross_layer_attention_factor`` (> 0),
+      ``memory.memset_bytes_per_s`` / ``copy_bytes_per_s`` (bytes/s, > 0).
+
+    Sections other than ``vmm`` may be absent; unknown keys and informational fields (environment, fit
+    errors, grids, runs, ``vmm_under_load``) are not checked. Numbers must be finite (JSON's NaN and Infinity
+    are refused); ``null`` is refused wherever a field is read.
+
+    Raises:
+        ProfileError: ``profile PATH: field a.b.c <problem>, got <value as JSON>`` for the first bad field.
+    """
+    if "vmm" not in data:
+        raise _fail(path, "vmm", "is missing (the per-call VMM latencies that kvsim calibrate measures)", show=False)
+    vmm = _object(path, "vmm", data["vmm"], "an object {call: {page size: latencies}}")
+    for call in VMM_CALLS:
+        if call not in vmm:
+            raise _fail(path, f"vmm.{call}", "is missing", show=False)
+        sizes = _object(path, f"vmm.{call}", vmm[call], "an object {page size in bytes: latencies}")
+        if not sizes:
+            raise _fail(path, f"vmm.{call}", "holds no page size", sizes)
+        for size, entry in sizes.items():
+            try:
+                valid = int(size) > 0 and str(int(size)) == size.strip()
+            except ValueError:
+                valid = False
+            if not valid:
+                raise _fail(path, f"vmm.{call}", f"has a page-size key {show_value(size)}; keys are page sizes in "
+                                                 "bytes, whole numbers > 0 (e.g. \"2097152\")", show=False)
+            _distribution(path, f"vmm.{call}.{size}", entry)
+    if "page_group_growth" in data:
+        growth = _object(path, "page_group_growth", data["page_group_growth"], "an object {model: growth}")
+        for name, entry in growth.items():
+            where = f"page_group_growth.{name}"
+            _object(path, where, entry)
+            for key, what in (("page_size_bytes", "bytes"), ("num_sub_tensors", "a count")):
+                if key not in entry:
+                    raise _fail(path, f"{where}.{key}", "is missing", show=False)
+                _whole(path, f"{where}.{key}", entry[key], what)
+            if "sync_us" not in entry:
+                raise _fail(path, f"{where}.sync_us", "is missing", show=False)
+            _distribution(path, f"{where}.sync_us", entry["sync_us"])
+            if "batched_set_access_us" in entry:
+                _distribution(path, f"{where}.batched_set_access_us", entry["batched_set_access_us"])
+    if "compute" in data:
+        compute = _object(path, "compute", data["compute"])
+        if "roofline" in compute:
+            _compute_params(path, "compute.roofline", compute["roofline"])
+        if "tiled_roofline" in compute:
+            tiled = _object(path, "compute.tiled_roofline", compute["tiled_roofline"])
+            if "params" in tiled:
+                _compute_params(path, "compute.tiled_roofline.params", tiled["params"], {"tile_rows": "mixed_tile_rows"})
+    if "compute_in_loop" in data:
+        in_loop = _object(path, "compute_in_loop", data["compute_in_loop"])
+        if "params" in in_loop:
+            _compute_params(path, "compute_in_loop.params", in_loop["params"])
+            if "model" not in in_loop:
+                raise _fail(path, "compute_in_loop.model", "is missing (the model the fit is for, e.g. "
+                                                           "\"llama-3-8b\")", show=False)
+        for key in ("model", "gpu"):
+            if key in in_loop and not (isinstance(in_loop[key], str) and in_loop[key]):
+                raise _fail(path, f"compute_in_loop.{key}", "must be a name (a string)", in_loop[key])
+        if "tp" in in_loop:
+            _whole(path, "compute_in_loop.tp", in_loop["tp"], "the tensor-parallel degree")
+    if "vmm_in_loop" in data:
+        scale = _object(path, "vmm_in_loop", data["vmm_in_loop"])
+        for key in ("growth_scale", "model", "page_size_bytes"):
+            if key not in scale:
+                raise _fail(path, f"vmm_in_loop.{key}", "is missing", show=False)
+        _positive(path, "vmm_in_loop.growth_scale", scale["growth_scale"], "in-loop / isolated growth time")
+        if not (isinstance(scale["model"], str) and scale["model"]):
+            raise _fail(path, "vmm_in_loop.model", "must be a name (a string)", scale["model"])
+        _whole(path, "vmm_in_loop.page_size_bytes", scale["page_size_bytes"], "bytes")
+    for section, key, what, minimum in (("paged_attention", "factor", "paged / contiguous attention time", 1.0),
+                                        ("layout", "cross_layer_attention_factor", "an attention-time factor", 0.0),
+                                        ("memory", "memset_bytes_per_s", "bytes/s", 0.0),
+                                        ("memory", "copy_bytes_per_s", "bytes/s", 0.0)):
+        if section in data:
+            values = _object(path, section, data[section])
+            if key in values:
+                _positive(path, f"{section}.{key}", values[key], what, minimum)
