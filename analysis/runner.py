@@ -146,6 +146,8 @@ def run_simulation(config: SimConfig, trace: pd.DataFrame, profile_path: str | N
     else:
         chosen, resolved = compute_model, "roofline (built-in defaults)"
     vmm, compute = load_models(config, profile_path, chosen)
+    if config.tp > 1 and vmm.tp_worker_scale.get(config.tp, 1.0) != 1.0:
+        vmm.source += f", each of {config.tp} workers x{vmm.tp_worker_scale[config.tp]:g} (vmm_tp)"
     output = Simulator(config, trace, vmm=vmm, compute=compute, progress=progress).run()
     meta = config.to_dict()
     meta.update(trace_source=trace.attrs.get("source", "in-memory table"), vmm_latency_source=vmm.source,

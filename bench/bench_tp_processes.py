@@ -14,7 +14,9 @@ Modes: ``alone`` (only worker 0 applies; the other waits at the barriers) and ``
 after one warm-up round each. The critical path of a plan is the slower worker's time.
 
 Run on a GPU machine: ``python bench/bench_tp_processes.py --devices 0,1 --rounds 8 --out tp.json``
-(``--emulated`` without a GPU: drivers that sleep domain.md's H200 medians per call).
+(``--emulated`` without a GPU: drivers that sleep domain.md's H200 medians per call); then
+``--from-result tp.json --add-to-profile PROFILE`` writes the per-worker slowdown as the profile section
+``vmm_tp`` (on CPU).
 """
 from __future__ import annotations
 
@@ -123,6 +125,42 @@ def measure(devices: list[int], emulated: bool, rounds: int, max_pages: int) -> 
     return {"environment": outs[0]["environment"], "modes": modes}
 
 
+def tp_section(result: dict[str, Any], source: str) -> dict[str, Any]:
+    """The profile section ``vmm_tp`` from a result of :func:`measure` (``docs/profile-format.md``):
+    ``worker_scale[tp]`` = mean per-worker page-group map time with every worker mapping at once over worker
+    0's mean alone (both workers' plans: 256 maps each in the committed run). The simulator multiplies each
+    worker's drawn VMM time by it (``sim/engine.py`` ``VmmCost``)."""
+    alone = result["modes"]["alone"]["map_page_group"]["per_worker"][0]["mean_us"]
+    both = result["modes"]["both"]["map_page_group"]
+    scale = statistics.fmean(w["mean_us"] for w in both["per_worker"]) / alone
+    return {"worker_scale": {str(result["tp"]): round(scale, 3)},
+            "workers": result.get("workers", "one process per worker"), "devices": result["devices"],
+            "alone_map_page_group_us": {k: result["modes"]["alone"]["map_page_group"]["per_worker"][0][k]
+                                        for k in ("mean_us", "p50_us", "p90_us")},
+            "both_map_page_group_critical_path_us": {k: both["critical_path"][k] for k in ("mean_us", "p50_us", "p90_us")},
+            "source": source, "command": f"python bench/bench_tp_processes.py {' '.join(result['argv'])}",
+            "gpu_name": result["environment"].get("gpu_name"), "measured_at": result["started_at"]}
+
+
+def add_to_profile(result_path: Path, profile_path: Path, force: bool) -> int:
+    """Write :func:`tp_section` of a saved result into an existing profile (refuses to replace a ``vmm_tp``
+    without ``force``). Returns the exit status (0, 1 refused, 2 unreadable input), printing one line."""
+    try:
+        result = json.loads(result_path.read_text())
+        profile = json.loads(profile_path.read_text())
+        section = tp_section(result, str(result_path))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"bench_tp_processes: cannot use {result_path} / {profile_path}: {exc!r}", file=sys.stderr)
+        return 2
+    if "vmm_tp" in profile and not force:
+        print(f"bench_tp_processes: {profile_path} already holds vmm_tp; pass --force to replace it", file=sys.stderr)
+        return 1
+    profile["vmm_tp"] = section
+    profile_path.write_text(json.dumps(profile, indent=1) + "\n")
+    print(f"wrote {profile_path}: vmm_tp.worker_scale {section['worker_scale']}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", default="0,1", help="device of each worker process (default 0,1)")
@@ -130,7 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-pages", type=int, default=32, help="page groups per slot")
     parser.add_argument("--emulated", action="store_true", help="emulated drivers (no GPU)")
     parser.add_argument("--out", type=Path, help="write the JSON result here")
+    parser.add_argument("--from-result", type=Path, help="no measurement: read a saved result (with --add-to-profile)")
+    parser.add_argument("--add-to-profile", type=Path, help="write the result's vmm_tp section into this profile")
+    parser.add_argument("--force", action="store_true", help="replace the profile's vmm_tp")
     args = parser.parse_args(argv)
+    if args.from_result:
+        if not args.add_to_profile:
+            parser.error("--from-result needs --add-to-profile PROFILE")
+        return add_to_profile(args.from_result, args.add_to_profile, args.force)
     try:
         devices = [int(d) for d in args.devices.split(",")]
     except ValueError:
@@ -155,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(text + "\n")
     print(text)
+    if args.add_to_profile:
+        if not args.out:
+            parser.error("--add-to-profile needs --out (the profile records the result file it came from)")
+        return add_to_profile(args.out, args.add_to_profile, args.force)
     return 0
 
 

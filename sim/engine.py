@@ -71,8 +71,10 @@ class VmmCost:
     cuMemSetAccess over it, against 64 x (map + set-access)).
 
     With tensor parallelism every one of the ``tp`` workers maps its own 2N' sub-tensors (same slots, same
-    page indices): each worker's latency is drawn independently and the plan takes the slowest worker's time
-    (the iteration, or a background op's commit, waits for all). Per-worker totals are kept in
+    page indices): each worker's latency is drawn independently, times the measured per-worker slowdown when
+    all workers map at once (:attr:`VmmLatencyModel.tp_worker_scale`, profile ``vmm_tp``: 1.38 for two H200s
+    with one process per GPU, ``docs/tp2/README.md``; 1 where not measured), and the plan takes the slowest
+    worker's time (the iteration, or a background op's commit, waits for all). Per-worker totals are kept in
     :attr:`worker_us` and the critical path (sum of the maxima) in :attr:`critical_us`.
     """
 
@@ -82,6 +84,7 @@ class VmmCost:
         self.pages_per_group = config.num_sub_tensors
         self.page_size_bytes = config.page_size_bytes
         self.worker_us = [0.0] * config.tp
+        self.worker_scale = vmm.tp_worker_scale.get(config.tp, 1.0) if config.tp > 1 else 1.0
         self.critical_us = 0.0
         self.batched = config.batched_set_access
 
@@ -113,7 +116,7 @@ class VmmCost:
     def _over_workers(self, ops) -> float:
         if not ops:
             return 0.0
-        per_worker = [self._ops_one_us(ops) for _ in self.worker_us]
+        per_worker = [self._ops_one_us(ops) * self.worker_scale for _ in self.worker_us]
         for worker, spent_us in enumerate(per_worker):
             self.worker_us[worker] += spent_us
         slowest = max(per_worker)

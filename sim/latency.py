@@ -102,6 +102,7 @@ class VmmLatencyModel:
     growth: dict[int, tuple[int, CallDistribution]] = field(default_factory=dict)
     batched_ratio: float = 1.95 / 2.59   # domain.md: 64 maps + one set-access over the range vs 64 x (map + set-access)
     in_loop_scale: float = 1.0           # growth inside a serving loop / isolated growth (profile vmm_in_loop)
+    tp_worker_scale: dict[int, float] = field(default_factory=dict)  # tp -> per-worker slowdown (profile vmm_tp)
     _nearest: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -128,7 +129,7 @@ class VmmLatencyModel:
 
     @classmethod
     def from_profile(cls, path: str | Path) -> "VmmLatencyModel":
-        """Read the ``vmm`` section (and ``page_group_growth``, if present) of a calibration profile.
+        """Read the ``vmm`` section (and ``page_group_growth`` and ``vmm_tp``, if present) of a calibration profile.
 
         Raises:
             ProfileError: naming the file and the missing or malformed field.
@@ -148,6 +149,8 @@ class VmmLatencyModel:
                 if serial > 0:
                     ratios.append(batched / serial)
         model = cls(table=table, source=f"profile {Path(path).name}", growth=growth)
+        scales = (data.get("vmm_tp") or {}).get("worker_scale") or {}
+        model.tp_worker_scale = {int(tp): float(scale) for tp, scale in scales.items()}
         if ratios:
             model.batched_ratio = float(np.mean(ratios))
         return model
@@ -360,6 +363,7 @@ def check_profile(data: dict, path: str | Path) -> None:
       fields in their physical ranges (:func:`sim.compute.check_compute_field`), decode tables of one
       length; ``compute_in_loop.model`` (required with ``params``), ``.gpu`` (strings), ``.tp`` (whole > 0);
     * ``vmm_in_loop``: ``growth_scale`` (> 0), ``model`` (string), ``page_size_bytes`` (whole > 0), all required;
+    * ``vmm_tp.worker_scale``: an object {tensor-parallel degree (whole number >= 2): per-worker slowdown (> 0)};
     * ``paged_attention.factor`` (>= 1), ``layout.cross_layer_attention_factor`` (> 0),
       ``memory.memset_bytes_per_s`` / ``copy_bytes_per_s`` (bytes/s, > 0).
 
@@ -431,6 +435,17 @@ def check_profile(data: dict, path: str | Path) -> None:
         if not (isinstance(scale["model"], str) and scale["model"]):
             raise _fail(path, "vmm_in_loop.model", "must be a name (a string)", scale["model"])
         _whole(path, "vmm_in_loop.page_size_bytes", scale["page_size_bytes"], "bytes")
+    if "vmm_tp" in data:
+        tp_section = _object(path, "vmm_tp", data["vmm_tp"])
+        if "worker_scale" not in tp_section:
+            raise _fail(path, "vmm_tp.worker_scale", "is missing", show=False)
+        scales = _object(path, "vmm_tp.worker_scale", tp_section["worker_scale"],
+                         "an object {tensor-parallel degree: per-worker slowdown}")
+        for degree, scale in scales.items():
+            if not (degree.strip().isdigit() and int(degree) >= 2):
+                raise _fail(path, "vmm_tp.worker_scale", f"has a key {show_value(degree)}; keys are tensor-parallel "
+                                                         "degrees, whole numbers >= 2 (e.g. \"2\")", show=False)
+            _positive(path, f"vmm_tp.worker_scale.{degree}", scale, "with all workers mapping / one worker alone")
     for section, key, what, minimum in (("paged_attention", "factor", "paged / contiguous attention time", 1.0),
                                         ("layout", "cross_layer_attention_factor", "an attention-time factor", 0.0),
                                         ("memory", "memset_bytes_per_s", "bytes/s", 0.0),

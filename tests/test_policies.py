@@ -166,3 +166,29 @@ def test_tensor_parallel_mapping_waits_for_the_slowest_worker():
     assert it["sync_stall_us"].sum() == pytest.approx(critical)     # sync mode: all mapping is on the critical path
     const, _, _ = run(rows, tp=2, page_size_bytes=64 * KIB, sync_mapping=True)
     assert const.counters["mapping_worker_us"][0] == const.counters["mapping_worker_us"][1] == const.counters["mapping_critical_us"]
+
+
+def test_tensor_parallel_workers_are_slowed_by_the_measured_contention():
+    """Profile vmm_tp.worker_scale (docs/tp2/README.md: 1.381 for two H200s, one process per GPU) multiplies
+    every worker's drawn time at that TP degree: with the same generator seed, each plan costs exactly that
+    factor more; TP=1 and degrees without a measurement are unchanged."""
+    import numpy as np
+    from sim.engine import VmmCost
+    from sim.latency import VmmLatencyModel
+    from sim.plan import MapOp, UnmapOp
+
+    ops = [MapOp(0, 0, 1), MapOp(1, 0, 3), UnmapOp(0, 0, 1)]
+
+    def costs(tp, scales):
+        vmm = VmmLatencyModel.builtin()
+        vmm.tp_worker_scale = scales
+        cost = VmmCost(vmm, SimConfig(tp=tp), np.random.default_rng(7))
+        return [cost.op_us(op) for op in ops * 50], cost
+
+    plain, _ = costs(2, {})
+    scaled, cost = costs(2, {2: 1.381})
+    assert scaled == pytest.approx([1.381 * x for x in plain], rel=1e-12)
+    assert cost.critical_us == pytest.approx(sum(scaled)) and max(cost.worker_us) <= cost.critical_us
+    assert costs(1, {2: 1.381})[0] == costs(1, {})[0]
+    assert costs(4, {2: 1.381})[0] == costs(4, {})[0]
+    assert VmmLatencyModel.builtin().tp_worker_scale == {2: 1.381}  # the committed profile's vmm_tp
