@@ -170,6 +170,17 @@ def _check_out_dir(out_dir: Path) -> None:
         raise FileExistsError(f"--out {out_dir} is a file, not a directory")
 
 
+def _check_profile_first(profile_path: str | None) -> None:
+    """Read and check ``--profile`` before the trace, so that a bad profile is the only message.
+
+    Raises:
+        ProfileError: from :func:`sim.latency.read_profile`, naming the file and field.
+    """
+    if profile_path is not None:
+        from sim.latency import read_profile
+        read_profile(profile_path)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from analysis.compare import comparison_table, run_policies
     from analysis.summary import print_comparison
@@ -187,6 +198,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     table_files = [out_dir / "compare.csv", out_dir / "compare.parquet"]
     if not args.force and any(f.exists() for f in table_files):
         raise FileExistsError(f"{out_dir} already holds a comparison; choose another --out or pass --force")
+    _check_profile_first(args.profile)
     trace, notes = load_workload(args, base.seed, base.slot_max_tokens)
     for note in notes:
         print(f"kvsim: warning: {note}", file=sys.stderr)
@@ -214,6 +226,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     _check_out_dir(out_dir)
     if not args.force and any((out_dir / f).exists() for f in ("summary.json", "requests.parquet")):
         raise FileExistsError(f"{out_dir} already holds a run; choose another --out or pass --force")
+    _check_profile_first(args.profile)
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
     for note in notes:
         print(f"kvsim: warning: {note}", file=sys.stderr)
