@@ -46,9 +46,16 @@ def _policy_line(config: dict) -> str:
             f"{'synchronous' if config['sync_mapping'] else 'asynchronous'} mapping")
 
 
+PER_WORKER_ROWS = {"peak mapped KV memory", "page pool", "page groups mapped / unmapped", "VMM map / unmap calls"}
+"""Rows that count one tensor-parallel worker's KV (every worker holds the same pages of its own heads)."""
+
+
 def _relabel(label: str, config: dict) -> str:
     if label == "page groups mapped / unmapped" and config.get("policy", "vattention") != "vattention":
-        return "blocks allocated / freed" if config.get("policy") == "paged" else "reservations made / freed"
+        label = "blocks allocated / freed" if config.get("policy") == "paged" else "reservations made / freed"
+    if int(config.get("tp", 1)) > 1 and label in PER_WORKER_ROWS | {"blocks allocated / freed",
+                                                                     "reservations made / freed"}:
+        label += " (per worker)"
     return label
 
 

@@ -142,19 +142,47 @@ def tp_section(result: dict[str, Any], source: str) -> dict[str, Any]:
             "gpu_name": result["environment"].get("gpu_name"), "measured_at": result["started_at"]}
 
 
+def check_profile_target(profile_path: Path, force: bool) -> tuple[dict | None, str | None, int]:
+    """The profile ``--add-to-profile`` will write into, read and checked before any measurement: a JSON
+    object, without ``vmm_tp`` unless ``force``. Returns ``(profile, problem, exit status)``."""
+    try:
+        profile = json.loads(profile_path.read_text())
+    except (OSError, ValueError) as exc:
+        return None, f"--add-to-profile {profile_path}: cannot read the profile ({exc})", 2
+    if not isinstance(profile, dict) or profile.get("format") != "kvsim-profile/1":
+        return None, f"--add-to-profile {profile_path}: not a kvsim-profile/1 profile (docs/profile-format.md)", 2
+    if "vmm_tp" in profile and not force:
+        return None, f"--add-to-profile {profile_path}: already holds vmm_tp; pass --force to replace it", 1
+    return profile, None, 0
+
+
 def add_to_profile(result_path: Path, profile_path: Path, force: bool) -> int:
     """Write :func:`tp_section` of a saved result into an existing profile (refuses to replace a ``vmm_tp``
-    without ``force``). Returns the exit status (0, 1 refused, 2 unreadable input), printing one line."""
+    without ``force``). Only a result of this script, measured on real GPUs (not ``--emulated``), is taken.
+    Returns the exit status (0, 1 refused, 2 unusable input), printing one line."""
+    profile, problem, status = check_profile_target(profile_path, force)
+    if problem:
+        print(f"bench_tp_processes: {problem}", file=sys.stderr)
+        return status
     try:
         result = json.loads(result_path.read_text())
-        profile = json.loads(profile_path.read_text())
-        section = tp_section(result, str(result_path))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"bench_tp_processes: cannot use {result_path} / {profile_path}: {exc!r}", file=sys.stderr)
+    except (OSError, ValueError) as exc:
+        print(f"bench_tp_processes: --from-result {result_path}: cannot read it ({exc})", file=sys.stderr)
         return 2
-    if "vmm_tp" in profile and not force:
-        print(f"bench_tp_processes: {profile_path} already holds vmm_tp; pass --force to replace it", file=sys.stderr)
-        return 1
+    if not isinstance(result, dict) or result.get("bench") != "bench/bench_tp_processes.py":
+        print(f"bench_tp_processes: {result_path}: not a result of bench/bench_tp_processes.py (field bench is "
+              f"{result.get('bench') if isinstance(result, dict) else None!r}); only one-process-per-worker "
+              "measurements go into vmm_tp", file=sys.stderr)
+        return 2
+    if result.get("emulated"):
+        print(f"bench_tp_processes: {result_path}: measured with --emulated drivers; only GPU measurements go into "
+              "a profile", file=sys.stderr)
+        return 2
+    try:
+        section = tp_section(result, str(result_path))
+    except (KeyError, TypeError, IndexError, ZeroDivisionError) as exc:
+        print(f"bench_tp_processes: {result_path}: incomplete result (missing or malformed {exc})", file=sys.stderr)
+        return 2
     profile["vmm_tp"] = section
     profile_path.write_text(json.dumps(profile, indent=1) + "\n")
     print(f"wrote {profile_path}: vmm_tp.worker_scale {section['worker_scale']}")
@@ -176,14 +204,27 @@ def main(argv: list[str] | None = None) -> int:
         if not args.add_to_profile:
             parser.error("--from-result needs --add-to-profile PROFILE")
         return add_to_profile(args.from_result, args.add_to_profile, args.force)
+    if args.from_result and (args.out or args.emulated):
+        parser.error("--from-result reads a saved result: leave out --out and --emulated")
     try:
         devices = [int(d) for d in args.devices.split(",")]
     except ValueError:
         parser.error(f"--devices must be comma-separated device ordinals, got {args.devices!r}")
-    if len(devices) != 2:
-        parser.error(f"--devices needs two workers (TP=2), got {devices}")
+    if len(devices) != 2 or min(devices) < 0:
+        parser.error(f"--devices needs two workers (TP=2) on device ordinals >= 0, got {devices}")
     if args.rounds < 1 or args.max_pages < 1:
         parser.error("--rounds and --max-pages must be >= 1")
+    if args.out and not args.out.parent.is_dir():
+        parser.error(f"--out {args.out}: the directory {args.out.parent} does not exist")
+    if args.add_to_profile:  # checked before minutes of measurement
+        if not args.out:
+            parser.error("--add-to-profile needs --out (the profile records the result file it came from)")
+        if args.emulated:
+            parser.error("--add-to-profile takes GPU measurements only, not --emulated")
+        _, problem, status = check_profile_target(args.add_to_profile, args.force)
+        if problem:
+            print(f"bench_tp_processes: {problem}", file=sys.stderr)
+            return status
     result = {"bench": "bench/bench_tp_processes.py", "argv": sys.argv[1:] if argv is None else argv,
               "started_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "model": "llama-3-8b", "tp": 2,
               "devices": devices, "emulated": args.emulated, "workers": "one process per worker (spawn)"}
@@ -201,8 +242,6 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(text + "\n")
     print(text)
     if args.add_to_profile:
-        if not args.out:
-            parser.error("--add-to-profile needs --out (the profile records the result file it came from)")
         return add_to_profile(args.out, args.add_to_profile, args.force)
     return 0
 

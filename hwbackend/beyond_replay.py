@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     PhaseTimedLoop.last = None
     started = time.perf_counter()
     # parses and checks every option, the device and --out before the replay, with one message each
-    status = replay_cli.main(argv, prog="python -m hwbackend.beyond_replay")
+    status = replay_cli.main(argv, prog="python -m hwbackend.beyond_replay",
+                             description="the hardware replay with each iteration split into phases (phases.parquet)")
     loop = PhaseTimedLoop.last
     if loop is not None and status == 0:
         out = Path(next(a.split("=", 1)[1] if a.startswith("--out=") else argv[i + 1]

@@ -184,10 +184,10 @@ def _results_module() -> Any:
     return results
 
 
-def build_parser(prog: str = "python -m hwbackend.replay_cli") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m hwbackend.replay_cli", description: str | None = None) -> argparse.ArgumentParser:
     from cli import add_config_args, add_trace_args
 
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog, description=description or __doc__.splitlines()[0])
     add_trace_args(parser)
     add_config_args(parser)
     parser.add_argument("--out", required=True, help="run directory to write")
@@ -213,10 +213,14 @@ def preflight(device: str, out_dir: str | Path, force: bool, warmup_s: float) ->
         return f"--out {out}: exists and is not a directory"
     if not force and (out / "summary.json").exists():
         return f"--out {out}: already holds a run (summary.json); pass --force to overwrite its run files"
+    try:  # the run directory is made now, so that a path that cannot hold one fails before the replay
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"--out {out}: cannot create the run directory ({exc.strerror or exc})"
     try:
         import torch
     except ImportError:
-        return "the hardware replay needs torch and cuda-python: pip install -e '.[hw]'"
+        return ("the replay needs torch (and cuda-python for --device cuda:N): pip install -e '.[hw]'")
     if device == "cpu":
         return None
     prefix, _, ordinal = device.partition(":")
@@ -233,27 +237,49 @@ def preflight(device: str, out_dir: str | Path, force: bool, warmup_s: float) ->
     return None
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m hwbackend.replay_cli") -> int:
+def unsupported(config: Any, device: str, attention: str) -> str | None:
+    """A configuration the hardware replay does not implement (one line), or None: tensor parallelism (one
+    GPU, one worker), swap preemption (recompute only), the ``varlen`` FlashAttention backend on CPU."""
+    if config.tp != 1:
+        return f"--tp {config.tp}: the hardware replay runs one worker on one GPU (tp 1); TP mapping is measured by bench/bench_tp_processes.py"
+    if config.preemption != "recompute":
+        return f"--preemption {config.preemption}: the hardware replay implements recompute preemption only"
+    if device == "cpu" and attention == "varlen":
+        return "--attention varlen needs CUDA (FlashAttention); on --device cpu use auto, gather or reference"
+    return None
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m hwbackend.replay_cli",
+         description: str | None = None) -> int:
     """Entry point; exit 0 on success, 2 for an option, trace or machine that cannot be used (one line on
     stderr, checked before the replay starts)."""
     from cli import config_from_args, load_workload
 
-    args = build_parser(prog).parse_args(argv)
-    problem = preflight(args.device, args.out, args.force, args.warmup_s)
+    args = build_parser(prog, description).parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:  # a bad option value: one message, no traceback
+        print(f"replay: error: {exc}", file=sys.stderr)
+        return 2
+    problem = unsupported(config, args.device, args.attention) or preflight(args.device, args.out, args.force,
+                                                                              args.warmup_s)
     if problem:
         print(f"replay: error: {problem}", file=sys.stderr)
         return 2
     try:
-        config = config_from_args(args)
         trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
-    except (ValueError, OSError) as exc:  # a bad option value or trace: one message, no traceback
+    except (ValueError, OSError) as exc:  # a bad trace: one message, no traceback
         print(f"replay: error: {exc}", file=sys.stderr)
         return 2
     for note in notes:
         print(f"replay: warning: {note}", file=sys.stderr)
     shape = TINY_SHAPE if args.device == "cpu" else None
-    output, meta = replay(config, trace, args.device, shape, args.attention, cuda_graphs=not args.no_cuda_graphs,
-                          warmup_s=args.warmup_s)
+    try:
+        output, meta = replay(config, trace, args.device, shape, args.attention, cuda_graphs=not args.no_cuda_graphs,
+                              warmup_s=args.warmup_s)
+    except MemoryError as exc:
+        print(f"replay: error: the KV cache or model does not fit this machine's memory ({exc})", file=sys.stderr)
+        return 2
     meta.update(trace_source=trace.attrs.get("source", args.trace), rate_scale=args.rate_scale,
                 num_requests=args.num_requests, skip_requests=args.skip_requests, command=" ".join([prog, *(sys.argv[1:] if argv is None else argv)]))
     out = write_hw_run(output, config, meta, args.out, force=args.force)

@@ -363,7 +363,8 @@ def check_profile(data: dict, path: str | Path) -> None:
       fields in their physical ranges (:func:`sim.compute.check_compute_field`), decode tables of one
       length; ``compute_in_loop.model`` (required with ``params``), ``.gpu`` (strings), ``.tp`` (whole > 0);
     * ``vmm_in_loop``: ``growth_scale`` (> 0), ``model`` (string), ``page_size_bytes`` (whole > 0), all required;
-    * ``vmm_tp.worker_scale``: an object {tensor-parallel degree (whole number >= 2): per-worker slowdown (> 0)};
+    * ``vmm_tp.worker_scale``: an object {tensor-parallel degree (whole number >= 2): per-worker slowdown (>= 1:
+      workers mapping at once are never faster than one alone)};
     * ``paged_attention.factor`` (>= 1), ``layout.cross_layer_attention_factor`` (> 0),
       ``memory.memset_bytes_per_s`` / ``copy_bytes_per_s`` (bytes/s, > 0).
 
@@ -442,10 +443,11 @@ def check_profile(data: dict, path: str | Path) -> None:
         scales = _object(path, "vmm_tp.worker_scale", tp_section["worker_scale"],
                          "an object {tensor-parallel degree: per-worker slowdown}")
         for degree, scale in scales.items():
-            if not (degree.strip().isdigit() and int(degree) >= 2):
+            if not (degree.isdigit() and str(int(degree)) == degree and int(degree) >= 2):
                 raise _fail(path, "vmm_tp.worker_scale", f"has a key {show_value(degree)}; keys are tensor-parallel "
                                                          "degrees, whole numbers >= 2 (e.g. \"2\")", show=False)
-            _positive(path, f"vmm_tp.worker_scale.{degree}", scale, "with all workers mapping / one worker alone")
+            _positive(path, f"vmm_tp.worker_scale.{degree}", scale, "with all workers mapping / one worker alone",
+                      minimum=1.0)
     for section, key, what, minimum in (("paged_attention", "factor", "paged / contiguous attention time", 1.0),
                                         ("layout", "cross_layer_attention_factor", "an attention-time factor", 0.0),
                                         ("memory", "memset_bytes_per_s", "bytes/s", 0.0),

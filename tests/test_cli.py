@@ -88,3 +88,13 @@ def test_code_trace_completes(tmp_path, shared_traces):
     assert main(["simulate", "--trace", str(path), "--out", str(tmp_path / "code"), "--quiet"]) == 0
     summary = json.loads((tmp_path / "code" / "summary.json").read_text())
     assert summary["finished"] == 8_819
+
+
+def test_tensor_parallel_summary_says_which_rows_count_one_worker(tmp_path, capsys):
+    assert main(["simulate", "--out", str(tmp_path / "tp2"), "--num-requests", "50", "--tp", "2"]) == 0
+    out = capsys.readouterr().out
+    for label in ("peak mapped KV memory (per worker)", "VMM map / unmap calls (per worker)",
+                  "VMM time per TP worker", "VMM time, critical path"):
+        assert label in out, label
+    assert main(["simulate", "--out", str(tmp_path / "tp1"), "--num-requests", "50"]) == 0
+    assert "(per worker)" not in capsys.readouterr().out
