@@ -138,6 +138,10 @@ def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int):
             path = traces.resolve_trace(args.trace)  # a file, or a public trace name (kvsim traces fetch)
             trace = traces.load_trace(path, fmt=args.trace_format, arrival=args.arrival, seed=seed)
         else:
+            unused = [flag for flag, value in (("--format", args.trace_format), ("--arrival", args.arrival)) if value]
+            if unused:
+                raise traces.TraceError(f"{' and '.join(unused)} appl{'y' if len(unused) > 1 else 'ies'} to a --trace; the built-in synthetic "
+                                        "workload has its own arrivals and lengths")
             trace = traces.synthetic_default(seed, num_requests=(args.num_requests or 1000)
                                              + getattr(args, "skip_requests", 0))
     notes += [str(w.message) for w in caught if issubclass(w.category, traces.TraceWarning)]

@@ -98,3 +98,14 @@ def test_tensor_parallel_summary_says_which_rows_count_one_worker(tmp_path, caps
         assert label in out, label
     assert main(["simulate", "--out", str(tmp_path / "tp1"), "--num-requests", "50"]) == 0
     assert "(per worker)" not in capsys.readouterr().out
+
+
+def test_trace_options_without_a_trace_are_refused(tmp_path, capsys):
+    assert main(["simulate", "--out", str(tmp_path / "r"), "--num-requests", "5", "--format", "nope"]) == 2
+    assert main(["simulate", "--out", str(tmp_path / "r"), "--num-requests", "5", "--arrival", "poisson:-1"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert errors == ["kvsim: error: --format applies to a --trace; the built-in synthetic workload has its own "
+                      "arrivals and lengths",
+                      "kvsim: error: --arrival applies to a --trace; the built-in synthetic workload has its own "
+                      "arrivals and lengths"]
+    assert not (tmp_path / "r").exists()
