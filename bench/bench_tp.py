@@ -46,11 +46,32 @@ def make_drivers(devices: list[int], emulated: bool) -> list[Any]:
     return [CudaVmmDriver(d) for d in devices]
 
 
+def bench_layout(tp: int, max_pages: int) -> KVCacheLayout:
+    """One slot of Llama-3-8B's per-worker KV at ``tp`` with 2 MiB pages, ``max_pages`` page groups long."""
+    model = get_model("llama-3-8b")
+    return KVCacheLayout.for_model(model, num_slots=1, page_size_bytes=2 * MIB, tp=tp,
+                                   max_context_tokens=max_pages * (2 * MIB // model.sub_tensor_bytes_per_token(tp)))
+
+
+def bench_policy(cache: Any) -> VAttentionPolicy:
+    """The policy of one round: no deferred reclamation, no eager or look-ahead maps, no admission watermark,
+    so that each step maps exactly one page group and the free unmaps the slot at once."""
+    return VAttentionPolicy(policy_config_for(cache, deferred_reclaim=False, eager_idle_slots=0,
+                                              eager_lookahead_steps=0, admission_watermark_frac=0.0))
+
+
+def both_over_alone_p50(modes: dict[str, Any]) -> dict[str, float]:
+    """Worker 0's and the critical path's page-group map p50 with both workers mapping, over worker 0's alone."""
+    alone = modes["alone"]["map_page_group"]["per_worker"][0]["p50_us"]
+    both = modes["both"]["map_page_group"]
+    return {"worker_0": round(both["per_worker"][0]["p50_us"] / alone, 3),
+            "critical_path": round(both["critical_path"]["p50_us"] / alone, 3)}
+
+
 def run_round(drivers: list[Any], layout: KVCacheLayout) -> list[TPStepTiming]:
     """Grow one slot page group by page group to L_max, then free it; returns the per-plan timings."""
     caches = make_tp_caches(drivers, layout, pool_page_groups=layout.max_pages_per_slot)
-    policy = VAttentionPolicy(policy_config_for(caches[0], deferred_reclaim=False, eager_idle_slots=0,
-                                                eager_lookahead_steps=0, admission_watermark_frac=0.0))
+    policy = bench_policy(caches[0])
     with TPExecutor(policy, caches, background=False) as ex:
         slot = ex.alloc_slot(1)
         for pages in range(1, layout.max_pages_per_slot + 1):
@@ -115,19 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="JSON output file")
     args = parser.parse_args(argv)
     devices = [int(d) for d in args.devices.split(",")]
-    model = get_model("llama-3-8b")
-    layout = KVCacheLayout.for_model(model, num_slots=1, page_size_bytes=2 * MIB, tp=len(devices),
-                                     max_context_tokens=args.max_pages * (2 * MIB // model.sub_tensor_bytes_per_token(len(devices))))
+    layout = bench_layout(len(devices), args.max_pages)
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S")
     result = {"bench": "bench/bench_tp.py", "argv": sys.argv[1:], "started_at": started_at,
-              "model": model.name, "tp": len(devices), "devices": devices, "emulated": args.emulated,
+              "model": "llama-3-8b", "tp": len(devices), "devices": devices, "emulated": args.emulated,
               "layout": {"num_sub_tensors": layout.num_sub_tensors, "num_kv_heads_per_worker": layout.num_kv_heads,
                          "page_size_bytes": layout.page_size_bytes, "max_pages_per_slot": layout.max_pages_per_slot},
               **measure(devices, args.emulated, args.rounds, layout)}
-    alone = result["modes"]["alone"]["map_page_group"]["per_worker"][0]["p50_us"]
-    both = result["modes"]["both"]["map_page_group"]
-    result["both_over_alone_p50"] = {"worker_0": round(both["per_worker"][0]["p50_us"] / alone, 3),
-                                     "critical_path": round(both["critical_path"]["p50_us"] / alone, 3)}
+    result["both_over_alone_p50"] = both_over_alone_p50(result["modes"])
     text = json.dumps(result, indent=1)
     if args.out:
         args.out.write_text(text + "\n")

@@ -32,7 +32,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-MIB = 1 << 20
+from bench.bench_tp import both_over_alone_p50, bench_layout, bench_policy, make_drivers, summary_us  # noqa: E402
+
 
 
 def _worker(rank: int, device: int, emulated: bool, rounds: int, max_pages: int, barrier: Any,
@@ -40,17 +41,11 @@ def _worker(rank: int, device: int, emulated: bool, rounds: int, max_pages: int,
     """One TP worker process: returns ``{"rank", "alone": [...], "both": [...], "environment"}`` through
     ``results`` (per-plan apply times in microseconds, ``("map" | "unmap", us)``), or ``{"rank", "error"}``."""
     try:
-        from bench.bench_tp import make_drivers
-        from hwbackend.executor import policy_config_for
-        from hwbackend.kvcache import KVCache, KVCacheLayout
-        from sim.catalog import get_model
-        from sim.memory.vattention import VAttentionPolicy
+        from hwbackend.kvcache import KVCache
 
         driver = make_drivers([device], emulated)[0]
         driver.make_current()
-        model = get_model("llama-3-8b")
-        layout = KVCacheLayout.for_model(model, num_slots=1, page_size_bytes=2 * MIB, tp=2,
-                                         max_context_tokens=max_pages * (2 * MIB // model.sub_tensor_bytes_per_token(2)))
+        layout = bench_layout(2, max_pages)
         out: dict[str, Any] = {"rank": rank, "alone": [], "both": [], "environment": driver.environment()}
         schedule = ["alone", "both"] + ["alone", "both"] * rounds  # the first two are warm-up rounds
         gc.collect()
@@ -58,8 +53,7 @@ def _worker(rank: int, device: int, emulated: bool, rounds: int, max_pages: int,
         for index, mode in enumerate(schedule):
             active = mode == "both" or rank == 0
             with KVCache(driver, layout, pool_page_groups=layout.max_pages_per_slot) as cache:
-                policy = VAttentionPolicy(policy_config_for(cache, deferred_reclaim=False, eager_idle_slots=0,
-                                                            eager_lookahead_steps=0, admission_watermark_frac=0.0))
+                policy = bench_policy(cache)
                 slot = policy.alloc_slot(1)
                 plans = []
                 for pages in range(1, layout.max_pages_per_slot + 1):
@@ -84,15 +78,6 @@ def _worker(rank: int, device: int, emulated: bool, rounds: int, max_pages: int,
     except BaseException as exc:  # reported by the parent with the worker's rank
         results.put({"rank": rank, "error": f"{type(exc).__name__}: {exc}"})
         barrier.abort()
-
-
-def summary_us(values_us: list[float]) -> dict[str, float]:
-    """n, mean, p10, p50, p90, max of a list of microseconds."""
-    ordered = sorted(values_us)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return {"n": len(ordered), "mean_us": round(statistics.fmean(ordered), 1), "p10_us": round(pick(0.1), 1),
-            "p50_us": round(statistics.median(ordered), 1), "p90_us": round(pick(0.9), 1),
-            "max_us": round(ordered[-1], 1)}
 
 
 def measure(devices: list[int], emulated: bool, rounds: int, max_pages: int) -> dict[str, Any]:
@@ -233,10 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         print(f"bench_tp_processes: {exc}", file=sys.stderr)
         return 1
-    alone = result["modes"]["alone"]["map_page_group"]["per_worker"][0]["p50_us"]
-    both = result["modes"]["both"]["map_page_group"]
-    result["both_over_alone_p50"] = {"worker_0": round(both["per_worker"][0]["p50_us"] / alone, 3),
-                                     "critical_path": round(both["critical_path"]["p50_us"] / alone, 3)}
+    result["both_over_alone_p50"] = both_over_alone_p50(result["modes"])
     text = json.dumps(result, indent=1)
     if args.out:
         args.out.write_text(text + "\n")
