@@ -22,8 +22,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                     "map/unmap operations and the summary. Several run directories are compared side by side.")
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", type=Path,
                         help="run directory written by 'kvsim simulate --out' (one colour each)")
-    parser.add_argument("--out", required=True, type=Path, help="HTML file to write, e.g. report.html")
-    parser.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    parser.add_argument("--out", required=True, help="HTML file to write, e.g. report.html")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out file")
     parser.set_defaults(func=cmd_report)
     return parser
 
@@ -48,13 +48,12 @@ def load_runs(paths: list[Path]) -> list:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """Write the report of ``args.runs`` to ``args.out``; refuses an existing file without ``--force``."""
+    """Write the report of ``args.runs`` to ``args.out``; ``--out`` is checked before any run is read (not
+    empty, not a directory, creatable, an existing file only with ``--force``); the file is replaced
+    atomically."""
     from analysis.report import write_report
-    out = Path(args.out)
-    if out.exists() and not args.force:
-        raise FileExistsError(f"{out} already exists; choose another --out or pass --force")
-    if out.is_dir():
-        raise IsADirectoryError(f"{out} is a directory; --out names the HTML file to write")
+    from cli import check_out_file
+    out = check_out_file(args.out, args.force, "--out")
     runs = load_runs(args.runs)
     try:
         path = write_report(runs, out)

@@ -27,15 +27,16 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     add_trace_args(parser)
     add_config_args(parser)
     parser.add_argument("--policy", default=None, help="memory policy spec, e.g. vattention:page=256KiB | paged:block=16 "
-                                                       "| static (see 'kvsim compare --help'); default vattention")
-    parser.add_argument("--profile", default=None, help="calibration profile JSON for VMM latencies")
+                                                       "| static (keys: 'kvsim compare --help') (default: vattention)")
+    parser.add_argument("--profile", default=None, help="calibration profile JSON for VMM latencies (default: the "
+                                                         "built-in H200 latencies)")
     parser.add_argument("--slo", default=None, help="objectives METRIC=DURATION,...: metrics ttft|tpot|e2e _p50|_p90|"
                                                     "_p99|_mean, durations with a unit, e.g. ttft_p99=2s,tpot_p99=100ms")
     parser.add_argument("--tolerance", type=_fraction, default=0.02,
-                        help="relative precision of the capacity (bisection stops at hi/lo - 1 <= X); default 0.02")
+                        help="relative precision of the capacity (bisection stops at hi/lo - 1 <= X)")
     parser.add_argument("--stability-tol", type=_fraction, default=0.05,
                         help="max TTFT growth per second of trace time in the steady state (0.05 = the server keeps "
-                             "up with >= 95%% of the offered rate); default 0.05")
+                             "up with >= 95%% of the offered rate)")
     parser.add_argument("--quiet", action="store_true", help="no per-step / per-point lines")
 
 
@@ -49,12 +50,14 @@ def register(subparsers) -> None:
                     "rate one replica serves with every SLO met and a stable queue (docs/capacity.md).")
     _add_common(cap)
     cap.add_argument("--target-rate", type=float, default=None, metavar="R",
-                     help="requests/s to serve: print the replicas needed, ceil(R / capacity)")
+                     help="requests/s to serve: print the replicas needed, ceil(R / capacity) (default: none)")
     cap.add_argument("--check-replicas", action="store_true",
                      help="with --target-rate: simulate R req/s routed over that many replicas and check the SLOs")
-    cap.add_argument("--routing", choices=ROUTERS, default="round-robin", help="routing for --check-replicas")
-    cap.add_argument("--json", default=None, metavar="FILE", help="also write the result (and every step) as JSON")
-    cap.add_argument("--force", action="store_true", help="overwrite an existing --json file")
+    cap.add_argument("--routing", choices=ROUTERS, default=None,
+                     help="routing for --check-replicas; without --check-replicas it is refused (default: round-robin)")
+    cap.add_argument("--json", default=None, metavar="FILE",
+                     help="also write the result (and every step) as JSON (default: none)")
+    cap.add_argument("--force", action="store_true", help="replace an existing --json file")
     cap.set_defaults(func=cmd_capacity)
     sweep = subparsers.add_parser(
         "sweep", help="run a Cartesian grid of simulate (or capacity) runs into one table and figure",
@@ -63,13 +66,16 @@ def register(subparsers) -> None:
     sweep.add_argument("--grid", action="append", required=True, metavar="AXIS=V1,V2,...",
                        help="a grid axis (repeat), e.g. --grid page_size=64KiB,2MiB --grid policy=vattention,paged")
     sweep.add_argument("--job", choices=("simulate", "capacity"), default="simulate",
-                       help="per-point job: simulate (summary) or capacity (needs --slo); default simulate")
+                       help="per-point job: simulate (summary) or capacity (needs --slo)")
     sweep.add_argument("--executor", choices=EXECUTORS, default="local",
-                       help="local: process pool on this machine; ray: Ray tasks; default local")
+                       help="local: process pool on this machine; ray: Ray tasks")
     sweep.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local instance)")
     sweep.add_argument("--workers", type=int, default=None, help="parallel processes / local Ray CPUs (default: all cores)")
-    sweep.add_argument("--out", required=True, help="output directory (resumable: finished points are kept)")
-    sweep.add_argument("--force", action="store_true", help="write into a non-empty --out that holds no sweep")
+    sweep.add_argument("--out", required=True,
+                       help="output directory: new, empty, or a sweep to resume (its finished points are kept)")
+    sweep.add_argument("--force", action="store_true",
+                       help="start afresh: replace the kvsim result in --out as a whole once the sweep is done (no "
+                            "point is reused; a directory holding anything but a kvsim result is refused)")
     _add_common(sweep)
     sweep.set_defaults(func=cmd_sweep)
 
@@ -84,10 +90,15 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         raise ValueError("capacity needs --slo, e.g. --slo ttft_p99=2s,tpot_p99=100ms")
     if args.check_replicas and args.target_rate is None:
         raise ValueError("--check-replicas needs --target-rate R")
+    if args.routing is not None and not args.check_replicas:
+        raise ValueError(f"--routing {args.routing} applies to --check-replicas; add --check-replicas --target-rate R "
+                         "or leave --routing out")
+    args.routing = args.routing or "round-robin"
     if args.target_rate is not None and not args.target_rate > 0:
         raise ValueError(f"--target-rate must be > 0 req/s, got {args.target_rate}")
-    if args.json and Path(args.json).exists() and not args.force:
-        raise FileExistsError(f"{args.json} exists; pass --force to overwrite it")
+    if args.json is not None:
+        from cli import check_out_file
+        check_out_file(args.json, args.force, "--json")
     slos = parse_slos(args.slo)
     config = config_from_args(args)
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
@@ -106,7 +117,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         print(line)
     check = _check_replicas(args, config, trace, result) if args.check_replicas else None
     print(f"searched in {time.perf_counter() - started:.1f} s wall ({len(result.steps)} simulations)")
-    if args.json:
+    if args.json is not None:
         _write_json(Path(args.json), result, args.target_rate, check)
     return 0 if result.rate_per_s else 1
 
@@ -167,8 +178,9 @@ def _write_json(path: Path, result, target_rate, check) -> None:
     record = {**result.to_dict(), "slos": [str(s) for s in result.slos], "tolerance": result.tolerance,
               "target_rate_per_s": target_rate,
               "replicas": result.replicas_for(target_rate) if target_rate else None, "check": check, "steps": steps}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2, allow_nan=True, default=str) + "\n")
+    from cli import write_file_atomic
+    text = json.dumps(record, indent=2, allow_nan=True, default=str) + "\n"
+    write_file_atomic(path, lambda temporary: temporary.write_text(text))
 
 
 # ---- sweep ---------------------------------------------------------------------------------------------
@@ -184,16 +196,27 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     jobs = make_jobs(grid, base_settings(args), args.job)
-    out_dir = Path(args.out)
-    # resuming rewrites the table from the stored points; a folder that is not a sweep is left alone
-    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / "points").is_dir() and not args.force:
-        raise FileExistsError(f"{out_dir} is not empty and holds no sweep (no points/ folder); choose another --out "
-                              "or pass --force")
+    from cli import OutputDir
+    out = OutputDir(args.out, args.force, resumable=True)
+    out_dir = out.path
+    # resuming rewrites the table from the stored points; a kvsim result that is not a sweep is not mixed into
+    if out.existing and not args.force and not (out_dir / "points").is_dir():
+        raise FileExistsError(f"--out {out_dir} holds a kvsim result that is not a sweep; choose another --out or "
+                              "pass --force to replace it")
     started = time.perf_counter()
-    records, ran = run_sweep(jobs, out_dir, args.executor, args.workers, args.ray_address, args.quiet)
-    table = sweep_table(jobs, records)
-    files = write_table(table, out_dir)
-    files.append(write_figure(table, list(grid), out_dir / "sweep.html", args.job))
+    if out.replaces:   # --force: a fresh sweep, written beside the old result and renamed over it at the end
+        with out.writing() as stage:
+            records, ran = run_sweep(jobs, stage, args.executor, args.workers, args.ray_address, args.quiet)
+            table = sweep_table(jobs, records)
+            files = [out_dir / f.name for f in write_table(table, stage)]
+            write_figure(table, list(grid), stage / "sweep.html", args.job)
+    else:
+        records, ran = run_sweep(jobs, out_dir, args.executor, args.workers, args.ray_address, args.quiet)
+        table = sweep_table(jobs, records)
+        write_table(table, out_dir)
+        files = [out_dir / "sweep.parquet", out_dir / "sweep.csv"]
+        write_figure(table, list(grid), out_dir / "sweep.html", args.job)
+    files.append(out_dir / "sweep.html")
     failed = int((table["status"] != "ok").sum())
     print(f"sweep: {len(jobs)} points ({ran} run now, {len(jobs) - ran} already in {out_dir / 'points'}), "
           f"{failed} failed, {time.perf_counter() - started:.1f} s wall ({args.executor})")

@@ -77,16 +77,19 @@ def parse_policy(spec: str) -> dict:
     if name not in POLICY_KEYS:
         raise ConfigError(f"policy {spec!r}: unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
     overrides: dict = {"policy": name}
-    seen: set[str] = set()
+    seen: dict[str, str] = {}    # SimConfig field -> the key that set it (sync and mapping set one field)
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, _, value = item.partition("=")
-        if key in seen:
-            raise ConfigError(f"policy {spec!r}: key {key!r} given twice")
-        seen.add(key)
+        key = key.strip()
         if key not in POLICY_KEYS[name]:
             raise ConfigError(f"policy {spec!r}: unknown key {key!r} for {name}; "
                               f"valid keys: {', '.join(POLICY_KEYS[name])}")
-        field_name, parse = POLICY_KEYS[name][key]
+        field_name, parse = POLICY_KEYS[name][key][:2]
+        if field_name in seen:
+            first = seen[field_name]
+            raise ConfigError(f"policy {spec!r}: key {key!r} given twice" if first == key else
+                              f"policy {spec!r}: keys {first!r} and {key!r} both set {field_name}; give one")
+        seen[field_name] = key
         try:
             overrides[field_name] = parse(value.strip())
         except ValueError as exc:

@@ -123,7 +123,7 @@ def build_report_html(runs: list[RunResult]) -> str:
 
 
 def write_report(runs: list[RunResult], out_path) -> Path:
-    """Write the report of ``runs`` to ``out_path`` (overwriting it; callers decide whether they may).
+    """Write the report of ``runs`` to ``out_path`` (replacing it atomically; callers decide whether they may).
 
     Args:
         runs: one or more runs (e.g. from :func:`analysis.results.load_run`); one colour each.
@@ -132,8 +132,6 @@ def write_report(runs: list[RunResult], out_path) -> Path:
     Returns:
         The path written.
     """
-    out = Path(out_path)
+    from cli import write_file_atomic
     text = build_report_html(runs)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
-    return out
+    return write_file_atomic(out_path, lambda temporary: temporary.write_text(text, encoding="utf-8"))

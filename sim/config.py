@@ -33,6 +33,8 @@ class SimConfig:
         scheduler: ``sarathi`` (chunked prefill with a token budget) or ``vllm`` (prefill-first).
         token_budget: tokens per iteration (Sarathi-Serve); for ``vllm`` the prefill batch limit.
         max_context_tokens: L_max of every slot; ``None`` = the model's context window.
+        allow_long_context: accept a ``max_context_tokens`` beyond the model's native context window (refused
+            otherwise; vLLM's ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``); ``config.json`` records it.
         sync_mapping: map on the critical path only (no asynchronous mapper).
         deferred_reclaim: keep a finished request's pages on its slot.
         eager_lookahead_steps / eager_page_groups / eager_idle_slots / low_watermark_frac /
@@ -84,6 +86,7 @@ class SimConfig:
     scheduler: str = "sarathi"
     token_budget: int = 2048
     max_context_tokens: int | None = None
+    allow_long_context: bool = False
     sync_mapping: bool = False
     deferred_reclaim: bool = True
     eager_lookahead_steps: int = 9
@@ -149,6 +152,10 @@ class SimConfig:
                 raise ConfigError(f"{flag} must be >= 1, got {getattr(self, name)}")
         if self.max_context_tokens is not None and self.max_context_tokens < 2:
             raise ConfigError(f"--max-context must be >= 2 tokens, got {self.max_context_tokens}")
+        native = self.model_spec.max_context_tokens
+        if self.max_context_tokens is not None and self.max_context_tokens > native and not self.allow_long_context:
+            raise ConfigError(f"--max-context {self.max_context_tokens}: beyond {self.model}'s native context of "
+                              f"{native:,} tokens; pass --allow-long-context to simulate it anyway")
         if not 0 < self.memory_util_frac <= 1:
             raise ConfigError(f"--memory-util must lie in (0, 1], got {self.memory_util_frac}")
         if self.kv_budget_bytes < self.page_group_bytes:

@@ -109,11 +109,12 @@ def test_capacity_job_per_point(tmp_path):
     assert list(table["status"]) == ["ok", "ok"] and (table["capacity_req_per_s"] > 0).all()
 
 
-def test_cli_sweep_refuses_a_non_sweep_folder_without_force(tmp_path):
+def test_cli_sweep_refuses_a_folder_that_is_not_a_kvsim_result_even_with_force(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     args = sweep_args("--quiet", "--workers", "1")
     args.grid, args.out = ["seed=0"], str(tmp_path)
-    with pytest.raises(FileExistsError, match="--force"):
-        args.func(args)
-    args.force = True
-    assert args.func(args) == 0 and (tmp_path / "notes.txt").read_text() == "mine"
+    for force in (False, True):    # --force replaces only a kvsim result; a user's folder is never touched
+        args.force = force
+        with pytest.raises(FileExistsError, match="--out .*notes.txt"):
+            args.func(args)
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"] and (tmp_path / "notes.txt").read_text() == "mine"

@@ -295,7 +295,7 @@ def test_cli_stats_error_is_one_line(tmp_path, capsys):
 def test_cli_convert_refuses_overwrite(tmp_path, capsys):
     src, out = write_jsonl(tmp_path), tmp_path / "o.parquet"
     assert run_cli(["traces", "convert", str(src), "--out", str(out)]) == 0
-    assert run_cli(["traces", "convert", str(src), "--out", str(out)]) == 1
+    assert run_cli(["traces", "convert", str(src), "--out", str(out)]) == 2
     assert "--force" in capsys.readouterr().err
     assert run_cli(["traces", "convert", str(src), "--out", str(out), "--force",
                     "--first", "2"]) == 0

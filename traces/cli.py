@@ -36,39 +36,48 @@ def register(subparsers) -> argparse.ArgumentParser:
     stats.set_defaults(func=cmd_stats)
     convert = sub.add_parser("convert", help="write a trace as canonical Parquet")
     _add_input_args(convert)
-    convert.add_argument("--out", required=True, type=Path, help="output .parquet file")
-    convert.add_argument("--force", action="store_true", help="overwrite --out")
+    convert.add_argument("--out", required=True, help="output .parquet file")
+    convert.add_argument("--force", action="store_true", help="replace an existing --out file")
     convert.set_defaults(func=cmd_convert)
-    fetch = sub.add_parser("fetch", help="download a named public trace (SHA-256 checked)")
+    fetch = sub.add_parser("fetch", help="download a named public trace (SHA-256 checked)",
+                           description="Download a named public trace into the data directory, $KVSIM_DATA "
+                                       "(default: ~/.cache/kvsim/traces), and check its SHA-256. Simulate it with "
+                                       "--trace NAME.")
     fetch.add_argument("name", choices=sorted(NAMED_TRACES))
     fetch.set_defaults(func=cmd_fetch)
     return group
 
 
 def _add_input_args(parser: argparse.ArgumentParser) -> None:
+    from cli import DeprecatedAlias, _int_at_least, _positive_float
     parser.add_argument("file", help="trace file (CSV, JSONL, Parquet) or trace name")
     parser.add_argument("--format", choices=FORMAT_NAMES, default=None,
                         help="trace format (default: detect from the header)")
     parser.add_argument("--arrival", default=None,
-                        help="'poisson:RATE' or 'gamma:RATE,CV' (RATE in req/s)")
+                        help="'poisson:RATE' or 'gamma:RATE,CV' (RATE in req/s) (default: the trace's own arrival "
+                             "times)")
     parser.add_argument("--seed", type=int, default=0, help="seed for arrivals/sampling")
-    parser.add_argument("--scale-rate", type=float, default=None, metavar="FACTOR",
-                        help="multiply the arrival rate by FACTOR")
+    parser.add_argument("--rate-scale", type=_positive_float, default=None, metavar="X",
+                        help="multiply the arrival rate by X (default: 1, unchanged)")
+    parser.add_argument("--scale-rate", dest="rate_scale", type=_positive_float, action=DeprecatedAlias,
+                        new="--rate-scale")
     parser.add_argument("--window", default=None, metavar="START_S:END_S",
-                        help="keep arrivals in [START_S, END_S) seconds")
-    parser.add_argument("--first", type=int, default=None, metavar="N",
-                        help="keep the first N requests")
-    parser.add_argument("--sample", type=int, default=None, metavar="N",
-                        help="keep N requests drawn at random (seeded)")
-    parser.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
-                        help="clip prompt+output to TOKENS")
+                        help="keep arrivals in [START_S, END_S) seconds (default: the whole trace)")
+    parser.add_argument("--num-requests", type=_int_at_least(1), default=None, metavar="N",
+                        help="keep the first N requests (default: all)")
+    parser.add_argument("--first", dest="num_requests", type=_int_at_least(1), action=DeprecatedAlias,
+                        new="--num-requests")
+    parser.add_argument("--sample", type=_int_at_least(1), default=None, metavar="N",
+                        help="keep N requests drawn at random (seeded) (default: all)")
+    parser.add_argument("--max-context", type=_int_at_least(1), default=None, metavar="TOKENS",
+                        help="clip prompt+output to TOKENS (default: no clipping)")
 
 
 def load_with_transforms(args: argparse.Namespace) -> pd.DataFrame:
     """Loads ``args.file`` and applies the transformation flags in a fixed order.
 
-    Order: window, scale-rate, first, sample, max-context. The number of clipped
-    requests is reported on stderr.
+    Order: window, rate-scale, num-requests, sample, max-context. The number of clipped
+    requests is reported on stderr; a selection that leaves no request is refused.
     """
     df = load_trace(resolve_trace(args.file), fmt=args.format, arrival=args.arrival,
                     seed=args.seed)
@@ -78,10 +87,12 @@ def load_with_transforms(args: argparse.Namespace) -> pd.DataFrame:
             df = time_window(df, float(start_s), float(end_s))
         except ValueError as err:
             raise TraceError(f"--window: expected START_S:END_S ({err})") from None
-    if args.scale_rate is not None:
-        df = scale_rate(df, args.scale_rate)
-    if args.first is not None:
-        df = first_n(df, args.first)
+    if args.window and len(df) == 0:
+        raise TraceError(f"--window {args.window}: no request of {args.file} arrives in it")
+    if args.rate_scale is not None:
+        df = scale_rate(df, args.rate_scale)
+    if args.num_requests is not None:
+        df = first_n(df, args.num_requests)
     if args.sample is not None:
         df = sample_n(df, args.sample, args.seed)
     if args.max_context is not None:
@@ -115,13 +126,17 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     """``kvsim traces convert FILE --out F.parquet [--force]``."""
+    from cli import check_out_file, write_file_atomic
+
     def body(a):
-        if a.out.exists() and not a.force:
-            print(f"kvsim: error: {a.out} exists; pass --force to overwrite", file=sys.stderr)
-            return 1
+        try:
+            out = check_out_file(a.out, a.force, "--out")   # before reading the trace
+        except (ValueError, OSError) as err:
+            print(f"kvsim: error: {err}", file=sys.stderr)
+            return 2
         df = load_with_transforms(a)
-        write_parquet(df, a.out)
-        print(f"wrote {len(df):,} requests to {a.out}")
+        write_file_atomic(out, lambda temporary: write_parquet(df, temporary))
+        print(f"wrote {len(df):,} requests to {out}")
         return 0
     return _run(body, args)
 
