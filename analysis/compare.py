@@ -42,7 +42,8 @@ def _choice(*choices: str):
 # key -> (SimConfig field, parser)
 _COMMON = {"preempt": ("preemption", _choice("recompute", "swap")),
            "prefix": ("prefix_caching", _on_off),
-           "zero": ("zero_on_reuse", _choice("off", "on-reuse", "on-free"))}
+           "zero": ("zero_on_reuse", _choice("off", "on-reuse", "on-free")),
+           "admission": ("admission", _choice("whole-prompt", "chunk"))}
 POLICY_KEYS: dict[str, dict] = {
     "vattention": {
         "page": ("page_size_bytes", parse_size_bytes),

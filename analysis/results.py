@@ -72,6 +72,10 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
         **_percentiles(finished["ttft_us"], "ttft", US_PER_MS, "ms"),
         **_percentiles(finished["tpot_us"], "tpot", US_PER_MS, "ms"),
         **_percentiles(finished["e2e_us"], "e2e", US_PER_S, "s"),
+        **_tbt_summary(counters),
+        **_percentiles(_column(finished, "sched_delay_us"), "sched_delay", US_PER_MS, "ms"),
+        # normalized latency (Vidur, Orca): E2E per output token, ms
+        **_percentiles(finished["e2e_us"] / finished["output_tokens"], "e2e_per_token", US_PER_MS, "ms"),
         **_percentiles(iterations["duration_us"], "iteration", US_PER_MS, "ms"),
         "iterations": int(len(iterations)),
         "mean_batch_size": float(iterations["batch_size"].mean()) if len(iterations) else 0.0,
@@ -86,6 +90,10 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
         "sync_stall_total_ms": float(stalls.sum() / US_PER_MS),
         "iterations_with_stall": int((stalls > 0).sum()),
         "preemptions": int(requests["preemptions"].sum()),
+        "recomputed_tokens": int(_column(requests, "recomputed_tokens").sum()),
+        "rejected_by_reason": {str(k): int(v) for k, v in
+                               requests.loc[requests["status"] == "rejected", "reject_reason"].value_counts().items()}
+        if "reject_reason" in requests else {},
         "swap_out_bytes": int(counters.get("swap_out_bytes", 0)), "swap_in_bytes": int(counters.get("swap_in_bytes", 0)),
         "swap_total_ms": float(counters.get("swap_total_us", 0.0) / US_PER_MS),
         "block_table_total_ms": float(iterations["block_table_us"].sum() / US_PER_MS) if len(iterations) else 0.0,
@@ -101,14 +109,35 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
     return summary
 
 
+def _column(table: pd.DataFrame, name: str) -> pd.Series:
+    """A column, or NaN/0 for runs written before it existed."""
+    return table[name] if name in table else pd.Series(np.nan, index=table.index)
+
+
+def _tbt_summary(counters: dict) -> dict:
+    """TBT percentiles (ms) over all output tokens after each request's first (:func:`sim.records.tbt_stats_us`)."""
+    if "tbt_p50_us" not in counters:
+        return {}
+    out = {f"tbt_{stat}_ms": float(counters[f"tbt_{stat}_us"]) / US_PER_MS for stat in ("p50", "p90", "p99", "max", "mean")}
+    out["tbt_tokens"] = int(counters["tbt_tokens"])
+    return out
+
+
 def _prefix_summary(requests: pd.DataFrame, finished: pd.DataFrame, counters: dict, calls_per_group: int) -> dict:
-    """Prefix-cache figures (present only when the run used one)."""
+    """Prefix-cache figures (present only when the run used one).
+
+    The hit ratio counts first admissions only: prompt tokens served from the cache over the prompt tokens of
+    requests admitted at least once (at most 1: a hit never covers a whole prompt). Hits of re-admissions
+    after a preemption (mostly the request's own earlier blocks) are reported apart, as vLLM v1's prefix-cache
+    statistics do (``preempted_hits``)."""
     if "prefix_lookups" not in counters:
         return {}
     hit = int(requests["prefix_hit_tokens"].sum())
-    prompt = int(finished["prompt_tokens"].sum())
+    admitted = requests[requests["first_scheduled_at_us"].notna()] if "first_scheduled_at_us" in requests else finished
+    prompt = int(admitted["prompt_tokens"].sum())
     return {"prefix_hit_ratio": hit / prompt if prompt else float("nan"),
             "prefill_tokens_saved": hit,
+            "prefill_tokens_saved_preempted": int(_column(requests, "prefix_hit_tokens_preempted").fillna(0).sum()),
             "prefix_pages_shared": int(counters["prefix_shared_pages"]),
             "prefix_map_calls_added": int(counters["prefix_shared_maps"] * calls_per_group),
             "prefix_cow_tokens": int(counters["prefix_cow_tokens"]), "cow_copy_bytes": int(counters.get("cow_bytes", 0)),

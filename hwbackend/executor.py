@@ -122,11 +122,13 @@ class Executor:
             self._thread.join()
 
     # ---- slots ---------------------------------------------------------------------------------------
-    def alloc_slot(self, first_target_tokens: int) -> int | None:
-        """A slot for a new request, or ``None`` (no slot free on the GPU yet, or not enough memory)."""
+    def alloc_slot(self, first_target_tokens: int, reserve_tokens: int | None = None,
+                   committed_page_groups: int = 0) -> int | None:
+        """A slot for a new request, or ``None`` (no slot free on the GPU yet, or not enough memory); the
+        arguments are those of :meth:`sim.memory.VAttentionPolicy.alloc_slot`."""
         self.poll_completed()
         with self._cv:
-            return self.policy.alloc_slot(first_target_tokens)
+            return self.policy.alloc_slot(first_target_tokens, reserve_tokens, committed_page_groups)
 
     def free_slot(self, slot: int, last_read_iteration: int) -> None:
         """Release ``slot``; without deferred reclamation its pages are unmapped once the GPU is done.

@@ -30,7 +30,7 @@ from hwbackend.model import BatchInputs, SeqWork
 from sim.lifecycle import RequestBookkeeping
 from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS
 from sim.request import Request
-from sim.scheduler import SCHEDULERS
+from sim.scheduler import SCHEDULERS, schedule_iteration
 
 SHAPE_COLUMNS = ("iteration", "new_tokens", "attention_pairs", "kv_read_tokens", "logit_sequences",
                  "max_context_tokens")
@@ -96,7 +96,8 @@ class ReplayLoop(RequestBookkeeping):
                 raise ValueError(f"{name} {getattr(config, name)!r}: the hardware replay implements {value} only")
         self.config, self.model, self.kv, self.sleep = config, model, kv, sleep
         self.executor, self.policy = kv.executor, kv.executor.policy
-        self.schedule = SCHEDULERS[config.scheduler]
+        self.scheduler = SCHEDULERS[config.scheduler]
+        self.tbt_us: list[float] = []
         self.requests = requests_from_trace(trace, config.slot_max_tokens)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -134,16 +135,15 @@ class ReplayLoop(RequestBookkeeping):
                 self.sleep(max(0.0, self.requests[self._next_arrival].arrival_at_us - self.now_us()) * 1e-6)
                 continue
             self._preemptions = 0
-            batch = self.schedule(self.running, self.waiting, self.config.token_budget, self._admit)
-            if not batch:
-                drained = self._unblock_admission(drained)
-                continue
-            drained = False
             step_us = self.now_us()
             sync_maps = self.executor.metrics["sync_page_groups"]
-            batch = self._step(batch)
+            batch = schedule_iteration(self.scheduler, self.running, self.waiting, self.config.token_budget,
+                                       self._admit, self._reserve)
             if not batch:
+                if not self._preemptions:
+                    drained = self._unblock_admission(drained)
                 continue
+            drained = False
             stall_us = self.now_us() - step_us
             self._iterate(batch, iteration, start_us, stall_us, self.executor.metrics["sync_page_groups"] - sync_maps)
             iteration += 1
@@ -185,11 +185,21 @@ class ReplayLoop(RequestBookkeeping):
     # ---- phases (mirroring sim.engine.Simulator) ------------------------------------------------------
     def _admit(self, request: Request, first_tokens: int) -> int:
         """The scheduler's ``admit``: tokens scheduled (``first_tokens``; no prefix cache here), 0 if refused."""
-        slot = self.executor.alloc_slot(request.computed + first_tokens)
+        slot = self.executor.alloc_slot(*self._admission_args(request, first_tokens))
         if slot is None:
             return 0
-        self._start_running(request, slot)
+        # map the first chunk now, as the simulator does, so that admissions in one round cannot promise the
+        # same free pages; a refused map gives the slot back (the request is not admitted)
+        if not self._foreground(self.executor.step, {slot: request.computed + first_tokens}):
+            self._foreground(self.executor.free_slot, slot, self.policy.completed_iteration)
+            return 0
+        self._start_running(request, slot, self.now_us())
         return first_tokens
+
+    def _reserve(self, batch: list) -> tuple[list, bool]:
+        """The running part's memory (:func:`sim.scheduler.schedule_iteration`): ``(batch, preempted)``."""
+        before = self._preemptions
+        return self._step(batch), self._preemptions > before
 
     def _unblock_admission(self, drained: bool) -> bool:
         """Nothing could be scheduled: first let the mapper's queued work go (as the simulator cancels its
@@ -212,10 +222,11 @@ class ReplayLoop(RequestBookkeeping):
                 return batch
             victim = max(self.running, key=lambda r: r.admitted_order)
             if len(self.running) == 1:
+                victim.reject_reason = "pages"
                 self._drop(victim, status="rejected")
                 return []
             self._release(victim)
-            victim.computed = 0
+            self._drop_kv(victim)
             self._preemptions += 1
             self._requeue(victim)
             batch = [(r, t) for r, t in batch if r is not victim]

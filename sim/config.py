@@ -12,6 +12,7 @@ POLICIES = ("vattention", "paged", "static")
 KV_LAYOUTS = ("per-layer", "cross-layer")
 ZERO_MODES = ("off", "on-reuse", "on-free")
 PREEMPTION_MODES = ("recompute", "swap")
+ADMISSION_RULES = ("whole-prompt", "chunk")   # meanings: sim.scheduler.ADMISSION_RULES
 MIN_PAGE_SIZE_BYTES = 64 * 1024
 DRIVER_GRANULARITY_BYTES = 2 * MIB  # public VMM API granularity on H200 (domain.md)
 
@@ -113,6 +114,7 @@ class SimConfig:
     memset_bytes_per_s: float | None = None
     copy_bytes_per_s: float | None = None
     prefix_block_tokens: int = 512
+    admission: str | None = None
 
     def __post_init__(self) -> None:
         if self.prefix_caching and self.policy == "static":
@@ -146,6 +148,8 @@ class SimConfig:
                               f"layout ({per_token} B per token per tensor)")
         if self.scheduler not in SCHEDULERS:
             raise ConfigError(f"--scheduler {self.scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
+        if self.admission is not None and self.admission not in ADMISSION_RULES:
+            raise ConfigError(f"admission {self.admission!r}: choose one of {', '.join(ADMISSION_RULES)}")
         for name in ("max_batch_slots", "token_budget"):
             if getattr(self, name) < 1:
                 flag = {"max_batch_slots": "--max-batch", "token_budget": "--token-budget"}[name]
@@ -212,7 +216,21 @@ class SimConfig:
 
     @cached_property
     def max_pages_per_slot(self) -> int:
+        """Allocation units one slot can hold: ``ceil(L_max / tokens_per_page)``; static reservation holds
+        exactly one unit of ``max_len`` tokens per request (a request that outgrows it is rejected at arrival,
+        never given a second unit)."""
+        if self.policy == "static":
+            return 1
         return -(-self.slot_max_tokens // self.tokens_per_page)
+
+    @property
+    def admission_rule(self) -> str:
+        """The admission rule in force: :attr:`admission`, else the scheduler's default
+        (:data:`sim.scheduler.SCHEDULERS`; both follow their engines' block managers: ``whole-prompt``)."""
+        if self.admission is not None:
+            return self.admission
+        from sim.scheduler import SCHEDULERS as DISCIPLINES     # sim.scheduler imports sim.request only
+        return DISCIPLINES[self.scheduler].default_admission
 
     @property
     def uses_vmm(self) -> bool:
@@ -255,5 +273,5 @@ class SimConfig:
         out.update(num_sub_tensors=self.num_sub_tensors, slot_max_tokens=self.slot_max_tokens, tokens_per_page=self.tokens_per_page,
                    pool_page_groups=self.pool_page_groups, page_group_bytes=self.page_group_bytes,
                    kv_budget_bytes=self.kv_budget_bytes, needs_modified_driver=self.needs_modified_driver,
-                   label=self.label)
+                   label=self.label, admission_rule=self.admission_rule)
         return out

@@ -25,7 +25,7 @@ from sim.lifecycle import RequestBookkeeping
 from sim.mapper import AsyncMapper
 from sim.memory import build_policy
 from sim.plan import MapOp, Plan, UnmapOp
-from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS
+from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS, tbt_stats_us
 from sim.request import Request
 from sim.scheduler import SCHEDULERS, Batch
 from sim.units import US_PER_S
@@ -223,7 +223,7 @@ class Simulator(RequestBookkeeping):
         self.zero_bytes = {"critical": 0, "background": 0}
         self.cow_bytes = 0
         self.swap = SwapSpace(config)
-        self.schedule = SCHEDULERS[config.scheduler]
+        self.scheduler = SCHEDULERS[config.scheduler]
         self.requests = _requests_from_trace(trace, config.slot_max_tokens)
         self.progress = progress
         self.coalesce = coalesce
@@ -231,6 +231,8 @@ class Simulator(RequestBookkeeping):
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.iteration_records: list[tuple] = []
+        self.tbt_us: list[float] = []                        # gaps of stepped iterations, one per token
+        self.tbt_runs: list[tuple[np.ndarray, int]] = []     # decode runs: (step durations after the first, batch)
         self.num_done = 0
         self._next_arrival = 0
         self._admissions = 0
@@ -294,6 +296,7 @@ class Simulator(RequestBookkeeping):
             "zero_critical_bytes": self.zero_bytes["critical"], "zero_background_bytes": self.zero_bytes["background"],
             "cow_bytes": self.cow_bytes, **{f"prefix_{k}": v for k, v in getattr(self.policy, "stats", {}).items()},
             "pool_page_groups": self.config.pool_page_groups, "end_at_us": self.env.now,
+            **tbt_stats_us(self.tbt_us, self.tbt_runs),
         }
         return SimOutput([r.record() for r in self.requests], self.iteration_records, counters,
                          self.iteration_blocks)
@@ -311,18 +314,18 @@ class Simulator(RequestBookkeeping):
                 continue
             start_at_us = env.now
             self._iteration_preemptions = 0
-            batch = self.schedule(self.running, self.waiting, self.config.token_budget, self._admit)
+            before = self._fingerprint()
+            batch, plan, preempted = yield from self._schedule()
             if not batch:
-                yield from self._unblock_admission()
+                if self._fingerprint() == before:
+                    yield from self._unblock_admission()
+                self._check_progress(before, "scheduling")
                 continue
-            if self.coalesce:
+            if self.coalesce and not preempted and not plan and env.now == start_at_us:
                 steps = yield from self._decode_run(batch, iteration)
                 if steps:
                     iteration += steps
                     continue
-            batch, plan = yield from self._step(batch)
-            if not batch:
-                continue
             waited_us = env.now - start_at_us          # waiting for the mapper's op in progress
             block_table_us = self._block_table_us(batch)
             swap_us = self.swap.take_pending_us()
@@ -363,7 +366,7 @@ class Simulator(RequestBookkeeping):
         round cannot promise the same free pages (vLLM allocates blocks at admission the same way). With a
         prefix cache, the cached prefix is mapped first and its tokens are skipped. Returns the tokens
         scheduled for the request (0: not admitted)."""
-        slot = self.policy.alloc_slot(request.computed + first_tokens)
+        slot = self.policy.alloc_slot(*self._admission_args(request, first_tokens))
         if slot is None:
             return 0
         stale_groups = self.policy.mapped[slot]      # deferred pages: hold the previous request's KV
@@ -374,14 +377,19 @@ class Simulator(RequestBookkeeping):
             request.computed -= hit_tokens
             self._perform_free(self.policy.free_slot(slot, self.policy.completed_iteration))
             return 0
-        request.prefix_hit_tokens += hit_tokens
+        if self.prefix:
+            self.policy.record_admission(self._last_hit, preempted=request.preemptions > 0)
+            if request.preemptions:
+                request.preempted_hit_tokens += hit_tokens
+            else:
+                request.prefix_hit_tokens = hit_tokens
         if self.zero_mode == "on-reuse":
             self._pending_zero_groups += stale_groups
         self._pending_plans.append(plan)
         if request.swapped:
             self.swap.swap_in(request.computed)
             request.swapped = False
-        self._start_running(request, slot)
+        self._start_running(request, slot, self.env.now)
         return first_tokens
 
     def _map_prefix(self, request: Request, slot: int) -> int:
@@ -393,21 +401,87 @@ class Simulator(RequestBookkeeping):
         hit = self.policy.admit_prefix(slot, ids, request.prompt_tokens)
         self._pending_plans.append(hit.plan)
         self._pending_copy_bytes += hit.cow_tokens * self._kv_bytes_per_token
-        request.computed = hit.hit_tokens
+        request.computed += hit.hit_tokens     # a swapped-in request keeps its KV (no lookup: hit 0)
+        self._last_hit = hit
         return hit.hit_tokens
 
+    def _schedule(self):
+        """Schedule one iteration (order in :mod:`sim.scheduler`): the running part gets its memory first
+        (preempting while the pool is short), then waiting requests are admitted unless that preempted.
+        Returns ``(batch, plan of the running part, preempted)``; admissions' plans are pending."""
+        scheduler, budget = self.scheduler, self.config.token_budget
+        if scheduler.prefill_first:
+            admitted = scheduler.admit_part(self.waiting, budget, self._admit)
+            if admitted:
+                return admitted, Plan(), False
+            batch, _ = scheduler.running_part(self.running, budget)
+            if not batch:
+                return batch, Plan(), False
+            batch, plan = yield from self._step(batch)
+            return batch, plan, self._iteration_preemptions > 0
+        batch, budget = scheduler.running_part(self.running, budget)
+        plan = Plan()
+        if batch:
+            batch, plan = yield from self._step(batch)
+        preempted = self._iteration_preemptions > 0
+        if not preempted:
+            batch = batch + scheduler.admit_part(self.waiting, budget, self._admit)
+        return batch, plan, preempted
+
     def _unblock_admission(self):
-        """Nothing could be scheduled: wait for the mapper or the next arrival; reject an unservable head."""
-        if self.mapper and not self.mapper.idle:
-            done = self.mapper.cancel_all()
-            if done is not None:
-                yield done
+        """Nothing could be scheduled: let the mapper's reserved work settle (it holds pages), else reject
+        an unservable head of the queue. Every pass changes state (ops cancelled, time advanced, or a
+        request rejected) or raises: an empty batch with requests running is an internal error."""
+        if (yield from self._settle_mapper()):
             return
         if self.running:
-            raise RuntimeError("scheduler returned an empty batch while requests are running")
+            raise RuntimeError(f"internal error: the scheduler returned an empty batch at t={self.env.now:.1f} us "
+                               f"with {self._state_line()}")
         head = self.waiting.popleft()
         head.status = "rejected"
+        head.reject_reason = "pages"
         self.num_done += 1
+
+    def _settle_mapper(self):
+        """Cancel the mapper's reserved ops, or wait for its reserved op in progress; returns whether the
+        policy's accounting changed (so that retrying can succeed). Unreserved background work (unmaps already
+        applied, clearing) is not waited for: it frees nothing the foreground can use."""
+        if not self.mapper or self.mapper.idle:
+            return False
+        cancelled, in_progress = self.mapper.cancel_all()
+        if cancelled:
+            return True
+        if in_progress is not None:
+            yield in_progress
+            return True
+        return False
+
+    def _fingerprint(self) -> tuple:
+        """What a pass of the serving loop must change when it runs no iteration (liveness invariant)."""
+        mapper = self.mapper
+        return (self.env.now, self.num_done, self._next_arrival, self._admissions, len(self.waiting),
+                len(self.running), sum(r.computed for r in self.running), self.policy.free_page_groups,
+                self.policy.mapped_page_groups, len(mapper.queue) if mapper else 0,
+                mapper.current is not None if mapper else False)
+
+    def _check_progress(self, before: tuple, phase: str) -> None:
+        """Raise instead of spinning: a pass that ran no iteration must have changed the serving state.
+
+        Raises:
+            RuntimeError: naming the phase and the state, when nothing changed.
+        """
+        if self._fingerprint() == before:
+            raise RuntimeError(f"internal error: no progress in the {phase} phase at t={self.env.now:.1f} us "
+                               f"(a loop pass changed nothing) with {self._state_line()}")
+
+    def _state_line(self) -> str:
+        """The serving state in one line, for internal-error messages."""
+        policy = self.policy
+        return (f"{len(self.running)} running (slot, computed, target): "
+                f"{[(r.slot, r.computed, r.seq_len) for r in self.running][:8]}, {len(self.waiting)} waiting, "
+                f"{self.num_done} done of {len(self.requests)}, free page groups {policy.free_page_groups}, "
+                f"mapped {policy.mapped_page_groups}, deferred {policy.deferred_page_groups}, mapper "
+                f"{'idle' if not self.mapper or self.mapper.idle else f'{len(self.mapper.queue)} queued'}")
 
     def _step(self, batch: Batch):
         """Map what the batch needs; preempt (recompute) the most recently admitted request while the
@@ -420,13 +494,11 @@ class Simulator(RequestBookkeeping):
             plan = self.policy.step({r.slot: r.computed + t for r, t in batch})
             if plan is not None:
                 return batch, plan
-            if self.mapper and not self.mapper.idle:
-                done = self.mapper.cancel_all()
-                if done is not None:
-                    yield done
+            if (yield from self._settle_mapper()):
                 continue
             victim = max(self.running, key=lambda r: r.admitted_order)
             if len(self.running) == 1:
+                victim.reject_reason = "pages"       # alone, and the pool still cannot hold its next step
                 self._drop(victim, status="rejected")
                 return [], Plan()
             self._preempt(victim)
@@ -460,7 +532,7 @@ class Simulator(RequestBookkeeping):
         self._release(victim)
         victim.swapped = self.swap.swap_out(victim.computed)
         if not victim.swapped:
-            victim.computed = 0
+            self._drop_kv(victim)
         self._iteration_preemptions += 1
         self._requeue(victim)
 
@@ -547,9 +619,14 @@ class Simulator(RequestBookkeeping):
                 return 0
         yield self.env.timeout(starts_us[steps] - self.env.now)
         self._record_decode_run(batch, iteration, computed, starts_us[: steps + 1], compute_us[:steps], block_table_us)
+        first_done_us, last_done_us = float(starts_us[1]), float(starts_us[steps])
+        tbt = self.tbt_us
         for request, _ in batch:
             request.computed += steps
             request.generated += steps
+            tbt.append(first_done_us - request.last_token_at_us)
+            request.last_token_at_us = last_done_us
+        self.tbt_runs.append((np.diff(starts_us[1: steps + 1]), size))
         self.policy.iteration_completed(iteration + steps - 1)
         return steps
 

@@ -3,7 +3,8 @@
 token-emission rules; neither depends on a clock (times are passed in, in microseconds).
 
 A class using the mixin provides: ``requests`` (list of :class:`sim.request.Request` in arrival order),
-``_next_arrival`` (index), ``waiting`` (deque), ``running`` (list), ``num_done`` (int), ``policy`` (a memory
+``_next_arrival`` (index), ``waiting`` (deque), ``running`` (list), ``num_done`` (int), ``tbt_us`` (list of
+time-between-token gaps, us, appended to per emitted token after a request's first), ``policy`` (a memory
 policy), ``config`` (:class:`sim.config.SimConfig`), ``_kv_bytes_per_token`` and ``_release(request)`` (give
 the request's slot back to its memory manager).
 """
@@ -23,17 +24,42 @@ class RequestBookkeeping:
         while self._next_arrival < len(requests) and requests[self._next_arrival].arrival_at_us <= now_us:
             request = requests[self._next_arrival]
             self._next_arrival += 1
-            if self._cannot_ever_fit(request):
+            reason = self._cannot_ever_fit(request)
+            if reason:
                 request.status = "rejected"
+                request.reject_reason = reason
                 self.num_done += 1
             else:
                 self.waiting.append(request)
 
-    def _cannot_ever_fit(self, request: Request) -> bool:
-        """Whether the request's last iteration needs more page groups than the pool minus its watermark."""
+    def _cannot_ever_fit(self, request: Request) -> str:
+        """Why the request can never be served on this replica (``""`` if it can): its last iteration needs
+        more allocation units than one slot holds (``"slot"``: a static reservation of ``max_len`` tokens
+        shorter than the request) or than the pool minus its admission watermark (``"pool"``)."""
         policy = self.policy.config
+        need = policy.pages_for_tokens(request.final_kv_tokens)
+        if need > policy.max_pages_per_slot:
+            return "slot"
         usable = policy.pool_page_groups - int(policy.admission_watermark_frac * policy.pool_page_groups)
-        return policy.pages_for_tokens(request.final_kv_tokens) > usable
+        return "pool" if need > usable else ""
+
+    def _admission_args(self, request: Request, first_tokens: int) -> tuple[int, int | None, int]:
+        """Arguments of the policy's ``alloc_slot`` under the run's admission rule
+        (:data:`sim.scheduler.ADMISSION_RULES`): ``(first_target_tokens, reserve_tokens,
+        committed_page_groups)``. ``whole-prompt`` reserves the request's whole (re-)prefill, ``seq_len``
+        tokens, on top of the prompt pages that running requests still in their prefill have not mapped
+        (mapped or in flight) yet; ``chunk`` only the first chunk."""
+        first = request.computed + first_tokens
+        if self.config.admission_rule != "whole-prompt":
+            return first, None, 0
+        policy = self.policy
+        pages_for, mapped, in_flight = policy.config.pages_for_tokens, policy.mapped, policy.in_flight_maps
+        committed = 0
+        for other in self.running:
+            if other.prompt_tokens + other.generated - other.computed > 1:      # still in its (re-)prefill
+                committed += max(0, pages_for(other.prompt_tokens + other.generated) - mapped[other.slot]
+                                 - in_flight[other.slot])
+        return first, request.seq_len, committed
 
     def _lookahead(self, batch: list) -> dict[int, int]:
         """Slot -> tokens each running request is predicted to hold a few iterations ahead (decodes:
@@ -58,8 +84,11 @@ class RequestBookkeeping:
         waste = (active_mapped * tokens_per_page - sum(held_tokens)) * self._kv_bytes_per_token
         return (policy.physical_page_groups, used, policy.free_page_groups, policy.deferred_page_groups, waste)
 
-    def _start_running(self, request: Request, slot: int) -> None:
-        """An admitted request holds ``slot`` and joins the running set, after every earlier admission."""
+    def _start_running(self, request: Request, slot: int, now_us: float) -> None:
+        """An admitted request holds ``slot`` and joins the running set, after every earlier admission;
+        ``now_us``: the start of the iteration that schedules it (its first one sets the scheduling delay)."""
+        if request.first_scheduled_at_us != request.first_scheduled_at_us:      # NaN: never scheduled yet
+            request.first_scheduled_at_us = now_us
         request.slot = request.last_slot = slot
         request.admitted_order = self._admissions
         request.status = "running"
@@ -71,6 +100,11 @@ class RequestBookkeeping:
         self._release(request)
         request.status = status
         self.num_done += 1
+
+    def _drop_kv(self, victim: Request) -> None:
+        """Recompute preemption: the victim's KV is dropped and computed again after re-admission."""
+        victim.recomputed_tokens += victim.computed
+        victim.computed = 0
 
     def _requeue(self, victim: Request) -> None:
         """A preempted request goes back to the head of the waiting queue (its slot already released)."""
@@ -94,6 +128,9 @@ class RequestBookkeeping:
             request.generated += 1
             if request.generated == 1:
                 request.first_token_at_us = done_us
+            else:
+                self.tbt_us.append(done_us - request.last_token_at_us)
+            request.last_token_at_us = done_us
             if request.generated == request.output_tokens:
                 request.completion_at_us = done_us
                 self._drop(request, status="finished")

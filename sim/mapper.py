@@ -30,7 +30,8 @@ class AsyncMapper:
         self.policy = policy
         self.op_cost_us = op_cost_us
         self.queue: deque[tuple[MapOp | UnmapOp, bool]] = deque()  # (op, reserved-in-policy)
-        self.current: MapOp | UnmapOp | None = None
+        self.current: MapOp | UnmapOp | float | None = None
+        self.current_reserved = False            # whether the op in progress changes the policy's accounting
         self.current_done: simpy.Event | None = None
         self.maps_done = 0
         self.unmaps_done = 0
@@ -71,18 +72,29 @@ class AsyncMapper:
             return self.current_done
         return None
 
-    def cancel_all(self) -> simpy.Event | None:
-        """Cancel every queued reserved op (newest first); return the in-progress op's event, if any."""
+    def cancel_all(self) -> tuple[int, simpy.Event | None]:
+        """Cancel every queued reserved op (newest first).
+
+        Returns:
+            ``(cancelled, event)``: how many reserved ops were cancelled (each one changed the policy's
+            accounting), and the completion event of the op in progress when that op is reserved (its
+            commit will change the accounting), else ``None``. Queued and in-progress ops that are not
+            reserved (unmaps already applied to the accounting, clearing work) are kept and not waited
+            for: their completion frees nothing the foreground could use. ``(0, None)`` therefore means
+            the mapper cannot change what the foreground sees, so waiting for it cannot make progress.
+        """
         kept: deque = deque()
+        cancelled = 0
         while self.queue:
             op, reserved = self.queue.pop()
             if reserved:
                 self.policy.cancel(op)
+                cancelled += 1
             else:
                 kept.appendleft((op, reserved))
         self.queue = kept
         self._queue_settled_unmaps()
-        return self.current_done if self.current is not None else None
+        return cancelled, (self.current_done if self.current is not None and self.current_reserved else None)
 
     def _queue_settled_unmaps(self) -> None:
         settled = self.policy.take_settled_unmaps()
@@ -100,7 +112,7 @@ class AsyncMapper:
                 yield self._wake
                 continue
             op, reserved = self.queue.popleft()
-            self.current, self.current_done = op, self.env.event()
+            self.current, self.current_reserved, self.current_done = op, reserved, self.env.event()
             cost_us = self.op_cost_us(op)
             yield self.env.timeout(cost_us)
             self.busy_us += cost_us

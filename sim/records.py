@@ -3,7 +3,10 @@ same order, with the same units (microseconds for times, bytes for sizes, page g
 
 Per-request (:data:`REQUEST_COLUMNS`): id, arrival, prompt and output tokens, first-token and completion
 timestamps, TTFT, TPOT (``(completion - first token) / (output - 1)``), E2E, preemptions, last slot, status
-(``finished`` or ``rejected``), prompt tokens served from the prefix cache.
+(``finished`` or ``rejected``), prompt tokens served from the prefix cache at its first admission, the start
+of the first iteration that scheduled it and the scheduling delay (that start minus arrival), prefix-cache
+hits of its re-admissions after preemptions (counted apart), KV tokens dropped by recompute preemptions, and
+why a rejected request could not be served (:data:`REJECT_REASONS`; empty otherwise).
 
 Per-iteration (:data:`ITERATION_COLUMNS`): start, duration = sync stall + block-table CPU time + swap time +
 clearing/copying time (zero-on-reuse, copy-on-write of shared prefix pages) + compute; page groups mapped on the critical path (``sync_map``) and by the background mapper since the
@@ -12,10 +15,50 @@ tail waste bytes of running requests).
 """
 REQUEST_COLUMNS = ("request_id", "arrival_at_us", "prompt_tokens", "output_tokens", "first_token_at_us",
                    "completion_at_us", "ttft_us", "tpot_us", "e2e_us", "preemptions", "slot", "status",
-                   "prefix_hit_tokens")
+                   "prefix_hit_tokens", "first_scheduled_at_us", "sched_delay_us", "prefix_hit_tokens_preempted",
+                   "recomputed_tokens", "reject_reason")
+
+REJECT_REASONS = {
+    "slot": "needs more KV than one slot holds (a static reservation shorter than the request)",
+    "pool": "needs more KV at its last token than the page pool holds above the admission watermark",
+    "pages": "could not get the pages of its next step even when running alone",
+}
+"""Why a request was rejected (the ``reject_reason`` column)."""
 
 ITERATION_COLUMNS = (
     "iteration", "start_at_us", "duration_us", "compute_us", "sync_stall_us", "sync_map_page_groups",
     "bg_map_page_groups", "unmap_page_groups", "prefill_tokens", "decode_tokens", "batch_size",
     "num_running", "num_waiting", "mapped_page_groups", "used_page_groups", "free_page_groups",
     "deferred_page_groups", "tail_waste_bytes", "preemptions", "block_table_us", "swap_us", "clear_copy_us")
+
+
+def tbt_stats_us(single_gaps_us, runs) -> dict:
+    """Time between tokens (TBT, inter-token latency) over *all* output tokens after each request's first.
+
+    Args:
+        single_gaps_us: one gap (us) per token, in any order.
+        runs: ``(step_gaps_us, weight)`` pairs: every gap of the array stands for ``weight`` tokens (a
+            fast-forwarded decode run: each step emits one token for each of ``weight`` requests).
+
+    Returns:
+        ``tbt_p50_us``, ``tbt_p90_us``, ``tbt_p99_us``, ``tbt_max_us``, ``tbt_mean_us`` and ``tbt_tokens``.
+        Percentiles are nearest-rank over the token multiset (numpy's ``inverted_cdf``: the smallest gap
+        whose cumulative token share reaches q), computed on (gap, weight) pairs without expanding them;
+        NaN when no request emitted a second token.
+    """
+    import numpy as np
+
+    values = [np.asarray(single_gaps_us, dtype=float)] + [np.asarray(g, dtype=float) for g, _ in runs]
+    weights = [np.ones(len(values[0]), dtype=np.int64)] + [np.full(len(g), w, dtype=np.int64) for g, w in runs]
+    gaps, counts = np.concatenate(values), np.concatenate(weights)
+    keys = ("tbt_p50_us", "tbt_p90_us", "tbt_p99_us", "tbt_max_us", "tbt_mean_us")
+    total = int(counts.sum())
+    if not total:
+        return {**dict.fromkeys(keys, float("nan")), "tbt_tokens": 0}
+    order = np.argsort(gaps, kind="stable")
+    gaps, cumulative = gaps[order], np.cumsum(counts[order])
+    out = {f"tbt_p{q}_us": float(gaps[np.searchsorted(cumulative, q / 100 * total, side="left")])
+           for q in (50, 90, 99)}
+    out.update(tbt_max_us=float(gaps[-1]), tbt_mean_us=float((gaps * counts[order]).sum() / total),
+               tbt_tokens=total)
+    return out

@@ -14,7 +14,8 @@ class Request:
 
     __slots__ = ("request_id", "arrival_at_us", "prompt_tokens", "output_tokens", "computed", "generated",
                  "slot", "first_token_at_us", "completion_at_us", "preemptions", "admitted_order", "status",
-                 "last_slot", "final_kv_tokens", "swapped", "hash_ids", "prefix_hit_tokens")
+                 "last_slot", "final_kv_tokens", "swapped", "hash_ids", "prefix_hit_tokens", "reject_reason",
+                 "preempted_hit_tokens", "recomputed_tokens", "first_scheduled_at_us", "last_token_at_us")
 
     def __init__(self, request_id: int, arrival_at_us: float, prompt_tokens: int, output_tokens: int):
         self.request_id = request_id
@@ -32,6 +33,11 @@ class Request:
         self.status = "waiting"
         self.hash_ids: tuple[int, ...] | None = None   # prefix block ids (Mooncake hash_ids), if the trace has them
         self.prefix_hit_tokens = 0
+        self.preempted_hit_tokens = 0   # prefix hits of re-admissions after a preemption (counted apart)
+        self.recomputed_tokens = 0      # KV tokens dropped by recompute preemptions (computed again later)
+        self.first_scheduled_at_us = float("nan")   # start of the first iteration that scheduled it
+        self.last_token_at_us = float("nan")        # when its latest output token was emitted (TBT)
+        self.reject_reason = ""   # why a rejected request could not be served (see sim.records.REJECT_REASONS)
         self.swapped = False  # KV held in host memory after a swap preemption
         self.final_kv_tokens = prompt_tokens + output_tokens - 1  # KV tokens at the last iteration
 
@@ -51,4 +57,6 @@ class Request:
         tpot = (self.completion_at_us - self.first_token_at_us) / decodes if decodes > 0 else float("nan")
         return (self.request_id, self.arrival_at_us, self.prompt_tokens, self.output_tokens,
                 self.first_token_at_us, self.completion_at_us, ttft, tpot, e2e, self.preemptions,
-                self.last_slot, self.status, self.prefix_hit_tokens)
+                self.last_slot, self.status, self.prefix_hit_tokens, self.first_scheduled_at_us,
+                self.first_scheduled_at_us - self.arrival_at_us, self.preempted_hit_tokens, self.recomputed_tokens,
+                self.reject_reason)

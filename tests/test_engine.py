@@ -99,10 +99,13 @@ def test_small_budget_preempts_and_finishes():
     tokens (1,024 prompt + 1,024 output - 1 -> 2 groups): admitted together (1 group each for the prompt),
     they cannot all grow into their second page, so the most recently admitted are preempted (recompute)
     and re-run later. Everything finishes; nothing hangs. (Synchronous mapping: with the asynchronous
-    mapper the look-ahead maps take the free pages first and admission simply waits.)"""
+    mapper the look-ahead maps take the free pages first and admission simply waits. A 4,096-token budget
+    admits all four prompts in the first iteration; with 2,048 only two are admitted, and the running decodes
+    get their second page before the other two can be admitted, so nothing is preempted.)"""
     rows = [(0.0, 1024, 1024)] * 4
     util = _util_for_page_groups(4)
-    out, req, it = run(rows, memory_util_frac=util, admission_watermark_frac=0.0, sync_mapping=True)
+    out, req, it = run(rows, memory_util_frac=util, admission_watermark_frac=0.0, sync_mapping=True,
+                       token_budget=4096)
     assert SimConfig(memory_util_frac=util).pool_page_groups == 4
     assert (req["status"] == "finished").all()
     assert req["preemptions"].sum() >= 1

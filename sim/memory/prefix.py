@@ -41,14 +41,16 @@ class PrefixHit:
     Attributes:
         plan: unmaps of the slot's stale pages and maps of the shared entries (and of the COW page).
         hit_tokens: prompt tokens whose KV is reused (not computed again).
-        shared_pages: cached page groups mapped into the slot (map calls added by sharing: x 2N').
+        shared_pages: cached page groups mapped anew into the slot (map calls added by sharing: x 2N').
         cow_tokens: tokens copied from a partially matching cached page into a private one.
+        cached_pages: cached page groups the slot uses (fresh pages saved), mapped anew or already mapped.
     """
 
     plan: Plan
     hit_tokens: int = 0
     shared_pages: int = 0
     cow_tokens: int = 0
+    cached_pages: int = 0
 
 
 class PrefixCachingPolicy(VAttentionPolicy):
@@ -77,7 +79,7 @@ class PrefixCachingPolicy(VAttentionPolicy):
         # shared_pages: pages served from the cache (fresh pages saved); shared_maps: of those, the ones mapped
         # anew into the slot (map calls sharing adds; a slot that already maps the entry needs none)
         self.stats = {"lookups": 0, "hit_tokens": 0, "shared_pages": 0, "shared_maps": 0, "cow_tokens": 0,
-                      "evictions": 0}
+                      "evictions": 0, "preempted_lookups": 0, "preempted_hit_tokens": 0}
 
     # ---- keys ------------------------------------------------------------------------------------------
     @staticmethod
@@ -193,10 +195,11 @@ class PrefixCachingPolicy(VAttentionPolicy):
         return self._mapped_total - sum(self.shared) + len(self.cache)
 
     # ---- admission ---------------------------------------------------------------------------------------
-    def alloc_slot(self, first_target_tokens: int) -> int | None:
+    def alloc_slot(self, first_target_tokens: int, reserve_tokens: int | None = None,
+                   committed_page_groups: int = 0) -> int | None:
         """As :meth:`VAttentionPolicy.alloc_slot`; the slot must then be prepared by :meth:`admit_prefix`
         (with no ids to only drop its stale shared pages) before it is stepped."""
-        slot = super().alloc_slot(first_target_tokens)
+        slot = super().alloc_slot(first_target_tokens, reserve_tokens, committed_page_groups)
         if slot is not None:
             self._unprepared.add(slot)
         return slot
@@ -229,7 +232,6 @@ class PrefixCachingPolicy(VAttentionPolicy):
         be allocated is simply not copied (those tokens are computed instead).
         """
         self._unprepared.discard(slot)
-        self.stats["lookups"] += 1
         keys, partial = self.lookup(hash_ids, prompt_tokens) if hash_ids else ([], 0)
         current = self.slot_keys[slot]
         common = 0
@@ -259,11 +261,22 @@ class PrefixCachingPolicy(VAttentionPolicy):
                 maps.append(MapOp(slot, len(keys), 1))
             cow = partial
         hit = len(keys) * self.config.tokens_per_page + cow
-        self.stats["hit_tokens"] += hit
-        self.stats["shared_pages"] += len(keys)
-        self.stats["shared_maps"] += max(0, len(keys) - common)
-        self.stats["cow_tokens"] += cow
-        return PrefixHit(Plan(maps=tuple(self._merge(maps)), unmaps=tuple(unmaps)), hit, len(keys) - common, cow)
+        return PrefixHit(Plan(maps=tuple(self._merge(maps)), unmaps=tuple(unmaps)), hit, max(0, len(keys) - common),
+                         cow, len(keys))
+
+    def record_admission(self, hit: PrefixHit, preempted: bool) -> None:
+        """Count an admission that succeeded (a failed one counts nothing). Hits of a request re-admitted
+        after a preemption (on blocks it computed itself) are counted apart, as vLLM v1's
+        ``PrefixCacheStats`` keeps ``preempted_queries`` / ``preempted_hits`` apart from ``queries`` / ``hits``."""
+        if preempted:
+            self.stats["preempted_lookups"] += 1
+            self.stats["preempted_hit_tokens"] += hit.hit_tokens
+            return
+        self.stats["lookups"] += 1
+        self.stats["hit_tokens"] += hit.hit_tokens
+        self.stats["shared_pages"] += hit.cached_pages
+        self.stats["shared_maps"] += hit.shared_pages
+        self.stats["cow_tokens"] += hit.cow_tokens
 
     @staticmethod
     def _merge(maps: list[MapOp]) -> list[MapOp]:

@@ -156,28 +156,40 @@ class VAttentionPolicy:
                 return min(ready)
         return None
 
-    def can_admit(self, first_target_tokens: int) -> bool:
+    def can_admit(self, first_target_tokens: int, reserve_tokens: int | None = None,
+                  committed_page_groups: int = 0) -> bool:
         """Whether a request whose first iteration targets ``first_target_tokens`` tokens can take a slot
-        now while the admission watermark of free page groups stays free (reclaimable deferred pages count)."""
-        return self._pick_slot(first_target_tokens) is not None
+        now while the admission watermark of free page groups stays free (reclaimable deferred pages count);
+        ``reserve_tokens`` and ``committed_page_groups`` as for :meth:`alloc_slot`."""
+        return self._pick_slot(first_target_tokens, reserve_tokens, committed_page_groups) is not None
 
     def _reclaimable_page_groups(self) -> int:
         return sum(self.mapped[s] for s in self._idle if not self.in_flight_maps[s])
 
-    def _pick_slot(self, first_target_tokens: int) -> int | None:
-        need = self.config.pages_for_tokens(first_target_tokens)
+    def _pick_slot(self, first_target_tokens: int, reserve_tokens: int | None = None,
+                   committed_page_groups: int = 0) -> int | None:
+        need = self.config.pages_for_tokens(max(first_target_tokens, reserve_tokens or 0))
         slot = self._best_fit(need)
         if slot is None:
             return None
-        new_groups = max(0, need - self.mapped[slot])
+        new_groups = max(0, need - self.mapped[slot]) + committed_page_groups
         spare = self.free_page_groups - self._admission_groups
         if new_groups > spare and new_groups > spare + self._reclaimable_page_groups() - self.mapped[slot]:
             return None
         return slot
 
     # ---- slot lifecycle ------------------------------------------------------------------------------
-    def alloc_slot(self, first_target_tokens: int) -> int | None:
+    def alloc_slot(self, first_target_tokens: int, reserve_tokens: int | None = None,
+                   committed_page_groups: int = 0) -> int | None:
         """Take a slot for a new request (``alloc_reqid``); ``None`` when no slot or memory is available.
+
+        Args:
+            first_target_tokens: tokens the request holds after its first iteration (mapped by the caller's
+                next :meth:`step`).
+            reserve_tokens: tokens whose pages must fit now (whole-prompt admission: the whole prompt; the
+                pages are still mapped chunk by chunk); ``None``: the first target.
+            committed_page_groups: page groups already promised to running requests (whole-prompt admission:
+                the prompt pages they have not mapped yet), counted as taken.
 
         Raises:
             ValueError: if ``first_target_tokens`` exceeds one slot's capacity.
@@ -185,7 +197,7 @@ class VAttentionPolicy:
         if self.config.pages_for_tokens(first_target_tokens) > self.config.max_pages_per_slot:
             raise ValueError(f"first_target_tokens={first_target_tokens} exceeds the slot capacity "
                              f"({self.config.max_pages_per_slot * self.config.tokens_per_page} tokens)")
-        slot = self._pick_slot(first_target_tokens)
+        slot = self._pick_slot(first_target_tokens, reserve_tokens, committed_page_groups)
         if slot is not None:
             self._set_active(slot, True)
         return slot
