@@ -9,6 +9,17 @@ Columns (one row per request, sorted by arrival, stable)::
     (extra columns allowed, e.g. ``hash_ids`` for Mooncake traces)
 
 ``df.attrs["source"]`` is a short human description of where the rows came from.
+
+Limits every loader enforces:
+
+* ``arrival_s`` is finite and at most :data:`MAX_ARRIVAL_S` (about 900.7 million s,
+  28.5 years) after the first request. The simulator quantises arrivals to 100 ns ticks
+  (``sim.engine.ARRIVAL_TICKS_PER_S``) and keeps time as float64 microseconds; a tick
+  count is an exact float64 integer only up to 2**53, so later arrivals would be rounded
+  (at 1e300 s every latency of the request comes out as 0).
+* ``hash_ids`` (Mooncake prefix-block ids), where present, is per request either empty
+  (no prefix information) or a list of ``ceil(prompt_tokens / 512)`` integers in
+  [0, 2**63 - 1]: one id per 512-token block (:data:`MOONCAKE_BLOCK_TOKENS`).
 """
 
 from __future__ import annotations
@@ -19,9 +30,92 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from traces.errors import TraceError, TraceWarning
+from traces.errors import TraceError, TraceWarning, plain
 
 CANONICAL_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens")
+ARRIVAL_TICKS_PER_S = 10_000_000   # as sim.engine: arrivals quantised to 100 ns
+MAX_ARRIVAL_S = 2**53 / ARRIVAL_TICKS_PER_S   # 900,719,925.47 s: tick counts stay exact
+MAX_ARRIVAL_TEXT = (f"{MAX_ARRIVAL_S:,.0f} s (2**53 ticks of 100 ns: the simulator's "
+                    "clock holds later arrivals only approximately)")
+MOONCAKE_BLOCK_TOKENS = 512        # tokens per Mooncake prefix block (one hash id each)
+MAX_BLOCK_ID = 2**63 - 1           # block ids must fit int64 (Parquet, numpy)
+
+
+def late_arrivals(time: np.ndarray, per_s: float = 1.0) -> np.ndarray:
+    """Marks arrivals more than :data:`MAX_ARRIVAL_S` after the earliest one.
+
+    Args:
+        time: Finite arrival times in file order, in units of ``1 / per_s`` seconds.
+        per_s: File time units per second (1 for seconds, 1e3 for ms, 1e9 for ns).
+
+    Returns:
+        Boolean array, True where ``time - time.min() > MAX_ARRIVAL_S * per_s``.
+    """
+    if len(time) == 0:
+        return np.zeros(0, dtype=bool)
+    return (time - time.min()) > MAX_ARRIVAL_S * per_s
+
+
+def hash_ids_problem(ids, prompt_tokens: int) -> str | None:
+    """Checks one request's Mooncake ``hash_ids`` against its prompt length.
+
+    Args:
+        ids: A list (JSON) or 1-D array (Parquet) of block ids; None or empty means the
+            request has no prefix information.
+        prompt_tokens: The request's prompt length in tokens (>= 1).
+
+    Returns:
+        None when the ids are usable, else what is wrong, as a phrase for a message
+        (e.g. ``"element 1 is a list, not an integer block id"`` or ``"10 block ids for
+        1000 prompt tokens; 512-token blocks need ceil(1000 / 512) = 2"``).
+    """
+    if ids is None:
+        return None
+    if isinstance(ids, np.ndarray):
+        if ids.ndim != 1:
+            return f"must be a flat list of integer block ids, not a {ids.ndim}-D array"
+        if ids.dtype.kind in "iu" and len(ids):
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or high > MAX_BLOCK_ID:
+                return f"block ids must be in [0, 2**63 - 1] (got {low if low < 0 else high})"
+        elif len(ids):
+            ids = ids.tolist()
+    elif not isinstance(ids, (list, tuple)):
+        return f"must be a list of integer block ids, not {_kind(ids)}"
+    if len(ids) == 0:
+        return None
+    if not isinstance(ids, np.ndarray):
+        if set(map(type, ids)) != {int}:
+            i = next(i for i, x in enumerate(ids) if type(x) is not int)
+            return f"element {i + 1} is {_kind(ids[i])}, not an integer block id"
+        low, high = min(ids), max(ids)
+        if low < 0 or high > MAX_BLOCK_ID:
+            return f"block ids must be in [0, 2**63 - 1] (got {low if low < 0 else high})"
+    need = -(-int(prompt_tokens) // MOONCAKE_BLOCK_TOKENS)
+    if len(ids) != need:
+        return (f"{len(ids)} block ids for {int(prompt_tokens)} prompt tokens; "
+                f"{MOONCAKE_BLOCK_TOKENS}-token blocks need ceil({int(prompt_tokens)} / "
+                f"{MOONCAKE_BLOCK_TOKENS}) = {need}")
+    return None
+
+
+def _kind(value) -> str:
+    """``"a list"``, ``"a float"``, ``"null"``... for messages about a wrong type."""
+    if value is None:
+        return "null"
+    if isinstance(value, (bool, np.bool_)):
+        return "a boolean"
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (float, np.floating)):
+        return "a float"
+    if isinstance(value, (int, np.integer)):
+        return "an integer"
+    return f"a value of type {type(value).__name__}"
 
 
 def count_out_of_order(arrival_s: np.ndarray) -> int:
@@ -55,11 +149,14 @@ def build_table(arrival_s: np.ndarray, prompt_tokens: np.ndarray,
         The canonical DataFrame (see module docstring).
 
     Raises:
-        TraceError: If there are no rows.
+        TraceError: No rows, a non-finite arrival, or an arrival more than
+            :data:`MAX_ARRIVAL_S` after the first (the loaders check these first, naming
+            the line; this is the safety net for generators).
     """
     arrival_s = np.asarray(arrival_s, dtype=np.float64)
     if len(arrival_s) == 0:
         raise TraceError(f"{source}: no requests")
+    _check_arrivals(source, arrival_s, "request")
     columns = {"arrival_s": arrival_s,
                "prompt_tokens": np.asarray(prompt_tokens, dtype=np.int64),
                "output_tokens": np.asarray(output_tokens, dtype=np.int64)}
@@ -72,6 +169,33 @@ def build_table(arrival_s: np.ndarray, prompt_tokens: np.ndarray,
         order = np.argsort(arrival_s, kind="stable")
         columns = {k: _take(v, order) for k, v in columns.items()}
     return _assemble(columns, source)
+
+
+def _check_arrivals(source: str, arrival_s: np.ndarray, row_word: str) -> None:
+    """Raises on the first non-finite arrival, then on the first beyond the clock's range.
+
+    Args:
+        source: File or description for messages.
+        arrival_s: Arrival times in seconds, in input order.
+        row_word: ``"row"`` (Parquet) or ``"request"`` (generated tables) for messages.
+    """
+    bad = ~np.isfinite(arrival_s)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise TraceError(f"{source}: {row_word} {i + 1}, column 'arrival_s': arrival time is "
+                         f"{_non_finite(arrival_s[i])} (got {plain(arrival_s[i])})")
+    late = late_arrivals(arrival_s)
+    if late.any():
+        i, first = int(np.argmax(late)), int(np.argmin(arrival_s))
+        raise TraceError(f"{source}: {row_word} {i + 1}, column 'arrival_s': arrival "
+                         f"{arrival_s[i] - arrival_s[first]:.6g} s after the first request "
+                         f"({row_word} {first + 1}) is beyond {MAX_ARRIVAL_TEXT} "
+                         f"(got {plain(arrival_s[i])})")
+
+
+def _non_finite(value: float) -> str:
+    """``"NaN (not a number)"`` or ``"infinite"``."""
+    return "NaN (not a number)" if value != value else "infinite"
 
 
 def _take(values, order: np.ndarray):
@@ -118,27 +242,45 @@ def check_canonical(df: pd.DataFrame, source: str) -> None:
     """Validates a table claimed to be canonical (e.g. read from Parquet).
 
     Args:
-        df: The table to check.
+        df: The table to check, rows in file order.
         source: File name for messages.
 
     Raises:
-        TraceError: Missing column, wrong dtype, tokens < 1 or non-finite arrivals;
-            the message names the row (1-based) and column.
+        TraceError: Missing column; ``arrival_s`` not numeric, null, NaN, infinite or
+            more than :data:`MAX_ARRIVAL_S` after the first; token counts not integer,
+            null, < 1 or > ``MAX_TOKENS``; ``hash_ids`` not empty and not
+            ``ceil(prompt_tokens / 512)`` integer block ids. The message names the row
+            (1-based, file order) and column.
     """
+    from traces.fields import MAX_TOKENS
     for col in ("arrival_s", "prompt_tokens", "output_tokens"):
         if col not in df.columns:
             raise TraceError(f"{source}: missing column '{col}' "
                              f"(canonical columns: {', '.join(CANONICAL_COLUMNS)})")
-    bad = ~np.isfinite(df["arrival_s"].to_numpy(dtype=np.float64))
-    _raise_first(source, "arrival_s", bad, df, "arrival time must be a finite number")
+    if getattr(df["arrival_s"].dtype, "kind", "O") not in "iuf":
+        raise TraceError(f"{source}: column 'arrival_s': must be numeric (seconds), "
+                         f"not {df['arrival_s'].dtype}")
+    _raise_first(source, "arrival_s", df["arrival_s"].isna().to_numpy(), df,
+                 "missing value (null)")
+    _check_arrivals(source, df["arrival_s"].to_numpy(dtype=np.float64, na_value=np.nan), "row")
     for col in ("prompt_tokens", "output_tokens"):
-        if not pd.api.types.is_integer_dtype(df[col]):
+        if getattr(df[col].dtype, "kind", "O") not in "iu":
             raise TraceError(f"{source}: column '{col}': must be integer, not {df[col].dtype}")
-        _raise_first(source, col, df[col].to_numpy() < 1, df, "token count must be >= 1")
+        _raise_first(source, col, df[col].isna().to_numpy(), df, "missing value (null)")
+        values = df[col].to_numpy(dtype=np.float64)
+        _raise_first(source, col, values < 1, df, "token count must be >= 1")
+        _raise_first(source, col, values > MAX_TOKENS, df,
+                     f"token count above {MAX_TOKENS:,} (no model has such a context)")
+    if "hash_ids" in df.columns:
+        for i, (ids, prompt) in enumerate(zip(df["hash_ids"], df["prompt_tokens"])):
+            problem = hash_ids_problem(ids, prompt)
+            if problem:
+                raise TraceError(f"{source}: row {i + 1}, column 'hash_ids': {problem} "
+                                 f"(got {plain(ids)})")
 
 
 def _raise_first(source: str, col: str, bad: np.ndarray, df: pd.DataFrame, what: str):
     if bad.any():
         i = int(np.argmax(bad))
         raise TraceError(f"{source}: row {i + 1}, column '{col}': {what} "
-                         f"(got {df[col].iloc[i]!r})")
+                         f"(got {plain(df[col].iloc[i])})")

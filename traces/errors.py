@@ -13,6 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+MAX_VALUE_CHARS = 80   # longer values are cut in messages (a whole line or list is rarely needed)
+
 
 class TraceError(ValueError):
     """A trace file (or trace argument) is malformed; the message says where."""
@@ -58,7 +62,35 @@ def fail(path: str | Path, what: str, line: int | None = None,
     """
     msg = f"{where(path, line, column)}: {what}"
     if value is not None:
-        if hasattr(value, "item"):          # numpy scalar: show 3, not np.int64(3)
-            value = value.item()
-        msg += f" (got {value!r})"
+        msg += f" (got {plain(value)})"
     return TraceError(msg)
+
+
+def _python(value: Any) -> Any:
+    """numpy scalars and arrays (also inside lists) as the Python values they hold."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return [_python(v) for v in value.tolist()]
+    if isinstance(value, (list, tuple)):
+        return type(value)(_python(v) for v in value)
+    if isinstance(value, dict):
+        return {_python(k): _python(v) for k, v in value.items()}
+    return value
+
+
+def plain(value: Any) -> str:
+    """Shows a value in a message as the file wrote it: ``-200`` (not ``np.int64(-200)``),
+    ``nan``, ``[0, 1]`` (not ``array([0, 1])``), text in quotes; cut after
+    :data:`MAX_VALUE_CHARS` characters.
+
+    Args:
+        value: Any value (Python or numpy scalar, array, list, string).
+
+    Returns:
+        One line of text (newlines are shown escaped, as ``repr`` does).
+    """
+    text = repr(_python(value))
+    if len(text) > MAX_VALUE_CHARS:
+        text = text[:MAX_VALUE_CHARS - 3] + "..."
+    return text

@@ -39,6 +39,9 @@ def tokens(path: Path, chunk: pd.DataFrame, column: str) -> np.ndarray:
         TraceError: Non-integer, zero or negative value.
     """
     values = chunk[column]
+    if pd.api.types.is_bool_dtype(values):   # "True"/"False" are not token counts
+        _first_bad(path, chunk, column, np.ones(len(values), dtype=bool),
+                   "token count is not an integer")
     if not pd.api.types.is_numeric_dtype(values):
         numeric = pd.to_numeric(values, errors="coerce")
         bad = numeric.isna().to_numpy()
@@ -70,17 +73,36 @@ def seconds(path: Path, chunk: pd.DataFrame, column: str, scale: float = 1.0) ->
         column: Column name.
         scale: Seconds per file unit (1.0 for seconds, 1e-3 for milliseconds).
 
+    Returns:
+        float64 array of times in seconds (file origin; the caller shifts it).
+
     Raises:
-        TraceError: Non-numeric or non-finite value.
+        TraceError: A value that is not a number ("time is not a number"), NaN ("time
+            is NaN") or infinite ("time is infinite"), naming line and value.
     """
     values = chunk[column]
+    if pd.api.types.is_bool_dtype(values):   # "True"/"False" are not times
+        _first_bad(path, chunk, column, np.ones(len(values), dtype=bool),
+                   "time is not a number")
     if not pd.api.types.is_numeric_dtype(values):
         values = pd.to_numeric(values, errors="coerce")
     array = values.to_numpy(dtype=np.float64)
     bad = ~np.isfinite(array)
     if bad.any():
-        _first_bad(path, chunk, column, bad, "time is not a finite number")
+        raw = chunk[column].iloc[int(np.argmax(bad))]
+        _first_bad(path, chunk, column, bad, f"time is {_what_number(raw)}")
     return array * scale
+
+
+def _what_number(raw) -> str:
+    """``"NaN (not a number)"``, ``"infinite"`` or ``"not a number"`` for a bad time."""
+    try:
+        value = float(raw.strip() if isinstance(raw, str) else raw)
+    except (TypeError, ValueError):
+        return "not a number"
+    if value != value:
+        return "NaN (not a number)"
+    return "infinite" if value in (float("inf"), float("-inf")) else "not a number"
 
 
 def timestamps_ns(path: Path, chunk: pd.DataFrame, column: str) -> np.ndarray:

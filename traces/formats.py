@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from traces import csvread, fields
-from traces.canonical import build_table
+from traces.canonical import MAX_ARRIVAL_TEXT, build_table, late_arrivals
 from traces.errors import TraceError, TraceWarning, fail
 
 
@@ -105,6 +105,16 @@ def load_csv(path: Path, spec: CsvFormat | None, arrival: str | None,
         arrival: Arrival process (``"poisson:RATE"``, ``"gamma:RATE,CV"``); required for
             ``lengths`` files and, for timed files, replaces the file's timestamps.
         seed: Seed of the arrival process.
+
+    Returns:
+        The canonical table (BurstGPT: plus ``model`` and, where present,
+        ``session_id`` and ``elapsed_s``).
+
+    Raises:
+        TraceError: Unrecognised header, a missing column, a line whose field count is not
+            the header's, an empty, non-integer, zero or negative token count, a time that
+            is not a number, NaN or infinite, an arrival more than ``MAX_ARRIVAL_S``
+            after the earliest, or no rows; one line naming file, line, column and value.
     """
     header = csvread.header_fields(path, csvread.read_head(path))
     spec = spec or detect_csv(path, header)
@@ -112,7 +122,7 @@ def load_csv(path: Path, spec: CsvFormat | None, arrival: str | None,
     if spec.time_column is None and arrival is None:
         raise fail(path, "length-only trace has no arrival times; pass "
                    "arrival='poisson:RATE' or 'gamma:RATE,CV' (--arrival)")
-    csvread.check_last_line(path, len(header))
+    csvread.check_field_counts(path, len(header))
     parts = [_convert(path, chunk, spec, len(header)) for chunk in _chunks(path, spec)]
     columns = _concat_columns(parts)
     if not columns or len(columns["prompt_tokens"]) == 0:
@@ -120,7 +130,10 @@ def load_csv(path: Path, spec: CsvFormat | None, arrival: str | None,
     if spec.name == "burstgpt":
         _warn_failed(path, columns.pop("failed"))
     prompt, output = columns.pop("prompt_tokens"), columns.pop("output_tokens")
-    arrival_s = _arrival_s(columns.pop("time", None), len(prompt), arrival, seed)
+    time = columns.pop("time", None)
+    if arrival is None:
+        _check_span(path, spec, time)
+    arrival_s = _arrival_s(time, len(prompt), arrival, seed)
     return build_table(arrival_s, prompt, output, str(path), extra=columns)
 
 
@@ -162,6 +175,36 @@ def _convert(path: Path, chunk: pd.DataFrame, spec: CsvFormat, n_fields: int) ->
                     for old, new in _BURSTGPT_EXTRA.items()
                     if old in chunk.columns and new != "log_type"})
     return out
+
+
+def _check_span(path: Path, spec: CsvFormat, time: np.ndarray) -> None:
+    """Raises on the first arrival beyond the simulator clock's exact range (see
+    :data:`traces.canonical.MAX_ARRIVAL_S`), naming its line and the earliest one's."""
+    per_s = 1e9 if time.dtype.kind == "i" else 1.0   # int64 ns (ISO) or float seconds
+    late = late_arrivals(time, per_s)
+    if not late.any():
+        return
+    row, first = int(np.argmax(late)), int(np.argmin(time))
+    found = _locate(path, spec, {row, first})
+    after_s = float(time[row] - time[first]) / per_s
+    raise fail(path, f"arrival {after_s:.6g} s after the earliest request (line "
+               f"{found[first][0]}) is beyond {MAX_ARRIVAL_TEXT}", found[row][0],
+               spec.time_column, found[row][1])
+
+
+def _locate(path: Path, spec: CsvFormat, rows: set[int]) -> dict[int, tuple[int, object]]:
+    """File line and raw time value of loaded rows (positions after blank lines and, for
+    BurstGPT, failed requests are dropped). Reads the file again: error path only."""
+    found, seen = {}, 0
+    for chunk in _chunks(path, spec):
+        if spec.name == "burstgpt":
+            chunk, _ = _drop_failed(chunk, spec.output_column)
+        for row in rows:
+            if seen <= row < seen + len(chunk):
+                found[row] = (csvread.line_of(chunk.index[row - seen]),
+                              chunk[spec.time_column].iloc[row - seen])
+        seen += len(chunk)
+    return found
 
 
 def _drop_failed(chunk: pd.DataFrame, column: str) -> tuple[pd.DataFrame, int]:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from traces import csvread
-from traces.canonical import CANONICAL_COLUMNS, check_canonical, renumber
-from traces.errors import TraceError, fail
+from traces.canonical import (CANONICAL_COLUMNS, check_canonical, count_out_of_order,
+                               renumber)
+from traces.errors import TraceError, TraceWarning, fail
 from traces.formats import CSV_FORMATS, load_csv
 from traces.jsonl import load_mooncake
 
@@ -73,18 +75,39 @@ def load_trace(path: str | Path, fmt: str | None = None, arrival: str | None = N
 
 
 def read_parquet(path: Path) -> pd.DataFrame:
-    """Reads a canonical Parquet trace (as written by :func:`write_parquet`) and checks it."""
+    """Reads a canonical Parquet trace (as written by :func:`write_parquet`) and checks it.
+
+    Rows out of time order are sorted with a :class:`TraceWarning` counting them (as the
+    CSV and JSONL loaders do); token columns become int64 and ``arrival_s`` float64.
+
+    Args:
+        path: The ``.parquet`` file.
+
+    Returns:
+        The canonical table (extra columns such as ``hash_ids`` kept).
+
+    Raises:
+        TraceError: Unreadable file, no rows, or any fault :func:`check_canonical`
+            names (row, column and value).
+    """
     if not path.is_file():
         raise TraceError(f"{path}: {'is a directory, not a trace file' if path.is_dir() else 'no such file'}")
     try:
         df = pd.read_parquet(path)
     except Exception as err:  # pyarrow raises several unrelated types
-        raise fail(path, f"unreadable Parquet file: {err}") from None
+        raise fail(path, f"unreadable Parquet file: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
     if len(df) == 0:
         raise fail(path, "empty file (no requests)")
     check_canonical(df, str(path))
-    df = renumber(df, source=str(path))
-    return df
+    df = df.reset_index(drop=True).assign(
+        arrival_s=df["arrival_s"].to_numpy(dtype=np.float64),
+        prompt_tokens=df["prompt_tokens"].to_numpy(dtype=np.int64),
+        output_tokens=df["output_tokens"].to_numpy(dtype=np.int64))
+    n_out = count_out_of_order(df["arrival_s"].to_numpy())
+    if n_out:
+        warnings.warn(f"{path}: {n_out} rows out of time order were sorted", TraceWarning,
+                      stacklevel=3)
+    return renumber(df, source=str(path))
 
 
 def write_parquet(df: pd.DataFrame, path: str | Path) -> Path:
