@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from traces.errors import TraceError, TraceWarning
-from traces.loader import FORMAT_NAMES, load_trace, write_parquet
+from traces.loader import FORMAT_NAMES, detect_format, load_trace, write_parquet
 from traces.named import NAMED_TRACES, fetch_trace, resolve_trace
 from traces.stats import format_stats, trace_stats
 from traces.transforms import clip_context, first_n, sample_n, scale_rate, time_window
@@ -117,9 +117,21 @@ def _run(body, args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     """``kvsim traces stats FILE``: prints :func:`trace_stats` as a table."""
     def body(a):
+        # A length-only file without --arrival: lengths only, on placeholder arrivals.
+        no_times = a.arrival is None and (
+            a.format or detect_format(resolve_trace(a.file))) == "lengths"
+        if no_times:
+            for flag, value in (("--window", a.window), ("--rate-scale", a.rate_scale)):
+                if value is not None:
+                    raise TraceError(f"{flag} needs arrival times; {a.file} is a length-only "
+                                     "trace: pass --arrival poisson:RATE or gamma:RATE,CV")
+            a = argparse.Namespace(**{**vars(a), "arrival": "poisson:1"})
         df = load_with_transforms(a)
         print(f"source           {df.attrs.get('source', a.file)}")
-        print(format_stats(trace_stats(df)))
+        if no_times:
+            print("arrival times    none in the file (length-only trace); pass --arrival "
+                  "for span, rate and burstiness")
+        print(format_stats(trace_stats(df, arrivals=not no_times)))
         return 0
     return _run(body, args)
 

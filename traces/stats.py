@@ -36,25 +36,32 @@ def ideal_prefix_hit(hash_ids: pd.Series) -> dict:
             "hit_ratio": hit / total if total else 0.0}
 
 
-def trace_stats(df: pd.DataFrame) -> dict:
+def trace_stats(df: pd.DataFrame, arrivals: bool = True) -> dict:
     """Rows, span, rate, burstiness and length percentiles of a canonical trace.
 
     Percentiles are linear-interpolated (numpy default), as in the shared README.
 
+    Args:
+        df: Canonical table.
+        arrivals: False for a length-only trace whose ``arrival_s`` are not the file's
+            (e.g. placeholders): span, rate and burstiness are left out.
+
     Returns:
         Dict with ``rows``, ``span_s``, ``mean_rate_per_s`` (rows / span),
-        ``iat_cv`` (std / mean of inter-arrival times, population std),
-        ``prompt_{p50,p90,p99,mean,max}``, ``output_{...}`` and, when the table has
-        ``hash_ids``, ``prefix_hit_ratio``, ``prefix_hit_blocks``,
+        ``iat_cv`` (std / mean of inter-arrival times, population std) (these three only
+        with ``arrivals``), ``prompt_{p50,p90,p99,mean,max}``, ``output_{...}`` and, when
+        the table has ``hash_ids``, ``prefix_hit_ratio``, ``prefix_hit_blocks``,
         ``prefix_total_blocks``, ``prefix_unique_blocks``.
     """
-    arrival_s = df["arrival_s"].to_numpy(dtype=np.float64)
-    span_s = float(arrival_s[-1] - arrival_s[0]) if len(df) else 0.0
-    iat_s = np.diff(arrival_s)
-    out = {"rows": int(len(df)), "span_s": span_s,
-           "mean_rate_per_s": len(df) / span_s if span_s > 0 else float("nan"),
-           "iat_cv": float(iat_s.std() / iat_s.mean()) if len(iat_s) and iat_s.mean() > 0
-           else float("nan")}
+    out = {"rows": int(len(df))}
+    if arrivals:
+        arrival_s = df["arrival_s"].to_numpy(dtype=np.float64)
+        span_s = float(arrival_s[-1] - arrival_s[0]) if len(df) else 0.0
+        iat_s = np.diff(arrival_s)
+        out.update({"span_s": span_s,
+                    "mean_rate_per_s": len(df) / span_s if span_s > 0 else float("nan"),
+                    "iat_cv": float(iat_s.std() / iat_s.mean())
+                    if len(iat_s) and iat_s.mean() > 0 else float("nan")})
     for name in ("prompt", "output"):
         out.update(_length_stats(name, df[f"{name}_tokens"].to_numpy()))
     if "hash_ids" in df.columns:
