@@ -287,7 +287,7 @@ def test_cli_stats_prints_table(tmp_path, capsys):
 def test_cli_stats_error_is_one_line(tmp_path, capsys):
     path = tmp_path / "x.csv"
     path.write_text("num_prefill_tokens,num_decode_tokens\n5,6\n")
-    assert run_cli(["traces", "stats", str(path)]) == 2
+    assert run_cli(["traces", "stats", str(path), "--window", "0:5"]) == 2   # needs arrivals
     err = capsys.readouterr().err
     assert err.startswith("kvsim: error: ") and err.count("\n") == 1 and "arrival" in err and "Traceback" not in err
 
