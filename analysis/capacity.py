@@ -16,6 +16,7 @@ deterministic for a fixed seed, so the whole search is reproducible.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,6 +29,52 @@ from sim.config import SimConfig
 
 MAX_BRACKET_STEPS = 16   # 2**16: the bracket spans rates from 1/65536 to 65536 times the trace's own
 STABILITY = "stability"
+REJECTED = "rejected"     # a point where requests were rejected beyond those that can never fit one replica
+
+
+class UnservableWorkloadError(ValueError):
+    """The workload holds requests that can never be served on one replica (the message says how many and
+    why); a capacity search proceeds only when the user accepts that (``allow_rejected``)."""
+
+
+def unservable_reasons(config: SimConfig, trace: pd.DataFrame) -> list[str]:
+    """Per request of ``trace``, why one replica of ``config`` can never serve it whatever the load (``""``
+    when it can; :func:`sim.lifecycle.unservable_reason`: longer than a slot or than the usable page pool)."""
+    from sim.lifecycle import unservable_reason
+    from sim.memory import build_policy
+
+    policy_config = build_policy(config).config
+    final_kv = (trace["prompt_tokens"] + trace["output_tokens"] - 1).to_numpy()
+    return [unservable_reason(policy_config, int(tokens)) for tokens in final_kv]
+
+
+def unservable_requests(config: SimConfig, trace: pd.DataFrame) -> dict[str, int]:
+    """Reason -> number of requests of ``trace`` that one replica of ``config`` can never serve."""
+    return dict(Counter(filter(None, unservable_reasons(config, trace))))
+
+
+def unservable_line(counts: dict[str, int], total: int) -> str:
+    """``200 of 400 requests (50.0%) can never be served on one replica: 200 need more KV ...``."""
+    from sim.records import REJECT_REASONS
+
+    rejected = sum(counts.values())
+    reasons = "; ".join(f"{n:,} need {REJECT_REASONS[reason]}" for reason, n in sorted(counts.items()))
+    return (f"{rejected:,} of {total:,} requests ({rejected / total:.1%}) can never be served on one replica "
+            f"({reasons})")
+
+
+def check_servable(config: SimConfig, trace: pd.DataFrame, allow_rejected: bool) -> list[str]:
+    """Per-request reasons (:func:`unservable_reasons`).
+
+    Raises:
+        UnservableWorkloadError: when some request can never be served and ``allow_rejected`` is false.
+    """
+    reasons = unservable_reasons(config, trace)
+    counts = Counter(filter(None, reasons))
+    if counts and not allow_rejected:
+        raise UnservableWorkloadError(unservable_line(dict(counts), len(trace)) + "; the capacity would count "
+                                      "only the others: pass --allow-rejected to accept that")
+    return reasons
 
 
 @dataclass(frozen=True)
@@ -67,10 +114,14 @@ class CapacityResult:
     above: Evaluation | None    # lowest failing point above it (None: never failed up to the highest)
     mean_output_tokens: float = float("nan")
     mean_total_tokens: float = float("nan")
+    unservable: dict = field(default_factory=dict)   # reason -> requests rejected at every rate (accepted)
+    served_fraction: float = 1.0                     # share of the trace's requests that can be served
+    num_requests: int = 0                            # requests in the trace
 
     @property
     def rate_per_s(self) -> float:
-        """Capacity in requests/s per replica (0 when no scale passed)."""
+        """Capacity in served requests/s per replica (0 when no scale passed); requests that can never be
+        served (:attr:`unservable`) are not counted."""
         return self.best.rate_per_s if self.best else 0.0
 
     @property
@@ -100,7 +151,8 @@ class CapacityResult:
         record = {"capacity_req_per_s": self.rate_per_s, "capacity_output_tokens_per_s": self.output_tokens_per_s,
                   "capacity_total_tokens_per_s": self.total_tokens_per_s, "binding": self.binding,
                   "capacity_scale": self.best.scale if self.best else 0.0, "search_steps": len(self.steps),
-                  "base_rate_per_s": self.base_rate_per_s}
+                  "base_rate_per_s": self.base_rate_per_s, "served_fraction": self.served_fraction,
+                  "unservable_requests": int(sum(self.unservable.values()))}
         if self.best:
             record.update({f"at_capacity_{k}": v for k, v in self.best.summary.items()})
         return record
@@ -120,12 +172,15 @@ def base_rate_per_s(trace: pd.DataFrame) -> float:
 
 
 def judge(scale: float, rate_per_s: float, summary: dict, growth: float, slos: tuple[Slo, ...],
-          stability_tol: float = DEFAULT_STABILITY_TOL) -> Evaluation:
-    """Apply the SLOs and the stability criterion to one run's summary; violated ones tightest first."""
+          stability_tol: float = DEFAULT_STABILITY_TOL, allowed_rejected: int = 0) -> Evaluation:
+    """Apply the SLOs, the stability criterion and the rejection check (no more rejected requests than the
+    ``allowed_rejected`` that can never fit) to one run's summary; violated ones tightest first."""
     values_us = {slo.metric: slo.value_us(summary) for slo in slos}
     excess = {slo.metric: _excess(values_us[slo.metric] / slo.limit_us) for slo in slos if not slo.holds(summary)}
     if growth > stability_tol:
         excess[STABILITY] = _excess(growth / stability_tol)
+    if summary.get("rejected", 0) > allowed_rejected:
+        excess[REJECTED] = math.inf
     failed = tuple(sorted(excess, key=lambda name: -excess[name]))
     return Evaluation(scale, rate_per_s, values_us, growth, failed, summary)
 
@@ -135,14 +190,18 @@ def _excess(ratio: float) -> float:
 
 
 def make_evaluator(config: SimConfig, trace: pd.DataFrame, slos: tuple[Slo, ...], profile_path: str | None = None,
-                   stability_tol: float = DEFAULT_STABILITY_TOL) -> Callable[[float], Evaluation]:
-    """A function ``scale -> Evaluation`` that simulates ``trace`` at ``scale`` times its rate."""
+                   stability_tol: float = DEFAULT_STABILITY_TOL,
+                   allowed_rejected: int = 0) -> Callable[[float], Evaluation]:
+    """A function ``scale -> Evaluation`` that simulates ``trace`` at ``scale`` times its rate; the rate
+    counts served requests only (``scale x base rate x finished / requests``)."""
     base_rate = base_rate_per_s(trace)
 
     def evaluate(scale: float) -> Evaluation:
         scaled = traces.scale_rate(trace, scale) if scale != 1.0 else trace
         result = runner.run_simulation(config, scaled, profile_path)
-        return judge(scale, scale * base_rate, result.summary, ttft_growth(result.requests), slos, stability_tol)
+        served = result.summary["finished"] / max(result.summary["requests"], 1)
+        return judge(scale, scale * base_rate * served, result.summary, ttft_growth(result.requests), slos,
+                     stability_tol, allowed_rejected)
     return evaluate
 
 
@@ -201,12 +260,23 @@ def search_capacity(evaluate: Callable[[float], Evaluation], slos: tuple[Slo, ..
 
 def find_capacity(config: SimConfig, trace: pd.DataFrame, slos: tuple[Slo, ...], tolerance: float = 0.02,
                   profile_path: str | None = None, stability_tol: float = DEFAULT_STABILITY_TOL,
-                  on_step: Callable[[Evaluation], None] | None = None) -> CapacityResult:
-    """Capacity of one replica under ``config`` for the workload ``trace`` (see the module docstring)."""
-    evaluate = make_evaluator(config, trace, slos, profile_path, stability_tol)
+                  on_step: Callable[[Evaluation], None] | None = None,
+                  allow_rejected: bool = False) -> CapacityResult:
+    """Capacity of one replica under ``config`` for the workload ``trace`` (see the module docstring),
+    counting served requests only.
+
+    Raises:
+        UnservableWorkloadError: when some requests can never be served on one replica (how many and why)
+            and ``allow_rejected`` is false; with it, those requests are left out of the capacity (and
+            recorded in :attr:`CapacityResult.unservable`) and any further rejection fails a point.
+    """
+    reasons = check_servable(config, trace, allow_rejected)
+    unservable = dict(Counter(filter(None, reasons)))
+    evaluate = make_evaluator(config, trace, slos, profile_path, stability_tol, sum(unservable.values()))
     base_rate = base_rate_per_s(trace)
     result = search_capacity(evaluate, slos, tolerance, base_rate=base_rate, on_step=on_step)
-    output_tokens = float(trace["output_tokens"].mean())
-    total_tokens = output_tokens + float(trace["prompt_tokens"].mean())
+    servable = trace[[not reason for reason in reasons]]
+    output_tokens = float(servable["output_tokens"].mean())
+    total_tokens = output_tokens + float(servable["prompt_tokens"].mean())
     return CapacityResult(result.slos, tolerance, base_rate, result.steps, result.best, result.above,
-                          output_tokens, total_tokens)
+                          output_tokens, total_tokens, unservable, len(servable) / len(trace), len(trace))

@@ -26,12 +26,16 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     from cli import add_config_args, add_trace_args
     add_trace_args(parser)
     add_config_args(parser)
+    parser.add_argument("--allow-rejected", action="store_true",
+                        help="accept a workload with requests that can never fit one replica: the capacity then "
+                             "counts served requests only (default: refuse, naming how many and why)")
     parser.add_argument("--policy", default=None, help="memory policy spec, e.g. vattention:page=256KiB | paged:block=16 "
                                                        "| static (keys: 'kvsim compare --help') (default: vattention)")
     parser.add_argument("--profile", default=None, help="calibration profile JSON for VMM latencies (default: the "
                                                          "built-in H200 latencies)")
     parser.add_argument("--slo", default=None, help="objectives METRIC=DURATION,...: metrics ttft|tpot|e2e _p50|_p90|"
-                                                    "_p99|_mean, durations with a unit, e.g. ttft_p99=2s,tpot_p99=100ms")
+                                                    "_p99|_mean, durations with a unit, e.g. ttft_p99=2s,tpot_p99=100ms (default: none; "
+                                                    "capacity and --job capacity need it)")
     parser.add_argument("--tolerance", type=_fraction, default=0.02,
                         help="relative precision of the capacity (bisection stops at hi/lo - 1 <= X)")
     parser.add_argument("--stability-tol", type=_fraction, default=0.05,
@@ -83,8 +87,8 @@ def register(subparsers) -> None:
 # ---- capacity ------------------------------------------------------------------------------------------
 def cmd_capacity(args: argparse.Namespace) -> int:
     """``kvsim capacity``: search, print the steps and the answer, optionally check the replica count."""
-    from analysis.capacity import find_capacity
-    from analysis.slo import parse_slos
+    from analysis.capacity import check_servable, find_capacity
+    from analysis.slo import parse_slos, with_default_bounds
     from cli import config_from_args, load_workload
     if not args.slo:
         raise ValueError("capacity needs --slo, e.g. --slo ttft_p99=2s,tpot_p99=100ms")
@@ -99,20 +103,25 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     if args.json is not None:
         from cli import check_out_file
         check_out_file(args.json, args.force, "--json")
-    slos = parse_slos(args.slo)
+    slos = with_default_bounds(parse_slos(args.slo))
     config = config_from_args(args)
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
     for note in notes:
         print(f"kvsim: warning: {note}", file=sys.stderr)
+    check_servable(config, trace, args.allow_rejected)        # refuse before printing anything else
     started = time.perf_counter()
     print(f"capacity search: {config.model} on {config.gpu} (tp={config.tp}), {config.label}, "
           f"{len(trace):,} requests of {trace.attrs.get('source', 'trace')}")
     print(f"SLOs: {', '.join(map(str, slos))}; stable: TTFT growth <= {args.stability_tol:g} s/s; "
           f"tolerance {args.tolerance:.1%}")
+    if slos[-1].metric == "sched_delay_p50" and "sched_delay" not in args.slo:
+        print("(sched_delay_p50<=2s is the default bound: Sarathi-Serve's capacity definition; set any "
+              "sched_delay_* objective in --slo to replace it)")
     print(_step_header(slos))
     numbers = itertools.count(1)
     on_step = None if args.quiet else (lambda e: print(_step_line(next(numbers), e, slos), flush=True))
-    result = find_capacity(config, trace, slos, args.tolerance, args.profile, args.stability_tol, on_step)
+    result = find_capacity(config, trace, slos, args.tolerance, args.profile, args.stability_tol, on_step,
+                           allow_rejected=args.allow_rejected)
     for line in capacity_lines(result, args.target_rate):
         print(line)
     check = _check_replicas(args, config, trace, result) if args.check_replicas else None
@@ -135,11 +144,16 @@ def _step_line(number: int, evaluation, slos) -> str:
 
 
 def capacity_lines(result, target_rate: float | None) -> list[str]:
-    """The printed answer: capacity per replica, binding constraint, replicas for the target."""
+    """The printed answer: unservable requests (loudly), capacity per replica in served requests, binding
+    constraint, replicas for the target."""
+    from analysis.capacity import unservable_line
+
     if result.best is None:
         return [f"capacity: none: the SLOs fail even at {result.above.rate_per_s:.4g} req/s "
                 f"(binding: {result.binding}); relax the SLOs or change the configuration"]
-    lines = [f"capacity per replica: {result.rate_per_s:.3f} req/s = {result.output_tokens_per_s:,.0f} output tokens/s "
+    lines = [f"WARNING: {unservable_line(result.unservable, result.num_requests)}; the capacity below counts served "
+             "requests only (--allow-rejected)"] if result.unservable else []
+    lines += [f"capacity per replica: {result.rate_per_s:.3f} served req/s = {result.output_tokens_per_s:,.0f} output tokens/s "
              f"({result.total_tokens_per_s:,.0f} prompt+output tokens/s) at scale x{result.best.scale:.4g} "
              f"of the trace's {result.base_rate_per_s:.3f} req/s",
              f"binding constraint: {result.binding}" + (
@@ -154,15 +168,16 @@ def _check_replicas(args, config, trace, result) -> dict | None:
     import traces
     from analysis.capacity import base_rate_per_s, judge
     from analysis.routing import run_routed
-    from analysis.slo import parse_slos, ttft_growth
+    from analysis.slo import parse_slos, ttft_growth, with_default_bounds
     replicas = result.replicas_for(args.target_rate)
     if replicas is None:
         print("check: skipped (no capacity)")
         return None
-    scale = args.target_rate / base_rate_per_s(trace)
+    # the target counts served requests: offer target / served fraction (unservable requests are rejected)
+    scale = args.target_rate / (base_rate_per_s(trace) * result.served_fraction)
     routed = run_routed(config, traces.scale_rate(trace, scale), replicas, args.routing, args.profile)
-    verdict = judge(scale, args.target_rate, routed.summary, ttft_growth(routed.requests), parse_slos(args.slo),
-                    args.stability_tol)
+    verdict = judge(scale, args.target_rate, routed.summary, ttft_growth(routed.requests),
+                    with_default_bounds(parse_slos(args.slo)), args.stability_tol, sum(result.unservable.values()))
     values = ", ".join(f"{m}={v / 1e3:.1f} ms" for m, v in verdict.values_us.items())
     exact = ""
     print(f"check: {args.target_rate:g} req/s over {replicas} replicas ({args.routing}{exact}): {values}, "
@@ -184,6 +199,27 @@ def _write_json(path: Path, result, target_rate, check) -> None:
 
 
 # ---- sweep ---------------------------------------------------------------------------------------------
+def _check_long_context(jobs) -> None:
+    """Refuse the sweep (before anything runs) when a point sets a --max-context beyond its model's native
+    context without --allow-long-context: an option error, not a failed point."""
+    from analysis.sweep import point_args
+    from sim.catalog import CatalogError, get_model
+    from sim.config import ConfigError
+    for job in jobs:
+        args, fields = point_args(job)
+        model = fields.get("model", args.model)
+        tokens = fields.get("max_context_tokens", args.max_context)
+        allowed = fields.get("allow_long_context", getattr(args, "allow_long_context", False))
+        try:
+            native = get_model(model).max_context_tokens
+        except CatalogError:
+            continue          # that point fails with its own message
+        if tokens and tokens > native and not allowed:
+            point = " ".join(f"{a}={v}" for a, v in job.point.items())
+            raise ConfigError(f"--max-context {tokens}: beyond {model}'s native context of {native:,} tokens (grid "
+                              f"point {point}); pass --allow-long-context to simulate it anyway")
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     """``kvsim sweep``: run the missing points, write the table and the figure, print a short report."""
     from analysis.sweep import base_settings, make_jobs, parse_grid, sweep_table, write_table
@@ -196,6 +232,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     jobs = make_jobs(grid, base_settings(args), args.job)
+    _check_long_context(jobs)
     from cli import OutputDir
     out = OutputDir(args.out, args.force, resumable=True)
     out_dir = out.path

@@ -4,9 +4,11 @@ An SLO list is written ``metric=duration[,metric=duration...]``::
 
     ttft_p99=2s,tpot_p99=100ms          e2e_p90=30s          ttft_p50=250us
 
-Metrics are ``{ttft,tpot,e2e}_{p50,p90,p99,mean}`` over the finished requests of a run (the run summary's
-``ttft_p99_ms``, ``tpot_p99_ms``, ``e2e_p99_s``, ...); durations take a unit (us, ms, s, min) and are held in
-microseconds.
+Metrics are ``{ttft,tpot,e2e,tbt,sched_delay}_{p50,p90,p99,mean}`` and ``tbt_max`` (the run summary's
+``ttft_p99_ms``, ``tpot_p99_ms``, ``e2e_p99_s``, ``tbt_p99_ms``, ``sched_delay_p50_ms``, ...): TTFT, TPOT, E2E and
+scheduling delay over the finished requests, TBT (time between tokens) over all their output tokens after the
+first; durations take a unit (us, ms, s, min) and are held in microseconds. A capacity search adds a median
+scheduling-delay bound of 2 s unless one is given (:func:`with_default_bounds`).
 
 **Stability.** A finite trace can hide an overloaded server: the queue grows for the whole run, but a short
 run ends before latencies explode. The criterion is the *queueing trend*: the least-squares slope of TTFT
@@ -32,10 +34,16 @@ import pandas as pd
 from sim.units import US_PER_MS, US_PER_S, parse_duration_us
 
 # metric family -> (summary key unit suffix, microseconds per unit of the summary value)
-_FAMILIES = {"ttft": ("ms", US_PER_MS), "tpot": ("ms", US_PER_MS), "e2e": ("s", US_PER_S)}
+_FAMILIES = {"ttft": ("ms", US_PER_MS), "tpot": ("ms", US_PER_MS), "e2e": ("s", US_PER_S),
+             "tbt": ("ms", US_PER_MS), "sched_delay": ("ms", US_PER_MS)}
 _STATS = ("p50", "p90", "p99", "mean")
-SLO_METRICS = tuple(f"{family}_{stat}" for family in _FAMILIES for stat in _STATS)
+SLO_METRICS = tuple(f"{family}_{stat}" for family in _FAMILIES for stat in _STATS) + ("tbt_max",)
 DEFAULT_STABILITY_TOL = 0.05
+DEFAULT_SCHED_DELAY_P50_US = 2 * US_PER_S
+"""Median scheduling delay bound added to every capacity search that sets no ``sched_delay`` objective:
+Sarathi-Serve (Agrawal et al., OSDI'24, section 5) defines capacity as the highest load whose median
+scheduling delay stays under 2 s, so a run whose queue holds requests for tens of seconds cannot pass a
+TPOT-only objective."""
 
 
 @dataclass(frozen=True)
@@ -52,14 +60,19 @@ class Slo:
             raise ValueError(f"SLO {self.metric}: limit must be > 0 us, got {self.limit_us}")
 
     @property
+    def family(self) -> str:
+        """``ttft``, ``tpot``, ``e2e``, ``tbt`` or ``sched_delay``."""
+        return self.metric.rsplit("_", 1)[0]
+
+    @property
     def summary_key(self) -> str:
         """The run-summary key holding this metric, e.g. ``ttft_p99_ms``."""
-        return f"{self.metric}_{_FAMILIES[self.metric.split('_')[0]][0]}"
+        return f"{self.metric}_{_FAMILIES[self.family][0]}"
 
     def value_us(self, summary: dict) -> float:
         """The metric in microseconds from a run summary (NaN when no request finished)."""
         value = summary.get(self.summary_key, float("nan"))
-        return float(value) * _FAMILIES[self.metric.split("_")[0]][1]
+        return float(value) * _FAMILIES[self.family][1]
 
     def holds(self, summary: dict) -> bool:
         """Whether the run meets this objective (an undefined value, NaN, does not)."""
@@ -94,6 +107,14 @@ def parse_slos(text: str) -> tuple[Slo, ...]:
     if not slos:
         raise ValueError("--slo: no objective given (e.g. ttft_p99=2s,tpot_p99=100ms)")
     return tuple(slos.values())
+
+
+def with_default_bounds(slos: tuple[Slo, ...]) -> tuple[Slo, ...]:
+    """The objectives plus the default median scheduling-delay bound (:data:`DEFAULT_SCHED_DELAY_P50_US`)
+    unless they already bound the scheduling delay."""
+    if any(slo.family == "sched_delay" for slo in slos):
+        return tuple(slos)
+    return (*slos, Slo("sched_delay_p50", DEFAULT_SCHED_DELAY_P50_US))
 
 
 def format_duration(value_us: float) -> str:

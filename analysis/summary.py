@@ -13,8 +13,10 @@ SUMMARY_ROWS = (
     ("requests finished / total", None, None),
     ("throughput", "throughput_req_per_s", "{:.3f} req/s"),
     ("output tokens", "output_tokens_per_s", "{:.1f} tok/s"),
-    ("TTFT p50 / p90 / p99", ("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms"), "{:.1f} / {:.1f} / {:.1f} ms"),
-    ("TPOT p50 / p90 / p99", ("tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms"), "{:.2f} / {:.2f} / {:.2f} ms"),
+    ("TTFT p50 / p90 / p99", ("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms"), "ms"),
+    ("TPOT p50 / p90 / p99", ("tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms"), "ms"),
+    ("TBT p50 / p99 / max", ("tbt_p50_ms", "tbt_p99_ms", "tbt_max_ms"), "ms"),
+    ("scheduling delay p50 / p99", ("sched_delay_p50_ms", "sched_delay_p99_ms"), "ms"),
     ("E2E p50 / p90 / p99", ("e2e_p50_s", "e2e_p90_s", "e2e_p99_s"), "{:.2f} / {:.2f} / {:.2f} s"),
     ("iterations", "iterations", "{:,}"),
     ("batch size mean / max", ("mean_batch_size", "max_batch_size"), "{:.1f} / {}"),
@@ -59,6 +61,35 @@ def _relabel(label: str, config: dict) -> str:
     return label
 
 
+def format_ms(values_ms: list[float]) -> str:
+    """Durations in one unit: ``"23.3 / 86.6 / 138.9 ms"``, or in seconds once the largest reaches 10 s
+    (``"13.07 / 36.09 s"``); two decimals below 10 ms."""
+    finite = [v for v in values_ms if v == v]
+    largest = max(finite, default=0.0)
+    if largest >= 10_000:
+        return " / ".join(f"{v / 1000:.2f}" for v in values_ms) + " s"
+    digits = 2 if largest < 10 else 1
+    return " / ".join(f"{v:.{digits}f}" for v in values_ms) + " ms"
+
+
+def attention_lines(summary: dict) -> list[str]:
+    """One line each for what a reader must not miss: rejected requests (how many, why) and an overloaded
+    run (the queue grows through the run, analysis.slo's TTFT growth above 0.05 s/s)."""
+    from sim.records import REJECT_REASONS
+
+    lines = []
+    if summary.get("rejected"):
+        reasons = summary.get("rejected_by_reason") or {}
+        detail = "; ".join(f"{n:,} need {REJECT_REASONS.get(r, r)}" for r, n in sorted(reasons.items()))
+        lines.append(f"{summary['rejected']:,} of {summary['requests']:,} requests rejected"
+                     + (f" ({detail})" if detail else "") + "; the latencies cover served requests only")
+    growth = summary.get("ttft_growth_s_per_s", 0.0)
+    if growth == growth and growth > 0.05:
+        lines.append(f"overloaded: the queue grows through the run (TTFT rises {growth:.2f} s per s of trace time); "
+                     "latencies depend on the trace's length, not a steady state")
+    return lines
+
+
 def summary_lines(summary: dict) -> list[tuple[str, str]]:
     """(label, value) pairs for printing."""
     rows = []
@@ -72,6 +103,8 @@ def summary_lines(summary: dict) -> list[tuple[str, str]]:
             value = " / ".join(f"{ms:.1f}" for ms in summary.get(key, [])) + " ms"
         elif fmt == "bytes2":
             value = f"{format_bytes(summary[key[0]])} / {format_bytes(summary[key[1]])}"
+        elif fmt == "ms":
+            value = format_ms([summary.get(k, float("nan")) for k in key])
         else:
             values = [summary[k] for k in key] if isinstance(key, tuple) else [summary[key]]
             value = fmt.format(*values)
@@ -97,6 +130,8 @@ def print_summary(result, wall_s: float | None = None, out_dir: Path | None = No
             continue
         table.add_row(_relabel(label, config), value)
     console.print(table)
+    for line in attention_lines(result.summary):
+        console.print(f"[bold]warning:[/bold] {line}", highlight=False)
     if wall_s is not None:
         console.print(f"simulated in {wall_s:.2f} s wall" + (f"; results in {out_dir}/" if out_dir else ""))
 

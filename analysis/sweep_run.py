@@ -48,11 +48,12 @@ def _simulate(job: PointJob) -> tuple[str, dict]:
 
 def _capacity(job: PointJob) -> tuple[str, dict]:
     from analysis.capacity import find_capacity
-    from analysis.slo import parse_slos
+    from analysis.slo import parse_slos, with_default_bounds
     args, config, trace = _point_config_and_trace(job)
     if not args.slo:
         raise ValueError("--job capacity needs --slo (e.g. ttft_p99=2s,tpot_p99=100ms)")
-    result = find_capacity(config, trace, parse_slos(args.slo), args.tolerance, args.profile, args.stability_tol)
+    result = find_capacity(config, trace, with_default_bounds(parse_slos(args.slo)), args.tolerance, args.profile,
+                           args.stability_tol, allow_rejected=getattr(args, "allow_rejected", False))
     return config.label, result.to_dict()
 
 

@@ -33,15 +33,8 @@ class RequestBookkeeping:
                 self.waiting.append(request)
 
     def _cannot_ever_fit(self, request: Request) -> str:
-        """Why the request can never be served on this replica (``""`` if it can): its last iteration needs
-        more allocation units than one slot holds (``"slot"``: a static reservation of ``max_len`` tokens
-        shorter than the request) or than the pool minus its admission watermark (``"pool"``)."""
-        policy = self.policy.config
-        need = policy.pages_for_tokens(request.final_kv_tokens)
-        if need > policy.max_pages_per_slot:
-            return "slot"
-        usable = policy.pool_page_groups - int(policy.admission_watermark_frac * policy.pool_page_groups)
-        return "pool" if need > usable else ""
+        """Why the request can never be served on this replica (``""`` if it can), see :func:`unservable_reason`."""
+        return unservable_reason(self.policy.config, request.final_kv_tokens)
 
     def _admission_args(self, request: Request, first_tokens: int) -> tuple[int, int | None, int]:
         """Arguments of the policy's ``alloc_slot`` under the run's admission rule
@@ -134,3 +127,16 @@ class RequestBookkeeping:
             if request.generated == request.output_tokens:
                 request.completion_at_us = done_us
                 self._drop(request, status="finished")
+
+
+def unservable_reason(policy_config, final_kv_tokens: int) -> str:
+    """Why a request whose last iteration holds ``final_kv_tokens`` KV tokens can never be served by a policy
+    of ``policy_config`` (:class:`sim.memory.VAttentionConfig`), ``""`` if it can: it needs more allocation
+    units than one slot holds (``"slot"``: a static reservation of ``max_len`` tokens shorter than the
+    request) or than the pool minus its admission watermark (``"pool"``); reasons in
+    :data:`sim.records.REJECT_REASONS`."""
+    need = policy_config.pages_for_tokens(final_kv_tokens)
+    if need > policy_config.max_pages_per_slot:
+        return "slot"
+    pool = policy_config.pool_page_groups
+    return "pool" if need > pool - int(policy_config.admission_watermark_frac * pool) else ""

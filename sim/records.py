@@ -19,9 +19,9 @@ REQUEST_COLUMNS = ("request_id", "arrival_at_us", "prompt_tokens", "output_token
                    "recomputed_tokens", "reject_reason")
 
 REJECT_REASONS = {
-    "slot": "needs more KV than one slot holds (a static reservation shorter than the request)",
-    "pool": "needs more KV at its last token than the page pool holds above the admission watermark",
-    "pages": "could not get the pages of its next step even when running alone",
+    "slot": "more KV than one slot holds (a static reservation shorter than the request)",
+    "pool": "more KV at its last token than the page pool holds above the admission watermark",
+    "pages": "no pages for its next step even when running alone",
 }
 """Why a request was rejected (the ``reject_reason`` column)."""
 
