@@ -231,7 +231,9 @@ def sweep_table(jobs: list[PointJob], records: dict[str, dict]) -> pd.DataFrame:
         record = records.get(job.key, {"status": "missing", "error": "not run"})
         row = {**job.point, "status": record["status"], "error": record.get("error", ""),
                "label": record.get("label", "")}
-        row.update(record.get("result", {}))
+        # a nested dict (e.g. rejected_by_reason) is kept as JSON text: Parquet cannot store an empty struct
+        row.update({k: json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
+                    for k, v in record.get("result", {}).items()})
         rows.append(row)
     return pd.DataFrame(rows)
 
