@@ -260,13 +260,12 @@ def check_canonical(df: pd.DataFrame, source: str) -> None:
     if getattr(df["arrival_s"].dtype, "kind", "O") not in "iuf":
         raise TraceError(f"{source}: column 'arrival_s': must be numeric (seconds), "
                          f"not {df['arrival_s'].dtype}")
-    _raise_first(source, "arrival_s", df["arrival_s"].isna().to_numpy(), df,
-                 "missing value (null)")
+    _raise_first(source, "arrival_s", _nulls(df["arrival_s"]), df, "missing value (null)")
     _check_arrivals(source, df["arrival_s"].to_numpy(dtype=np.float64, na_value=np.nan), "row")
     for col in ("prompt_tokens", "output_tokens"):
         if getattr(df[col].dtype, "kind", "O") not in "iu":
             raise TraceError(f"{source}: column '{col}': must be integer, not {df[col].dtype}")
-        _raise_first(source, col, df[col].isna().to_numpy(), df, "missing value (null)")
+        _raise_first(source, col, _nulls(df[col]), df, "missing value (null)")
         values = df[col].to_numpy(dtype=np.float64)
         _raise_first(source, col, values < 1, df, "token count must be >= 1")
         _raise_first(source, col, values > MAX_TOKENS, df,
@@ -277,6 +276,13 @@ def check_canonical(df: pd.DataFrame, source: str) -> None:
             if problem:
                 raise TraceError(f"{source}: row {i + 1}, column 'hash_ids': {problem} "
                                  f"(got {plain(ids)})")
+
+
+def _nulls(column: pd.Series) -> np.ndarray:
+    """Missing values of a nullable (extension) column; a numpy float NaN is not one."""
+    if isinstance(column.dtype, pd.api.extensions.ExtensionDtype):
+        return column.isna().to_numpy(dtype=bool)
+    return np.zeros(len(column), dtype=bool)
 
 
 def _raise_first(source: str, col: str, bad: np.ndarray, df: pd.DataFrame, what: str):

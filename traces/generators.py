@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from traces.canonical import build_table
-from traces.errors import TraceError
+from traces.errors import TraceError, plain
 
 Z_P90 = 1.2815515655446004  # standard-normal quantile at 0.90
 
@@ -34,9 +34,9 @@ class ArrivalSpec:
 
     def __post_init__(self):
         if not (self.rate_per_s > 0 and np.isfinite(self.rate_per_s)):
-            raise TraceError(f"arrival rate must be > 0 req/s (got {self.rate_per_s!r})")
+            raise TraceError(f"arrival rate must be > 0 req/s (got {plain(self.rate_per_s)})")
         if not (self.cv > 0 and np.isfinite(self.cv)):
-            raise TraceError(f"arrival CV must be > 0 (got {self.cv!r})")
+            raise TraceError(f"arrival CV must be > 0 (got {plain(self.cv)})")
 
 
 _SPEC_RE = re.compile(r"^(poisson):([^,]+)$|^(gamma):([^,]+),([^,]+)$")

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from traces.canonical import renumber
-from traces.errors import TraceError
+from traces.errors import TraceError, plain
 
 
 def _source(df: pd.DataFrame, what: str) -> str:
@@ -25,7 +25,7 @@ def scale_rate(df: pd.DataFrame, factor: float) -> pd.DataFrame:
         factor: Rate multiplier, > 0 (2.0 = twice as many requests per second).
     """
     if not (factor > 0 and np.isfinite(factor)):
-        raise TraceError(f"scale_rate: factor must be > 0 (got {factor!r})")
+        raise TraceError(f"scale_rate: factor must be > 0 (got {plain(factor)})")
     out = df.assign(arrival_s=df["arrival_s"] / factor)
     out.attrs = dict(df.attrs)
     return renumber(out, _source(df, f"rate x{factor:g}"))
