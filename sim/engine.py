@@ -191,6 +191,8 @@ class Simulator(RequestBookkeeping):
             mapper activity inside the run) in one SimPy event; records are identical to stepping them one
             by one (``tests/test_engine.py`` checks this), only faster.
         env: a shared SimPy environment (several replicas behind a router); default: a new one.
+        max_iterations: a step bound (liveness checks): exceeding it raises RuntimeError naming the state;
+            default none (every loop pass already changes state or advances time, see ``_check_progress``).
 
     Raises:
         ValueError: if a request does not fit a slot.
@@ -198,7 +200,7 @@ class Simulator(RequestBookkeeping):
 
     def __init__(self, config: SimConfig, trace: pd.DataFrame, vmm: VmmLatencyModel | None = None,
                  compute: RooflineComputeModel | None = None, progress: Callable[[int, int], None] | None = None,
-                 coalesce: bool = True, env: simpy.Environment | None = None):
+                 coalesce: bool = True, env: simpy.Environment | None = None, max_iterations: int | None = None):
         self.config = config
         self.rng = np.random.default_rng(config.seed)
         self.env = env or simpy.Environment()
@@ -227,6 +229,7 @@ class Simulator(RequestBookkeeping):
         self.requests = _requests_from_trace(trace, config.slot_max_tokens)
         self.progress = progress
         self.coalesce = coalesce
+        self.max_iterations = max_iterations
         self.iteration_blocks: list[dict] = []
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -355,6 +358,9 @@ class Simulator(RequestBookkeeping):
                 *snapshot, self._iteration_preemptions, block_table_us, swap_us, clear_copy_us))
             self._finish_iteration(batch, env.now, iteration)
             iteration += 1
+            if self.max_iterations is not None and iteration > self.max_iterations:
+                raise RuntimeError(f"internal error: more than {self.max_iterations} iterations at "
+                                   f"t={env.now:.1f} us with {self._state_line()}")
             if self.progress and iteration % 2000 == 0:
                 self.progress(self.num_done, len(self.requests))
         if self.progress:

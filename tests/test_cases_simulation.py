@@ -1,0 +1,108 @@
+"""The simulation faults of ``../shared/cases/README.md``, each run with its command and checked against the
+right value given there (the case files stay in ../shared; the tests skip where it is absent)."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from cli import main
+from tests.conftest import REPO_ROOT
+
+CASES = REPO_ROOT.parent / "shared" / "cases"
+
+
+@pytest.fixture
+def case():
+    if not CASES.is_dir():
+        pytest.skip(f"{CASES} is not present")
+    return lambda name: str(CASES / name)
+
+
+def simulate(tmp_path, *args):
+    out = tmp_path / "run"
+    assert main(["simulate", *args, "--out", str(out), "--quiet"]) == 0
+    return (json.loads((out / "summary.json").read_text()), pd.read_parquet(out / "requests.parquet"),
+            pd.read_parquet(out / "iterations.parquet"))
+
+
+@pytest.mark.parametrize("deferred", [[], ["--no-deferred-reclaim"]])
+def test_nodefer_hang_finishes_every_request(tmp_path, case, deferred):
+    """Three 1,000-token prompts on a 3-page-group pool: one preemption does not free enough, and the
+    asynchronous mapper holds only unmaps already accounted for. Right value: all 3 finish; with deferred
+    reclamation 3 preemptions and a makespan of about 1.32 s."""
+    summary, requests, _ = simulate(tmp_path, "--trace", case("nodefer_hang.csv"),
+                                    "--memory-util", "0.1096501228516182", *deferred)
+    assert summary["finished"] == 3 and summary["rejected"] == 0
+    assert summary["preemptions"] == 3
+    assert summary["makespan_s"] == pytest.approx(1.32, abs=0.01)
+
+
+@pytest.mark.parametrize("admission", ["", ",admission=chunk"])
+def test_prefix_hit_ratio_is_a_ratio(tmp_path, case, admission):
+    """Two requests that share no block: the ratio is 0 (never above 1); hits of re-admissions after a
+    preemption (the chunk rule preempts here) are counted apart, not as prefill tokens saved."""
+    summary, requests, _ = simulate(tmp_path, "--trace", case("prefix_hit_ratio.jsonl"), "--model", "llama-3.1-8b",
+                                    "--policy", "vattention:prefix=on" + admission,
+                                    "--memory-util", "0.11054042757231987", "--token-budget", "512")
+    assert summary["prefix_hit_ratio"] == 0
+    assert summary["prefill_tokens_saved"] == 0 <= int(requests["prompt_tokens"].sum())
+    assert summary["prefix_pages_shared"] == 0 and summary["prefix_map_calls_added"] == 0
+    if summary["preemptions"]:
+        assert summary["prefill_tokens_saved_preempted"] == int(requests["prefix_hit_tokens_preempted"].sum()) > 0
+
+
+@pytest.mark.parametrize("scheduler", ["sarathi", "vllm"])
+def test_swap_with_prefix_caching_restores_the_swapped_kv(tmp_path, case, scheduler):
+    """Right value: as with prefix=off: 1 preemption, swap in = swap out = 160 tokens x 128 KiB, 398 tokens
+    computed (2 x (100 + 100 - 1): nothing recomputed)."""
+    for prefix in ("on", "off"):
+        summary, requests, iterations = simulate(
+            tmp_path / prefix, "--trace", case("swap_prefix.csv"), "--policy", f"paged:prefix={prefix}",
+            "--memory-util", "0.1068192320600121", "--preemption", "swap", "--scheduler", scheduler)
+        assert summary["preemptions"] == 1
+        assert summary["swap_out_bytes"] == summary["swap_in_bytes"] == 160 * 128 * 1024
+        assert int((iterations["prefill_tokens"] + iterations["decode_tokens"]).sum()) == 398
+        assert summary["finished"] == 2
+
+
+def test_capacity_counts_served_requests_and_says_what_can_never_fit(tmp_path, case, capsys):
+    """Half the requests (6,000-token prompts: 6 page groups against a 5-group pool) can never be served:
+    the search is refused, naming how many and why; with --allow-rejected the capacity counts served
+    requests only, and says so."""
+    args = ["capacity", "--trace", case("capacity_rejected.csv"), "--memory-util", "0.11143073229302154",
+            "--slo", "ttft_p99=2s,tpot_p99=100ms", "--quiet"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "200 of 400 requests (50.0%) can never be served on one replica" in err and "--allow-rejected" in err
+    assert main([*args, "--allow-rejected", "--json", str(tmp_path / "cap.json")]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING: 200 of 400 requests" in out and "served req/s" in out
+    record = json.loads((tmp_path / "cap.json").read_text())
+    assert record["unservable_requests"] == 200 and record["served_fraction"] == 0.5
+    # capacity = scale x base rate x served share; at capacity every rejection is one of the 200
+    assert record["capacity_req_per_s"] == pytest.approx(record["capacity_scale"] * record["base_rate_per_s"] * 0.5)
+    assert record["at_capacity_rejected"] == 200
+
+
+def test_no_preemption_of_a_request_in_the_iteration_that_admitted_it(tmp_path, case):
+    """Right value: 0 preemptions: the running decode gets its block before the request arriving at 1 ms is
+    admitted (vLLM v1 and Sarathi-Serve order), under either admission rule."""
+    for admission in ("whole-prompt", "chunk"):
+        summary, requests, _ = simulate(tmp_path / admission, "--trace", case("admit_steal.csv"),
+                                        "--policy", f"paged:admission={admission}",
+                                        "--memory-util", "0.10668012194740246")
+        assert summary["preemptions"] == 0 and summary["finished"] == 2
+
+
+def test_static_reserves_one_unit_and_rejects_what_cannot_fit_it(tmp_path, case):
+    """The 5,000-token request cannot fit one 4,096-token unit: rejected (reason "slot"), never given a
+    second unit; the 100-token one is served with one unit."""
+    summary, requests, iterations = simulate(tmp_path, "--trace", case("static_long.csv"),
+                                             "--policy", "static:max_len=4096")
+    rows = requests.set_index("request_id")
+    assert rows.loc[0, "status"] == "rejected" and rows.loc[0, "reject_reason"] == "slot"
+    assert rows.loc[1, "status"] == "finished"
+    assert summary["rejected_by_reason"] == {"slot": 1}
+    assert int(iterations["mapped_page_groups"].max()) == 1
