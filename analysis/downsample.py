@@ -9,6 +9,9 @@ quickly. Three reductions, all over equal-width time buckets:
       raw:      . .^. . . .v. .      bucket 1 | bucket 2
       kept:      ^ .         v .     (min and max of each bucket)
 
+* :func:`min_max_band` gives, per bucket, the mean (drawn as the line) and the min and max (drawn as a shaded
+  band around it), so a dense, oscillating timeline reads as a line with its range, not as a solid block of
+  zig-zags; every spike and dip still bounds the band.
 * :func:`bucket_mean` averages each column per bucket; means of parts still add up to the mean of the
   whole, so stacked areas (page pool) stay consistent.
 * :func:`bin_sums` adds counts per fixed time window (map / unmap operations).
@@ -17,10 +20,13 @@ Nothing here drops rare events: callers plot stalls from the full table (see :mo
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
 MAX_POINTS = 5000  # points per downsampled series
+BAND_BUCKETS = 1000  # buckets of a line-with-band timeline (about one per pixel of a 1,400 px wide page)
 
 
 def _bucket_ids(x: np.ndarray, num_buckets: int) -> np.ndarray:
@@ -57,6 +63,46 @@ def min_max(x: np.ndarray, y: np.ndarray, max_points: int = MAX_POINTS) -> tuple
     chosen = np.unique(order[first | last])      # indices of each bucket's min and max
     chosen = chosen[np.argsort(x[chosen], kind="stable")]
     return x[chosen], y[chosen]
+
+
+@dataclass(frozen=True)
+class Band:
+    """A timeline as a line (``mean`` per bucket) with its range (``lo`` .. ``hi``), at positions ``x`` (each
+    bucket's mean position); ``downsampled`` is False when every point was kept (then lo = mean = hi)."""
+
+    x: np.ndarray
+    mean: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    downsampled: bool
+    bucket: np.ndarray | None = None   # bucket index of each point (downsampled only)
+
+    def segments(self) -> list[slice]:
+        """Runs of adjacent non-empty buckets (a band is not drawn across an empty bucket: an idle gap)."""
+        if not self.downsampled or len(self.x) == 0:
+            return [slice(0, len(self.x))]
+        cuts = np.flatnonzero(np.diff(self.bucket) > 1) + 1
+        edges = [0, *cuts.tolist(), len(self.x)]
+        return [slice(a, b) for a, b in zip(edges[:-1], edges[1:])]
+
+
+def min_max_band(x: np.ndarray, y: np.ndarray, buckets: int = BAND_BUCKETS) -> Band:
+    """Per equal-width bucket of ``x``: the mean, minimum and maximum of ``y`` (NaNs dropped, empty buckets
+    left out); series of at most ``buckets`` points come back whole, sorted by ``x``.
+
+    The band's extremes are the series' extremes: ``hi.max() == nanmax(y)`` and ``lo.min() == nanmin(y)``.
+    """
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    keep = ~np.isnan(y)
+    x, y = x[keep], y[keep]
+    if len(x) <= buckets:
+        order = np.argsort(x, kind="stable")
+        return Band(x[order], y[order], y[order], y[order], False)
+    ids = _bucket_ids(x, buckets)
+    stats = pd.DataFrame({"id": ids, "x": x, "y": y}).groupby("id", sort=True).agg(
+        x=("x", "mean"), mean=("y", "mean"), lo=("y", "min"), hi=("y", "max"))
+    return Band(stats["x"].to_numpy(), stats["mean"].to_numpy(), stats["lo"].to_numpy(), stats["hi"].to_numpy(), True,
+                stats.index.to_numpy())
 
 
 def bucket_mean(frame: pd.DataFrame, x: str, columns: list[str], max_points: int = MAX_POINTS) -> pd.DataFrame:

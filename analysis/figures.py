@@ -1,19 +1,23 @@
 """The report's plotly figures, one builder per figure, each taking every run to compare.
 
 Every builder has the signature ``builder(views: list[RunView]) -> go.Figure``. Runs share the axes; each run
-has one colour (lines, markers, CDFs). The two stacked figures (page pool, map / unmap operations) give each
+has one colour, one dash style and one marker symbol (:data:`RUN_DASHES`, :data:`RUN_SYMBOLS`), so two runs that
+are nearly identical stay apart: a dashed line over a solid one shows both. Dense timelines are drawn as a line
+(the mean per time bucket) inside a shaded min/max band (:func:`analysis.downsample.min_max_band`). The two
+stacked figures (page pool, map / unmap operations) give each
 run its own row on a shared time axis instead, coloured by category, since stacks of several runs cannot
 share one set of axes.
 
 Traces per run (:data:`TRACES_PER_RUN`; the browser test checks these counts)::
 
-    latency     2   iteration latency line (min/max per time bucket) + every sync-mapping stall (markers)
-    batch       1   batch size
+    latency     3   min/max band + iteration latency line (bucket means) + every sync-mapping stall (markers)
+    batch       2   min/max band + batch size line
     pool        4   used / mapped-not-used / deferred / free KV memory, stacked (bucket means)
-    tail_waste  1   tail waste of running requests
+    tail_waste  2   min/max band + tail waste line of running requests
     cdf         3   TTFT, TPOT, E2E (one column each)
     mapping     3   background maps, critical-path maps, unmaps (negative), summed per time window
 
+A band trace is empty (no points) when its series was short enough to draw whole.
 Times on x axes are seconds since the simulation started (``start_at_us / 1e6``).
 """
 from __future__ import annotations
@@ -27,11 +31,13 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from analysis.downsample import MAX_POINTS, bin_sums, bucket_mean, cdf_points, min_max, nice_window
+from analysis.downsample import MAX_POINTS, bin_sums, bucket_mean, cdf_points, min_max_band, nice_window
 from analysis.results import RunResult
 from sim.units import GIB, US_PER_MS, US_PER_S
 
 RUN_COLOURS = qualitative.Plotly
+RUN_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+RUN_SYMBOLS = ("x", "circle-open", "diamond-open", "square-open", "triangle-up-open", "star-open")
 POOL_PARTS = (  # (column, legend name, colour)
     ("used_gib", "used by tokens", "#1f77b4"),
     ("slack_gib", "mapped, not yet used (running requests)", "#aec7e8"),
@@ -43,10 +49,11 @@ MAPPING_PARTS = (  # (column, legend name, colour, sign)
     ("sync_map_page_groups", "maps, critical path", "#d62728", 1),
     ("unmap_page_groups", "unmaps", "#7f7f7f", -1),
 )
-TRACES_PER_RUN = {"latency": 2, "batch": 1, "pool": len(POOL_PARTS), "tail_waste": 1, "cdf": 3,
+TRACES_PER_RUN = {"latency": 3, "batch": 2, "pool": len(POOL_PARTS), "tail_waste": 2, "cdf": 3,
                   "mapping": len(MAPPING_PARTS)}
 TIME_AXIS = "time since start (s)"
-LINE_OPACITY = 0.7  # timelines of several runs overlap: let the one below show through
+LINE_OPACITY = 0.85  # timelines of several runs overlap: let the one below show through
+BAND_OPACITY = 0.18  # fill of a min/max band
 
 
 @dataclass
@@ -56,6 +63,9 @@ class RunView:
     label: str
     colour: str
     result: RunResult
+    dash: str = "solid"
+    symbol: str = "x"
+    width: float = 2.0   # line width: earlier runs (drawn first, underneath) slightly wider, so both show
 
     @cached_property
     def iterations(self) -> pd.DataFrame:
@@ -76,24 +86,56 @@ class RunView:
 
 
 def _layout(fig: go.Figure, height: int, **axes) -> go.Figure:
-    """Common look: white template, legend on the right, ``height`` px (the section heading is the title)."""
-    fig.update_layout(height=height, template="plotly_white", hovermode="closest", margin=dict(t=40, b=50),
-                      **axes)
+    """Common look: white template, legend above the plot (long run labels never squeeze the plot), ``height``
+    px (the section heading is the title)."""
+    fig.update_layout(height=height, template="plotly_white", hovermode="closest", margin=dict(t=60, b=50, l=70, r=20),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0), **axes)
     return fig
 
 
+def _rgba(colour: str, alpha: float) -> str:
+    """``#rrggbb`` -> ``rgba(r, g, b, alpha)``."""
+    value = colour.lstrip("#")
+    r, g, b = (int(value[i:i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r}, {g}, {b}, {alpha})"
+
+
+def add_timeline(fig: go.Figure, view: RunView, x: np.ndarray, y: np.ndarray, unit: str, fmt: str = ".2f",
+                 **where) -> None:
+    """Two traces of one run: the min/max band (a closed, filled outline; empty when every point is drawn) and
+    the line (bucket means, or every point), in the run's colour and dash style, one legend entry for both."""
+    band = min_max_band(x, y)
+    bx, by = [], []
+    if band.downsampled:   # one closed outline per run of adjacent buckets (None between them: not across gaps)
+        for part in band.segments():
+            bx += [*band.x[part], *band.x[part][::-1], None]
+            by += [*band.hi[part], *band.lo[part][::-1], None]
+    fig.add_scatter(x=bx, y=by, mode="lines", fill="toself", fillcolor=_rgba(view.colour, BAND_OPACITY),
+                    line=dict(width=0, color=view.colour), name=f"{view.label}: min-max", legendgroup=view.label,
+                    showlegend=False, hoverinfo="skip", **where)
+    if band.downsampled:
+        custom = np.column_stack([band.lo, band.hi])
+        hover = (f"t=%{{x:.3f}} s<br>mean %{{y:{fmt}}} {unit}<br>min %{{customdata[0]:{fmt}}}, "
+                 f"max %{{customdata[1]:{fmt}}} {unit}<extra>{view.label}</extra>")
+    else:
+        custom, hover = None, f"t=%{{x:.3f}} s<br>%{{y:{fmt}}} {unit}<extra>{view.label}</extra>"
+    fig.add_scatter(x=band.x, y=band.mean, mode="lines", name=view.label, legendgroup=view.label,
+                    opacity=LINE_OPACITY, line=dict(color=view.colour, width=view.width - 0.5, dash=view.dash),
+                    customdata=custom, hovertemplate=hover, **where)
+
+
 def latency_figure(views: list[RunView]) -> go.Figure:
-    """Iteration latency (ms) over time; every iteration with a synchronous-mapping stall as a marker."""
+    """Iteration latency (ms) over time (line and min/max band); every iteration with a synchronous-mapping
+    stall as a marker in the run's colour and symbol."""
     fig = go.Figure()
     for view in views:
         it = view.iterations
-        x, y = min_max(it["time_s"].to_numpy(), it["duration_ms"].to_numpy())
-        fig.add_scatter(x=x, y=y, mode="lines", name=view.label, legendgroup=view.label, opacity=LINE_OPACITY,
-                        line=dict(color=view.colour, width=1))
+        add_timeline(fig, view, it["time_s"].to_numpy(), it["duration_ms"].to_numpy(), "ms")
         stalls = it[it["sync_stall_us"] > 0]   # never downsampled: each stall is one marker
         fig.add_scatter(x=stalls["time_s"], y=stalls["duration_ms"], mode="markers",
                         name=f"{view.label}: sync-mapping stalls ({len(stalls):,})", legendgroup=view.label,
-                        marker=dict(color=view.colour, symbol="x", size=9, line=dict(width=1, color="black")),
+                        marker=dict(color=view.colour, symbol=view.symbol, size=9,
+                                    line=dict(width=1.5, color=view.colour)),
                         customdata=np.column_stack([stalls["sync_stall_us"] / US_PER_MS, stalls["iteration"]]),
                         hovertemplate="iteration %{customdata[1]}<br>t=%{x:.3f} s<br>latency %{y:.2f} ms<br>"
                                       "stall %{customdata[0]:.3f} ms<extra></extra>")
@@ -106,9 +148,7 @@ def batch_figure(views: list[RunView]) -> go.Figure:
     fig = go.Figure()
     for view in views:
         it = view.iterations
-        x, y = min_max(it["time_s"].to_numpy(), it["batch_size"].to_numpy())
-        fig.add_scatter(x=x, y=y, mode="lines", name=view.label, opacity=LINE_OPACITY,
-                        line=dict(color=view.colour, width=1))
+        add_timeline(fig, view, it["time_s"].to_numpy(), it["batch_size"].to_numpy(dtype=float), "requests", ".1f")
     return _layout(fig, 380,
                    xaxis_title=TIME_AXIS, yaxis_title="batch size (requests)")
 
@@ -153,9 +193,7 @@ def tail_waste_figure(views: list[RunView]) -> go.Figure:
     fig = go.Figure()
     for view in views:
         it = view.iterations
-        x, y = min_max(it["time_s"].to_numpy(), it["tail_waste_bytes"].to_numpy() / GIB)
-        fig.add_scatter(x=x, y=y, mode="lines", name=view.label, opacity=LINE_OPACITY,
-                        line=dict(color=view.colour, width=1))
+        add_timeline(fig, view, it["time_s"].to_numpy(), it["tail_waste_bytes"].to_numpy() / GIB, "GiB", ".3f")
     return _layout(fig, 380, xaxis_title=TIME_AXIS, yaxis_title="tail waste (GiB)")
 
 
@@ -174,7 +212,8 @@ def cdf_figure(views: list[RunView]) -> go.Figure:
             values = view.finished[column].to_numpy(dtype=float) / scale
             x, p = cdf_points(values[values > 0] if log_x else values)
             fig.add_scatter(x=x, y=p, mode="lines", name=view.label, legendgroup=view.label,
-                            line=dict(color=view.colour), showlegend=col == 1, row=1, col=col)
+                            line=dict(color=view.colour, dash=view.dash, width=view.width), showlegend=col == 1,
+                            row=1, col=col)
     for col, (_, _, title, log_x) in enumerate(CDF_METRICS, start=1):
         fig.update_xaxes(title_text=title, type="log" if log_x else "linear", row=1, col=col)
     fig.update_yaxes(title_text="share of finished requests", range=[0, 1.02], row=1, col=1)
@@ -211,15 +250,19 @@ def mapping_figure(views: list[RunView]) -> go.Figure:
 
 FIGURES = (  # (id, section heading, note under the heading, builder)
     ("latency", "Iteration latency and synchronous-mapping stalls",
-     "Lines: the shortest and longest iteration of each time bucket. Markers (x): every iteration that waited "
-     "for synchronous mapping (sync_stall_us > 0), none left out; hover for the stall time.", latency_figure),
-    ("batch", "Batch size", "Requests per iteration; the smallest and largest of each time bucket.", batch_figure),
+     "Line: the mean iteration latency of each time bucket, inside a shaded band from the bucket's shortest to "
+     "its longest iteration (every point is drawn when a run has few). Markers: every iteration that waited for "
+     "synchronous mapping (sync_stall_us > 0), none left out, one symbol per run; hover for the stall time.",
+     latency_figure),
+    ("batch", "Batch size", "Requests per iteration: the mean of each time bucket, in a band from its smallest to its "
+     "largest.", batch_figure),
     ("pool", "Page pool",
      "KV-cache pool, stacked, averaged per time bucket: pages holding tokens, pages mapped ahead for running "
      "requests, pages kept mapped on idle slots (deferred reclamation, eager mapping), and unmapped pages. "
      "Click a legend entry to hide a layer.", pool_figure),
     ("tail_waste", "Tail waste",
-     "Mapped memory past the last token of each running request, summed; min and max per time bucket.",
+     "Mapped memory past the last token of each running request, summed: the mean of each time bucket, in a band "
+     "from its min to its max.",
      tail_waste_figure),
     ("cdf", "TTFT, TPOT and E2E latency", "Empirical CDFs over finished requests (TTFT and E2E on log axes).",
      cdf_figure),
@@ -230,6 +273,8 @@ FIGURES = (  # (id, section heading, note under the heading, builder)
 
 
 def run_views(runs: list[RunResult], labels: list[str]) -> list[RunView]:
-    """Pair each run with its label and a colour (cycling through plotly's qualitative palette)."""
-    return [RunView(label, RUN_COLOURS[i % len(RUN_COLOURS)], run) for i, (run, label) in
-            enumerate(zip(runs, labels))]
+    """Pair each run with its label, a colour (plotly's qualitative palette), a dash style and a marker symbol,
+    each cycling on its own, so that no two of the first 30 runs share all three."""
+    return [RunView(label, RUN_COLOURS[i % len(RUN_COLOURS)], run, RUN_DASHES[i % len(RUN_DASHES)],
+                    RUN_SYMBOLS[i % len(RUN_SYMBOLS)], max(3.0 - 0.5 * i, 1.5))
+            for i, (run, label) in enumerate(zip(runs, labels))]

@@ -7,7 +7,7 @@ Page layout::
     Summary                      <- analysis.compare's metrics side by side (+ every summary.json key, folded)
     one section per figure       <- analysis.figures.FIGURES, each a <div id="fig-<id>">
 
-Long timelines are downsampled (analysis.downsample): a report of the 19,366-request Azure conversation
+Long timelines are downsampled (analysis.downsample: a line of bucket means in a min/max band): a report of the 19,366-request Azure conversation
 trace (~620,000 iterations) is ~5.8 MB, of which ~4.8 MB is plotly.js.
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from analysis.compare import comparison_table, run_labels
+from analysis.downsample import BAND_BUCKETS
 from analysis.figures import FIGURES, RunView, run_views
 from analysis.results import RunResult
 
@@ -32,14 +33,21 @@ CONFIG_ROWS = (  # (label, config key)
     ("request slots", "max_batch_slots"), ("seed", "seed"), ("trace", "trace_source"),
     ("VMM latencies", "vmm_latency_source"),
 )
+# The page never scrolls sideways (checked at 1,400 px in tests/test_report_screens.py): long paths and labels
+# wrap anywhere, a table wider than the page scrolls inside its own box, plots take the page's width.
 STYLE = """
-body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1400px; color: #222; }
+*, *::before, *::after { box-sizing: border-box; }
+body { font-family: system-ui, sans-serif; margin: 1.5em auto; padding: 0 1em; max-width: 1400px; color: #222; }
 h1 { margin-bottom: 0.2em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+li, p, th, td.text, .path { overflow-wrap: anywhere; }
+.table-wrap { max-width: 100%; overflow-x: auto; }
 table { border-collapse: collapse; font-size: 0.9em; }
-th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: right; }
+th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: right; vertical-align: top; }
+th { max-width: 24em; }
 th:first-child, td:first-child { text-align: left; }
-td.text { text-align: left; max-width: 40em; }
+td.text { text-align: left; max-width: 36em; }
 .note { color: #555; font-size: 0.9em; }
+.plotly-graph-div { max-width: 100%; }
 """
 
 
@@ -63,7 +71,8 @@ def html_table(rows: list[tuple[str, list]], labels: list[str]) -> str:
         cells = "".join(f'<td class="text">{_cell(v)}</td>' if isinstance(v, str) else f"<td>{_cell(v)}</td>"
                         for v in values)
         body.append(f"<tr><td>{html.escape(name)}</td>{cells}</tr>")
-    return f"<table><thead><tr><th></th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return (f"<div class='table-wrap'><table><thead><tr><th></th>{head}</tr></thead><tbody>{''.join(body)}</tbody>"
+            "</table></div>")
 
 
 def _tidy(value):
@@ -95,14 +104,22 @@ def figure_sections(views: list[RunView]) -> list[str]:
     return sections
 
 
-def _header(runs: list[RunResult], labels: list[str]) -> str:
-    items = "".join(f"<li><b>{html.escape(label)}</b>: {html.escape(str(r.path or '(in memory)'))}, "
+def _header(runs: list[RunResult], labels: list[str], views: list[RunView]) -> str:
+    items = "".join(f"<li><b>{html.escape(label)}</b> ({_style_name(view)}): <span class='path'>"
+                    f"{html.escape(str(r.path or '(in memory)'))}</span>, "
                     f"{r.summary.get('requests', 0):,} requests, {r.summary.get('iterations', 0):,} iterations</li>"
-                    for r, label in zip(runs, labels))
-    return (f"<h1>kvsim report</h1><ul>{items}</ul><p class='note'>Timelines are downsampled to at most "
-            "5,000 points per line (min and max per time bucket; stacked areas: bucket means); every "
-            "synchronous-mapping stall is drawn. Drag to zoom, double-click to reset; click a legend entry "
-            "to hide it.</p>")
+                    for r, label, view in zip(runs, labels, views))
+    return (f"<h1>kvsim report</h1><ul>{items}</ul><p class='note'>Each run has its own colour, dash style and "
+            f"marker. Timelines longer than {BAND_BUCKETS:,} points are drawn as the mean per time bucket "
+            f"({BAND_BUCKETS:,} buckets) inside a shaded band from the bucket's minimum to its maximum; stacked "
+            "areas are bucket means; every synchronous-mapping stall is drawn. Drag to zoom, double-click to "
+            "reset; click a legend entry to hide it.</p>")
+
+
+def _style_name(view: RunView) -> str:
+    """How a run is drawn, in words (the swatch of the header list)."""
+    return (f"<span style='color:{view.colour}'>&#9632;</span> {html.escape(view.dash)} line, "
+            f"{html.escape(view.symbol.replace('-open', ''))} markers")
 
 
 def build_report_html(runs: list[RunResult]) -> str:
@@ -116,8 +133,8 @@ def build_report_html(runs: list[RunResult]) -> str:
     labels = run_labels(runs)
     views = run_views(runs, labels)
     title = html.escape("kvsim report: " + ", ".join(labels))
-    body = _header(runs, labels) + summary_section(runs, labels) + "".join(figure_sections(views))
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
+    body = _header(runs, labels, views) + summary_section(runs, labels) + "".join(figure_sections(views))
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><title>{title}</title>'
             f'<style>{STYLE}</style>\n<script type="text/javascript">{get_plotlyjs()}</script>\n</head>\n'
             f"<body>{body}</body></html>\n")
 

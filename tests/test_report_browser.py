@@ -97,13 +97,14 @@ def report(two_runs, tmp_path_factory) -> Path:
 def test_report_loads_without_errors_and_draws_every_figure(two_runs, report, tmp_path):
     result = probe(report, tmp_path)
     assert result["errors"] == []
-    per_run = {"latency": 2, "batch": 1, "pool": 4, "tail_waste": 1, "cdf": 3, "mapping": 3}
+    per_run = {"latency": 3, "batch": 2, "pool": 4, "tail_waste": 2, "cdf": 3, "mapping": 3}
     figures = result["figures"]
     assert {fig_id: f["traces"] for fig_id, f in figures.items()} == {f"fig-{k}": 2 * n for k, n in per_run.items()}
     assert all(f["drawn"] for f in figures.values())
-    # trace 3 of the latency figure is the sync run's stall markers: one drawn point per stalled iteration
+    # trace 5 of the latency figure (band, line, markers per run) is the sync run's stall markers: one drawn
+    # point per stalled iteration
     stalls = int((load_run(two_runs[1]).iterations["sync_stall_us"] > 0).sum())
-    assert stalls > 0 and figures["fig-latency"]["points"][3] == stalls
+    assert stalls > 0 and figures["fig-latency"]["points"][5] == stalls
 
 
 def test_report_screenshot(report):
