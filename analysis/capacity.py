@@ -199,7 +199,8 @@ def make_evaluator(config: SimConfig, trace: pd.DataFrame, slos: tuple[Slo, ...]
     def evaluate(scale: float) -> Evaluation:
         scaled = traces.scale_rate(trace, scale) if scale != 1.0 else trace
         result = runner.run_simulation(config, scaled, profile_path)
-        served = result.summary["finished"] / max(result.summary["requests"], 1)
+        requests = result.summary.get("requests", 0)
+        served = result.summary.get("finished", requests) / requests if requests else 1.0
         return judge(scale, scale * base_rate * served, result.summary, ttft_growth(result.requests), slos,
                      stability_tol, allowed_rejected)
     return evaluate

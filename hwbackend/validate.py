@@ -44,7 +44,10 @@ class RunInputError(ValueError):
 # (docs/validation/hw-async); absent means the default, which is what those runs ran with. Every other SimConfig
 # field is required (python -m hwbackend.replay_cli writes SimConfig.to_dict(), so every run it wrote has them):
 # a field added to SimConfig later belongs here, with a default that reproduces the older runs.
-RUN_OPTIONAL_FIELDS = ("memset_bytes_per_s", "copy_bytes_per_s")
+RUN_OPTIONAL_FIELDS = ("memset_bytes_per_s", "copy_bytes_per_s", "allow_long_context", "admission")
+RUN_FIELD_DEFAULTS = {"admission": "chunk"}
+"""Settings of runs recorded before the field existed: replays before 2026-12-01 admitted a request when its
+first chunk fitted (``chunk``), whatever the scheduler."""
 
 # the CLI flag in a SimConfig / catalogue message -> the config.json field it stands for
 _FIELD_OF_FLAG = {"--page-size": "page_size_bytes", "--max-batch": "max_batch_slots", "--token-budget": "token_budget",
@@ -129,7 +132,7 @@ def config_from_run(config: dict, source: str | None = None) -> SimConfig:
         except ValueError as exc:
             raise RunInputError(f"{where}field {name!r}: {exc}") from None
     try:
-        return SimConfig(**{k: v for k, v in config.items() if k in kinds})
+        return SimConfig(**{k: v for k, v in {**RUN_FIELD_DEFAULTS, **config}.items() if k in kinds})
     except ValueError as exc:  # ConfigError / CatalogError: phrased for the command line; name the fields instead
         message = str(exc)
         for flag, name in _FIELD_OF_FLAG.items():
