@@ -135,8 +135,14 @@ def count_out_of_order(arrival_s: np.ndarray) -> int:
 
 def build_table(arrival_s: np.ndarray, prompt_tokens: np.ndarray,
                 output_tokens: np.ndarray, source: str,
-                extra: Mapping[str, object] | None = None) -> pd.DataFrame:
+                extra: Mapping[str, object] | None = None,
+                sort_key: np.ndarray | None = None) -> pd.DataFrame:
     """Builds the canonical table, sorting rows out of time order with a warning.
+
+    Rows are ordered by ``sort_key`` (default ``arrival_s``), stably; then the first
+    arrival is subtracted. Sorting on the file's own values (before any shift or unit
+    change) keeps two times that differ by less than the rounding of the shift in their
+    true order.
 
     Args:
         arrival_s: Arrival times in seconds, any origin, file order; float64, finite.
@@ -144,6 +150,8 @@ def build_table(arrival_s: np.ndarray, prompt_tokens: np.ndarray,
         output_tokens: Output lengths in tokens (already validated >= 1).
         source: Human description for ``df.attrs["source"]``.
         extra: Extra columns (same length), e.g. ``{"hash_ids": [...]}``.
+        sort_key: The file's times (e.g. int64 ns, float ms), in file order, ordered as
+            ``arrival_s`` is (non-strictly); None to sort by ``arrival_s``.
 
     Returns:
         The canonical DataFrame (see module docstring).
@@ -162,11 +170,12 @@ def build_table(arrival_s: np.ndarray, prompt_tokens: np.ndarray,
                "output_tokens": np.asarray(output_tokens, dtype=np.int64)}
     for name, values in (extra or {}).items():
         columns[name] = values if isinstance(values, pd.Series) else pd.Series(values)
-    n_out = count_out_of_order(arrival_s)
+    key = arrival_s if sort_key is None else np.asarray(sort_key)
+    n_out = count_out_of_order(key)
     if n_out:
         warnings.warn(f"{source}: {n_out} rows out of time order were sorted",
                       TraceWarning, stacklevel=3)
-        order = np.argsort(arrival_s, kind="stable")
+        order = np.argsort(key, kind="stable")
         columns = {k: _take(v, order) for k, v in columns.items()}
     return _assemble(columns, source)
 

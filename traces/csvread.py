@@ -201,31 +201,37 @@ def check_field_counts(path: Path, n_fields: int, slice_bytes: int = SLICE_BYTES
 def _first_bad_line(block: np.ndarray, n_fields: int) -> tuple[tuple[int, bytes] | None, int]:
     """Scans whole lines for a wrong field count or only empty fields.
 
+    Only the positions of newlines, commas and blanks (space, tab, CR) are gathered; per
+    line, ``content = length - commas - blanks`` is 0 exactly for a blank line (no comma)
+    or a row of empty fields (commas), which the reader would drop silently.
+
     Returns:
         ``((index of the line within block, its bytes) or None, number of newlines)``.
     """
-    delimiters = np.flatnonzero((block == 44) | (block == 10))   # commas and newlines
-    newline_at = np.flatnonzero(block[delimiters] == 10)         # their places in delimiters
+    at = np.flatnonzero(block <= 44)         # every byte that can be special, and a few more
+    kind = block[at]                         # ("+", "'", "(", ...): cheap to sift here
+    newline_at = np.flatnonzero(kind == 10)                      # places within ``at``
     n_newlines = len(newline_at)
-    counts = np.diff(newline_at, prepend=-1) - 1                 # commas on each line
-    ends = delimiters[newline_at]
+    ends = at[newline_at]
     if len(block) and block[-1] != 10:                           # last line, no newline
-        last = newline_at[-1] if n_newlines else -1
-        counts = np.append(counts, len(delimiters) - 1 - last)
+        newline_at = np.append(newline_at, len(at))
         ends = np.append(ends, len(block))
-    starts = np.empty_like(ends)
-    starts[:1] = 0
-    starts[1:] = ends[:-1] + 1
-    # A full line has >= 1 byte per field besides its commas; only lines below that can be
-    # blank or all-empty, and only those need their bytes looked at.
-    suspect = (counts != n_fields - 1) | (ends - starts - counts < n_fields)
-    for index in np.flatnonzero(suspect):
-        text = block[starts[index]:ends[index]].tobytes()
-        if not text.strip():
-            continue                             # blank line: skipped by the reader too
-        if counts[index] != n_fields - 1 or not text.strip(b" \t\r,"):
-            return (int(index), text), n_newlines
-    return None, n_newlines
+    commas_before = np.zeros(len(kind) + 1, dtype=np.int64)     # commas in at[:j]
+    np.cumsum(kind == 44, out=commas_before[1:])
+    specials_before = np.zeros(len(kind) + 1, dtype=np.int64)   # commas and blanks
+    np.cumsum((kind == 44) | (kind == 32) | (kind == 9) | (kind == 13),
+              out=specials_before[1:])
+    first_special = np.concatenate(([0], newline_at[:-1] + 1))
+    commas = commas_before[newline_at] - commas_before[first_special]
+    specials = specials_before[newline_at] - specials_before[first_special]
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    content = ends - starts - specials
+    blank = (content == 0) & (commas == 0)                       # skipped by the reader too
+    bad = ~blank & ((commas != n_fields - 1) | (content == 0))
+    if not bad.any():
+        return None, n_newlines
+    index = int(np.argmax(bad))
+    return (index, block[starts[index]:ends[index]].tobytes()), n_newlines
 
 
 def _check_field_counts_quoted(path: Path, n_fields: int) -> None:

@@ -134,7 +134,8 @@ def load_csv(path: Path, spec: CsvFormat | None, arrival: str | None,
     if arrival is None:
         _check_span(path, spec, time)
     arrival_s = _arrival_s(time, len(prompt), arrival, seed)
-    return build_table(arrival_s, prompt, output, str(path), extra=columns)
+    return build_table(arrival_s, prompt, output, str(path), extra=columns,
+                       sort_key=time if arrival is None else None)
 
 
 def _concat_columns(parts: list[dict]) -> dict:
@@ -224,7 +225,6 @@ def _arrival_s(time: np.ndarray | None, n: int, arrival: str | None,
     if arrival is not None:
         from traces.generators import arrivals_from_spec
         return arrivals_from_spec(arrival, n, np.random.default_rng(seed))
-    time -= time.min()
-    if time.dtype.kind == "i":  # int64 ns from wall-clock timestamps
-        return time / 1e9
-    return time
+    if time.dtype.kind == "i":  # int64 ns from wall-clock timestamps (exact difference)
+        return (time - time.min()) / 1e9
+    return time                 # float seconds: build_table sorts, then shifts

@@ -69,9 +69,8 @@ def load_mooncake(path: Path) -> pd.DataFrame:
         raise fail(path, f"arrival {(time_ms[i] - time_ms[first]) / 1e3:.6g} s after the "
                    f"earliest request (line {lines[first]}) is beyond {MAX_ARRIVAL_TEXT}",
                    lines[i], "timestamp", times[i])
-    arrival_s = time_ms / 1000.0
-    return build_table(arrival_s - arrival_s.min(), prompts, outputs, str(path),
-                       extra={"hash_ids": pd.Series(hashes, dtype=object)})
+    return build_table(time_ms / 1000.0, prompts, outputs, str(path),
+                       extra={"hash_ids": pd.Series(hashes, dtype=object)}, sort_key=time_ms)
 
 
 def _decode(path: Path, line: int, raw: bytes) -> str:
