@@ -30,7 +30,9 @@ CONFIG_ROWS = (  # (label, config key)
     ("policy", "policy"), ("model", "model"), ("GPU", "gpu"), ("tensor parallel", "tp"),
     ("page size (bytes)", "page_size_bytes"), ("synchronous mapping", "sync_mapping"),
     ("deferred reclaim", "deferred_reclaim"), ("scheduler", "scheduler"), ("token budget", "token_budget"),
-    ("request slots", "max_batch_slots"), ("seed", "seed"), ("trace", "trace_source"),
+    ("request slots", "max_batch_slots"), ("memory utilisation", "memory_util_frac"),
+    ("slot length (tokens)", "slot_max_tokens"), ("preemption", "preemption"), ("seed", "seed"),
+    ("trace", "trace_source"),
     ("VMM latencies", "vmm_latency_source"),
 )
 # The page never scrolls sideways (checked at 1,400 px in tests/test_report_screens.py): long paths and labels
@@ -46,6 +48,7 @@ th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: right; verti
 th { max-width: 24em; }
 th:first-child, td:first-child { text-align: left; }
 td.text { text-align: left; max-width: 36em; }
+tr.differs td { background: #fff6d5; } tr.differs td:first-child { font-weight: bold; }
 .note { color: #555; font-size: 0.9em; }
 .plotly-graph-div { max-width: 100%; }
 """
@@ -63,14 +66,16 @@ def _cell(value) -> str:
     return html.escape(str(value))
 
 
-def html_table(rows: list[tuple[str, list]], labels: list[str]) -> str:
-    """A table with one column per run: ``rows`` are ``(row label, [value per run])``."""
+def html_table(rows: list[tuple[str, list]], labels: list[str], mark_differences: bool = False) -> str:
+    """A table with one column per run: ``rows`` are ``(row label, [value per run])``; with
+    ``mark_differences``, rows whose values differ between runs are highlighted (class ``differs``)."""
     head = "".join(f"<th>{html.escape(label)}</th>" for label in labels)
     body = []
     for name, values in rows:
         cells = "".join(f'<td class="text">{_cell(v)}</td>' if isinstance(v, str) else f"<td>{_cell(v)}</td>"
                         for v in values)
-        body.append(f"<tr><td>{html.escape(name)}</td>{cells}</tr>")
+        differs = mark_differences and len(values) > 1 and len({_cell(v) for v in values}) > 1
+        body.append(f"<tr{' class=differs' if differs else ''}><td>{html.escape(name)}</td>{cells}</tr>")
     return (f"<div class='table-wrap'><table><thead><tr><th></th>{head}</tr></thead><tbody>{''.join(body)}</tbody>"
             "</table></div>")
 
@@ -88,7 +93,8 @@ def summary_section(runs: list[RunResult], labels: list[str]) -> str:
     metric_rows = [(column, [_tidy(v) for v in table[column]]) for column in table.columns]
     keys = list(dict.fromkeys(k for r in runs for k in r.summary))
     all_rows = [(key, [r.summary.get(key, float("nan")) for r in runs]) for key in keys]
-    return (f"<h2>Runs</h2>{html_table(config_rows, labels)}"
+    note = ("<p class='note'>Highlighted rows differ between the runs.</p>" if len(runs) > 1 else "")
+    return (f"<h2>Runs</h2>{note}{html_table(config_rows, labels, mark_differences=True)}"
             f"<h2>Summary</h2>{html_table(metric_rows, labels)}"
             f"<details><summary>every summary.json key</summary>{html_table(all_rows, labels)}</details>")
 
