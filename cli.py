@@ -496,6 +496,8 @@ _POLICY_KEY_HELP = {
                                      "(critical path) or when the previous one frees them (background)", None),
     "prefix": ("on|off", "prefix caching: share the pages of matching prompt prefixes (trace hash_ids); vattention "
                          "and paged", "off"),
+    "admission": ("whole-prompt|chunk", "admit a waiting request only when its whole prompt's KV fits, or as soon as "
+                                        "its first scheduled chunk fits", "the scheduler's rule, whole-prompt"),
 }
 
 
