@@ -62,14 +62,17 @@ def _relabel(label: str, config: dict) -> str:
 
 
 def format_ms(values_ms: list[float]) -> str:
-    """Durations in one unit: ``"23.3 / 86.6 / 138.9 ms"``, or in seconds once the largest reaches 10 s
-    (``"13.07 / 36.09 s"``); two decimals below 10 ms."""
-    finite = [v for v in values_ms if v == v]
-    largest = max(finite, default=0.0)
-    if largest >= 10_000:
-        return " / ".join(f"{v / 1000:.2f}" for v in values_ms) + " s"
-    digits = 2 if largest < 10 else 1
-    return " / ".join(f"{v:.{digits}f}" for v in values_ms) + " ms"
+    """Durations joined by `` / ``, each in ms (two decimals below 10 ms, one below 10 s) or, from 10 s on, in
+    seconds: ``"23.3 / 86.6 / 138.9 ms"``, ``"38.0 ms / 1637.1 ms / 133.31 s"``."""
+    def one(value_ms: float) -> tuple[str, str]:
+        if value_ms == value_ms and value_ms >= 10_000:
+            return f"{value_ms / 1000:.2f}", "s"
+        return (f"{value_ms:.2f}" if value_ms < 10 else f"{value_ms:.1f}"), "ms"
+
+    parts = [one(v) for v in values_ms]
+    if len({unit for _, unit in parts}) == 1:
+        return " / ".join(text for text, _ in parts) + f" {parts[0][1]}"
+    return " / ".join(f"{text} {unit}" for text, unit in parts)
 
 
 def attention_lines(summary: dict) -> list[str]:
