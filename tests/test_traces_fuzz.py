@@ -20,6 +20,7 @@ import json
 import math
 import tempfile
 import warnings
+from collections import Counter
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from traces import TraceError, TraceWarning, load_trace
@@ -35,7 +36,7 @@ from traces.canonical import MAX_ARRIVAL_S
 from traces.csvread import check_field_counts
 from traces.fields import MAX_TOKENS
 
-FAST, SLOW = 40, 1500
+FAST, SLOW = 100, 2000
 FORMATS = (None, "azure", "splitwise", "lengths", "burstgpt", "mooncake", "parquet")
 MAX_ID = 2**63 - 1
 
@@ -51,15 +52,23 @@ def n_examples(request) -> int:
     return request.param
 
 
+OUTCOMES: Counter = Counter()   # "loaded" / "refused" of the examples of the running test
+
+
 def run(n: int, strategy, check) -> None:
-    """Runs ``check(example)`` on ``n`` examples drawn from ``strategy``."""
+    """Runs ``check(example)`` on ``n`` examples drawn from ``strategy``; prints how many
+    ran and how many files loaded or were refused (``pytest -s`` shows it)."""
+    OUTCOMES.clear()
+
     @settings(max_examples=n, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                      HealthCheck.filter_too_much, HealthCheck.large_base_example])
     @given(strategy)
     def prop(example):
+        OUTCOMES["examples"] += 1
         check(example)
     prop()
+    print(f"\nfuzz: {dict(OUTCOMES)}")
 
 
 @contextmanager
@@ -74,10 +83,10 @@ def load_or_refuse(path: Path, **kwargs):
         warnings.simplefilter("ignore", TraceWarning)
         try:
             table = load_trace(path, **kwargs)
-            event("loaded")
+            OUTCOMES["loaded"] += 1
             return table
         except TraceError as err:
-            event("refused")
+            OUTCOMES["refused"] += 1
             msg = str(err)
             assert "\n" not in msg and str(path) in msg, msg
             assert "np." not in msg and "array(" not in msg, msg
@@ -183,8 +192,10 @@ def test_field_count_matches_reference(n_examples):
             try:
                 check_field_counts(path, n_fields, slice_bytes=slice_bytes)
                 got = None
+                OUTCOMES["loaded"] += 1
             except TraceError as err:
                 got = int(str(err).split(": line ", 1)[1].split(":", 1)[0])
+                OUTCOMES["refused"] += 1
             assert got == expected, (lines, got, expected)
     run(n_examples, csv_lines(), check)
 
@@ -205,12 +216,12 @@ EPOCH = datetime(1970, 1, 1)
 GOOD_STAMPS = st.datetimes(min_value=datetime(1990, 1, 1), max_value=datetime(2100, 1, 1))
 OPTIONAL = st.text(alphabet=st.characters(codec="utf-8", exclude_characters=',"\n\r\x00',
                                           exclude_categories=("Cs", "Cc")), max_size=6)
-MODELS = st.sampled_from(["ChatGPT", "GPT-4", "llama", "x1"])
+MODELS = st.sampled_from(["ChatGPT", "GPT-4", "llama", "x1"])   # compared after loading
 
 LAYOUT = {  # time, prompt, output, model field indices (None: absent)
     "azure": (0, 1, 2, None), "splitwise": (0, 1, 2, None),
     "lengths": (None, 0, 1, None), "burstgpt": (0, 2, 3, 1)}
-MUTATIONS = ["none", "none", "none", "extra", "short", "empty-row", "blank", "trailing"]
+MUTATIONS = ["none"] * 8 + ["quoted", "extra", "short", "empty-row", "blank", "trailing"]
 
 
 @st.composite
@@ -221,7 +232,7 @@ def csv_case(draw):
     rows = []
     for _ in range(draw(st.integers(1, 6))):
         fields = [draw(OPTIONAL) for _ in range(n_fields)]
-        bad = draw(st.integers(0, 9)) == 0
+        bad = draw(st.integers(0, 19)) == 0
         for index, good, wrong in ((p_i, GOOD_TOKENS, BAD_TOKENS), (o_i, GOOD_TOKENS, BAD_TOKENS)):
             fields[index] = draw(wrong if bad and draw(st.booleans()) else good)
         if fmt == "burstgpt" and draw(st.integers(0, 9)) == 0:
@@ -309,9 +320,13 @@ def reference_csv(fmt: str, rows: list[list[str]]):
 def test_random_csv_rows_load_exactly_or_are_refused(n_examples):
     def check(example):
         fmt, rows, mutation, where = example
+        if mutation == "quoted" and fmt == "burstgpt":
+            rows[where][LAYOUT[fmt][3]] = "GPT-4, turbo"           # a quoted comma
         lines = [",".join(fields) for fields in rows]
         expected = reference_csv(fmt, rows)
-        if mutation == "extra":
+        if mutation == "quoted":                                 # same values, in quotes
+            lines[where] = ",".join(f'"{field}"' for field in rows[where])
+        elif mutation == "extra":
             lines[where] += ",1"
         elif mutation == "short":
             lines[where] = lines[where].rsplit(",", 1)[0]
@@ -353,6 +368,18 @@ NUMBERS = st.one_of(st.integers(-10, 3000), st.integers(-2**70, 2**70),
 
 @st.composite
 def mooncake_record(draw):
+    if draw(st.integers(0, 3)):                                  # a clean record, mostly
+        prompt = draw(st.integers(1, 5000))
+        rec = {"timestamp": draw(st.one_of(st.integers(0, 10**7), st.integers(0, 2**53),
+                                           st.floats(0, 1e7))),
+               "input_length": prompt, "output_length": draw(st.integers(1, 5000))}
+        ids = draw(st.sampled_from(["good", "good", "good", "absent", "null", "empty"]))
+        if ids == "good":
+            rec["hash_ids"] = draw(st.lists(st.integers(0, MAX_ID), min_size=-(-prompt // 512),
+                                            max_size=-(-prompt // 512)))
+        elif ids != "absent":
+            rec["hash_ids"] = None if ids == "null" else []
+        return rec
     rec = {}
     for field in ("timestamp", "input_length", "output_length"):
         choice = draw(st.integers(0, 9))
@@ -484,12 +511,17 @@ TOKEN_KINDS = ["tokens", "tokens", "tokens", "int", "uint", "nullable", "small-f
 @st.composite
 def parquet_case(draw):
     n = draw(st.integers(1, 5))
-    data = {"arrival_s": _column(draw, n, draw(st.sampled_from(TIME_KINDS))),
-            "prompt_tokens": _column(draw, n, draw(st.sampled_from(TOKEN_KINDS))),
-            "output_tokens": _column(draw, n, draw(st.sampled_from(TOKEN_KINDS)))}
-    if draw(st.integers(0, 9)) == 0:
+    clean = draw(st.booleans())
+    data = {"arrival_s": _column(draw, n, "small-float" if clean else
+                                 draw(st.sampled_from(TIME_KINDS))),
+            "prompt_tokens": _column(draw, n, "tokens" if clean else
+                                     draw(st.sampled_from(TOKEN_KINDS))),
+            "output_tokens": _column(draw, n, "tokens" if clean else
+                                     draw(st.sampled_from(TOKEN_KINDS)))}
+    if not clean and draw(st.integers(0, 9)) == 0:
         del data[draw(st.sampled_from(sorted(data)))]
-    hash_kind = draw(st.sampled_from(["none", "good", "good", "wrong", "text", "ints"]))
+    hash_kind = draw(st.sampled_from(["none", "good", "good"] if clean else
+                                     ["none", "good", "good", "wrong", "text", "ints"]))
     if hash_kind != "none":
         prompts = data.get("prompt_tokens", np.ones(n, dtype=np.int64))
         rows = []
