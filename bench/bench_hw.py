@@ -1,6 +1,6 @@
 """Benchmark of the hardware backend (issue 4, item 8).
 
-1. Wrapper overhead: the cost :class:`hwbackend.driver.CudaVmmDriver` adds per call over the bare
+1. Wrapper overhead: the cost :class:`hwbackend.vmm.driver.CudaVmmDriver` adds per call over the bare
    ``cuda.bindings`` call (target: under 2 us): a cheap query, and a map + set-access + unmap cycle.
 2. Llama-3-8B page-group growth (64 sub-tensors, 2 MiB pages) in a serving loop where every iteration
    crosses a page boundary, each iteration a ~decode-sized bf16 matmul load on the GPU:
@@ -27,8 +27,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hwbackend.executor import Executor, policy_config_for  # noqa: E402
-from hwbackend.kvcache import KVCache, KVCacheLayout  # noqa: E402
+from hwbackend.vmm.executor import Executor, policy_config_for  # noqa: E402
+from hwbackend.vmm.kvcache import KVCache, KVCacheLayout  # noqa: E402
 from sim.catalog import get_model  # noqa: E402
 from sim.memory.vattention import VAttentionPolicy  # noqa: E402
 
@@ -160,12 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results: dict[str, Any] = {}
     if args.emulated:
-        from hwbackend.emulated import EmulatedVmmDriver
+        from hwbackend.vmm.emulated import EmulatedVmmDriver
 
         driver, compute = EmulatedVmmDriver(capacity_bytes=1 << 40, delay_us=EMULATED_DELAY_US), SleepCompute()
     else:
-        from hwbackend.calibrate import measure_wrapper_overhead
-        from hwbackend.driver import CudaVmmDriver
+        from hwbackend.calibration.vmm import measure_wrapper_overhead
+        from hwbackend.vmm.driver import CudaVmmDriver
 
         compute = TorchCompute()
         driver = CudaVmmDriver(0)

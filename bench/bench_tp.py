@@ -26,9 +26,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hwbackend.executor import policy_config_for  # noqa: E402
-from hwbackend.kvcache import KVCacheLayout  # noqa: E402
-from hwbackend.tp import TPExecutor, TPStepTiming, make_tp_caches  # noqa: E402
+from hwbackend.vmm.executor import policy_config_for  # noqa: E402
+from hwbackend.vmm.kvcache import KVCacheLayout  # noqa: E402
+from hwbackend.vmm.tp import TPExecutor, TPStepTiming, make_tp_caches  # noqa: E402
 from sim.catalog import get_model  # noqa: E402
 from sim.memory.vattention import VAttentionPolicy  # noqa: E402
 
@@ -39,10 +39,10 @@ EMULATED_DELAY_US = {"cuMemMap": 5.0, "cuMemSetAccess": 49.6, "cuMemUnmap": 32.7
 def make_drivers(devices: list[int], emulated: bool) -> list[Any]:
     """One driver instance per worker (on one GPU: two instances retaining the same primary context)."""
     if emulated:
-        from hwbackend.emulated import EmulatedVmmDriver
+        from hwbackend.vmm.emulated import EmulatedVmmDriver
         return [EmulatedVmmDriver(capacity_bytes=1 << 40, delay_us=EMULATED_DELAY_US, device_ordinal=d)
                 for d in devices]
-    from hwbackend.driver import CudaVmmDriver
+    from hwbackend.vmm.driver import CudaVmmDriver
     return [CudaVmmDriver(d) for d in devices]
 
 

@@ -1,11 +1,11 @@
 """Tensor-parallel mapping latency with one *process* per worker (issue 9, point 3).
 
-``bench/bench_tp.py`` runs the TP workers as threads of one process (``hwbackend.tp``). On two H200s it
+``bench/bench_tp.py`` runs the TP workers as threads of one process (``hwbackend.vmm.tp``). On two H200s it
 measured a page-group map at 2.00x its one-worker time when both workers map at once (docs/tp2/README.md):
 the two devices did not map independently. This script asks whether that comes from sharing one process
 (the driver's or the interpreter's locks) or from the devices: each worker is a process of its own
 (``multiprocessing`` spawn, as vLLM runs one process per GPU), with its own driver on its own device, its own
-:class:`hwbackend.kvcache.KVCache` (Llama-3-8B at TP=2: 64 sub-tensors of 4 KV heads, 2 MiB pages) and its own
+:class:`hwbackend.vmm.kvcache.KVCache` (Llama-3-8B at TP=2: 64 sub-tensors of 4 KV heads, 2 MiB pages) and its own
 copy of the same :class:`sim.memory.vattention.VAttentionPolicy`, so every worker applies the same plans.
 
 Each round grows one slot page group by page group to ``L_max`` (one plan per page group), then frees it
@@ -41,7 +41,7 @@ def _worker(rank: int, device: int, emulated: bool, rounds: int, max_pages: int,
     """One TP worker process: returns ``{"rank", "alone": [...], "both": [...], "environment"}`` through
     ``results`` (per-plan apply times in microseconds, ``("map" | "unmap", us)``), or ``{"rank", "error"}``."""
     try:
-        from hwbackend.kvcache import KVCache
+        from hwbackend.vmm.kvcache import KVCache
 
         driver = make_drivers([device], emulated)[0]
         driver.make_current()

@@ -15,14 +15,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     of batch shapes, fits the roofline compute model and adds the ``compute`` (and ``paged_attention``)
     sections to PROFILE, keeping its other sections.
     ``kvsim calibrate --from-run RUN_DIR [--from-run ...] --out PROFILE [--force]`` fits the compute model on
-    the iterations of hardware replays (CPU; :mod:`hwbackend.compute_inloop`) and adds ``compute_in_loop``
+    the iterations of hardware replays (CPU; :mod:`hwbackend.calibration.inloop`) and adds ``compute_in_loop``
     (and ``vmm_in_loop``) to PROFILE; 1 if PROFILE already holds them and ``--force`` is not given, 2 for a
     run directory that cannot be fitted on.
     ``kvsim validate [--hw-run DIR] [--profile P] [--out DIR] [workload and config options]`` compares the
     simulator with a hardware replay (``docs/validation/README.md``).
     """
     from cli import add_config_args, add_trace_args
-    from hwbackend.calibrate import add_arguments
+    from hwbackend.calibration.vmm import add_arguments
 
     parser = subparsers.add_parser("calibrate", help="measure CUDA VMM latencies (or --compute) into a profile",
                                    description="Measure CUDA VMM call latencies on this GPU and write a "
@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                             "and print the error table (sim / hw - 1).")
     add_trace_args(val)
     add_config_args(val)
-    val.add_argument("--hw-run", default=None, help="hardware run directory (python -m hwbackend.replay_cli); "
+    val.add_argument("--hw-run", default=None, help="hardware run directory (python -m hwbackend.replay.cli); "
                                                     "default: replay now on the GPU")
     val.add_argument("--profile", default=None, help="calibration profile for the simulator (vmm + compute)")
     val.add_argument("--out", default=None, help="directory for validation.md, errors.csv, overlay.html")
@@ -59,7 +59,7 @@ def _run(args: argparse.Namespace) -> int:
         return _from_runs(args)
     if args.compute:
         return _compute(args)
-    from hwbackend.calibrate import command
+    from hwbackend.calibration.vmm import command
 
     return command(args, prog="kvsim")
 
@@ -72,7 +72,7 @@ def _compute(args: argparse.Namespace) -> int:
         import torch
         if not torch.cuda.is_available():
             raise RuntimeError("torch sees no CUDA device")
-        from hwbackend.compute_calibration import run_compute_calibration
+        from hwbackend.calibration.compute import run_compute_calibration
     except Exception as exc:
         print(f"kvsim calibrate --compute needs an NVIDIA GPU with torch: {exc}", file=sys.stderr)
         return 2
@@ -93,7 +93,7 @@ def _from_runs(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from hwbackend.compute_inloop import InLoopError, calibrate_from_runs
+    from hwbackend.calibration.inloop import InLoopError, calibrate_from_runs
 
     if args.compute:
         print("kvsim calibrate: --from-run fits on saved runs; leave out --compute", file=sys.stderr)
@@ -153,7 +153,7 @@ def _validate(args: argparse.Namespace) -> int:
     naming the file, field and value) prints one ``kvsim validate: ...`` line and exits 2."""
     import sys
 
-    from hwbackend.validate import command
+    from hwbackend.calibration.validate import command
 
     try:
         return command(args)

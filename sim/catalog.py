@@ -13,7 +13,7 @@ Every derived size is a property computed from the public shapes, never typed tw
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 
@@ -56,6 +56,25 @@ class ModelSpec:
                 f"--tp {tp} does not divide {self.name}'s {self.num_kv_heads} KV heads and "
                 f"{self.num_q_heads} query heads; use one of "
                 f"{[t for t in (1, 2, 4, 8) if self.num_kv_heads % t == 0 and self.num_q_heads % t == 0]}")
+
+    DECODER_FIELDS = ("num_layers", "hidden_size", "num_q_heads", "num_kv_heads", "head_dim", "ffn_size", "vocab_size")
+    """The sizes a decoder is built from (``hwbackend.replay.model.DecoderModel``; recorded by a replay as
+    ``transformer_shape``)."""
+
+    def per_worker(self, tp: int = 1) -> "ModelSpec":
+        """The shape one of ``tp`` tensor-parallel workers computes (Megatron sharding): query and KV heads and
+        the MLP width divided by ``tp``; layers, hidden size, head size and vocabulary as the model's.
+
+        Raises:
+            CatalogError: when ``tp`` does not divide the heads.
+        """
+        self.check_tp(tp)
+        return replace(self, num_q_heads=self.num_q_heads // tp, num_kv_heads=self.num_kv_heads // tp,
+                       ffn_size=self.ffn_size // tp)
+
+    def decoder_shape(self) -> dict:
+        """The :data:`DECODER_FIELDS` as a dict."""
+        return {name: getattr(self, name) for name in self.DECODER_FIELDS}
 
     def kv_heads_per_worker(self, tp: int = 1) -> int:
         """H', KV heads held by one tensor-parallel worker."""

@@ -30,7 +30,7 @@ Two terms measured on the H200 replay (``kvsim calibrate --compute``, ``profiles
   9.6 ms and 7.3 ms for the two parts alone).
 
 Decode iterations as CUDA graphs (``decode_graphs = 1``, as vLLM serves decodes and as the hardware replay
-does by default, :class:`hwbackend.model.DecodeGraphs`): a decode-only iteration (``new_tokens ==
+does by default, :class:`hwbackend.replay.model.DecodeGraphs`): a decode-only iteration (``new_tokens ==
 logit_sequences``) is launched in one call, so it has no host launch floor and its own fixed cost
 ``decode_overhead_us`` replaces ``overhead_us``. ``attention_bytes_factor`` (default 1) multiplies the K/V
 bytes attention reads: FlashAttention-2's varlen kernel with a causal mask does not pack the query heads of
@@ -43,7 +43,7 @@ in waves, so time per cached token depends on the batch: steps a roofline has no
 (``BatchShape.max_context_tokens``): FlashAttention's varlen grid has one block per sequence and query head
 and does not split the keys, so the last wave of blocks runs as long as the longest sequence (0 by default).
 All are fitted on a replay's own iterations
-(:mod:`hwbackend.compute_inloop`, ``profiles/h200.json`` ``compute_in_loop``).
+(:mod:`hwbackend.calibration.inloop`, ``profiles/h200.json`` ``compute_in_loop``).
 """
 from __future__ import annotations
 
@@ -273,7 +273,7 @@ class RooflineComputeModel:
     def iteration_us_array(self, new_tokens: np.ndarray, attention_pairs: np.ndarray, kv_read_tokens: np.ndarray,
                            logit_sequences: np.ndarray, max_context_tokens: np.ndarray | float = 0.0) -> np.ndarray:
         """:meth:`iteration_us` of many iterations at once (arrays of one length: the fields of
-        :class:`BatchShape`); used by the fits (``hwbackend.compute_inloop``). Empty batches give 0."""
+        :class:`BatchShape`); used by the fits (``hwbackend.calibration.inloop``). Empty batches give 0."""
         wave_us = self.wave_us_per_token * np.asarray(max_context_tokens, dtype=float)
         new = np.asarray(new_tokens, dtype=float)
         logits = np.asarray(logit_sequences, dtype=float)

@@ -1,5 +1,5 @@
 """Request bookkeeping shared by the simulator's serving loop (:mod:`sim.engine`) and the hardware replay
-(:mod:`hwbackend.replay`), so that both run the very same admission, look-ahead, pool-accounting and
+(:mod:`hwbackend.replay.loop`), so that both run the very same admission, look-ahead, pool-accounting and
 token-emission rules; neither depends on a clock (times are passed in, in microseconds).
 
 A class using the mixin provides: ``requests`` (list of :class:`sim.request.Request` in arrival order),

@@ -1,4 +1,4 @@
-"""In-loop compute calibration (``hwbackend/compute_inloop.py``, ``kvsim calibrate --from-run``) and the
+"""In-loop compute calibration (``hwbackend/calibration/inloop.py``, ``kvsim calibrate --from-run``) and the
 compute model's graphed-decode terms (``sim/compute.py``)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hwbackend.compute_inloop import (InLoopError, calibrate_from_runs, fit_compute, fit_decode_correction,
+from hwbackend.calibration.inloop import (InLoopError, calibrate_from_runs, fit_compute, fit_decode_correction,
                                       growth_in_loop, load_rows)
 from sim.compute import BatchShape, RooflineComputeModel, decode_batch
 from sim.config import SimConfig
@@ -152,7 +152,7 @@ def test_fit_on_the_committed_h200_training_runs():
     assert growth["in_loop_growth"]["page_groups"] > 0 and growth["growth_scale"] > 1
     # the committed profile holds this fit: its times agree (parameters can trade off across scipy builds)
     rows = pd.concat([load_rows(r)[0] for r in runs], ignore_index=True)
-    from hwbackend.compute_inloop import shape_columns
+    from hwbackend.calibration.inloop import shape_columns
     committed = BASE.with_overrides(profile["compute_in_loop"]["params"]).iteration_us_array(*shape_columns(rows))
     refitted = BASE.with_overrides(fit["params"]).iteration_us_array(*shape_columns(rows))
     assert np.median(np.abs(refitted / committed - 1)) < 0.01

@@ -1,5 +1,5 @@
 """Issue 10 in the hardware backend: cross-layer layout option, prefix sharing of physical pages with
-copy-on-write, zero-on-reuse (``hwbackend/beyond*.py``).
+copy-on-write, zero-on-reuse (``hwbackend/beyond/ops*.py``).
 
 CPU tests run on a byte-backed emulated driver (every handle owns real bytes, so leaks and isolation are
 observable without a GPU). Tests marked ``gpu`` repeat the checks on real CUDA VMM calls through torch
@@ -10,10 +10,10 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from hwbackend.beyond import SharingKVCache
-from hwbackend.driver import VmmError
-from hwbackend.emulated import EmulatedVmmDriver
-from hwbackend.kvcache import KVCacheLayout
+from hwbackend.beyond.ops import SharingKVCache
+from hwbackend.vmm.driver import VmmError
+from hwbackend.vmm.emulated import EmulatedVmmDriver
+from hwbackend.vmm.kvcache import KVCacheLayout
 from sim.plan import MapOp, Plan, UnmapOp
 
 MIB = 1 << 20
@@ -120,7 +120,7 @@ def test_cross_layer_layout_matches_the_simulator_config():
 
 def test_layer_views_of_both_layouts_hold_the_same_values_without_copies():
     torch = pytest.importorskip("torch")
-    from hwbackend.tensors import layer_views
+    from hwbackend.vmm.tensors import layer_views
 
     n, b, length, h, d = 3, 2, 16, 2, 4
     per = [torch.randn(b, length, h, d) for _ in range(2 * n)]
@@ -151,7 +151,7 @@ def test_cross_layer_cache_maps_two_pages_per_page_group(drv):
 
 def test_layout_attention_measurement_runs_on_cpu_and_both_layouts_agree():
     pytest.importorskip("torch")
-    from hwbackend.beyond_layout import measure_layout_attention
+    from hwbackend.beyond.layout import measure_layout_attention
 
     grid = (("decode", 3, 40, 0, 0), ("chunk", 0, 0, 24, 8), ("mixed", 2, 30, 8, 4))
     section = measure_layout_attention("cpu", grid=grid, repetitions=1, warmup=0, num_layers=2, slots=4,
@@ -262,7 +262,7 @@ def test_zero_slot_skips_pages_shared_with_another_slot(drv):
 
 
 def test_phase_summary_medians():
-    from hwbackend.beyond_replay import PHASE_COLUMNS, summarize_phases
+    from hwbackend.beyond.replay import PHASE_COLUMNS, summarize_phases
 
     rows = [{c: 0.0 for c in PHASE_COLUMNS} | {"iteration": i, "batch_size": 16, "prefill_tokens": 0 if i % 2 else 100,
                                                 "duration_us": 1000.0 + i, "loop_overhead_us": float(i)}
@@ -278,7 +278,7 @@ def test_phase_summary_medians():
 def gpu():
     torch = pytest.importorskip("torch")
     pytest.importorskip("cuda.bindings.driver")
-    from hwbackend.driver import CudaVmmDriver, GpuUnavailableError
+    from hwbackend.vmm.driver import CudaVmmDriver, GpuUnavailableError
 
     if not torch.cuda.is_available():
         pytest.skip("torch sees no CUDA device")
@@ -301,8 +301,8 @@ def gpu_pattern(torch, t, first, count, salt=0):
 @pytest.mark.gpu
 def test_gpu_shared_handle_reads_back_identically_and_write_after_cow_does_not_leak(gpu):
     torch, driver = gpu
-    from hwbackend.beyond import cuda_copy_fn, cuda_sync_fn
-    from hwbackend.tensors import kv_tensors
+    from hwbackend.beyond.ops import cuda_copy_fn, cuda_sync_fn
+    from hwbackend.vmm.tensors import kv_tensors
 
     stream = torch.cuda.current_stream().cuda_stream
     torch.cuda.synchronize()
@@ -347,8 +347,8 @@ def test_gpu_shared_handle_reads_back_identically_and_write_after_cow_does_not_l
 @pytest.mark.parametrize("zero", [False, True])
 def test_gpu_reused_slot_and_recycled_page_leak_unless_zeroed(gpu, zero):
     torch, driver = gpu
-    from hwbackend.beyond import cuda_memset_fn
-    from hwbackend.tensors import kv_tensors
+    from hwbackend.beyond.ops import cuda_memset_fn
+    from hwbackend.vmm.tensors import kv_tensors
 
     memset = cuda_memset_fn(driver, torch.cuda.current_stream().cuda_stream)
     with SharingKVCache(driver, small_layout(), 4, memset_fn=memset, zero_on_map=zero) as cache:
@@ -389,8 +389,8 @@ def test_gpu_reused_slot_and_recycled_page_leak_unless_zeroed(gpu, zero):
 @pytest.mark.gpu
 def test_gpu_cross_layer_cache_over_vmm_and_attention_equals_per_layer(gpu):
     torch, driver = gpu
-    from hwbackend.model import BatchInputs, SeqWork, attend
-    from hwbackend.tensors import kv_tensors, layer_views
+    from hwbackend.replay.model import BatchInputs, SeqWork, attend
+    from hwbackend.vmm.tensors import kv_tensors, layer_views
     from sim.catalog import get_model
 
     layout = KVCacheLayout.for_model(get_model("llama-3-8b"), num_slots=4, max_context_tokens=512,

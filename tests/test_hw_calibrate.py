@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from hwbackend import calibrate
+from hwbackend.calibration import vmm as calibrate
 from hwbackend.cli import register
-from hwbackend.driver import GpuUnavailableError
-from hwbackend.emulated import EmulatedVmmDriver
+from hwbackend.vmm.driver import GpuUnavailableError
+from hwbackend.vmm.emulated import EmulatedVmmDriver
 
 MIB = 1 << 20
 

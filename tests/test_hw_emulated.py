@@ -9,11 +9,11 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from hwbackend.driver import VmmError
-from hwbackend.emulated import CompletedEvent, EmulatedVmmDriver
-from hwbackend.executor import BackgroundMappingError, Executor, policy_config_for
-from hwbackend.kvcache import KVCache, KVCacheLayout
-from hwbackend.transaction import Transaction
+from hwbackend.vmm.driver import VmmError
+from hwbackend.vmm.emulated import CompletedEvent, EmulatedVmmDriver
+from hwbackend.vmm.executor import BackgroundMappingError, Executor, policy_config_for
+from hwbackend.vmm.kvcache import KVCache, KVCacheLayout
+from hwbackend.vmm.transaction import Transaction
 from sim.memory.vattention import VAttentionPolicy
 from sim.plan import MapOp, Plan, UnmapOp
 

@@ -9,10 +9,10 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 pytest.importorskip("cuda.bindings.driver")
 
-from hwbackend.driver import CudaVmmDriver, GpuUnavailableError, VmmError  # noqa: E402
-from hwbackend.executor import Executor, policy_config_for  # noqa: E402
-from hwbackend.kvcache import KVCache, KVCacheLayout  # noqa: E402
-from hwbackend.tensors import kv_tensors  # noqa: E402
+from hwbackend.vmm.driver import CudaVmmDriver, GpuUnavailableError, VmmError  # noqa: E402
+from hwbackend.vmm.executor import Executor, policy_config_for  # noqa: E402
+from hwbackend.vmm.kvcache import KVCache, KVCacheLayout  # noqa: E402
+from hwbackend.vmm.tensors import kv_tensors  # noqa: E402
 from sim.memory.vattention import VAttentionPolicy  # noqa: E402
 
 MIB = 1 << 20

@@ -8,9 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hwbackend.compute_calibration import GridPoint, compute_section, default_grid  # noqa: E402
-from hwbackend.model import BatchInputs, SeqWork, attend, reference_attention  # noqa: E402
-from hwbackend.replay_cli import TINY_SHAPE, replay  # noqa: E402
+from hwbackend.calibration.compute import GridPoint, compute_section, default_grid  # noqa: E402
+from hwbackend.replay.model import BatchInputs, SeqWork, attend, reference_attention  # noqa: E402
+from hwbackend.replay.cli import TINY_SHAPE, replay  # noqa: E402
 from sim.compute import RooflineComputeModel  # noqa: E402
 from sim.config import SimConfig  # noqa: E402
 from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS  # noqa: E402
@@ -116,10 +116,10 @@ def test_attention_over_vmm_equals_reference_across_pages_and_after_reuse():
     pytest.importorskip("cuda.bindings.driver")
     if not torch.cuda.is_available():
         pytest.skip("torch sees no CUDA device")
-    from hwbackend.driver import CudaVmmDriver
-    from hwbackend.executor import Executor, policy_config_for
-    from hwbackend.kvcache import KVCache, KVCacheLayout
-    from hwbackend.tensors import kv_tensors
+    from hwbackend.vmm.driver import CudaVmmDriver
+    from hwbackend.vmm.executor import Executor, policy_config_for
+    from hwbackend.vmm.kvcache import KVCache, KVCacheLayout
+    from hwbackend.vmm.tensors import kv_tensors
     from sim.memory.vattention import VAttentionPolicy
 
     layout = KVCacheLayout(num_sub_tensors=2, num_slots=3, max_pages_per_slot=3, page_size_bytes=2 << 20,
@@ -166,8 +166,8 @@ def test_decode_cuda_graph_equals_eager_forward_over_vmm():
     pytest.importorskip("cuda.bindings.driver")
     if not torch.cuda.is_available():
         pytest.skip("torch sees no CUDA device")
-    from hwbackend.model import DecoderModel, capture_decode_graphs
-    from hwbackend.replay_kv import open_kv
+    from hwbackend.replay.model import DecoderModel, capture_decode_graphs
+    from hwbackend.replay.kv import open_kv
 
     config = SimConfig(sync_mapping=True, max_batch_slots=16)
     model = DecoderModel(TINY_SHAPE, device="cuda:0", seed=3)

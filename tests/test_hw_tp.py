@@ -1,4 +1,4 @@
-"""CPU tests of the tensor-parallel executor (hwbackend.tp) over several emulated drivers, one per worker:
+"""CPU tests of the tensor-parallel executor (hwbackend.vmm.tp) over several emulated drivers, one per worker:
 two-phase apply, faults injected on one worker only, background ops, teardown, consistency invariant,
 timing report. No GPU, torch or cuda-python needed."""
 from __future__ import annotations
@@ -10,12 +10,12 @@ import pytest
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from hwbackend.driver import VmmError
-from hwbackend.emulated import CompletedEvent, EmulatedVmmDriver
-from hwbackend.executor import BackgroundMappingError, _snapshot, policy_config_for
-from hwbackend.kvcache import KVCacheLayout
-from hwbackend.tp import TPExecutor, TPStepError, TPStepTiming, make_tp_caches, timing_report
-from hwbackend.tp_worker import TPWorker
+from hwbackend.vmm.driver import VmmError
+from hwbackend.vmm.emulated import CompletedEvent, EmulatedVmmDriver
+from hwbackend.vmm.executor import BackgroundMappingError, _snapshot, policy_config_for
+from hwbackend.vmm.kvcache import KVCacheLayout
+from hwbackend.vmm.tp import TPExecutor, TPStepError, TPStepTiming, make_tp_caches, timing_report
+from hwbackend.vmm.tp_worker import TPWorker
 from sim.memory.vattention import VAttentionPolicy
 
 MIB = 1 << 20

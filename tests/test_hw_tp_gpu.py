@@ -15,11 +15,11 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 pytest.importorskip("cuda.bindings.driver")
 
-from hwbackend.driver import CudaVmmDriver, GpuUnavailableError, VmmError  # noqa: E402
-from hwbackend.executor import policy_config_for  # noqa: E402
-from hwbackend.kvcache import KVCacheLayout  # noqa: E402
-from hwbackend.tensors import kv_tensors  # noqa: E402
-from hwbackend.tp import TPExecutor, TPStepError, make_tp_caches  # noqa: E402
+from hwbackend.vmm.driver import CudaVmmDriver, GpuUnavailableError, VmmError  # noqa: E402
+from hwbackend.vmm.executor import policy_config_for  # noqa: E402
+from hwbackend.vmm.kvcache import KVCacheLayout  # noqa: E402
+from hwbackend.vmm.tensors import kv_tensors  # noqa: E402
+from hwbackend.vmm.tp import TPExecutor, TPStepError, make_tp_caches  # noqa: E402
 from sim.memory.vattention import VAttentionPolicy  # noqa: E402
 
 MIB = 1 << 20

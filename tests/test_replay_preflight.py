@@ -1,4 +1,4 @@
-"""``python -m hwbackend.replay_cli`` / ``beyond_replay`` check the machine and ``--out`` before the replay
+"""``python -m hwbackend.replay.cli`` / ``beyond_replay`` check the machine and ``--out`` before the replay
 (minutes of GPU time must not end in a traceback at the write)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from hwbackend.replay_cli import main, preflight
+from hwbackend.replay.cli import main, preflight
 
 TORCH = importlib.util.find_spec("torch") is not None
 

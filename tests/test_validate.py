@@ -13,7 +13,8 @@ import pytest
 pytest.importorskip("simpy")
 
 from cli import main  # noqa: E402
-from hwbackend.validate import check_targets, config_from_run, error_table, validate_run  # noqa: E402
+from hwbackend.calibration.run_files import config_from_run  # noqa: E402
+from hwbackend.calibration.validate import check_targets, error_table, validate_run  # noqa: E402
 
 RUN = Path(__file__).resolve().parent.parent / "docs" / "validation" / "hw-async"
 
@@ -126,7 +127,7 @@ def test_in_loop_model_on_the_held_out_runs_at_x1_5(same_start_validated, name):
 
 
 def test_replayed_trace_is_rebuilt_from_the_request_records():
-    from hwbackend.validate import trace_of_run
+    from hwbackend.calibration.validate import trace_of_run
 
     run = GRAPHS / "test-sync"
     if not (run / "requests.parquet").is_file():
@@ -141,7 +142,7 @@ def test_replayed_trace_is_rebuilt_from_the_request_records():
 
 
 def test_compute_model_on_the_hardware_batches():
-    from hwbackend.validate import same_batches_error
+    from hwbackend.calibration.validate import same_batches_error
 
     run = SAME_START / "train-a-sync"
     if not (run / "shapes.parquet").is_file():
@@ -157,7 +158,7 @@ def test_compute_model_on_the_hardware_batches():
 
 
 def test_eager_runs_are_simulated_with_the_grid_fit_under_auto():
-    from hwbackend.validate import matching_compute_model
+    from hwbackend.calibration.validate import matching_compute_model
 
     eager = json.loads((RUN / "config.json").read_text())
     assert not eager.get("cuda_graphs")
@@ -167,7 +168,7 @@ def test_eager_runs_are_simulated_with_the_grid_fit_under_auto():
 
 
 def test_mapping_stall_removes_the_policy_step_only_where_an_iteration_mapped():
-    from hwbackend.compute_inloop import mapping_stall_us
+    from hwbackend.calibration.inloop import mapping_stall_us
 
     # step medians 70 us over the three iterations that mapped nothing; the two that mapped lose 70 us each,
     # the second clipped at 0 (a stall shorter than the step maps nothing measurable)
@@ -181,7 +182,7 @@ def test_mapping_stall_removes_the_policy_step_only_where_an_iteration_mapped():
 
 
 def test_tpot_on_the_hardware_schedule_by_hand():
-    from hwbackend.validate import tpot_on_hardware_schedule
+    from hwbackend.calibration.validate import tpot_on_hardware_schedule
 
     # three iterations of 10, 20, 30 us ending at 10, 30, 60; request A: first token at 10, done at 60 with
     # 3 output tokens -> (20 + 30) / 2 = 25 us measured; modelled durations 10, 10, 10 -> (10 + 10) / 2 = 10 us

@@ -14,7 +14,8 @@ import pytest
 pytest.importorskip("simpy")
 
 from cli import main  # noqa: E402
-from hwbackend.validate import RunInputError, config_from_run, error_table  # noqa: E402
+from hwbackend.calibration.run_files import RunInputError, config_from_run  # noqa: E402
+from hwbackend.calibration.validate import error_table  # noqa: E402
 
 RUN = Path(__file__).resolve().parent.parent / "docs" / "validation" / "same-start" / "test-sync-x1"
 RUN_FILES = ("config.json", "summary.json", "requests.parquet", "iterations.parquet", "shapes.parquet")

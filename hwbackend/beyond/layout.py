@@ -3,17 +3,17 @@
 * per-layer (vAttention): 2N' tensors ``[B, L_max, H', D]``; layer ``l`` reads its own contiguous tensor.
 * cross-layer: one K and one V tensor ``[B, L_max, N', H', D]``; layer ``l`` reads the strided view
   ``[:, :, l]`` (token stride ``N' * H' * D`` elements instead of ``H' * D``), flattened to rows
-  ``[B * L_max, H', D]`` without a copy (:func:`hwbackend.tensors.layer_views`).
+  ``[B * L_max, H', D]`` without a copy (:func:`hwbackend.vmm.tensors.layer_views`).
 
 The same data is placed in both layouts; for each grid point the attention of all N' layers of one
-iteration (the replay model's call, :func:`hwbackend.model.attend`, FlashAttention-2 varlen reading the
+iteration (the replay model's call, :func:`hwbackend.replay.model.attend`, FlashAttention-2 varlen reading the
 cache rows in place) is timed with CUDA events, layouts alternating, median over repetitions. The factor is
 ``time(cross-layer) / time(per-layer)``; the profile stores the median factor over the grid, which the
 simulator multiplies into attention time for ``kv_layout=cross-layer`` (``layout_attention_factor``).
 If the kernel refuses a strided view, the view is copied to a contiguous buffer first and the copy is
 timed with it (``copy_needed``).
 
-Run on the GPU: ``python -m hwbackend.beyond_layout --out layout.json``.
+Run on the GPU: ``python -m hwbackend.beyond.layout --out layout.json``.
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def build_layouts(num_layers: int, slots: int, max_tokens: int, heads: int, head
     views, the tensors)``; every view is ``[slots * max_tokens, heads, head_dim]``."""
     import torch
 
-    from hwbackend.tensors import layer_views
+    from hwbackend.vmm.tensors import layer_views
 
     gen = torch.Generator(device=device).manual_seed(seed)
     per_layer = [torch.randn(slots, max_tokens, heads, head_dim, generator=gen, device=device, dtype=dtype)
@@ -67,7 +67,7 @@ def build_layouts(num_layers: int, slots: int, max_tokens: int, heads: int, head
 def attention_all_layers(backend: str, q: Any, k_views: list, v_views: list, inputs: Any,
                          contiguous: bool = False) -> list:
     """One iteration's attention: every layer over its K/V view (``contiguous``: copy the view first)."""
-    from hwbackend.model import attend
+    from hwbackend.replay.model import attend
 
     outs = []
     for k, v in zip(k_views, v_views):
@@ -87,7 +87,7 @@ def measure_layout_attention(device: str = "cuda:0", grid: tuple = DEFAULT_GRID,
     """
     import torch
 
-    from hwbackend.model import BatchInputs, SeqWork
+    from hwbackend.replay.model import BatchInputs, SeqWork
 
     dev = torch.device(device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -152,7 +152,7 @@ def _time_ms(device: Any, fn: Any) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hwbackend.beyond_layout", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m hwbackend.beyond.layout", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--repetitions", type=int, default=15)

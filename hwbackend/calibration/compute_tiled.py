@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hwbackend.calibration.fitting import best_fit, fit_error
 from sim.compute import BatchShape, RooflineComputeModel
 
 TILED_FIELDS = ("flops_efficiency", "bw_efficiency", "attention_flops_efficiency", "overhead_us", "tile_rows",
@@ -41,7 +42,6 @@ def fit_tiled(base: RooflineComputeModel, shapes: list[BatchShape], measured_us:
     Returns:
         ``{"params": {...}, "fit_error": {...}, "method": ...}``.
     """
-    from hwbackend.compute_calibration import best_fit, fit_error
 
     measured = np.asarray(measured_us, dtype=float)
 

@@ -1,9 +1,9 @@
 """Hardware replay: the simulator's serving loop (``sim/engine.py``) run in real time on the GPU.
 
 The same scheduler (:data:`sim.scheduler.SCHEDULERS`), the same memory policy (:func:`sim.memory.build_policy`,
-applied by :class:`hwbackend.executor.Executor` with real VMM calls) and the same request bookkeeping
+applied by :class:`hwbackend.vmm.executor.Executor` with real VMM calls) and the same request bookkeeping
 (:class:`sim.request.Request`) as the simulator; compute is a real decoder forward pass
-(:class:`hwbackend.model.DecoderModel`) over the VMM-backed K/V. One iteration, timed on the host clock::
+(:class:`hwbackend.replay.model.DecoderModel`) over the VMM-backed K/V. One iteration, timed on the host clock::
 
     start ─ accept arrivals ─ schedule (admit = alloc_slot) ─ executor.step(targets) [preempt, retry] ─┐
       ┌──────────────────────────────────────────── sync_stall_us (wall time of the step loop) ────────┘
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from hwbackend.model import BatchInputs, SeqWork
+from hwbackend.replay.model import BatchInputs, SeqWork
 from sim.lifecycle import RequestBookkeeping
 from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS
 from sim.request import Request
@@ -51,7 +51,7 @@ class ReplayOutput:
     def shapes_frame(self) -> pd.DataFrame:
         """Per iteration, what it computed (:data:`SHAPE_COLUMNS`): the simulator's
         :class:`sim.compute.BatchShape`, so that a compute model can be fitted on the loop's own iterations
-        (:mod:`hwbackend.compute_inloop`)."""
+        (:mod:`hwbackend.calibration.inloop`)."""
         return pd.DataFrame.from_records(self.shape_records, columns=list(SHAPE_COLUMNS))
 
     def requests_frame(self) -> pd.DataFrame:
@@ -78,12 +78,12 @@ def requests_from_trace(trace: pd.DataFrame, slot_max_tokens: int) -> list[Reque
 
 
 class ReplayLoop(RequestBookkeeping):
-    """Serves a trace on a model and an open :class:`hwbackend.replay_kv.ReplayKV`.
+    """Serves a trace on a model and an open :class:`hwbackend.replay.kv.ReplayKV`.
 
     Args:
         config: the :class:`sim.config.SimConfig` (scheduler, budget, policy knobs; ``preemption`` must be
             ``recompute``: swapping is not implemented on hardware).
-        trace: canonical table, arrival-sorted. model: a :class:`hwbackend.model.DecoderModel`.
+        trace: canonical table, arrival-sorted. model: a :class:`hwbackend.replay.model.DecoderModel`.
         kv: the open cache. sleep: ``sleep(seconds)`` while idle (tests may pass a no-op).
     """
 

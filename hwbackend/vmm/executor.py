@@ -1,5 +1,5 @@
 """Executor: performs the plans of :class:`sim.memory.vattention.VAttentionPolicy` (the simulator's own
-policy object, not a copy) on a :class:`~hwbackend.kvcache.KVCache`, real or emulated.
+policy object, not a copy) on a :class:`~hwbackend.vmm.kvcache.KVCache`, real or emulated.
 
 One serving iteration, as the engine drives it::
 
@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from hwbackend.kvcache import KVCache
+from hwbackend.vmm.kvcache import KVCache
 from sim.memory.vattention import VAttentionConfig, VAttentionPolicy
 from sim.plan import MapOp, Plan, UnmapOp
 

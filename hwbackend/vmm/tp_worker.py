@@ -3,7 +3,7 @@ driver instance, VMM reservations and physical handle pool, holding ``H / tp`` K
 
 Every call on a worker's driver or cache runs in the worker's thread, in submission order (a
 single-thread :class:`concurrent.futures.ThreadPoolExecutor`), so that a real driver's calls always find
-the worker's context current. The coordinator (:mod:`hwbackend.tp`) talks to a worker through futures::
+the worker's context current. The coordinator (:mod:`hwbackend.vmm.tp`) talks to a worker through futures::
 
     coordinator                       worker r's thread
     ───────────                       ─────────────────
@@ -13,7 +13,7 @@ the worker's context current. The coordinator (:mod:`hwbackend.tp`) talks to a w
     w.rollback()      ──────────────▶ run the undo log    (some worker failed)
     w.close()         ──────────────▶ roll back what is staged; unmap, release, free everything
 
-Staging is :meth:`hwbackend.kvcache.KVCache.apply` split in two: ``apply`` commits its transaction on
+Staging is :meth:`hwbackend.vmm.kvcache.KVCache.apply` split in two: ``apply`` commits its transaction on
 leaving, two-phase commit needs it to stay open until every worker has answered.
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from hwbackend.kvcache import KVCache
-from hwbackend.transaction import Transaction
+from hwbackend.vmm.kvcache import KVCache
+from hwbackend.vmm.transaction import Transaction
 from sim.plan import Plan
 
 

@@ -7,7 +7,7 @@ so no ``cudaPointerGetAttributes`` runs, unlike the ``__cuda_array_interface__``
 ``at::from_blob`` infer the device from the pointer. The tensor does not own the memory: the KV cache
 does; the capsule's deleter is a no-op. Only mapped ranges may be read or written.
 
-Layout of each tensor (``hwbackend.kvcache``): contiguous ``[B, L_max, H', D]``, so slot ``s`` token ``i``
+Layout of each tensor (``hwbackend.vmm.kvcache``): contiguous ``[B, L_max, H', D]``, so slot ``s`` token ``i``
 lives at ``base + s * slot_stride_bytes + i * H' * D * P``. With the cross-layer layout
 (``layout.layers_per_sub_tensor = N' > 1``, issue 10) the two tensors are ``[B, L_max, N', H', D]``;
 :func:`layer_views` gives the per-layer views of either layout.
@@ -93,7 +93,7 @@ def tensor_at(address: int, shape: tuple[int, ...], dtype: Any, device: str = "c
 
 
 def kv_tensors(cache: Any, dtype: Any = None, device: str | None = None) -> list[Any]:
-    """The 2N' tensors ``[B, L_max, H', D]`` of a :class:`hwbackend.kvcache.KVCache` (K tensors first).
+    """The 2N' tensors ``[B, L_max, H', D]`` of a :class:`hwbackend.vmm.kvcache.KVCache` (K tensors first).
 
     Args:
         cache: an open KV cache.

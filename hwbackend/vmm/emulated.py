@@ -1,8 +1,8 @@
-"""An emulated VMM driver: the interface of :class:`hwbackend.driver.CudaVmmDriver` with strict semantics
+"""An emulated VMM driver: the interface of :class:`hwbackend.vmm.driver.CudaVmmDriver` with strict semantics
 and no GPU, so CPU-only CI exercises the same KV cache and executor code (style.md #9).
 
 It is *stricter* than the real driver where the real one would silently do something the backend must
-never rely on. Every violation raises :class:`~hwbackend.driver.VmmError` with a CUDA error name and a
+never rely on. Every violation raises :class:`~hwbackend.vmm.driver.VmmError` with a CUDA error name and a
 ``detail`` naming the rule:
 
 * sizes (reserve, create, map, unmap, set-access) must be positive multiples of ``granularity_bytes``;
@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 
-from hwbackend.driver import CallStats, VmmError
+from hwbackend.vmm.driver import CallStats, VmmError
 
 MIB = 1 << 20
 GIB = 1 << 30

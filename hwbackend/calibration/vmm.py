@@ -4,12 +4,12 @@
 What is measured, per page size (default 2 MiB, 4 MiB, 32 MiB), one thread, ``samples`` calls each:
 ``cuMemAddressReserve`` (+ ``cuMemAddressFree``) of one page, then ``cuMemCreate``, ``cuMemMap``,
 ``cuMemSetAccess``, ``cuMemUnmap``, ``cuMemRelease`` of ``samples`` pages in one reservation, each call
-timed by the wrapper around the bare driver call (:mod:`hwbackend.driver`). Everything twice: with the
+timed by the wrapper around the bare driver call (:mod:`hwbackend.vmm.driver`). Everything twice: with the
 GPU idle (``vmm``) and while another thread keeps a bf16 matmul loop running on its own stream
 (``vmm_under_load``). Then one page-group growth per model (2N' x (map + set-access), pages from a pool)
 and the batched form (2N' maps into one contiguous range, then one set-access over it).
 
-Run: ``kvsim calibrate --out profiles/NAME.json`` or ``python -m hwbackend.calibrate --out ...``.
+Run: ``kvsim calibrate --out profiles/NAME.json`` or ``python -m hwbackend.calibration.vmm --out ...``.
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from hwbackend.driver import CudaVmmDriver, GpuUnavailableError
-from hwbackend.kvcache import KVCache, KVCacheLayout
+from hwbackend.vmm.driver import CudaVmmDriver, GpuUnavailableError
+from hwbackend.vmm.kvcache import KVCache, KVCacheLayout
 from sim.plan import MapOp, Plan, UnmapOp
 
 MIB = 1 << 20
@@ -203,13 +203,13 @@ def measure_memory_bandwidth(driver: CudaVmmDriver, size_bytes: int = 4 << 30, r
     """Clearing and copying bandwidth over ``size_bytes`` of mapped 2 MiB VMM pages (two ranges of pooled
     handles, as the KV cache maps them), timed with CUDA events on torch's current stream, median of
     ``repetitions`` after ``warmup``. Returns the profile's ``memory`` section: ``memset_bytes_per_s`` (bytes
-    cleared / s, ``cuMemsetD32Async``, what :class:`hwbackend.beyond.SharingKVCache` uses) and
+    cleared / s, ``cuMemsetD32Async``, what :class:`hwbackend.beyond.ops.SharingKVCache` uses) and
     ``copy_bytes_per_s`` (bytes read + written / s, ``cuMemcpyDtoDAsync``, copy-on-write), plus torch's
     ``zero_`` / ``copy_`` and ``cuMemsetD8Async`` for comparison."""
     import torch
 
-    from hwbackend.beyond import cuda_copy_fn, cuda_memset_fn
-    from hwbackend.tensors import tensor_at
+    from hwbackend.beyond.ops import cuda_copy_fn, cuda_memset_fn
+    from hwbackend.vmm.tensors import tensor_at
 
     page = driver.granularity_bytes
     size_bytes -= size_bytes % page
@@ -352,7 +352,7 @@ def parse_page_sizes(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``calibrate`` options (shared by ``kvsim calibrate`` and ``python -m hwbackend.calibrate``)."""
+    """The ``calibrate`` options (shared by ``kvsim calibrate`` and ``python -m hwbackend.calibration.vmm``)."""
     parser.add_argument("--page-sizes", default="2MiB,4MiB,32MiB", help="comma-separated page sizes")
     parser.add_argument("--samples", type=int, default=1000, help="calls measured per call and page size")
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="models for page-group growth")
@@ -393,10 +393,10 @@ def command(args: argparse.Namespace, prog: str = "kvsim") -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m hwbackend.calibrate``."""
-    parser = argparse.ArgumentParser(prog="python -m hwbackend.calibrate", description=__doc__.splitlines()[0])
+    """Entry point of ``python -m hwbackend.calibration.vmm``."""
+    parser = argparse.ArgumentParser(prog="python -m hwbackend.calibration.vmm", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    return command(parser.parse_args(argv), prog="python -m hwbackend.calibrate")
+    return command(parser.parse_args(argv), prog="python -m hwbackend.calibration.vmm")
 
 
 if __name__ == "__main__":

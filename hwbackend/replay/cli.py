@@ -1,15 +1,15 @@
-"""``python -m hwbackend.replay_cli``: replay a trace on the GPU and write a run directory.
+"""``python -m hwbackend.replay.cli``: replay a trace on the GPU and write a run directory.
 
 Same options as ``kvsim simulate`` for the workload and the configuration (``--trace``, ``--num-requests``,
 ``--rate-scale``, ``--model``, ``--sync-mapping``, ...), so that ``kvsim validate`` can rebuild the very same
 simulation. The run directory has the simulator's layout (``analysis/results.py``: requests.parquet,
 iterations.parquet, summary.json, config.json) plus ``shapes.parquet`` (what each iteration computed, for
-:mod:`hwbackend.compute_inloop`). The replayed trace slice is not copied: ``kvsim validate`` rebuilds it
+:mod:`hwbackend.calibration.inloop`). The replayed trace slice is not copied: ``kvsim validate`` rebuilds it
 from ``requests.parquet`` (arrival, prompt and output tokens of every request, as replayed).
 
 Example (the H200 validation runs, ``docs/validation/README.md``)::
 
-    python -m hwbackend.replay_cli --trace ../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv --num-requests 1000 \\
+    python -m hwbackend.replay.cli --trace ../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv --num-requests 1000 \\
         --rate-scale 3 --out $OUT/hw-async
 """
 from __future__ import annotations
@@ -20,18 +20,18 @@ import json
 import platform
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from hwbackend.model import DecoderModel, TransformerShape
-from hwbackend.replay import ReplayLoop
-from hwbackend.replay_kv import open_kv
+from hwbackend.replay.model import DecoderModel
+from hwbackend.replay.loop import ReplayLoop
+from hwbackend.replay.kv import open_kv
+from sim.catalog import ModelSpec
 
-TINY_SHAPE = TransformerShape(num_layers=2, hidden_size=256, num_q_heads=8, num_kv_heads=8, head_dim=128,
-                              ffn_size=512, vocab_size=1000)
+TINY_SHAPE = ModelSpec(name="tiny-decoder", num_layers=2, hidden_size=256, num_q_heads=8, num_kv_heads=8, head_dim=128,
+                       ffn_size=512, vocab_size=1000, max_context_tokens=8192)
 """A CPU-sized decoder with Llama-3-8B's KV head shape (so a 2 MiB page still holds 1024 tokens)."""
 
 
@@ -44,7 +44,7 @@ def choose_attention(model: DecoderModel, requested: str) -> tuple[str, dict]:
         return ("reference" if requested == "auto" else requested), {}
     if requested != "auto":
         return requested, {}
-    from hwbackend.model import BatchInputs, SeqWork, attend
+    from hwbackend.replay.model import BatchInputs, SeqWork, attend
 
     s = model.shape
     gen = torch.Generator(device=model.device).manual_seed(1)
@@ -73,7 +73,7 @@ def warm_up(model: DecoderModel, seconds: float = 0.0) -> int:
     ``docs/validation/README.md``). Returns the number of forwards run."""
     import torch
 
-    from hwbackend.model import BatchInputs, SeqWork
+    from hwbackend.replay.model import BatchInputs, SeqWork
 
     s, slot_tokens = model.shape, 2048
     slots = max(d + len(c) for d, _, c in WARMUP_SHAPES)
@@ -90,15 +90,15 @@ def warm_up(model: DecoderModel, seconds: float = 0.0) -> int:
     return runs
 
 
-def replay(config: Any, trace: pd.DataFrame, device: str = "cuda:0", shape: TransformerShape | None = None,
+def replay(config: Any, trace: pd.DataFrame, device: str = "cuda:0", shape: ModelSpec | None = None,
            attention: str = "auto", sleep=time.sleep, cuda_graphs: bool = True,
            warmup_s: float = 20.0) -> tuple[Any, dict]:
-    """Replay ``trace`` under ``config``; returns the :class:`hwbackend.replay.ReplayOutput` and run metadata.
+    """Replay ``trace`` under ``config``; returns the :class:`hwbackend.replay.loop.ReplayOutput` and run metadata.
 
     On CUDA: ``warmup_s`` seconds of eager warm-up (:func:`warm_up`), then, with ``cuda_graphs``, decode
-    iterations as CUDA graphs (:func:`hwbackend.model.capture_decode_graphs`, batch sizes 1..max batch).
+    iterations as CUDA graphs (:func:`hwbackend.replay.model.capture_decode_graphs`, batch sizes 1..max batch).
     """
-    shape = shape or TransformerShape.from_spec(config.model_spec, config.tp)
+    shape = shape or config.model_spec.per_worker(config.tp)
     model = DecoderModel(shape, device=device, seed=config.seed)
     backend, check = choose_attention(model, attention)
     model.attention = backend
@@ -114,7 +114,7 @@ def replay(config: Any, trace: pd.DataFrame, device: str = "cuda:0", shape: Tran
             extra["graph_capture_error"] = f"decode graphs need the varlen attention backend, not {backend}"
             print(f"replay: warning: {extra['graph_capture_error']}; decodes run eagerly", file=sys.stderr)
         elif cuda_graphs and model.device.type == "cuda":
-            from hwbackend.model import capture_decode_graphs
+            from hwbackend.replay.model import capture_decode_graphs
 
             try:
                 extra["graph_capture_s"] = round(capture_decode_graphs(model, kv, config.max_batch_slots), 1)
@@ -133,7 +133,7 @@ def replay(config: Any, trace: pd.DataFrame, device: str = "cuda:0", shape: Tran
         gc.enable()
         kv.close()
     meta = {"backend": "hardware", "device": device, "attention_backend": backend, "replay_wall_s": wall_s,
-            "transformer_shape": asdict(shape), **extra,
+            "transformer_shape": shape.decoder_shape(), **extra,
             **check, **_environment(model)}
     return output, meta
 
@@ -176,7 +176,7 @@ def _results_module() -> Any:
     except ImportError:
         import importlib.util
 
-        path = Path(__file__).resolve().parent.parent / "analysis" / "results.py"
+        path = Path(__file__).resolve().parents[2] / "analysis" / "results.py"
         spec = importlib.util.spec_from_file_location("_kvsim_analysis_results", path)
         results = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = results  # dataclasses look their module up there
@@ -184,7 +184,7 @@ def _results_module() -> Any:
     return results
 
 
-def build_parser(prog: str = "python -m hwbackend.replay_cli", description: str | None = None) -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m hwbackend.replay.cli", description: str | None = None) -> argparse.ArgumentParser:
     from cli import add_config_args, add_trace_args
 
     parser = argparse.ArgumentParser(prog=prog, description=description or __doc__.splitlines()[0])
@@ -204,7 +204,7 @@ def build_parser(prog: str = "python -m hwbackend.replay_cli", description: str 
 def preflight(device: str, out_dir: str | Path, force: bool, warmup_s: float) -> str | None:
     """Why a replay on ``device`` into ``out_dir`` cannot start (one line), or None. Checked before the trace
     is loaded and before minutes of GPU time: torch present, ``cpu`` or ``cuda:N`` with that device
-    visible and supporting CUDA VMM (:class:`hwbackend.driver.CudaVmmDriver` opened and closed), ``--out``
+    visible and supporting CUDA VMM (:class:`hwbackend.vmm.driver.CudaVmmDriver` opened and closed), ``--out``
     not a file and not holding a run unless ``force``, ``warmup_s`` >= 0."""
     if not warmup_s >= 0:
         return f"--warmup-s {warmup_s}: must be >= 0 seconds"
@@ -228,7 +228,7 @@ def preflight(device: str, out_dir: str | Path, force: bool, warmup_s: float) ->
         return f"--device {device!r}: use cuda:N (a GPU with CUDA VMM) or cpu (emulated driver, tiny model)"
     if not torch.cuda.is_available():
         return f"--device {device}: torch sees no CUDA device (torch {torch.__version__}); --device cpu runs the emulated replay"
-    from hwbackend.driver import CudaVmmDriver, GpuUnavailableError
+    from hwbackend.vmm.driver import CudaVmmDriver, GpuUnavailableError
 
     try:
         CudaVmmDriver(int(ordinal)).close()
@@ -249,7 +249,7 @@ def unsupported(config: Any, device: str, attention: str) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m hwbackend.replay_cli",
+def main(argv: list[str] | None = None, prog: str = "python -m hwbackend.replay.cli",
          description: str | None = None) -> int:
     """Entry point; exit 0 on success, 2 for an option, trace or machine that cannot be used (one line on
     stderr, checked before the replay starts)."""

@@ -3,7 +3,7 @@
 
 Each grid point is one iteration shape: ``decodes`` sequences of one token at a given context, plus
 prefill chunks of ``tokens`` new tokens after ``context`` cached ones. It is run through the replay's own
-code path (:class:`hwbackend.model.BatchInputs` + :meth:`DecoderModel.forward` over the VMM-backed cache,
+code path (:class:`hwbackend.replay.model.BatchInputs` + :meth:`DecoderModel.forward` over the VMM-backed cache,
 pages mapped by the vAttention executor, tokens copied back), ``warmup`` times and then ``repeats``
 times; the median wall time (microseconds) is the measurement.
 
@@ -14,18 +14,19 @@ The fit (least squares on relative error, ``scipy.optimize.least_squares`` from 
 ``flops_efficiency``, ``bw_efficiency``, ``attention_flops_efficiency`` and ``overhead_us``; the profile
 gets ``compute.roofline`` and ``compute.fit_error`` (median, p90, max of ``|model / measured - 1|`` over the
 grid), plus ``compute.tiled_roofline`` (the roofline with a launch floor and a mixed-batch term,
-:mod:`hwbackend.compute_calibration_tiled`), which ``analysis.runner.load_models`` prefers when present.
+:mod:`hwbackend.calibration.compute_tiled`), which ``analysis.runner.load_models`` prefers when present.
 """
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from hwbackend.model import BatchInputs, SeqWork
+from hwbackend.calibration.compute_tiled import fit_tiled
+from hwbackend.calibration.fitting import best_fit, fit_error
+from hwbackend.replay.model import BatchInputs, SeqWork
 from sim.compute import BatchShape, RooflineComputeModel
 
 FIT_FIELDS = ("flops_efficiency", "bw_efficiency", "attention_flops_efficiency", "overhead_us")
@@ -127,22 +128,6 @@ def fit_roofline(base: RooflineComputeModel, shapes: list[BatchShape], measured_
     return roofline, fit_error(np.abs(residual(best.x)))
 
 
-def best_fit(residual: Callable[[np.ndarray], np.ndarray], starts, **options: Any) -> Any:
-    """``scipy.optimize.least_squares(residual, start, **options)`` from each of ``starts``; the result of
-    lowest cost (a rough guard against the local minima the ``max`` terms of a roofline create)."""
-    from scipy.optimize import least_squares
-
-    results = [least_squares(residual, np.asarray(start, dtype=float), **options) for start in starts]
-    return min(results, key=lambda result: result.cost)
-
-
-def fit_error(relative_errors: np.ndarray) -> dict:
-    """Median / p90 / max of absolute relative errors (fractions)."""
-    return {"median": round(float(np.median(relative_errors)), 4),
-            "p90": round(float(np.percentile(relative_errors, 90)), 4),
-            "max": round(float(np.max(relative_errors)), 4), "n": int(relative_errors.size)}
-
-
 def compute_section(base: RooflineComputeModel, grid: list[GridPoint], measured_us: list[float], meta: dict) -> dict:
     """The profile's ``compute`` section: fitted roofline, its error, and the grid with both times."""
     shapes = [p.shape() for p in grid]
@@ -152,7 +137,6 @@ def compute_section(base: RooflineComputeModel, grid: list[GridPoint], measured_
     fitted = predict_us(base, np.array([roofline[f] for f in FIT_FIELDS]), shapes)
     rows = [{"decodes": p.decodes, "decode_context": p.decode_context, "chunks": [list(c) for c in p.chunks],
              "measured_us": round(m, 1), "model_us": round(float(f), 1)} for p, m, f in zip(grid, measured_us, fitted)]
-    from hwbackend.compute_calibration_tiled import fit_tiled
     return {"roofline": roofline, "fit_error": error, "default_roofline_error": default_error,
             "method": "median wall time of the replay's forward (host prep + GPU + token copy), least squares "
                       "on relative error", **meta, "tiled_roofline": fit_tiled(base, shapes, measured_us),
@@ -172,13 +156,13 @@ def run_compute_calibration(model_name: str, profile_path: str, device: str = "c
 
     import torch
 
-    from hwbackend.model import DecoderModel, TransformerShape
-    from hwbackend.replay_cli import choose_attention, warm_up
-    from hwbackend.replay_kv import open_kv
+    from hwbackend.replay.model import DecoderModel
+    from hwbackend.replay.cli import choose_attention, warm_up
+    from hwbackend.replay.kv import open_kv
     from sim.config import SimConfig
 
     config = SimConfig(model=model_name, sync_mapping=True)
-    shape = TransformerShape.from_spec(config.model_spec, config.tp)
+    shape = config.model_spec.per_worker(config.tp)
     model = DecoderModel(shape, device=device, seed=config.seed)
     model.attention, check = choose_attention(model, "auto")
     warm_up(model)
@@ -193,7 +177,7 @@ def run_compute_calibration(model_name: str, profile_path: str, device: str = "c
             "torch_version": torch.__version__, "created_by": created_by, **check}
     sections = {"compute": compute_section(base, grid, measured_us, meta)}
     if paged:
-        from hwbackend.paged import measure_paged
+        from hwbackend.calibration.paged import measure_paged
 
         del model
         torch.cuda.empty_cache()

@@ -1,8 +1,8 @@
 """Beyond vAttention on real VMM calls (issue 10): prefix sharing of physical pages with copy-on-write, and
-zero-on-reuse. The cross-layer layout is an option of :class:`hwbackend.kvcache.KVCacheLayout`
-(``layers_per_sub_tensor``); its attention cost is measured by :mod:`hwbackend.beyond_layout`.
+zero-on-reuse. The cross-layer layout is an option of :class:`hwbackend.vmm.kvcache.KVCacheLayout`
+(``layers_per_sub_tensor``); its attention cost is measured by :mod:`hwbackend.beyond.layout`.
 
-:class:`SharingKVCache` is a :class:`~hwbackend.kvcache.KVCache` that can
+:class:`SharingKVCache` is a :class:`~hwbackend.vmm.kvcache.KVCache` that can
 
 * **share** a slot's mapped pages with another slot: the *same* physical handles are mapped a second time
   into the other slot's range of every sub-tensor (one ``cuMemMap`` per handle, one ``cuMemSetAccess`` per
@@ -28,8 +28,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from hwbackend.kvcache import KVCache, KVCacheLayout, _attempt
-from hwbackend.transaction import Transaction
+from hwbackend.vmm.kvcache import KVCache, KVCacheLayout, _attempt
+from hwbackend.vmm.transaction import Transaction
 from sim.plan import MapOp, UnmapOp
 
 MemsetFn = Callable[[int, int], None]
@@ -48,7 +48,7 @@ class SharingKVCache(KVCache):
     """A KV cache whose physical pages can be mapped into several slots, copied on write, and cleared.
 
     Args:
-        driver, layout, pool_page_groups, create_on_demand: as :class:`~hwbackend.kvcache.KVCache`.
+        driver, layout, pool_page_groups, create_on_demand: as :class:`~hwbackend.vmm.kvcache.KVCache`.
         memset_fn: ``memset_fn(va, nbytes)`` clears device memory (needed by ``zero_on_map`` and
             :meth:`zero_slot`).
         zero_on_map: clear every page group when it is mapped (recycled pages hold stale KV).

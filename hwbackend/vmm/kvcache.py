@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from hwbackend.driver import VmmDriver
-from hwbackend.transaction import Transaction
+from hwbackend.vmm.driver import VmmDriver
+from hwbackend.vmm.transaction import Transaction
 from sim.plan import MapOp, Plan, UnmapOp
 
 KV_LAYOUTS = ("per-layer", "cross-layer")
@@ -126,7 +126,7 @@ class KVCache:
     """2N' virtual tensors backed page group by page group from a pool of physical handles.
 
     Args:
-        driver: a :class:`~hwbackend.driver.VmmDriver` (real or emulated).
+        driver: a :class:`~hwbackend.vmm.driver.VmmDriver` (real or emulated).
         layout: sizes.
         pool_page_groups: physical page groups of the budget; ``pool_page_groups * 2N'`` handles.
         create_on_demand: create handles when first needed instead of at :meth:`open` (roughly doubles

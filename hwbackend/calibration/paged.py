@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from hwbackend.model import BatchInputs, SeqWork, TransformerShape, attend
+from hwbackend.replay.model import BatchInputs, SeqWork, attend
+from sim.catalog import ModelSpec
 
 DEFAULT_GRID = [[(1, c)] * b for b in (8, 32, 128) for c in (512, 2048, 4096)] + [[(2048, 2048)], [(1, 1024)] * 32 + [(1024, 0)]]
 """Sequences ``(new tokens, cached tokens)`` of each grid point: decode batches and two prefill shapes."""
@@ -58,7 +59,7 @@ def _block_rows(lengths: np.ndarray, block_size: int, rng: np.random.Generator) 
     return np.concatenate(rows), table, pool
 
 
-def measure_point(shape: TransformerShape, seqs: list[tuple[int, int]], device: Any, layers: int = 4,
+def measure_point(shape: ModelSpec, seqs: list[tuple[int, int]], device: Any, layers: int = 4,
                   repeats: int = 20, block_size: int = 16) -> dict:
     """Attention time per layer (ms) of one grid point in the three variants (see module docstring)."""
     import torch
@@ -93,7 +94,7 @@ def measure_point(shape: TransformerShape, seqs: list[tuple[int, int]], device: 
     return out
 
 
-def _paged_kernel(shape: TransformerShape, lengths: np.ndarray, inputs: BatchInputs, q: Any, layers: int,
+def _paged_kernel(shape: ModelSpec, lengths: np.ndarray, inputs: BatchInputs, q: Any, layers: int,
                   repeats: int, device: Any) -> dict:
     """FlashAttention's in-kernel block table (256-token blocks), or the error this torch build gives."""
     import torch
@@ -117,7 +118,7 @@ def _paged_kernel(shape: TransformerShape, lengths: np.ndarray, inputs: BatchInp
         return {"paged_kernel_error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
 
 
-def measure_paged(shape: TransformerShape, device: Any, grid: list | None = None) -> dict:
+def measure_paged(shape: ModelSpec, device: Any, grid: list | None = None) -> dict:
     """The profile's ``paged_attention`` section: per-point times and ratios, and the median ``factor``."""
     points = [measure_point(shape, seqs, device) for seqs in (grid or DEFAULT_GRID)]
     gather = [p["paged_gather_ms"] / p["contiguous_ms"] for p in points]

@@ -1,7 +1,7 @@
-"""``python -m hwbackend.beyond_replay``: the hardware replay (:mod:`hwbackend.replay_cli`, same options, same
+"""``python -m hwbackend.beyond.replay``: the hardware replay (:mod:`hwbackend.replay.cli`, same options, same
 records) with each iteration split into phases, written to ``phases.parquet`` in the run directory.
 
-The loop is :class:`hwbackend.replay.ReplayLoop` unchanged (its records are bit-for-bit those of
+The loop is :class:`hwbackend.replay.loop.ReplayLoop` unchanged (its records are bit-for-bit those of
 ``replay_cli``); :class:`PhaseTimedLoop` only takes host timestamps around calls the loop already makes
 (``model.forward``, ``executor.map_ahead``, ``executor.poll_completed``) and records two CUDA events around
 the forward. Per iteration (microseconds)::
@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from hwbackend.replay import ReplayLoop
+from hwbackend.replay.loop import ReplayLoop
 
 PHASE_COLUMNS = ("iteration", "start_at_us", "duration_us", "sched_us", "stall_us", "pre_us", "launch_us",
                  "after_launch_us", "wait_us", "post_us", "forward_wall_us", "gpu_forward_us", "loop_overhead_us",
@@ -129,14 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     ``phases_summary.json`` into ``--out``."""
     import json
 
-    import hwbackend.replay_cli as replay_cli
+    import hwbackend.replay.cli as replay_cli
 
     argv = list(sys.argv[1:] if argv is None else argv)
     replay_cli.ReplayLoop = PhaseTimedLoop
     PhaseTimedLoop.last = None
     started = time.perf_counter()
     # parses and checks every option, the device and --out before the replay, with one message each
-    status = replay_cli.main(argv, prog="python -m hwbackend.beyond_replay",
+    status = replay_cli.main(argv, prog="python -m hwbackend.beyond.replay",
                              description="the hardware replay with each iteration split into phases (phases.parquet)")
     loop = PhaseTimedLoop.last
     if loop is not None and status == 0:

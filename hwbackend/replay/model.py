@@ -36,36 +36,9 @@ from typing import Any
 
 import numpy as np
 
+from sim.catalog import ModelSpec
+
 ATTENTION_BACKENDS = ("varlen", "gather", "reference")
-
-
-@dataclass(frozen=True)
-class TransformerShape:
-    """Sizes of the decoder (public config names in brackets).
-
-    Attributes:
-        num_layers: N [num_hidden_layers]; hidden_size: h; num_q_heads: Hq; num_kv_heads: H' (per worker);
-        head_dim: D; ffn_size: F [intermediate_size]; vocab_size: V.
-    """
-
-    num_layers: int
-    hidden_size: int
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    ffn_size: int
-    vocab_size: int
-
-    @classmethod
-    def from_spec(cls, spec: Any, tp: int = 1) -> "TransformerShape":
-        """The shape of one of ``tp`` workers of a :class:`sim.catalog.ModelSpec`."""
-        return cls(spec.num_layers, spec.hidden_size, spec.num_q_heads // tp, spec.num_kv_heads // tp,
-                   spec.head_dim, spec.ffn_size // tp, spec.vocab_size)
-
-    @property
-    def num_sub_tensors(self) -> int:
-        """2N: K of layers 0..N-1, then V of layers 0..N-1 (``hwbackend.kvcache`` order)."""
-        return 2 * self.num_layers
 
 
 @dataclass(frozen=True)
@@ -131,7 +104,7 @@ class DecoderModel:
         attention: one of :data:`ATTENTION_BACKENDS`.
     """
 
-    def __init__(self, shape: TransformerShape, device: str = "cuda:0", seed: int = 0, attention: str = "varlen"):
+    def __init__(self, shape: ModelSpec, device: str = "cuda:0", seed: int = 0, attention: str = "varlen"):
         import torch
 
         if attention not in ATTENTION_BACKENDS:
@@ -253,7 +226,7 @@ class DecodeGraphs:
 
 
 def capture_decode_graphs(model: DecoderModel, kv: Any, max_batch: int) -> float:
-    """Capture :class:`DecodeGraphs` on ``model`` over an open :class:`hwbackend.replay_kv.ReplayKV`;
+    """Capture :class:`DecodeGraphs` on ``model`` over an open :class:`hwbackend.replay.kv.ReplayKV`;
     a scratch slot is taken from the executor for the capture and freed afterwards (its page group
     returns to the pool by the policy's own rules). Returns the capture's wall time (s).
 

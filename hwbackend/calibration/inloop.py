@@ -1,7 +1,7 @@
 """In-loop compute calibration: fit the simulator's compute model on the iterations of a hardware replay
 (``kvsim calibrate --from-run DIR``), not on an isolated grid.
 
-Why: on the lent H200 the isolated grid (:mod:`hwbackend.compute_calibration`) missed what a serving loop
+Why: on the lent H200 the isolated grid (:mod:`hwbackend.calibration.compute`) missed what a serving loop
 costs around and inside the forward (the loop's own host work, the cost of the batch shapes a scheduler
 really forms, decode iterations as CUDA graphs next to eager mixed batches): fitted there, the simulator was
 30-38% fast at the median iteration (``docs/validation/README.md``). BLIS and Vidur likewise fit their
@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from hwbackend.compute_calibration import best_fit, fit_error
+from hwbackend.calibration.fitting import best_fit, fit_error
+from hwbackend.calibration.run_files import SHAPE_FIELDS, config_from_run
 from sim.compute import RooflineComputeModel
 
 INLOOP_FIELDS = ("flops_efficiency", "bw_efficiency", "attention_flops_efficiency", "overhead_us",
@@ -55,7 +56,6 @@ _STARTS = ({"flops_efficiency": 0.6, "bw_efficiency": 0.8, "attention_flops_effi
            {"flops_efficiency": 0.8, "bw_efficiency": 0.6, "attention_flops_efficiency": 0.8, "overhead_us": 8000.0,
             "mixed_tile_rows": 16.0, "launch_floor_us": 5000.0, "decode_overhead_us": 500.0,
             "attention_bytes_factor": 2.0, "wave_us_per_token": 0.2})
-SHAPE_FIELDS = ("new_tokens", "attention_pairs", "kv_read_tokens", "logit_sequences", "max_context_tokens")
 
 
 class InLoopError(ValueError):
@@ -89,10 +89,10 @@ def load_rows(run_dir: str | Path) -> tuple[pd.DataFrame, dict]:
     run = Path(run_dir)
     if not run.is_dir():
         raise InLoopError(f"{run}: {'not a directory' if run.exists() else 'does not exist'} (a hardware run "
-                          "directory of python -m hwbackend.replay_cli is needed)")
+                          "directory of python -m hwbackend.replay.cli is needed)")
     for name in ("iterations.parquet", "shapes.parquet", "config.json"):
         if not (run / name).is_file():
-            raise InLoopError(f"{run}: no {name} (a hardware run directory of python -m hwbackend.replay_cli is "
+            raise InLoopError(f"{run}: no {name} (a hardware run directory of python -m hwbackend.replay.cli is "
                               "needed; runs older than shapes.parquet cannot be fitted on)")
     try:
         config = json.loads((run / "config.json").read_text())
@@ -242,7 +242,7 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "") -
                         for d, (r, m) in zip(run_dirs, loaded)],
                "model": config.model, "gpu": config.gpu, "tp": config.tp, "command": command,
                "method": "least squares (soft-L1, scale 0.05) on relative error of duration_us minus the mapping "
-                         "part of sync_stall_us, over every iteration of the runs (hwbackend/compute_inloop.py)"}
+                         "part of sync_stall_us, over every iteration of the runs (hwbackend/calibration/inloop.py)"}
     sections = {"compute_in_loop": section}
     sync_rows = pd.concat([r for (r, m) in loaded if m.get("sync_mapping")] or [rows.iloc[:0]])
     growth = growth_in_loop(sync_rows)
@@ -262,12 +262,10 @@ def _run_config(run_dir: str, meta: dict) -> Any:
     Raises:
         InLoopError: an unusable config.json (unknown model, bad field) or a shape of another model.
     """
-    from hwbackend.model import TransformerShape
-    from hwbackend.validate import config_from_run
-
+    
     try:
         config = config_from_run(meta)
-        expected = TransformerShape.from_spec(config.model_spec, config.tp).__dict__
+        expected = config.model_spec.per_worker(config.tp).decoder_shape()
     except Exception as exc:  # an unknown model name, a bad field: the run's config.json is not usable
         raise InLoopError(f"{run_dir}/config.json: {exc}") from None
     recorded = meta.get("transformer_shape")

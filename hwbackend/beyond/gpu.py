@@ -1,6 +1,6 @@
 """The one GPU session of issue 10 (and the x1.5 re-validation of issue 5), as a deadline-bounded runner.
 
-``python -m hwbackend.beyond_gpu --out DIR [--deadline-s 545]`` runs, each part in its own subprocess with
+``python -m hwbackend.beyond.gpu --out DIR [--deadline-s 545]`` runs, each part in its own subprocess with
 a timeout inside the deadline, writing its result under ``DIR`` as soon as it finishes:
 
 1. ``pytest -m gpu tests/test_hw_beyond.py`` (prefix sharing / COW, zero-on-reuse, cross-layer over VMM);
@@ -8,7 +8,7 @@ a timeout inside the deadline, writing its result under ``DIR`` as soon as it fi
 3. ``layout``: attention per KV layout -> ``layout.json`` (profile section ``layout``);
 4. ``pytest -m gpu tests/test_hw_tp_gpu.py``;
 5. the hardware replay of the trace's first 1,000 requests at ``--rate-scale 1.5``, asynchronous then
-   synchronous mapping (:mod:`hwbackend.beyond_replay`), each only if the time left can hold it.
+   synchronous mapping (:mod:`hwbackend.beyond.replay`), each only if the time left can hold it.
 
 Part logs and run directories go to ``DIR/runs/``; ``times.json`` records each part's status and seconds.
 Exit status 1 if any part that ran failed (non-zero exit or killed), 2 without the trace.
@@ -31,8 +31,8 @@ REPLAY_NEEDS_S = 185
 
 
 def memory_part(out: Path) -> None:
-    from hwbackend.calibrate import environment, measure_memory_bandwidth
-    from hwbackend.driver import CudaVmmDriver
+    from hwbackend.calibration.vmm import environment, measure_memory_bandwidth
+    from hwbackend.vmm.driver import CudaVmmDriver
 
     import torch
     torch.cuda.init()
@@ -46,7 +46,7 @@ def memory_part(out: Path) -> None:
 
 
 def layout_part(out: Path) -> None:
-    from hwbackend.beyond_layout import main
+    from hwbackend.beyond.layout import main
     main(["--out", str(out)])
 
 
@@ -86,7 +86,7 @@ def run_part(name: str, cmd: list[str], log: Path, timeout_s: float, times: dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hwbackend.beyond_gpu")
+    parser = argparse.ArgumentParser(prog="python -m hwbackend.beyond.gpu")
     parser.add_argument("--out", required=True)
     parser.add_argument("--deadline-s", type=float, default=545.0)
     parser.add_argument("--part", choices=("memory", "layout"), help="run one measurement in this process")
@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     py = sys.executable
     parts = [
         ("pytest_beyond", [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_hw_beyond.py"], 100),
-        ("memory", [py, "-m", "hwbackend.beyond_gpu", "--part", "memory", "--out", str(out / "memory.json")], 60),
-        ("layout", [py, "-m", "hwbackend.beyond_gpu", "--part", "layout", "--out", str(out / "layout.json")], 90),
+        ("memory", [py, "-m", "hwbackend.beyond.gpu", "--part", "memory", "--out", str(out / "memory.json")], 60),
+        ("layout", [py, "-m", "hwbackend.beyond.gpu", "--part", "layout", "--out", str(out / "layout.json")], 90),
         ("pytest_tp", [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_hw_tp_gpu.py"], 100),
     ]
     for name, cmd, limit in parts:
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             times[name] = {"rc": None, "skipped": f"{left():.0f} s left < {REPLAY_NEEDS_S} s"}
             print(f"=== {name}: skipped ({left():.0f} s left)", flush=True)
             continue
-        cmd = [py, "-m", "hwbackend.beyond_replay", "--trace", trace, "--num-requests", "1000", "--rate-scale", "1.5", *extra,
+        cmd = [py, "-m", "hwbackend.beyond.replay", "--trace", trace, "--num-requests", "1000", "--rate-scale", "1.5", *extra,
                "--out", str(runs / f"hw-{mode}-x1.5")]
         run_part(name, cmd, runs / f"{name}.log", left() - 8, times)
         save()

@@ -14,7 +14,7 @@ are kept per call name in :class:`CallStats` (``driver.stats``). The calls are u
 call :meth:`CudaVmmDriver.make_current` once in a new thread (it binds the device's primary context, the
 one PyTorch uses, with ``cuCtxSetCurrent``).
 
-:class:`hwbackend.emulated.EmulatedVmmDriver` offers the same interface (:class:`VmmDriver`) without a GPU.
+:class:`hwbackend.vmm.emulated.EmulatedVmmDriver` offers the same interface (:class:`VmmDriver`) without a GPU.
 ``cuda.bindings`` is imported only when a :class:`CudaVmmDriver` is opened, so this module imports on
 machines without cuda-python.
 """

@@ -12,13 +12,13 @@ iteration (domain.md, "tensor-parallel consistency"). Each plan is therefore app
                                           └─ no ──▶ roll back on every worker,     -> TPStepError naming
                                                     policy restored from snapshot     the failed worker(s)
 
-:class:`TPExecutor` is :class:`hwbackend.executor.Executor` (same foreground step, background mapper,
+:class:`TPExecutor` is :class:`hwbackend.vmm.executor.Executor` (same foreground step, background mapper,
 slot reuse after events, teardown) over a :class:`TPCacheGroup`, which offers the executor the
-interface of one :class:`~hwbackend.kvcache.KVCache`. So the executor's guarantees carry over
+interface of one :class:`~hwbackend.vmm.kvcache.KVCache`. So the executor's guarantees carry over
 unchanged: a failed foreground step or free restores the policy from its snapshot and re-raises (no kernel
 may launch); a background op counts as done (``policy.commit``) only once every worker has committed it,
 else it is cancelled with the queue behind it and the next foreground call raises
-:class:`~hwbackend.executor.BackgroundMappingError` (its cause a :class:`TPStepError`).
+:class:`~hwbackend.vmm.executor.BackgroundMappingError` (its cause a :class:`TPStepError`).
 
 Timing: every applied plan leaves a :class:`TPStepTiming` (each worker's mapping time, the critical path =
 the slowest worker, the coordinator's wall time); :func:`timing_report` summarises them.
@@ -33,9 +33,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from hwbackend.executor import Executor
-from hwbackend.kvcache import KVCache
-from hwbackend.tp_worker import TPWorker
+from hwbackend.vmm.executor import Executor
+from hwbackend.vmm.kvcache import KVCache
+from hwbackend.vmm.tp_worker import TPWorker
 from sim.memory.vattention import VAttentionPolicy
 from sim.plan import Plan
 

@@ -1,10 +1,10 @@
 """The replay's KV cache: the vAttention executor plus per-layer K/V views over the cache.
 
-On CUDA the views are torch tensors over the reserved virtual memory (:func:`hwbackend.tensors.kv_tensors`),
+On CUDA the views are torch tensors over the reserved virtual memory (:func:`hwbackend.vmm.tensors.kv_tensors`),
 backed page group by page group as the policy maps them. On CPU (tests, development) the emulated driver
 does the mapping bookkeeping with the same executor and policy, and the views are ordinary host tensors.
 
-Each view is ``[B * L_max, H', D]`` (flat rows, see :mod:`hwbackend.model`); ``k[i]`` / ``v[i]`` belong to
+Each view is ``[B * L_max, H', D]`` (flat rows, see :mod:`hwbackend.replay.model`); ``k[i]`` / ``v[i]`` belong to
 layer ``i`` (sub-tensors ``i`` and ``N + i`` of the cache).
 """
 from __future__ import annotations
@@ -13,9 +13,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from hwbackend.executor import Executor
-from hwbackend.kvcache import KVCache, KVCacheLayout
-from hwbackend.model import TransformerShape
+from hwbackend.vmm.executor import Executor
+from hwbackend.vmm.kvcache import KVCache, KVCacheLayout
+from sim.catalog import ModelSpec
 from sim.memory import build_policy
 
 
@@ -35,13 +35,13 @@ class ReplayKV:
         self.stack.close()
 
 
-def layout_for(config: Any, shape: TransformerShape) -> KVCacheLayout:
+def layout_for(config: Any, shape: ModelSpec) -> KVCacheLayout:
     """Cache layout for a :class:`sim.config.SimConfig` and the decoder's shape.
 
     Raises:
         ValueError: if the shape's page holds a different number of tokens than the config's policy expects.
     """
-    layout = KVCacheLayout(num_sub_tensors=shape.num_sub_tensors, num_slots=config.max_batch_slots,
+    layout = KVCacheLayout(num_sub_tensors=shape.num_sub_tensors(), num_slots=config.max_batch_slots,
                            max_pages_per_slot=config.max_pages_per_slot, page_size_bytes=config.page_size_bytes,
                            num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, dtype_bytes=2)
     if layout.tokens_per_page != config.tokens_per_page:
@@ -51,7 +51,7 @@ def layout_for(config: Any, shape: TransformerShape) -> KVCacheLayout:
     return layout
 
 
-def open_kv(config: Any, shape: TransformerShape, device: str) -> ReplayKV:
+def open_kv(config: Any, shape: ModelSpec, device: str) -> ReplayKV:
     """Open the policy's executor and K/V views on ``device`` (``cuda:N`` real VMM, ``cpu`` emulated).
 
     The policy is :func:`sim.memory.build_policy` of ``config`` (the simulator's); the pool holds
@@ -63,8 +63,8 @@ def open_kv(config: Any, shape: TransformerShape, device: str) -> ReplayKV:
     stack = ExitStack()
     try:
         if device.startswith("cuda"):
-            from hwbackend.driver import CudaVmmDriver
-            from hwbackend.tensors import kv_tensors
+            from hwbackend.vmm.driver import CudaVmmDriver
+            from hwbackend.vmm.tensors import kv_tensors
 
             torch.cuda.init()
             driver = stack.enter_context(CudaVmmDriver(torch.device(device).index or 0))
@@ -73,7 +73,7 @@ def open_kv(config: Any, shape: TransformerShape, device: str) -> ReplayKV:
                                                     stream_handle=torch.cuda.current_stream().cuda_stream))
             tensors = kv_tensors(cache, torch.bfloat16, device)
         else:
-            from hwbackend.emulated import EmulatedVmmDriver
+            from hwbackend.vmm.emulated import EmulatedVmmDriver
 
             capacity = config.pool_page_groups * layout.num_sub_tensors * layout.page_size_bytes
             driver = EmulatedVmmDriver(layout.page_size_bytes, capacity_bytes=capacity, va_limit_bytes=1 << 50)
