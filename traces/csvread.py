@@ -7,7 +7,6 @@ row ``i`` is ``i + 2`` (line 1 is the header). Blank lines are skipped.
 from __future__ import annotations
 
 import csv
-import mmap
 import re
 from itertools import islice
 from pathlib import Path
@@ -20,7 +19,7 @@ from traces.errors import TraceError, fail
 
 HEAD_BYTES = 1 << 16
 CHUNK_ROWS = 1_000_000
-SLICE_BYTES = 1 << 24      # 16 MiB per numpy slice in check_field_counts
+SLICE_BYTES = 1 << 20      # 1 MiB read at a time by check_field_counts (leaves peak memory as it was)
 _DELIMITERS = {";": "semicolon", "\t": "tab", "|": "pipe"}
 
 
@@ -156,8 +155,8 @@ def check_present(path: Path, chunk: pd.DataFrame, columns: list[str],
 def check_field_counts(path: Path, n_fields: int, slice_bytes: int = SLICE_BYTES) -> None:
     """Raises on the first line whose comma-separated field count is not the header's.
 
-    Vectorised: the file is memory-mapped and scanned in slices of about
-    ``slice_bytes``; numpy counts the commas between newlines (about 0.1 s per 100 MB).
+    Vectorised: the file is read in slices of ``slice_bytes`` (cut at the last newline);
+    numpy counts the commas between newlines (about 0.1-0.2 s per 100 MB).
     Blank (whitespace-only) lines are skipped, as the reader skips them; a line of
     only empty fields (``,,,``) is refused, since the reader would drop it silently. A
     file with a double quote anywhere is counted by the :mod:`csv` module instead, so
@@ -166,7 +165,7 @@ def check_field_counts(path: Path, n_fields: int, slice_bytes: int = SLICE_BYTES
     Args:
         path: CSV file (UTF-8 already checked at its start).
         n_fields: Number of fields in the header (line 1).
-        slice_bytes: Bytes per numpy slice (memory: about 3x this).
+        slice_bytes: Bytes read at a time (memory: a few times this).
 
     Raises:
         TraceError: Naming the file, the 1-based line, the field count found and the
@@ -174,42 +173,52 @@ def check_field_counts(path: Path, n_fields: int, slice_bytes: int = SLICE_BYTES
             field is empty (a trailing comma)"`` or ``"line 5: truncated line: 2 of 3
             fields"``.
     """
+    line0, pending = 0, []                   # pending: the start of an unfinished line
+
+    def scan(block: np.ndarray) -> None:
+        nonlocal line0
+        found, n_lines = _first_bad_line(block, n_fields)
+        if found is not None:
+            index, text = found
+            raise _field_count_error(path, line0 + index + 1, text, n_fields)
+        line0 += n_lines
+
     with open(path, "rb") as fh:
-        try:
-            data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError:          # an empty file cannot be mapped; read_head refused it
-            return
-    with data:
-        if data.find(b'"') != -1:
-            _check_field_counts_quoted(path, n_fields)
-            return
-        line0, start, size, found = 0, 0, len(data), None
-        while start < size:
-            stop = data.find(b"\n", min(start + slice_bytes, size) - 1)
-            stop = size if stop == -1 else stop + 1
-            block = np.frombuffer(data, dtype=np.uint8, count=stop - start, offset=start)
-            found, n_lines = _first_bad_line(block, n_fields)
-            del block                            # the map cannot close while viewed
-            if found is not None:
-                break
-            line0, start = line0 + n_lines, stop
-    if found is not None:
-        index, text = found
-        raise _field_count_error(path, line0 + index + 1, text, n_fields)
+        while piece := fh.read(slice_bytes):
+            if b'"' in piece:
+                _check_field_counts_quoted(path, n_fields)
+                return
+            first = piece.find(b"\n") + 1
+            if not first:
+                pending.append(piece)            # a very long line: joined when it ends
+                continue
+            start = 0
+            if pending:                          # the line that spans two reads
+                scan(np.frombuffer(b"".join(pending) + piece[:first], np.uint8))
+                pending, start = [], first
+            stop = piece.rfind(b"\n") + 1
+            if stop > start:                     # whole lines, a view: no copy
+                scan(np.frombuffer(piece, np.uint8, stop - start, start))
+            if stop < len(piece):
+                pending = [piece[stop:]]
+    if pending:                                  # the last line has no newline
+        scan(np.frombuffer(b"".join(pending), np.uint8))
 
 
 def _first_bad_line(block: np.ndarray, n_fields: int) -> tuple[tuple[int, bytes] | None, int]:
     """Scans whole lines for a wrong field count or only empty fields.
 
-    Only the positions of newlines, commas and blanks (space, tab, CR) are gathered; per
-    line, ``content = length - commas - blanks`` is 0 exactly for a blank line (no comma)
-    or a row of empty fields (commas), which the reader would drop silently.
+    Only the positions of bytes up to ``,`` in value are gathered (newlines, commas,
+    blanks and a few rare others). A line of nothing but commas and blanks (space, tab,
+    CR) is either blank (skipped, as the reader skips it) or a row of empty fields
+    (refused: the reader would drop it silently); blanks are counted only when some line
+    has no byte above ``,``.
 
     Returns:
         ``((index of the line within block, its bytes) or None, number of newlines)``.
     """
-    at = np.flatnonzero(block <= 44)         # every byte that can be special, and a few more
-    kind = block[at]                         # ("+", "'", "(", ...): cheap to sift here
+    at = np.flatnonzero(block <= 44)
+    kind = block[at]
     newline_at = np.flatnonzero(kind == 10)                      # places within ``at``
     n_newlines = len(newline_at)
     ends = at[newline_at]
@@ -218,16 +227,22 @@ def _first_bad_line(block: np.ndarray, n_fields: int) -> tuple[tuple[int, bytes]
         ends = np.append(ends, len(block))
     commas_before = np.zeros(len(kind) + 1, dtype=np.int64)     # commas in at[:j]
     np.cumsum(kind == 44, out=commas_before[1:])
-    specials_before = np.zeros(len(kind) + 1, dtype=np.int64)   # commas and blanks
-    np.cumsum((kind == 44) | (kind == 32) | (kind == 9) | (kind == 13),
-              out=specials_before[1:])
-    first_special = np.concatenate(([0], newline_at[:-1] + 1))
+    first_special = np.empty_like(newline_at)
+    first_special[:1] = 0
+    first_special[1:] = newline_at[:-1] + 1
     commas = commas_before[newline_at] - commas_before[first_special]
-    specials = specials_before[newline_at] - specials_before[first_special]
-    starts = np.concatenate(([0], ends[:-1] + 1))
-    content = ends - starts - specials
-    blank = (content == 0) & (commas == 0)                       # skipped by the reader too
-    bad = ~blank & ((commas != n_fields - 1) | (content == 0))
+    starts = np.empty_like(ends)
+    starts[:1] = 0
+    starts[1:] = ends[:-1] + 1
+    bad = commas != n_fields - 1
+    empty = ends - starts <= newline_at - first_special        # every byte is low
+    if empty.any():                      # rare (blank lines): count the blanks and commas
+        fill_before = np.zeros(len(kind) + 1, dtype=np.int64)
+        np.cumsum((kind == 44) | (kind == 32) | (kind == 9) | (kind == 13),
+                  out=fill_before[1:])
+        fill = fill_before[newline_at] - fill_before[first_special]
+        empty &= ends - starts == fill                           # nothing but , and blanks
+    bad = (bad & ~(empty & (commas == 0))) | (empty & (commas > 0))
     if not bad.any():
         return None, n_newlines
     index = int(np.argmax(bad))
