@@ -485,3 +485,17 @@ def test_trace_stats_without_arrivals_has_only_lengths():
     assert "span_s" not in stats and "iat_cv" not in stats
     assert stats["rows"] == 2 and stats["prompt_max"] == 20 and stats["output_mean"] == 2.0
     assert math.isclose(trace_stats(df)["mean_rate_per_s"], 2.0)
+
+
+# ---------------------------------------------------------------- ServeGen rate files
+
+@pytest.mark.parametrize("line,what", [
+    ("0,1.0,1.0,Gamma,0.5,0.1,9", "too many fields: 7, a ServeGen rate line has 6"),
+    ("0,1.0,1.0,Gamma,0.5", "truncated line: 5 of 6 fields")])
+def test_servegen_rate_file_field_count(tmp_path, line, what):
+    from traces.servegen import load_rates
+    path = tmp_path / "chunk-0-trace.csv"
+    path.write_text("600,0.5,1.2,Gamma,0.7,0.04\n" + line + "\n")
+    with pytest.raises(TraceError, match=what) as err:
+        load_rates(path)
+    assert "line 2" in str(err.value)

@@ -152,7 +152,8 @@ def check_present(path: Path, chunk: pd.DataFrame, columns: list[str],
     raise fail(path, "empty value", line, column, text)
 
 
-def check_field_counts(path: Path, n_fields: int, slice_bytes: int = SLICE_BYTES) -> None:
+def check_field_counts(path: Path, n_fields: int, slice_bytes: int = SLICE_BYTES,
+                       expected: str = "the header has") -> None:
     """Raises on the first line whose comma-separated field count is not the header's.
 
     Vectorised: the file is read in slices of ``slice_bytes`` (cut at the last newline);
@@ -166,6 +167,8 @@ def check_field_counts(path: Path, n_fields: int, slice_bytes: int = SLICE_BYTES
         path: CSV file (UTF-8 already checked at its start).
         n_fields: Number of fields in the header (line 1).
         slice_bytes: Bytes read at a time (memory: a few times this).
+        expected: Words before the expected count in messages (a headerless file:
+            e.g. ``"a ServeGen rate line has"``).
 
     Raises:
         TraceError: Naming the file, the 1-based line, the field count found and the
@@ -180,13 +183,13 @@ def check_field_counts(path: Path, n_fields: int, slice_bytes: int = SLICE_BYTES
         found, n_lines = _first_bad_line(block, n_fields)
         if found is not None:
             index, text = found
-            raise _field_count_error(path, line0 + index + 1, text, n_fields)
+            raise _field_count_error(path, line0 + index + 1, text, n_fields, expected)
         line0 += n_lines
 
     with open(path, "rb") as fh:
         while piece := fh.read(slice_bytes):
             if b'"' in piece:
-                _check_field_counts_quoted(path, n_fields)
+                _check_field_counts_quoted(path, n_fields, expected)
                 return
             first = piece.find(b"\n") + 1
             if not first:
@@ -249,7 +252,7 @@ def _first_bad_line(block: np.ndarray, n_fields: int) -> tuple[tuple[int, bytes]
     return (index, block[starts[index]:ends[index]].tobytes()), n_newlines
 
 
-def _check_field_counts_quoted(path: Path, n_fields: int) -> None:
+def _check_field_counts_quoted(path: Path, n_fields: int, expected: str) -> None:
     """:func:`check_field_counts` for files with quotes: the csv module splits the lines."""
     with open(path, encoding="utf-8", errors="replace", newline="") as fh:
         reader = csv.reader(fh, skipinitialspace=True)
@@ -261,19 +264,19 @@ def _check_field_counts_quoted(path: Path, n_fields: int) -> None:
                 continue                         # blank line
             if len(row) != n_fields or empty:
                 text = raw_line(path, first).encode("utf-8", errors="replace")
-                raise _field_count_error(path, first, text, n_fields, len(row))
+                raise _field_count_error(path, first, text, n_fields, expected, len(row))
 
 
 def _field_count_error(path: Path, line: int, raw: bytes, n_fields: int,
-                       n_got: int | None = None) -> TraceError:
+                       expected: str = "the header has", n_got: int | None = None) -> TraceError:
     text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
     n_got = text.count(",") + 1 if n_got is None else n_got
     if n_got < n_fields:
-        return fail(path, f"truncated line: {n_got} of {n_fields} fields (the header has "
+        return fail(path, f"truncated line: {n_got} of {n_fields} fields ({expected} "
                     f"{n_fields})", line, value=text)
     if n_got > n_fields:
         tail = ("; the extra last field is empty (a trailing comma)"
                 if text.rstrip(" \t\r").endswith(",") else "")
-        return fail(path, f"too many fields: {n_got}, the header has {n_fields}{tail}",
+        return fail(path, f"too many fields: {n_got}, {expected} {n_fields}{tail}",
                     line, value=text)
     return fail(path, f"a row of {n_fields} empty fields (no values)", line, value=text)

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from traces.canonical import build_table
+from traces.csvread import check_field_counts, read_head
 from traces.errors import TraceError, fail
 
 WINDOW_S = 600.0
@@ -84,8 +85,15 @@ class ClientLengths:
 
 
 def load_rates(path: Path) -> pd.DataFrame:
-    """Reads a client's ``*-trace.csv`` (columns named as in the module docstring)."""
+    """Reads a client's ``*-trace.csv`` (columns named as in the module docstring).
+
+    Raises:
+        TraceError: A line without exactly six fields (pandas would otherwise take a
+            seventh as an index and shift every column), or an unreadable value.
+    """
     names = ["window_start_s", "rate_per_s", "cv", "pattern", "shape", "scale"]
+    read_head(path)                          # missing, empty or binary file
+    check_field_counts(path, len(names), expected="a ServeGen rate line has")
     try:
         df = pd.read_csv(path, header=None, names=names, keep_default_na=False,
                          dtype={"pattern": str})
