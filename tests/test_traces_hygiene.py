@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 import warnings
@@ -127,9 +128,10 @@ def test_case_refused_by_cli(tmp_path, capsys, name, command):
 def test_case_console_command_exit_2_without_traceback():
     """The installed entry point (a fresh interpreter), not only ``main``."""
     name = "mc_hash_nested_list.jsonl"
-    done = subprocess.run([sys.executable, "-c", "import sys; from cli import main; "
-                           "sys.exit(main(sys.argv[1:]))", "traces", "stats",
-                           str(CASES / name)], capture_output=True, text=True, cwd=REPO)
+    command = ([shutil.which("kvsim")] if shutil.which("kvsim") else
+               [sys.executable, "-c", "import sys; from cli import main; sys.exit(main(sys.argv[1:]))"])
+    done = subprocess.run(command + ["traces", "stats", str(CASES / name)],
+                          capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
     assert "column 'hash_ids'" in done.stderr
