@@ -6,356 +6,14 @@ output) prints one ``kvsim: error: ...`` line naming the file, field or value, a
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
-import warnings
-from datetime import datetime, timezone
-from pathlib import Path
 
+from analysis.output import OUT_RULE, OutputDir, default_out_dir
 from sim import __version__
-
-
-def _size(text: str) -> int:
-    from sim.units import parse_size_bytes
-    try:
-        return parse_size_bytes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-    return value
-
-
-def _int_at_least(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-    return parse
-
-
-def add_config_args(parser: argparse.ArgumentParser) -> None:
-    """Options shared by every command that builds a :class:`sim.config.SimConfig`."""
-    from sim.catalog import gpu_names, model_names
-    parser.add_argument("--model", default="llama-3-8b", help=f"model ({', '.join(model_names())})")
-    parser.add_argument("--gpu", default="h200", help=f"GPU ({', '.join(gpu_names())})")
-    parser.add_argument("--tp", type=_int_at_least(1), default=1, help="tensor-parallel degree (divides KV heads)")
-    parser.add_argument("--page-size", type=_size, default="2MiB",
-                        help="vAttention page size per K/V sub-tensor, e.g. 2MiB, 256KiB (< 2MiB needs a modified "
-                             "driver)")
-    parser.add_argument("--max-batch", type=_int_at_least(1), default=256, help="request slots B (max concurrent requests)")
-    parser.add_argument("--scheduler", choices=("sarathi", "vllm"), default="sarathi",
-                        help="sarathi: chunked prefill with a token budget; vllm: prefill-first")
-    parser.add_argument("--token-budget", type=_int_at_least(1), default=2048, help="tokens per iteration (chunked prefill)")
-    parser.add_argument("--max-context", type=_int_at_least(2), default=None,
-                        help="tokens per slot L_max; longer requests are clipped; more than the model's native "
-                             "context is refused unless --allow-long-context (default: the model's native context)")
-    parser.add_argument("--allow-long-context", action="store_true",
-                        help="accept a --max-context beyond the model's native context (like vLLM's "
-                             "VLLM_ALLOW_LONG_MAX_MODEL_LEN; the model was not trained for it); recorded in "
-                             "config.json as allow_long_context")
-    parser.add_argument("--sync-mapping", action="store_true", help="map on the critical path (no background mapper)")
-    parser.add_argument("--no-deferred-reclaim", action="store_true",
-                        help="unmap a finished request's pages at once instead of keeping them on its slot")
-    parser.add_argument("--memory-util", type=_positive_float, default=0.9,
-                        help="share of GPU memory for weights + KV cache (vLLM gpu_memory_utilization)")
-    parser.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
-                        help="when memory runs out: recompute (drop KV) or swap (copy KV to host over PCIe)")
-    parser.add_argument("--host-swap", type=_size, default="4GiB",
-                        help="host memory for swapped KV (vLLM swap_space)")
-    parser.add_argument("--seed", type=_int_at_least(0), default=0, help="seed of the run's random generator")
-
-
-def config_from_args(args: argparse.Namespace, **overrides):
-    """Build the :class:`SimConfig` from parsed options (raises ConfigError / CatalogError on bad values)."""
-    from sim.config import SimConfig
-    values = dict(model=args.model, gpu=args.gpu, tp=args.tp, page_size_bytes=args.page_size,
-                  max_batch_slots=args.max_batch, scheduler=args.scheduler, token_budget=args.token_budget,
-                  max_context_tokens=args.max_context, sync_mapping=args.sync_mapping,
-                  deferred_reclaim=not args.no_deferred_reclaim, memory_util_frac=args.memory_util, seed=args.seed,
-                  preemption=args.preemption, host_swap_bytes=args.host_swap,
-                  allow_long_context=bool(getattr(args, "allow_long_context", False)))
-    values.update(overrides)
-    if isinstance(getattr(args, "policy", None), str):   # simulate --policy (compare takes a list)
-        values.update(policy_overrides(args.policy, values))
-    return SimConfig(**values)
-
-
-# SimConfig field -> (the flag that also sets it, its default) for conflict checks with --policy specs
-_FLAG_OF_FIELD = {"page_size_bytes": ("--page-size", 2 * 1024 * 1024), "sync_mapping": ("--sync-mapping", False),
-                  "deferred_reclaim": ("--no-deferred-reclaim", True), "preemption": ("--preemption", "recompute")}
-
-
-def policy_overrides(spec: str, values: dict) -> dict:
-    """The fields a ``--policy`` spec sets; a spec that contradicts an explicit flag is an error.
-
-    Raises:
-        ConfigError: naming the spec and the flag.
-    """
-    from analysis.compare import parse_policy
-    from sim.config import ConfigError
-    overrides = parse_policy(spec)
-    for field_name, value in overrides.items():
-        flag, default = _FLAG_OF_FIELD.get(field_name, (None, None))
-        if flag and values.get(field_name, default) != default and values[field_name] != value:
-            raise ConfigError(f"policy {spec!r} contradicts {flag}; set it in one place")
-    return overrides
-
-
-def add_trace_args(parser: argparse.ArgumentParser) -> None:
-    """Options that choose the workload."""
-    parser.add_argument("--trace", help="trace file (Azure, Splitwise/Vidur, length-only CSV, Mooncake JSONL, "
-                                        "BurstGPT, canonical Parquet) or a public trace name (e.g. azure-conv-2023, "
-                                        "see 'kvsim traces fetch') (default: the built-in synthetic workload)")
-    parser.add_argument("--format", dest="trace_format", default=None, help="trace format (default: detect)")
-    parser.add_argument("--arrival", default=None,
-                        help="arrival process for length-only traces: poisson:RATE or gamma:RATE,CV (default: "
-                             "the trace's own arrival times)")
-    parser.add_argument("--skip-requests", type=_int_at_least(0), default=0,
-                        help="drop the first N requests (before --num-requests; the next one arrives at 0 s)")
-    parser.add_argument("--num-requests", type=_int_at_least(1), default=None,
-                        help="use the first N requests (default: all; synthetic: 1000)")
-    parser.add_argument("--rate-scale", type=_positive_float, default=1.0,
-                        help="multiply the arrival rate (divide inter-arrival times) by X")
-
-
-def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int):
-    """Load (or synthesise) the trace, apply --skip-requests / --num-requests / --rate-scale, clip to the slot
-    length.
-
-    Returns:
-        ``(trace, notes)``: the canonical table and human-readable notes (warnings) to print.
-    """
-    import traces
-    notes = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", traces.TraceWarning)
-        if args.trace:
-            path = traces.resolve_trace(args.trace)  # a file, or a public trace name (kvsim traces fetch)
-            trace = traces.load_trace(path, fmt=args.trace_format, arrival=args.arrival, seed=seed)
-        else:
-            unused = [flag for flag, value in (("--format", args.trace_format), ("--arrival", args.arrival)) if value]
-            if unused:
-                raise traces.TraceError(f"{' and '.join(unused)} appl{'y' if len(unused) > 1 else 'ies'} to a --trace; the built-in synthetic "
-                                        "workload has its own arrivals and lengths")
-            trace = traces.synthetic_default(seed, num_requests=(args.num_requests or 1000)
-                                             + getattr(args, "skip_requests", 0))
-    notes += [str(w.message) for w in caught if issubclass(w.category, traces.TraceWarning)]
-    if getattr(args, "skip_requests", 0):
-        if args.skip_requests >= len(trace):
-            raise traces.TraceError(f"--skip-requests {args.skip_requests}: the trace has only {len(trace)} requests")
-        trace = traces.skip_n(trace, args.skip_requests)
-    if args.num_requests:
-        trace = traces.first_n(trace, args.num_requests)
-    if args.rate_scale != 1.0:
-        trace = traces.scale_rate(trace, args.rate_scale)
-    if len(trace) == 0:
-        filters = [flag for flag, used in (("--skip-requests", getattr(args, "skip_requests", 0)),
-                                           ("--num-requests", args.num_requests)) if used]
-        raise traces.TraceError(f"{trace.attrs.get('source', args.trace or 'the workload')}: no requests left"
-                                + (f" after {' and '.join(filters)}" if filters else "") + "; nothing to simulate")
-    trace, clipped = traces.clip_context(trace, max_context_tokens)
-    if clipped:
-        notes.append(f"{clipped} request(s) longer than the slot length ({max_context_tokens} tokens) were clipped")
-    return trace, notes
-
-
-def _default_out_dir(kind: str = "sim") -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    out = Path("runs") / f"{kind}-{stamp}"
-    suffix = 1
-    while out.exists():
-        out = Path("runs") / f"{kind}-{stamp}-{suffix}"
-        suffix += 1
-    return out
-
-
-# ---- output paths: checked before any work; --force replaces a kvsim result as a whole ----------------------
-# What kvsim writes into a result directory (simulate, compare, sweep). ``--force`` replaces a directory only
-# if everything in it is one of these, so a folder holding anything else (a user's files, a hardware replay's
-# shapes.parquet) is never deleted.
-RESULT_FILES = frozenset({"requests.parquet", "iterations.parquet", "summary.json", "config.json", "report.html",
-                          "compare.csv", "compare.parquet", "sweep.parquet", "sweep.csv", "sweep.html"})
-_RUN_FILES = frozenset({"requests.parquet", "iterations.parquet", "summary.json", "config.json", "report.html"})
-OUT_RULE = ("--out must be a new or empty directory; --force replaces one that holds only a kvsim result (run, "
-            "comparison or sweep) as a whole, atomically (written beside it, then renamed over it); a directory "
-            "holding anything else is refused even with --force")
-
-
-def _is_result_entry(entry: Path) -> bool:
-    """Whether ``entry`` (inside an output directory) is something kvsim writes."""
-    import re
-    if entry.is_symlink():
-        return False
-    if entry.is_file():
-        return entry.name in RESULT_FILES
-    if not entry.is_dir():
-        return False
-    if entry.name == "points":               # sweep points: <key>.json (and <key>.tmp while being written)
-        return all(p.is_file() and p.suffix in (".json", ".tmp") for p in entry.iterdir())
-    if re.fullmatch(r"run\d+", entry.name):   # compare --save-runs
-        return all(p.is_file() and p.name in _RUN_FILES for p in entry.iterdir())
-    return False
-
-
-def _nearest_existing(path: Path) -> Path:
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    return probe
-
-
-def _check_can_create(path: Path, flag: str, shown: str) -> None:
-    """Refuse (OSError naming ``flag``) unless entries can be created beside ``path``: its nearest existing
-    ancestor must be a directory in which kvsim can make a (probe) directory."""
-    import tempfile
-    parent = _nearest_existing(path.parent if path.name else path)
-    if not parent.is_dir():
-        raise NotADirectoryError(f"{flag} {shown}: {parent} is not a directory")
-    try:
-        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".kvsim-probe-"))
-    except OSError as exc:
-        raise PermissionError(f"{flag} {shown}: cannot write in {parent} ({exc.strerror or exc})") from None
-
-
-def _out_text(value) -> str:
-    return repr(str(value)) if str(value).strip() != str(value) or not str(value) else str(value)
-
-
-def _non_empty_path(value, flag: str) -> Path:
-    if value is None or not str(value).strip():
-        raise ValueError(f"{flag} {_out_text(value or '')}: an empty path; name the file or directory to write")
-    return Path(value)
-
-
-class OutputDir:
-    """The result directory of a command (``--out``), checked before any work and written as a whole.
-
-    * ``--out ''``, a path under a file or where nothing can be created (``/proc/x``), and an existing file
-      are refused at once (``OSError`` / ``ValueError`` naming ``flag``).
-    * An existing directory must be empty, or hold only a kvsim result and come with ``force``; a directory
-      with anything else in it is refused even with ``force`` (:data:`OUT_RULE`).
-    * :meth:`writing` yields the folder to write into: a fresh sibling temporary directory, renamed over
-      ``path`` when the block ends without an exception (nothing stale survives: an old report.html, saved
-      runs of a compare, points of another sweep grid); removed, with the old result intact, on failure.
-    """
-
-    def __init__(self, path, force: bool = False, flag: str = "--out", resumable: bool = False):
-        self.path = _non_empty_path(path, flag)
-        self.flag, self.force = flag, force
-        shown = str(self.path)
-        if self.path.exists() and not self.path.is_dir():
-            raise FileExistsError(f"{flag} {shown} is a file, not a directory")
-        self.existing = self.path.is_dir() and any(self.path.iterdir())
-        if self.existing:
-            foreign = sorted(e.name for e in self.path.iterdir() if not _is_result_entry(e))
-            if foreign:
-                listed = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
-                raise FileExistsError(f"{flag} {shown} is not empty and is not a kvsim result (it holds {listed}); "
-                                      f"choose a new or empty directory (--force replaces only a kvsim result)")
-            if not force and not resumable:
-                raise FileExistsError(f"{flag} {shown} already holds a kvsim result; choose another {flag} or pass "
-                                      "--force to replace it")
-        _check_can_create(self.path, flag, shown)
-
-    @property
-    def replaces(self) -> bool:
-        """Whether writing replaces an existing result (``force`` on a non-empty directory)."""
-        return self.existing and self.force
-
-    def writing(self):
-        """Context manager: the directory to write into (see the class docstring)."""
-        import contextlib
-        import shutil
-        import tempfile
-
-        @contextlib.contextmanager
-        def staged():
-            target = Path(os.path.realpath(self.path)) if self.path.is_symlink() else self.path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            stage = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.kvsim-new-"))
-            try:
-                yield stage
-            except BaseException:
-                shutil.rmtree(stage, ignore_errors=True)
-                raise
-            os.chmod(stage, 0o777 & ~_umask())
-            old = None
-            if target.is_dir() and any(target.iterdir()):
-                old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.kvsim-old-"))
-                os.replace(target, old / "result")
-            elif target.is_dir():
-                target.rmdir()
-            os.replace(stage, target)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
-        return staged()
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def check_out_file(path, force: bool, flag: str = "--out") -> Path:
-    """Check a file that a command will write (``report --out``, ``capacity --json``, ``traces convert --out``)
-    before any work: not empty, not a directory, not existing unless ``force``, creatable.
-
-    Raises:
-        ValueError / OSError: one line naming ``flag`` and the path.
-    """
-    out = _non_empty_path(path, flag)
-    if out.is_dir():
-        raise IsADirectoryError(f"{flag} {out} is a directory; {flag} names the file to write")
-    if out.exists() and not force:
-        raise FileExistsError(f"{flag} {out} already exists; choose another {flag} or pass --force to replace it")
-    _check_can_create(out, flag, str(out))
-    return out
-
-
-def write_file_atomic(path, write) -> Path:
-    """Call ``write(temporary_path)``, then rename the temporary file over ``path`` (same directory), so
-    that ``path`` is either the old file or the whole new one."""
-    import tempfile
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".kvsim-new")
-    os.close(handle)
-    try:
-        write(Path(temporary))
-        os.chmod(temporary, 0o666 & ~_umask())
-        os.replace(temporary, out)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return out
-
-
-class DeprecatedAlias(argparse.Action):
-    """A hidden old spelling of an option (``add_argument("--first", dest="num_requests", action=DeprecatedAlias,
-    new="--num-requests", type=...)``): stores the value and prints a one-line deprecation warning."""
-
-    def __init__(self, option_strings, dest, new: str, **kwargs):
-        kwargs["help"] = argparse.SUPPRESS
-        super().__init__(option_strings, dest, **kwargs)
-        self.new = new
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print(f"kvsim: warning: {option_string} is deprecated; use {self.new}", file=sys.stderr)
-        setattr(namespace, self.dest, values)
+from sim.argtypes import int_at_least
+from sim.options import add_config_args, config_from_args
+from traces.workload import add_trace_args, load_workload
 
 
 def _check_profile_first(profile_path: str | None) -> None:
@@ -370,18 +28,18 @@ def _check_profile_first(profile_path: str | None) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from analysis.compare import comparison_table, run_policies
+    from analysis.comparison import comparison_table, run_policies
     from analysis.summary import print_comparison
 
     base = config_from_args(args)
-    from analysis.compare import parse_policy
+    from sim.policy_spec import parse_policy
     from sim.config import ConfigError
     for spec in args.policy:          # every spec is checked before the trace is read
         try:
             base.with_overrides(parse_policy(spec))
         except ConfigError as exc:
             raise ConfigError(f"policy {spec!r}: {exc}" if spec not in str(exc) else str(exc)) from None
-    out = OutputDir(args.out if args.out is not None else _default_out_dir("compare"), args.force)
+    out = OutputDir(args.out if args.out is not None else default_out_dir("compare"), args.force)
     _check_profile_first(args.profile)
     trace, notes = load_workload(args, base.seed, base.slot_max_tokens)
     for note in notes:
@@ -411,11 +69,11 @@ def _note_long_context(config) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from analysis.results import write_run
-    from analysis.runner import run_simulation
+    from sim.runner import run_simulation
     from analysis.summary import print_summary
 
     config = config_from_args(args)
-    out = OutputDir(args.out if args.out is not None else _default_out_dir(), args.force)
+    out = OutputDir(args.out if args.out is not None else default_out_dir(), args.force)
     _check_profile_first(args.profile)
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
     for note in notes:
@@ -464,7 +122,7 @@ class _progress:
 
 
 # key -> (values, meaning, default as written in a spec or None: the SimConfig field's default). The keys listed
-# in 'kvsim compare --help' come from the parser's own table (analysis.compare.POLICY_KEYS): a key without an
+# in 'kvsim compare --help' come from the parser's own table (sim.policy_spec.POLICY_KEYS): a key without an
 # entry here still appears, with its SimConfig field and default.
 _POLICY_KEY_HELP = {
     "page": ("SIZE", "vAttention page size per K/V sub-tensor, a power of two >= 64KiB (< 2MiB needs a modified "
@@ -513,7 +171,7 @@ def _key_default(field_name: str) -> str:
 
 
 def _key_values(parse) -> str:
-    """``a|b`` for a key parsed by analysis.compare's ``_choice``, else ``VALUE``."""
+    """``a|b`` for a key parsed by analysis.comparison's ``_choice``, else ``VALUE``."""
     for cell in getattr(parse, "__closure__", None) or ():
         if isinstance(cell.cell_contents, tuple) and all(isinstance(c, str) for c in cell.cell_contents):
             return "|".join(cell.cell_contents)
@@ -522,7 +180,7 @@ def _key_values(parse) -> str:
 
 def policy_keys_help() -> str:
     """The policy-spec reference of 'kvsim compare --help', one line per key of the parser's table."""
-    from analysis.compare import POLICY_KEYS
+    from sim.policy_spec import POLICY_KEYS
     tables = list(POLICY_KEYS.values())
     common = [k for k in tables[0] if all(k in t for t in tables)]
 
@@ -614,9 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--force", action="store_true",
                       help="replace the kvsim result in --out as a whole, saved runs included")
     comp.add_argument("--save-runs", action="store_true", help="also write each policy's run directory (run0, run1, ...)")
-    comp.add_argument("--workers", type=_int_at_least(1), default=None, help="parallel processes (default: one per core)")
+    comp.add_argument("--workers", type=int_at_least(1), default=None, help="parallel processes (default: one per core)")
     comp.set_defaults(func=cmd_compare)
-    for module in ("traces.cli", "hwbackend.cli", "analysis.cli", "analysis.cli_capacity"):
+    for module in ("traces.cli", "hwbackend.cli", "analysis.cli", "analysis.planning.cli"):
         try:
             register = __import__(module, fromlist=["register"]).register
         except (ImportError, AttributeError):

@@ -1,13 +1,30 @@
-"""Results of simulator runs as pandas tables: summaries, run directories, comparisons, reports."""
-from analysis.results import RunResult, build_result, load_run, summarize, write_run
-from analysis.compare import compare  # binds analysis.compare to the function (the module stays importable)
+"""Results of simulator runs as pandas tables: run directories, summaries, comparisons, figures, reports.
+
+Public API (imported on first use, so that ``import analysis`` costs nothing until a name is needed)::
+
+    load_run(DIR) -> RunResult        write_run(result, DIR)        build_result(SimOutput, config)
+    summarize(requests, iterations, counters, config) -> dict      RunResult (requests, iterations, summary, config)
+    compare([RunResult, ...]) -> DataFrame (one row per run)       write_report([RunResult, ...], PATH)
+
+Modules: ``results`` (tables, summary, run directories), ``comparison`` (what-if tables, running several
+policies), ``figures`` / ``downsample`` / ``report`` (plotly HTML), ``summary`` (printed tables), ``output``
+(output directories and files written as a whole); ``planning`` (capacity search, SLOs, sweeps, their
+executors and command lines).
+"""
+from importlib import import_module
+
+_EXPORTS = {"RunResult": "analysis.results", "build_result": "analysis.results", "load_run": "analysis.results",
+            "summarize": "analysis.results", "write_run": "analysis.results", "compare": "analysis.comparison",
+            "write_report": "analysis.report"}
 
 
-def __getattr__(name):
-    # the report (plotly) is imported lazily, so that analysis.results works where plotly is absent
-    if name == "write_report":
-        from analysis.report import write_report
-        return write_report
-    raise AttributeError(name)
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'analysis' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
 
-__all__ = ["RunResult", "build_result", "compare", "load_run", "summarize", "write_report", "write_run"]
+
+__all__ = sorted(_EXPORTS)

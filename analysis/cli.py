@@ -52,7 +52,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     empty, not a directory, creatable, an existing file only with ``--force``); the file is replaced
     atomically."""
     from analysis.report import write_report
-    from cli import check_out_file
+    from analysis.output import check_out_file
     out = check_out_file(args.out, args.force, "--out")
     runs = load_runs(args.runs)
     try:

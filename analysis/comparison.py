@@ -19,84 +19,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pandas as pd
 
-from sim.config import POLICIES, ConfigError, SimConfig
-from sim.units import parse_size_bytes
-
-_ON_OFF = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False}
-
-
-def _on_off(value: str) -> bool:
-    if value.lower() not in _ON_OFF:
-        raise ValueError(f"expected on/off, got {value!r}")
-    return _ON_OFF[value.lower()]
-
-
-def _choice(*choices: str):
-    def parse(value: str) -> str:
-        if value not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
-        return value
-    return parse
-
-
-# key -> (SimConfig field, parser)
-_COMMON = {"preempt": ("preemption", _choice("recompute", "swap")),
-           "prefix": ("prefix_caching", _on_off),
-           "zero": ("zero_on_reuse", _choice("off", "on-reuse", "on-free")),
-           "admission": ("admission", _choice("whole-prompt", "chunk"))}
-POLICY_KEYS: dict[str, dict] = {
-    "vattention": {
-        "page": ("page_size_bytes", parse_size_bytes),
-        "sync": ("sync_mapping", lambda v: True if v == "" else _on_off(v)),
-        "mapping": ("sync_mapping", lambda v: _choice("sync", "async")(v) == "sync"),
-        "deferred": ("deferred_reclaim", _on_off),
-        "lookahead": ("eager_lookahead_steps", int),
-        "eager": ("eager_page_groups", int),
-        "eager_slots": ("eager_idle_slots", int),
-        "watermark": ("low_watermark_frac", float),
-        "create": ("create_on_demand", lambda v: _choice("startup", "ondemand")(v) == "ondemand"),
-        "layout": ("kv_layout", _choice("per-layer", "cross-layer")),
-        "layout_factor": ("layout_attention_factor", float),
-        "batched": ("batched_set_access", _on_off),
-        **_COMMON},
-    "paged": {
-        "block": ("block_size_tokens", int), "factor": ("paged_attention_factor", float),
-        "bt_base_us": ("block_table_base_us", float), "bt_per_block_us": ("block_table_per_block_us", float),
-        **_COMMON},
-    "static": {"max_len": ("max_len_tokens", int), **_COMMON},
-}
-
-
-def parse_policy(spec: str) -> dict:
-    """``"vattention:page=256KiB,sync"`` -> SimConfig overrides ``{"policy": ..., "page_size_bytes": ...}``.
-
-    Raises:
-        ConfigError: naming the spec, the key and the valid keys or values.
-    """
-    name, _, rest = spec.partition(":")
-    name = name.strip().lower()
-    if name not in POLICY_KEYS:
-        raise ConfigError(f"policy {spec!r}: unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
-    overrides: dict = {"policy": name}
-    seen: dict[str, str] = {}    # SimConfig field -> the key that set it (sync and mapping set one field)
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, _, value = item.partition("=")
-        key = key.strip()
-        if key not in POLICY_KEYS[name]:
-            raise ConfigError(f"policy {spec!r}: unknown key {key!r} for {name}; "
-                              f"valid keys: {', '.join(POLICY_KEYS[name])}")
-        field_name, parse = POLICY_KEYS[name][key][:2]
-        if field_name in seen:
-            first = seen[field_name]
-            raise ConfigError(f"policy {spec!r}: key {key!r} given twice" if first == key else
-                              f"policy {spec!r}: keys {first!r} and {key!r} both set {field_name}; give one")
-        seen[field_name] = key
-        try:
-            overrides[field_name] = parse(value.strip())
-        except ValueError as exc:
-            raise ConfigError(f"policy {spec!r}: {key}={value!r}: {exc}") from None
-    return overrides
-
+from sim.config import ConfigError, SimConfig
+from sim.policy_spec import parse_policy
 
 # summary key -> column label in the comparison table
 COMPARE_METRICS = {
@@ -130,7 +54,7 @@ def comparison_table(summaries: dict[str, dict]) -> pd.DataFrame:
 
 
 def _run_one(job: tuple[str, SimConfig, pd.DataFrame, str | None, bool]):
-    from analysis.runner import run_simulation
+    from sim.runner import run_simulation
     label, config, trace, profile, keep_tables = job
     result = run_simulation(config, trace, profile, extra_config={"policy_spec": label})
     if not keep_tables:    # only the summary crosses the process boundary (tables can be ~100 MB)

@@ -4,7 +4,7 @@ Page layout::
 
     kvsim report                 <- title, one line per run (label, directory, trace)
     Runs                         <- configuration side by side
-    Summary                      <- analysis.compare's metrics side by side (+ every summary.json key, folded)
+    Summary                      <- analysis.comparison's metrics side by side (+ every summary.json key, folded)
     one section per figure       <- analysis.figures.FIGURES, each a <div id="fig-<id>">
 
 Long timelines are downsampled (analysis.downsample: a line of bucket means in a min/max band): a report of the 19,366-request Azure conversation
@@ -20,7 +20,7 @@ import pandas as pd
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from analysis.compare import comparison_table, run_labels
+from analysis.comparison import comparison_table, run_labels
 from analysis.downsample import BAND_BUCKETS
 from analysis.figures import FIGURES, RunView, run_views
 from analysis.results import RunResult
@@ -155,6 +155,6 @@ def write_report(runs: list[RunResult], out_path) -> Path:
     Returns:
         The path written.
     """
-    from cli import write_file_atomic
+    from analysis.output import write_file_atomic
     text = build_report_html(runs)
     return write_file_atomic(out_path, lambda temporary: temporary.write_text(text, encoding="utf-8"))

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.slo import ttft_growth
+from analysis.planning.slo import ttft_growth
 from sim.units import US_PER_MS, US_PER_S
 
 RUN_FILES = ("requests.parquet", "iterations.parquet", "summary.json", "config.json")
@@ -92,7 +92,7 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
         "iterations_with_stall": int((stalls > 0).sum()),
         "preemptions": int(requests["preemptions"].sum()),
         "recomputed_tokens": int(_column(requests, "recomputed_tokens").sum()),
-        # queueing trend (analysis.slo): > 0.05 s/s means the queue grows through the run (overloaded)
+        # queueing trend (analysis.planning.slo): > 0.05 s/s means the queue grows through the run (overloaded)
         "ttft_growth_s_per_s": ttft_growth(requests),
         "rejected_by_reason": {str(k): int(v) for k, v in
                                requests.loc[requests["status"] == "rejected", "reject_reason"].value_counts().items()}

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import traces
-from analysis.runner import run_simulation
+from sim.runner import run_simulation
 from sim.config import SimConfig
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"

@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ``kvsim validate [--hw-run DIR] [--profile P] [--out DIR] [workload and config options]`` compares the
     simulator with a hardware replay (``docs/validation/README.md``).
     """
-    from cli import add_config_args, add_trace_args
+    from sim.options import add_config_args
+    from traces.workload import add_trace_args
     from hwbackend.calibration.vmm import add_arguments
 
     parser = subparsers.add_parser("calibrate", help="measure CUDA VMM latencies (or --compute) into a profile",

@@ -75,7 +75,7 @@ added time (us, any sign) at each, of one length."""
 
 class ComputeFieldError(ValueError):
     """A compute-model field out of its type or range; ``str()`` is ``"<field> <problem>"``, so a caller can
-    prefix the section it read the field from (``analysis.runner.load_models``)."""
+    prefix the section it read the field from (``sim.runner.load_models``)."""
 
     def __init__(self, field: str, problem: str):
         super().__init__(field, problem)

@@ -164,7 +164,7 @@ class VmmLatencyModel:
         are serial). This matters: on the project's H200 a measured growth costs ~1.55x the sum of the
         isolated per-call medians (profiles/README.md). Otherwise: ``num_sub_tensors`` independent draws of
         cuMemMap + cuMemSetAccess per group, times :meth:`growth_scale`. Both times ``in_loop_scale``
-        (1 unless :func:`analysis.runner.load_models` applies a profile's ``vmm_in_loop.growth_scale``).
+        (1 unless :func:`sim.runner.load_models` applies a profile's ``vmm_in_loop.growth_scale``).
         """
         if page_groups <= 0:
             return 0.0

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from analysis import runner
+from sim import runner
 import simpy
 
 from analysis.results import RunResult, build_result, summarize

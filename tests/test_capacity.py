@@ -8,17 +8,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import capacity, runner
-from analysis.capacity import base_rate_per_s, find_capacity, judge, search_capacity
+from analysis.planning import capacity
+from sim import runner
+from analysis.planning.capacity import base_rate_per_s, find_capacity, judge, search_capacity
 from analysis.results import RunResult
-from analysis.slo import SLO_METRICS, Slo, parse_slos, ttft_growth
+from analysis.planning.slo import SLO_METRICS, Slo, parse_slos, ttft_growth
 from sim.config import SimConfig
 from tests.helpers import trace
 
 
 def kvsim_parser() -> argparse.ArgumentParser:
     import cli
-    from analysis.cli_capacity import register
+    from analysis.planning.cli import register
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     if "capacity" not in sub.choices:

@@ -213,7 +213,7 @@ def test_cli_from_run_adds_sections_and_asks_before_replacing(tmp_path, capsys):
 
 
 def test_in_loop_fit_is_used_only_for_its_model():
-    from analysis.runner import compute_overrides, load_models, resolve_compute_model
+    from sim.runner import compute_overrides, load_models, resolve_compute_model
 
     profile = json.loads(PROFILE.read_text())
     assert resolve_compute_model(profile, "auto", CONFIG) == "in-loop"

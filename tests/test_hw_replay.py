@@ -35,7 +35,7 @@ def small_trace(n: int = 8, seed: int = 0) -> pd.DataFrame:
 @pytest.mark.parametrize("sync", [True, False])
 def test_replay_schedules_exactly_like_the_simulator(sync):
     pytest.importorskip("simpy")
-    from analysis.runner import run_simulation
+    from sim.runner import run_simulation
 
     config = SimConfig(max_batch_slots=4, max_context_tokens=4096, token_budget=512, sync_mapping=sync,
                        memory_util_frac=0.2)

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from analysis.compare import parse_policy
+from sim.policy_spec import parse_policy
 from sim.config import ConfigError, SimConfig
 from sim.engine import Simulator
 from sim.units import KIB, MIB

@@ -1,5 +1,5 @@
 """A bad calibration profile gives one message naming the file, the field and the value, and exit status 2:
-never a traceback, never a silently wrong run (``sim.latency.check_profile``, ``analysis.runner.load_models``,
+never a traceback, never a silently wrong run (``sim.latency.check_profile``, ``sim.runner.load_models``,
 ``sim.compute.check_compute_field``). Each case corrupts a copy of ``profiles/h200.json``."""
 import copy
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.runner import load_models
+from sim.runner import load_models
 from cli import main
 from sim.compute import ComputeFieldError
 from sim.config import SimConfig

@@ -9,7 +9,7 @@ import pytest
 from analysis import RunResult, compare, load_run, write_report
 from analysis.downsample import bin_sums, cdf_points, min_max, nice_window
 from analysis.figures import FIGURES, latency_figure, pool_parts, run_views
-from analysis.compare import run_labels
+from analysis.comparison import run_labels
 from analysis.report import build_report_html
 from analysis.results import summarize
 from cli import main

@@ -117,7 +117,7 @@ def near_identical(tmp_path_factory) -> list[Path]:
 @pytest.fixture(scope="module")
 def views(near_identical):
     runs = [load_run(p) for p in near_identical]
-    from analysis.compare import run_labels
+    from analysis.comparison import run_labels
     return run_views(runs, run_labels(runs))
 
 

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 import traces
-from analysis.routing import round_robin, run_routed, split_trace
-from analysis.runner import run_simulation
+from sim.routing import round_robin, run_routed, split_trace
+from sim.runner import run_simulation
 from sim.config import SimConfig
 
 

@@ -6,13 +6,13 @@ import argparse
 import pandas as pd
 import pytest
 
-from analysis.sweep import base_settings, expand_grid, make_jobs, parse_grid, point_args, sweep_table
-from analysis.sweep_run import run_sweep
+from analysis.planning.sweep import base_settings, expand_grid, make_jobs, parse_grid, point_args, sweep_table
+from analysis.planning.sweep_run import run_sweep
 
 
 def sweep_args(*extra: str) -> argparse.Namespace:
     import cli
-    from analysis.cli_capacity import register
+    from analysis.planning.cli import register
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     if "sweep" not in sub.choices:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from analysis.sweep import base_settings, make_jobs, parse_grid, sweep_table
-from analysis.sweep_run import run_sweep
+from analysis.planning.sweep import base_settings, make_jobs, parse_grid, sweep_table
+from analysis.planning.sweep_run import run_sweep
 from tests.test_sweep import sweep_args
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'kvsim[ray]'); the Ray executor is untested")

@@ -1,27 +1,61 @@
 """Request traces for kvsim: loading public formats, generating, transforming, stats.
 
 Every loader and generator returns the canonical table (see :mod:`traces.canonical`).
+
+Public API (imported on first use): loaders (``load_trace``, ``detect_format``, ``write_parquet``,
+``FORMAT_NAMES``), public traces by name (``resolve_trace``, ``fetch_trace``, ``NAMED_TRACES``, ``data_dir``),
+generators (``synthesize``, ``synthetic_default``, ``poisson_arrivals``, ``gamma_arrivals``, length samplers,
+``servegen_mix``), transformations (``scale_rate``, ``first_n``, ``skip_n``, ``sample_n``, ``time_window``,
+``clip_context``, ``merge``), statistics (``trace_stats``, ``ideal_prefix_hit``), errors (``TraceError``,
+``TraceWarning``); the workload of a run from options: :mod:`traces.workload`.
 """
+from importlib import import_module
 
-from traces.canonical import CANONICAL_COLUMNS, renumber
-from traces.errors import TraceError, TraceWarning
-from traces.generators import (ArrivalSpec, LengthTarget, arrivals_from_spec,
-                               empirical_lengths, fitted_lengths, gamma_arrivals,
-                               lognormal_lengths, parse_arrival, poisson_arrivals,
-                               spliced_lengths, synthesize, synthetic_default)
-from traces.loader import FORMAT_NAMES, detect_format, load_trace, write_parquet
-from traces.transforms import (clip_context, first_n, merge, sample_n, scale_rate, skip_n,
-                               time_window)
-from traces.named import NAMED_TRACES, data_dir, fetch_trace, resolve_trace
-from traces.servegen import servegen_mix
-from traces.stats import ideal_prefix_hit, trace_stats
+_EXPORTS = {
+    "ArrivalSpec": "traces.generators",
+    "CANONICAL_COLUMNS": "traces.canonical",
+    "FORMAT_NAMES": "traces.loader",
+    "LengthTarget": "traces.generators",
+    "NAMED_TRACES": "traces.named",
+    "TraceError": "traces.errors",
+    "TraceWarning": "traces.errors",
+    "arrivals_from_spec": "traces.generators",
+    "clip_context": "traces.transforms",
+    "data_dir": "traces.named",
+    "detect_format": "traces.loader",
+    "empirical_lengths": "traces.generators",
+    "fetch_trace": "traces.named",
+    "first_n": "traces.transforms",
+    "fitted_lengths": "traces.generators",
+    "gamma_arrivals": "traces.generators",
+    "ideal_prefix_hit": "traces.stats",
+    "load_trace": "traces.loader",
+    "lognormal_lengths": "traces.generators",
+    "merge": "traces.transforms",
+    "parse_arrival": "traces.generators",
+    "poisson_arrivals": "traces.generators",
+    "renumber": "traces.canonical",
+    "resolve_trace": "traces.named",
+    "sample_n": "traces.transforms",
+    "scale_rate": "traces.transforms",
+    "servegen_mix": "traces.servegen",
+    "skip_n": "traces.transforms",
+    "spliced_lengths": "traces.generators",
+    "synthesize": "traces.generators",
+    "synthetic_default": "traces.generators",
+    "time_window": "traces.transforms",
+    "trace_stats": "traces.stats",
+    "write_parquet": "traces.loader",
+}
 
-__all__ = [
-    "CANONICAL_COLUMNS", "FORMAT_NAMES", "NAMED_TRACES", "data_dir", "fetch_trace",
-    "resolve_trace", "servegen_mix", "ArrivalSpec", "LengthTarget", "TraceError",
-    "TraceWarning", "arrivals_from_spec", "clip_context", "detect_format",
-    "empirical_lengths", "first_n", "fitted_lengths", "gamma_arrivals",
-    "ideal_prefix_hit", "load_trace", "lognormal_lengths", "merge", "parse_arrival",
-    "poisson_arrivals", "renumber", "sample_n", "scale_rate", "spliced_lengths",
-    "skip_n", "synthesize", "synthetic_default", "time_window", "trace_stats", "write_parquet",
-]
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'traces' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = sorted(_EXPORTS)

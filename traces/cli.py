@@ -49,7 +49,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def _add_input_args(parser: argparse.ArgumentParser) -> None:
-    from cli import DeprecatedAlias, _int_at_least, _positive_float
+    from sim.argtypes import DeprecatedAlias, int_at_least, positive_float
     parser.add_argument("file", help="trace file (CSV, JSONL, Parquet) or trace name")
     parser.add_argument("--format", choices=FORMAT_NAMES, default=None,
                         help="trace format (default: detect from the header)")
@@ -57,19 +57,19 @@ def _add_input_args(parser: argparse.ArgumentParser) -> None:
                         help="'poisson:RATE' or 'gamma:RATE,CV' (RATE in req/s) (default: the trace's own arrival "
                              "times)")
     parser.add_argument("--seed", type=int, default=0, help="seed for arrivals/sampling")
-    parser.add_argument("--rate-scale", type=_positive_float, default=None, metavar="X",
+    parser.add_argument("--rate-scale", type=positive_float, default=None, metavar="X",
                         help="multiply the arrival rate by X (default: 1, unchanged)")
-    parser.add_argument("--scale-rate", dest="rate_scale", type=_positive_float, action=DeprecatedAlias,
+    parser.add_argument("--scale-rate", dest="rate_scale", type=positive_float, action=DeprecatedAlias,
                         new="--rate-scale")
     parser.add_argument("--window", default=None, metavar="START_S:END_S",
                         help="keep arrivals in [START_S, END_S) seconds (default: the whole trace)")
-    parser.add_argument("--num-requests", type=_int_at_least(1), default=None, metavar="N",
+    parser.add_argument("--num-requests", type=int_at_least(1), default=None, metavar="N",
                         help="keep the first N requests (default: all)")
-    parser.add_argument("--first", dest="num_requests", type=_int_at_least(1), action=DeprecatedAlias,
+    parser.add_argument("--first", dest="num_requests", type=int_at_least(1), action=DeprecatedAlias,
                         new="--num-requests")
-    parser.add_argument("--sample", type=_int_at_least(1), default=None, metavar="N",
+    parser.add_argument("--sample", type=int_at_least(1), default=None, metavar="N",
                         help="keep N requests drawn at random (seeded) (default: all)")
-    parser.add_argument("--max-context", type=_int_at_least(1), default=None, metavar="TOKENS",
+    parser.add_argument("--max-context", type=int_at_least(1), default=None, metavar="TOKENS",
                         help="clip prompt+output to TOKENS (default: no clipping)")
 
 
@@ -138,7 +138,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     """``kvsim traces convert FILE --out F.parquet [--force]``."""
-    from cli import check_out_file, write_file_atomic
+    from analysis.output import check_out_file, write_file_atomic
 
     def body(a):
         try:

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from traces import csvread, fields
+import traces.csvread as csvread
+import traces.fields as fields
 from traces.canonical import MAX_ARRIVAL_TEXT, build_table, late_arrivals
 from traces.errors import TraceError, TraceWarning, fail
 

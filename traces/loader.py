@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from traces import csvread
+import traces.csvread as csvread
 from traces.canonical import (CANONICAL_COLUMNS, check_canonical, count_out_of_order,
                                renumber)
 from traces.errors import TraceError, TraceWarning, fail

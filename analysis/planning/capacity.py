@@ -2,7 +2,7 @@
 
 The search runs the simulator on the trace with its arrival rate multiplied by a *scale* factor
 (:func:`traces.scale_rate`, which divides every arrival time by the factor) and asks at each scale
-whether every SLO holds and the queue is stable (:mod:`analysis.slo`)::
+whether every SLO holds and the queue is stable (:mod:`analysis.planning.slo`)::
 
     bracket:  s = 1, then double while it passes (halve while it fails) -> lo passes, hi = 2 lo fails
     bisect:   s = sqrt(lo * hi) until hi / lo - 1 <= tolerance        (geometric midpoint: a relative
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 import traces
-from analysis import runner
-from analysis.slo import DEFAULT_STABILITY_TOL, Slo, ttft_growth
+from sim import runner
+from analysis.planning.slo import DEFAULT_STABILITY_TOL, Slo, ttft_growth
 from sim.config import SimConfig
 
 MAX_BRACKET_STEPS = 16   # 2**16: the bracket spans rates from 1/65536 to 65536 times the trace's own
@@ -85,7 +85,7 @@ class Evaluation:
         scale: arrival-rate multiplier applied to the base trace.
         rate_per_s: offered request rate at this scale (requests/s).
         values_us: SLO metric -> measured value (us).
-        ttft_growth: TTFT slope over arrival time in the steady state, s/s (see :mod:`analysis.slo`).
+        ttft_growth: TTFT slope over arrival time in the steady state, s/s (see :mod:`analysis.planning.slo`).
         failed: names of the violated constraints (SLO metrics, ``"stability"``), tightest first.
         summary: the run summary.
     """

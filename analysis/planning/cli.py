@@ -23,7 +23,8 @@ def _fraction(text: str) -> float:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    from cli import add_config_args, add_trace_args
+    from sim.options import add_config_args
+    from traces.workload import add_trace_args
     add_trace_args(parser)
     add_config_args(parser)
     parser.add_argument("--allow-rejected", action="store_true",
@@ -46,8 +47,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 def register(subparsers) -> None:
     """Add the ``capacity`` and ``sweep`` subcommands."""
-    from analysis.routing import ROUTERS
-    from analysis.sweep_run import EXECUTORS
+    from sim.routing import ROUTERS
+    from analysis.planning.sweep_run import EXECUTORS
     cap = subparsers.add_parser(
         "capacity", help="highest request rate per GPU replica under latency SLOs; replicas for a target rate",
         description="Search the arrival-rate scale of a trace (exponential bracket, then bisection) for the highest "
@@ -87,9 +88,10 @@ def register(subparsers) -> None:
 # ---- capacity ------------------------------------------------------------------------------------------
 def cmd_capacity(args: argparse.Namespace) -> int:
     """``kvsim capacity``: search, print the steps and the answer, optionally check the replica count."""
-    from analysis.capacity import check_servable, find_capacity
-    from analysis.slo import parse_slos, with_default_bounds
-    from cli import config_from_args, load_workload
+    from analysis.planning.capacity import check_servable, find_capacity
+    from analysis.planning.slo import parse_slos, with_default_bounds
+    from sim.options import config_from_args
+    from traces.workload import load_workload
     if not args.slo:
         raise ValueError("capacity needs --slo, e.g. --slo ttft_p99=2s,tpot_p99=100ms")
     if args.check_replicas and args.target_rate is None:
@@ -101,7 +103,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     if args.target_rate is not None and not args.target_rate > 0:
         raise ValueError(f"--target-rate must be > 0 req/s, got {args.target_rate}")
     if args.json is not None:
-        from cli import check_out_file
+        from analysis.output import check_out_file
         check_out_file(args.json, args.force, "--json")
     slos = with_default_bounds(parse_slos(args.slo))
     config = config_from_args(args)
@@ -146,7 +148,7 @@ def _step_line(number: int, evaluation, slos) -> str:
 def capacity_lines(result, target_rate: float | None) -> list[str]:
     """The printed answer: unservable requests (loudly), capacity per replica in served requests, binding
     constraint, replicas for the target."""
-    from analysis.capacity import unservable_line
+    from analysis.planning.capacity import unservable_line
 
     if result.best is None:
         return [f"capacity: none: the SLOs fail even at {result.above.rate_per_s:.4g} req/s "
@@ -166,9 +168,9 @@ def capacity_lines(result, target_rate: float | None) -> list[str]:
 def _check_replicas(args, config, trace, result) -> dict | None:
     """Simulate the target rate routed over the computed replica count; print whether the SLOs hold."""
     import traces
-    from analysis.capacity import base_rate_per_s, judge
-    from analysis.routing import run_routed
-    from analysis.slo import parse_slos, ttft_growth, with_default_bounds
+    from analysis.planning.capacity import base_rate_per_s, judge
+    from sim.routing import run_routed
+    from analysis.planning.slo import parse_slos, ttft_growth, with_default_bounds
     replicas = result.replicas_for(args.target_rate)
     if replicas is None:
         print("check: skipped (no capacity)")
@@ -193,7 +195,7 @@ def _write_json(path: Path, result, target_rate, check) -> None:
     record = {**result.to_dict(), "slos": [str(s) for s in result.slos], "tolerance": result.tolerance,
               "target_rate_per_s": target_rate,
               "replicas": result.replicas_for(target_rate) if target_rate else None, "check": check, "steps": steps}
-    from cli import write_file_atomic
+    from analysis.output import write_file_atomic
     text = json.dumps(record, indent=2, allow_nan=True, default=str) + "\n"
     write_file_atomic(path, lambda temporary: temporary.write_text(text))
 
@@ -202,7 +204,7 @@ def _write_json(path: Path, result, target_rate, check) -> None:
 def _check_long_context(jobs) -> None:
     """Refuse the sweep (before anything runs) when a point sets a --max-context beyond its model's native
     context without --allow-long-context: an option error, not a failed point."""
-    from analysis.sweep import point_args
+    from analysis.planning.sweep import point_args
     from sim.catalog import CatalogError, get_model
     from sim.config import ConfigError
     for job in jobs:
@@ -222,18 +224,18 @@ def _check_long_context(jobs) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """``kvsim sweep``: run the missing points, write the table and the figure, print a short report."""
-    from analysis.sweep import base_settings, make_jobs, parse_grid, sweep_table, write_table
-    from analysis.sweep_figure import write_figure
-    from analysis.sweep_run import run_sweep
+    from analysis.planning.sweep import base_settings, make_jobs, parse_grid, sweep_table, write_table
+    from analysis.planning.sweep_figure import write_figure
+    from analysis.planning.sweep_run import run_sweep
     grid = parse_grid(args.grid)
     if args.job == "capacity":
-        from analysis.slo import parse_slos
+        from analysis.planning.slo import parse_slos
         parse_slos(args.slo or "")
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     jobs = make_jobs(grid, base_settings(args), args.job)
     _check_long_context(jobs)
-    from cli import OutputDir
+    from analysis.output import OutputDir
     out = OutputDir(args.out, args.force, resumable=True)
     out_dir = out.path
     # resuming rewrites the table from the stored points; a kvsim result that is not a sweep is not mixed into

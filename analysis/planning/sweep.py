@@ -42,7 +42,8 @@ _ON_OFF = {"on": True, "true": True, "1": True, "yes": True, "off": False, "fals
 @functools.lru_cache(maxsize=1)
 def _reference_parser() -> argparse.ArgumentParser:
     """A parser holding every simulate option, to look up an axis's destination and value type."""
-    from cli import add_config_args, add_trace_args
+    from sim.options import add_config_args
+    from traces.workload import add_trace_args
     parser = argparse.ArgumentParser(add_help=False)
     add_trace_args(parser)
     add_config_args(parser)

@@ -1,6 +1,6 @@
 """Running sweep points: the per-point job, and the local-process-pool and Ray executors.
 
-Both executors call the same :func:`run_point` on the same :class:`analysis.sweep.PointJob` values and the
+Both executors call the same :func:`run_point` on the same :class:`analysis.planning.sweep.PointJob` values and the
 simulator is deterministic for a fixed seed, so a sweep gives identical tables on either. The parent
 process writes each point's JSON as soon as it arrives, so an interrupted sweep resumes where it stopped.
 """
@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from analysis.sweep import PointJob, load_point, point_args, save_point
+from analysis.planning.sweep import PointJob, load_point, point_args, save_point
 
 EXECUTORS = ("local", "ray")
 
@@ -25,14 +25,14 @@ def _workload(trace, trace_format, arrival, num_requests, rate_scale, seed: int,
     """The point's trace, cached per process: points that share a workload load it once."""
     import argparse
 
-    from cli import load_workload
+    from traces.workload import load_workload
     args = argparse.Namespace(trace=trace, trace_format=trace_format, arrival=arrival, num_requests=num_requests,
                               rate_scale=rate_scale)
     return load_workload(args, seed, max_context_tokens)[0]
 
 
 def _point_config_and_trace(job: PointJob):
-    from cli import config_from_args
+    from sim.options import config_from_args
     args, overrides = point_args(job)
     config = config_from_args(args, **overrides)
     trace = _workload(args.trace, args.trace_format, args.arrival, args.num_requests, args.rate_scale,
@@ -41,14 +41,14 @@ def _point_config_and_trace(job: PointJob):
 
 
 def _simulate(job: PointJob) -> tuple[str, dict]:
-    from analysis.runner import run_simulation
+    from sim.runner import run_simulation
     args, config, trace = _point_config_and_trace(job)
     return config.label, run_simulation(config, trace, args.profile).summary
 
 
 def _capacity(job: PointJob) -> tuple[str, dict]:
-    from analysis.capacity import find_capacity
-    from analysis.slo import parse_slos, with_default_bounds
+    from analysis.planning.capacity import find_capacity
+    from analysis.planning.slo import parse_slos, with_default_bounds
     args, config, trace = _point_config_and_trace(job)
     if not args.slo:
         raise ValueError("--job capacity needs --slo (e.g. ttft_p99=2s,tpot_p99=100ms)")

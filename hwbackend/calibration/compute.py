@@ -14,7 +14,7 @@ The fit (least squares on relative error, ``scipy.optimize.least_squares`` from 
 ``flops_efficiency``, ``bw_efficiency``, ``attention_flops_efficiency`` and ``overhead_us``; the profile
 gets ``compute.roofline`` and ``compute.fit_error`` (median, p90, max of ``|model / measured - 1|`` over the
 grid), plus ``compute.tiled_roofline`` (the roofline with a launch floor and a mixed-batch term,
-:mod:`hwbackend.calibration.compute_tiled`), which ``analysis.runner.load_models`` prefers when present.
+:mod:`hwbackend.calibration.compute_tiled`), which ``sim.runner.load_models`` prefers when present.
 """
 from __future__ import annotations
 

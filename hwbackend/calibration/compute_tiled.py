@@ -12,7 +12,7 @@ roofline plus the two effects the H200 grid shows it lacks (``profiles/h200.json
 Mixed batches are recognised from :class:`sim.compute.BatchShape` alone: a batch holds a chunk exactly when
 ``new_tokens > logit_sequences`` (a decode adds one token and one logit row). The simulator's
 :class:`sim.compute.RooflineComputeModel` implements both terms (``mixed_tile_rows``, ``launch_floor_us``);
-this module fits them; ``analysis.runner`` uses the fit whenever a profile holds it.
+this module fits them; ``sim.runner`` uses the fit whenever a profile holds it.
 """
 from __future__ import annotations
 

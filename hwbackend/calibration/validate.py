@@ -4,7 +4,7 @@ The hardware run directory (``python -m hwbackend.replay.cli``, or a fresh repla
 holds the configuration (``config.json``) and, in ``requests.parquet``, every replayed request's arrival
 (already rate-scaled), prompt and output tokens: :func:`trace_of_run` rebuilds the replayed trace slice
 from them (runs written before that carried it as ``trace.parquet``, still read). The simulator
-(:func:`analysis.runner.run_simulation`) runs that same :class:`sim.config.SimConfig` on that same table. The error of a statistic is ``sim / hw - 1``.
+(:func:`sim.runner.run_simulation`) runs that same :class:`sim.config.SimConfig` on that same table. The error of a statistic is ``sim / hw - 1``.
 
 Compared (percentiles linear-interpolated, as ``analysis.results``): iteration latency, TTFT, TPOT
 (finished requests) and E2E at p50 / p90 / p99; synchronous mapping stall (total of the mapping part,
@@ -105,13 +105,13 @@ def overlay_html(hw, sim, path: str | Path, title: str) -> Path:
 
 
 def simulate(config: SimConfig, trace: pd.DataFrame, profile: str | None, compute_model: str = "auto"):
-    """The simulator's run (:func:`analysis.runner.run_simulation`) with the profile's compute model
-    (:data:`analysis.runner.COMPUTE_MODELS`; ``auto``: in-loop fit, else tiled, else roofline).
+    """The simulator's run (:func:`sim.runner.run_simulation`) with the profile's compute model
+    (:data:`sim.runner.COMPUTE_MODELS`; ``auto``: in-loop fit, else tiled, else roofline).
 
     Raises:
         ValueError: a compute model the profile does not hold (or any but auto/roofline without a profile).
     """
-    from analysis.runner import run_simulation
+    from sim.runner import run_simulation
 
     return run_simulation(config, trace, profile, compute_model=compute_model)
 
@@ -142,7 +142,7 @@ def same_batches_error(hw_dir: str | Path, config: SimConfig, profile: str | Non
     ``shapes.parquet``."""
     if not (Path(hw_dir) / "shapes.parquet").is_file():
         return None
-    from analysis.runner import load_models
+    from sim.runner import load_models
     from hwbackend.calibration.inloop import InLoopError, load_rows, shape_columns
 
     try:
@@ -365,7 +365,8 @@ def _fresh_replay(args) -> Path | None:
         import torch
         if not torch.cuda.is_available():
             raise RuntimeError("torch sees no CUDA device")
-        from cli import config_from_args, load_workload
+        from sim.options import config_from_args
+        from traces.workload import load_workload
         from hwbackend.replay.cli import replay, write_hw_run
     except Exception as exc:  # no GPU or no torch: the comparison needs a saved run
         print(f"kvsim validate: no --hw-run and no usable GPU ({exc}); pass --hw-run DIR", file=sys.stderr)

@@ -185,7 +185,8 @@ def _results_module() -> Any:
 
 
 def build_parser(prog: str = "python -m hwbackend.replay.cli", description: str | None = None) -> argparse.ArgumentParser:
-    from cli import add_config_args, add_trace_args
+    from sim.options import add_config_args
+    from traces.workload import add_trace_args
 
     parser = argparse.ArgumentParser(prog=prog, description=description or __doc__.splitlines()[0])
     add_trace_args(parser)
@@ -253,7 +254,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m hwbackend.replay.
          description: str | None = None) -> int:
     """Entry point; exit 0 on success, 2 for an option, trace or machine that cannot be used (one line on
     stderr, checked before the replay starts)."""
-    from cli import config_from_args, load_workload
+    from sim.options import config_from_args
+    from traces.workload import load_workload
 
     args = build_parser(prog, description).parse_args(argv)
     try:

@@ -1,0 +1,183 @@
+"""Where commands write: output directories and files checked before any work, and written as a whole.
+
+Rules (:data:`OUT_RULE`): an output directory must be new or empty; ``--force`` replaces one that holds only a
+kvsim result (run, comparison or sweep), atomically (written beside it, then renamed over it); a directory
+holding anything else is refused even with ``--force``. Files are written to a temporary file and renamed.
+"""
+from __future__ import annotations
+
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+def default_out_dir(kind: str = "sim") -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = Path("runs") / f"{kind}-{stamp}"
+    suffix = 1
+    while out.exists():
+        out = Path("runs") / f"{kind}-{stamp}-{suffix}"
+        suffix += 1
+    return out
+
+
+# ---- output paths: checked before any work; --force replaces a kvsim result as a whole ----------------------
+# What kvsim writes into a result directory (simulate, compare, sweep). ``--force`` replaces a directory only
+# if everything in it is one of these, so a folder holding anything else (a user's files, a hardware replay's
+# shapes.parquet) is never deleted.
+RESULT_FILES = frozenset({"requests.parquet", "iterations.parquet", "summary.json", "config.json", "report.html",
+                          "compare.csv", "compare.parquet", "sweep.parquet", "sweep.csv", "sweep.html"})
+_RUN_FILES = frozenset({"requests.parquet", "iterations.parquet", "summary.json", "config.json", "report.html"})
+OUT_RULE = ("--out must be a new or empty directory; --force replaces one that holds only a kvsim result (run, "
+            "comparison or sweep) as a whole, atomically (written beside it, then renamed over it); a directory "
+            "holding anything else is refused even with --force")
+
+
+def _is_result_entry(entry: Path) -> bool:
+    """Whether ``entry`` (inside an output directory) is something kvsim writes."""
+    import re
+    if entry.is_symlink():
+        return False
+    if entry.is_file():
+        return entry.name in RESULT_FILES
+    if not entry.is_dir():
+        return False
+    if entry.name == "points":               # sweep points: <key>.json (and <key>.tmp while being written)
+        return all(p.is_file() and p.suffix in (".json", ".tmp") for p in entry.iterdir())
+    if re.fullmatch(r"run\d+", entry.name):   # compare --save-runs
+        return all(p.is_file() and p.name in _RUN_FILES for p in entry.iterdir())
+    return False
+
+
+def _nearest_existing(path: Path) -> Path:
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return probe
+
+
+def _check_can_create(path: Path, flag: str, shown: str) -> None:
+    """Refuse (OSError naming ``flag``) unless entries can be created beside ``path``: its nearest existing
+    ancestor must be a directory in which kvsim can make a (probe) directory."""
+    import tempfile
+    parent = _nearest_existing(path.parent if path.name else path)
+    if not parent.is_dir():
+        raise NotADirectoryError(f"{flag} {shown}: {parent} is not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".kvsim-probe-"))
+    except OSError as exc:
+        raise PermissionError(f"{flag} {shown}: cannot write in {parent} ({exc.strerror or exc})") from None
+
+
+def _out_text(value) -> str:
+    return repr(str(value)) if str(value).strip() != str(value) or not str(value) else str(value)
+
+
+def _non_empty_path(value, flag: str) -> Path:
+    if value is None or not str(value).strip():
+        raise ValueError(f"{flag} {_out_text(value or '')}: an empty path; name the file or directory to write")
+    return Path(value)
+
+
+class OutputDir:
+    """The result directory of a command (``--out``), checked before any work and written as a whole.
+
+    * ``--out ''``, a path under a file or where nothing can be created (``/proc/x``), and an existing file
+      are refused at once (``OSError`` / ``ValueError`` naming ``flag``).
+    * An existing directory must be empty, or hold only a kvsim result and come with ``force``; a directory
+      with anything else in it is refused even with ``force`` (:data:`OUT_RULE`).
+    * :meth:`writing` yields the folder to write into: a fresh sibling temporary directory, renamed over
+      ``path`` when the block ends without an exception (nothing stale survives: an old report.html, saved
+      runs of a compare, points of another sweep grid); removed, with the old result intact, on failure.
+    """
+
+    def __init__(self, path, force: bool = False, flag: str = "--out", resumable: bool = False):
+        self.path = _non_empty_path(path, flag)
+        self.flag, self.force = flag, force
+        shown = str(self.path)
+        if self.path.exists() and not self.path.is_dir():
+            raise FileExistsError(f"{flag} {shown} is a file, not a directory")
+        self.existing = self.path.is_dir() and any(self.path.iterdir())
+        if self.existing:
+            foreign = sorted(e.name for e in self.path.iterdir() if not _is_result_entry(e))
+            if foreign:
+                listed = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
+                raise FileExistsError(f"{flag} {shown} is not empty and is not a kvsim result (it holds {listed}); "
+                                      f"choose a new or empty directory (--force replaces only a kvsim result)")
+            if not force and not resumable:
+                raise FileExistsError(f"{flag} {shown} already holds a kvsim result; choose another {flag} or pass "
+                                      "--force to replace it")
+        _check_can_create(self.path, flag, shown)
+
+    @property
+    def replaces(self) -> bool:
+        """Whether writing replaces an existing result (``force`` on a non-empty directory)."""
+        return self.existing and self.force
+
+    def writing(self):
+        """Context manager: the directory to write into (see the class docstring)."""
+        import contextlib
+        import shutil
+        import tempfile
+
+        @contextlib.contextmanager
+        def staged():
+            target = Path(os.path.realpath(self.path)) if self.path.is_symlink() else self.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            stage = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.kvsim-new-"))
+            try:
+                yield stage
+            except BaseException:
+                shutil.rmtree(stage, ignore_errors=True)
+                raise
+            os.chmod(stage, 0o777 & ~_umask())
+            old = None
+            if target.is_dir() and any(target.iterdir()):
+                old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.kvsim-old-"))
+                os.replace(target, old / "result")
+            elif target.is_dir():
+                target.rmdir()
+            os.replace(stage, target)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        return staged()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def check_out_file(path, force: bool, flag: str = "--out") -> Path:
+    """Check a file that a command will write (``report --out``, ``capacity --json``, ``traces convert --out``)
+    before any work: not empty, not a directory, not existing unless ``force``, creatable.
+
+    Raises:
+        ValueError / OSError: one line naming ``flag`` and the path.
+    """
+    out = _non_empty_path(path, flag)
+    if out.is_dir():
+        raise IsADirectoryError(f"{flag} {out} is a directory; {flag} names the file to write")
+    if out.exists() and not force:
+        raise FileExistsError(f"{flag} {out} already exists; choose another {flag} or pass --force to replace it")
+    _check_can_create(out, flag, str(out))
+    return out
+
+
+def write_file_atomic(path, write) -> Path:
+    """Call ``write(temporary_path)``, then rename the temporary file over ``path`` (same directory), so
+    that ``path`` is either the old file or the whole new one."""
+    import tempfile
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".kvsim-new")
+    os.close(handle)
+    try:
+        write(Path(temporary))
+        os.chmod(temporary, 0o666 & ~_umask())
+        os.replace(temporary, out)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return out

@@ -1,0 +1,67 @@
+"""The workload of a run from command-line options: the options that choose it (:func:`add_trace_args`) and
+the trace they describe (:func:`load_workload`: a file or public trace name, or the built-in synthetic
+workload; skip / first N / rate scale; clipped to the slot length)."""
+from __future__ import annotations
+
+import argparse
+import warnings
+
+from sim.argtypes import int_at_least, positive_float
+
+
+def add_trace_args(parser: argparse.ArgumentParser) -> None:
+    """Options that choose the workload."""
+    parser.add_argument("--trace", help="trace file (Azure, Splitwise/Vidur, length-only CSV, Mooncake JSONL, "
+                                        "BurstGPT, canonical Parquet) or a public trace name (e.g. azure-conv-2023, "
+                                        "see 'kvsim traces fetch') (default: the built-in synthetic workload)")
+    parser.add_argument("--format", dest="trace_format", default=None, help="trace format (default: detect)")
+    parser.add_argument("--arrival", default=None,
+                        help="arrival process for length-only traces: poisson:RATE or gamma:RATE,CV (default: "
+                             "the trace's own arrival times)")
+    parser.add_argument("--skip-requests", type=int_at_least(0), default=0,
+                        help="drop the first N requests (before --num-requests; the next one arrives at 0 s)")
+    parser.add_argument("--num-requests", type=int_at_least(1), default=None,
+                        help="use the first N requests (default: all; synthetic: 1000)")
+    parser.add_argument("--rate-scale", type=positive_float, default=1.0,
+                        help="multiply the arrival rate (divide inter-arrival times) by X")
+
+
+def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int):
+    """Load (or synthesise) the trace, apply --skip-requests / --num-requests / --rate-scale, clip to the slot
+    length.
+
+    Returns:
+        ``(trace, notes)``: the canonical table and human-readable notes (warnings) to print.
+    """
+    import traces
+    notes = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", traces.TraceWarning)
+        if args.trace:
+            path = traces.resolve_trace(args.trace)  # a file, or a public trace name (kvsim traces fetch)
+            trace = traces.load_trace(path, fmt=args.trace_format, arrival=args.arrival, seed=seed)
+        else:
+            unused = [flag for flag, value in (("--format", args.trace_format), ("--arrival", args.arrival)) if value]
+            if unused:
+                raise traces.TraceError(f"{' and '.join(unused)} appl{'y' if len(unused) > 1 else 'ies'} to a --trace; the built-in synthetic "
+                                        "workload has its own arrivals and lengths")
+            trace = traces.synthetic_default(seed, num_requests=(args.num_requests or 1000)
+                                             + getattr(args, "skip_requests", 0))
+    notes += [str(w.message) for w in caught if issubclass(w.category, traces.TraceWarning)]
+    if getattr(args, "skip_requests", 0):
+        if args.skip_requests >= len(trace):
+            raise traces.TraceError(f"--skip-requests {args.skip_requests}: the trace has only {len(trace)} requests")
+        trace = traces.skip_n(trace, args.skip_requests)
+    if args.num_requests:
+        trace = traces.first_n(trace, args.num_requests)
+    if args.rate_scale != 1.0:
+        trace = traces.scale_rate(trace, args.rate_scale)
+    if len(trace) == 0:
+        filters = [flag for flag, used in (("--skip-requests", getattr(args, "skip_requests", 0)),
+                                           ("--num-requests", args.num_requests)) if used]
+        raise traces.TraceError(f"{trace.attrs.get('source', args.trace or 'the workload')}: no requests left"
+                                + (f" after {' and '.join(filters)}" if filters else "") + "; nothing to simulate")
+    trace, clipped = traces.clip_context(trace, max_context_tokens)
+    if clipped:
+        notes.append(f"{clipped} request(s) longer than the slot length ({max_context_tokens} tokens) were clipped")
+    return trace, notes
