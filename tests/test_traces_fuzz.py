@@ -288,6 +288,8 @@ def reference_csv(fmt: str, rows: list[list[str]]):
     t_i, p_i, o_i, m_i = LAYOUT[fmt]
     kept = []
     for fields in rows:
+        if any("," in fields[i] for i in (t_i, p_i, o_i) if i is not None):
+            return None                      # "1,5": an extra field (only models are quoted)
         if fmt == "burstgpt" and fields[o_i] == "0":
             continue                                             # failed: dropped
         prompt, output = _token(fields[p_i]), _token(fields[o_i])
