@@ -230,6 +230,8 @@ class Simulator(RequestBookkeeping):
         self.progress = progress
         self.coalesce = coalesce
         self.max_iterations = max_iterations
+        self._stalled_state: tuple | None = None      # fingerprint after the last pass that ran no iteration
+        self._iteration_rejections = 0
         self.iteration_blocks: list[dict] = []
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -316,14 +318,14 @@ class Simulator(RequestBookkeeping):
                     yield self._arrival
                 continue
             start_at_us = env.now
-            self._iteration_preemptions = 0
-            before = self._fingerprint()
+            self._iteration_preemptions = self._iteration_rejections = 0
             batch, plan, preempted = yield from self._schedule()
             if not batch:
-                if self._fingerprint() == before:
-                    yield from self._unblock_admission()
-                self._check_progress(before, "scheduling")
+                if not preempted and not self._iteration_rejections and env.now == start_at_us:
+                    yield from self._unblock_admission()     # scheduling changed nothing: unblock it
+                self._check_progress("scheduling")
                 continue
+            self._stalled_state = None
             if self.coalesce and not preempted and not plan and env.now == start_at_us:
                 steps = yield from self._decode_run(batch, iteration)
                 if steps:
@@ -470,13 +472,17 @@ class Simulator(RequestBookkeeping):
                 self.policy.mapped_page_groups, len(mapper.queue) if mapper else 0,
                 mapper.current is not None if mapper else False)
 
-    def _check_progress(self, before: tuple, phase: str) -> None:
-        """Raise instead of spinning: a pass that ran no iteration must have changed the serving state.
+    def _check_progress(self, phase: str) -> None:
+        """Raise instead of spinning: of two consecutive passes that run no iteration, the second must leave
+        the serving state (:meth:`_fingerprint`) other than the first did (the fingerprint is taken only on
+        such passes, so iterations pay nothing for the check).
 
         Raises:
             RuntimeError: naming the phase and the state, when nothing changed.
         """
-        if self._fingerprint() == before:
+        state = self._fingerprint()
+        stalled, self._stalled_state = self._stalled_state == state, state
+        if stalled:
             raise RuntimeError(f"internal error: no progress in the {phase} phase at t={self.env.now:.1f} us "
                                f"(a loop pass changed nothing) with {self._state_line()}")
 
@@ -506,6 +512,7 @@ class Simulator(RequestBookkeeping):
             if len(self.running) == 1:
                 victim.reject_reason = "pages"       # alone, and the pool still cannot hold its next step
                 self._drop(victim, status="rejected")
+                self._iteration_rejections += 1
                 return [], Plan()
             self._preempt(victim)
             batch = [(r, t) for r, t in batch if r is not victim]

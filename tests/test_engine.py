@@ -139,3 +139,19 @@ def test_one_token_last_prefill_chunk_sets_the_first_token_time():
     assert np.isfinite(req.loc[0, "first_token_at_us"])
     assert req.loc[0, "ttft_us"] == 2 * 1000.0 + 3200.0 * 1     # two iterations, one page-group map (2 MiB page)
     assert it["prefill_tokens"].sum() == 101 and it["decode_tokens"].sum() == 49
+
+
+def test_a_pass_that_changes_nothing_is_an_internal_error_not_a_hang():
+    """Liveness invariant: with admission made impossible and the unblocking step disabled, the loop would
+    spin at t = 0; the second pass that changes nothing raises, naming the state."""
+    cfg = SimConfig()
+    sim = Simulator(cfg, trace([(0.0, 100, 10)]), vmm=constant_vmm(), compute=ConstantCompute(1000.0))
+    sim.policy.alloc_slot = lambda *args: None
+
+    def no_unblock():
+        return
+        yield
+
+    sim._unblock_admission = no_unblock
+    with pytest.raises(RuntimeError, match=r"no progress in the scheduling phase at t=0.0 us .* 1 waiting"):
+        sim.run()
