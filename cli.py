@@ -83,16 +83,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from sim.units import format_bytes
         print(f"kvsim: note: page size {format_bytes(config.page_size_bytes)} is below the 2 MiB VMM granularity: "
               "a what-if that needs a modified NVIDIA driver (vAttention's 64-256 KiB pages used one)", file=sys.stderr)
-    started = time.perf_counter()
-    with _progress(len(trace), args.quiet) as progress:
-        result = run_simulation(config, trace, args.profile, progress=progress)
-    wall_s = time.perf_counter() - started
     with out.writing() as stage:
+        started = time.perf_counter()
+        with _progress(len(trace), args.quiet) as progress:     # iterations stream into the staged run
+            result = run_simulation(config, trace, args.profile, progress=progress,
+                                    records_path=stage / "iterations.parquet")
+        wall_s = time.perf_counter() - started
         write_run(result, stage)
         result.path = out.path          # the report names the run's final directory, not the staging one
         if args.report:
             from analysis.report import write_report
             write_report([result], stage / "report.html")
+    result.relocate(out.path)
     print_summary(result, wall_s=wall_s, out_dir=out.path)
     if args.report:
         print(f"report: {out.path / 'report.html'}")

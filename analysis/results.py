@@ -24,15 +24,45 @@ from sim.units import US_PER_MS, US_PER_S
 RUN_FILES = ("requests.parquet", "iterations.parquet", "summary.json", "config.json")
 
 
-@dataclass
 class RunResult:
-    """One run: ``requests`` and ``iterations`` DataFrames, the ``summary`` dict and the ``config`` dict."""
+    """One run: ``requests`` and ``iterations`` DataFrames, the ``summary`` dict and the ``config`` dict.
 
-    requests: pd.DataFrame
-    iterations: pd.DataFrame
-    summary: dict
-    config: dict = field(default_factory=dict)
-    path: Path | None = None
+    ``iterations`` may be given as a DataFrame or as the path of its Parquet file (a streamed run, or
+    :func:`load_run`): the table is then read on first access, so that a summary, a comparison or a capacity
+    step never holds the per-iteration table of a long run in memory.
+    """
+
+    def __init__(self, requests: pd.DataFrame, iterations: pd.DataFrame | str | Path, summary: dict,
+                 config: dict | None = None, path: Path | None = None):
+        self.requests, self._iterations, self.summary = requests, iterations, summary
+        self.config = config if config is not None else {}
+        self.path = path
+
+    @property
+    def iterations(self) -> pd.DataFrame:
+        """The per-iteration table (read from its Parquet file on first access)."""
+        if isinstance(self._iterations, (str, Path)):
+            self._iterations = pd.read_parquet(self._iterations)
+        return self._iterations
+
+    @iterations.setter
+    def iterations(self, table: pd.DataFrame) -> None:
+        self._iterations = table
+
+    @property
+    def iterations_file(self) -> Path | None:
+        """The Parquet file the iterations are read from, while they have not been read."""
+        return Path(self._iterations) if isinstance(self._iterations, (str, Path)) else None
+
+    def relocate(self, directory: str | Path) -> None:
+        """The run's files moved to ``directory`` (a staged output renamed into place): follow them."""
+        self.path = Path(directory)
+        if self.iterations_file is not None:
+            self._iterations = self.path / "iterations.parquet"
+
+    def __repr__(self) -> str:
+        return (f"RunResult({len(self.requests):,} requests, iterations "
+                f"{self.iterations_file or f'{len(self._iterations):,} rows'}, path={self.path})")
 
 
 def _percentiles(values: pd.Series, name: str, scale: float, unit: str) -> dict:
@@ -147,11 +177,21 @@ def _prefix_summary(requests: pd.DataFrame, finished: pd.DataFrame, counters: di
             "prefix_evictions": int(counters["prefix_evictions"])}
 
 
+SUMMARY_ITERATION_COLUMNS = ["duration_us", "batch_size", "mapped_page_groups", "tail_waste_bytes", "sync_stall_us",
+                             "block_table_us", "clear_copy_us"]
+"""The per-iteration columns :func:`summarize` reads (a streamed run reads only these back for its summary)."""
+
+
 def build_result(output, config: dict) -> RunResult:
-    """Turn :class:`sim.engine.SimOutput` into a :class:`RunResult`."""
+    """Turn :class:`sim.engine.SimOutput` into a :class:`RunResult` (a streamed run's iterations stay in
+    their Parquet file; its summary reads back only :data:`SUMMARY_ITERATION_COLUMNS`)."""
     requests = output.requests_frame()
-    iterations = output.iterations_frame()
-    return RunResult(requests, iterations, summarize(requests, iterations, output.counters, config), config)
+    streamed = output.recorder.path
+    if streamed is None:
+        iterations = output.iterations_frame()
+        return RunResult(requests, iterations, summarize(requests, iterations, output.counters, config), config)
+    summary = summarize(requests, output.iterations_frame(SUMMARY_ITERATION_COLUMNS), output.counters, config)
+    return RunResult(requests, streamed, summary, config)
 
 
 def write_run(result: RunResult, out_dir: str | Path, overwrite: bool = False) -> Path:
@@ -161,12 +201,15 @@ def write_run(result: RunResult, out_dir: str | Path, overwrite: bool = False) -
         FileExistsError: if ``out_dir`` already holds run files and ``overwrite`` is false.
     """
     out = Path(out_dir)
-    existing = [name for name in RUN_FILES if (out / name).exists()]
+    streamed = result.iterations_file
+    own = streamed is not None and streamed.exists() and streamed.resolve() == (out / "iterations.parquet").resolve()
+    existing = [name for name in RUN_FILES if (out / name).exists() and not (own and name == "iterations.parquet")]
     if existing and not overwrite:
         raise FileExistsError(f"{out} already holds a run ({', '.join(existing)}); choose another --out or pass --force")
     out.mkdir(parents=True, exist_ok=True)
     result.requests.to_parquet(out / "requests.parquet", index=False)
-    result.iterations.to_parquet(out / "iterations.parquet", index=False)
+    if not own:        # a streamed run's records are already there
+        result.iterations.to_parquet(out / "iterations.parquet", index=False)
     (out / "summary.json").write_text(json.dumps(result.summary, indent=2, allow_nan=True) + "\n")
     (out / "config.json").write_text(json.dumps(result.config, indent=2, default=str) + "\n")
     result.path = out
@@ -174,7 +217,8 @@ def write_run(result: RunResult, out_dir: str | Path, overwrite: bool = False) -
 
 
 def load_run(path: str | Path) -> RunResult:
-    """Read a run directory written by :func:`write_run` (or ``kvsim simulate``).
+    """Read a run directory written by :func:`write_run` (or ``kvsim simulate``); the per-iteration table is
+    read when first used (:attr:`RunResult.iterations`).
 
     Raises:
         FileNotFoundError: naming the missing file.
@@ -191,8 +235,13 @@ def load_run(path: str | Path) -> RunResult:
     tables = {}
     for name in RUN_FILES:
         try:
-            tables[name] = (pd.read_parquet(run / name) if name.endswith(".parquet")
-                            else json.loads((run / name).read_text()))
+            if name == "iterations.parquet":       # read on first access (RunResult.iterations); checked now
+                import pyarrow.parquet as pq
+                pq.read_metadata(run / name)
+                tables[name] = run / name
+            else:
+                tables[name] = (pd.read_parquet(run / name) if name.endswith(".parquet")
+                                else json.loads((run / name).read_text()))
         except (ValueError, OSError) as exc:     # JSONDecodeError and Arrow errors are ValueErrors/OSErrors
             raise ValueError(f"{run / name}: unreadable or corrupt ({exc})") from None
         if name.endswith(".json") and not isinstance(tables[name], dict):

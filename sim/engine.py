@@ -26,6 +26,7 @@ from sim.mapper import AsyncMapper
 from sim.memory import build_policy
 from sim.plan import MapOp, Plan, UnmapOp
 from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS, tbt_stats_us
+from sim.recorder import IterationRecorder
 from sim.request import Request
 from sim.scheduler import SCHEDULERS, Batch
 from sim.units import US_PER_S
@@ -37,24 +38,22 @@ ARRIVAL_TICK_US = US_PER_S / ARRIVAL_TICKS_PER_S
 
 @dataclass
 class SimOutput:
-    """Raw records of one run: tuples in the order of the column constants, plus counters."""
+    """Raw records of one run: request tuples in the order of :data:`REQUEST_COLUMNS`, the iteration records
+    (a :class:`sim.recorder.IterationRecorder`: columnar chunks in memory, or row groups streamed to
+    Parquet), and counters."""
 
     request_records: list[tuple]
-    iteration_records: list[tuple]
+    recorder: IterationRecorder
     counters: dict
-    iteration_blocks: list[tuple]  # coalesced decode runs, see _record_decode_run and _expand_blocks
 
-    def iterations_frame(self) -> pd.DataFrame:
-        """All iteration records as one DataFrame (columns :data:`ITERATION_COLUMNS`), in iteration order.
-        Built column by column with numpy (a pandas concat of ~600,000 rows costs more than the run's end)."""
-        singles = list(zip(*self.iteration_records)) if self.iteration_records else [()] * len(ITERATION_COLUMNS)
-        blocks = _expand_blocks(self.iteration_blocks) if self.iteration_blocks else {}
-        columns = {}
-        for index, name in enumerate(ITERATION_COLUMNS):
-            single = np.asarray(singles[index], dtype=float if name.endswith("_us") else np.int64)
-            columns[name] = np.concatenate([single, blocks[name]]) if blocks else single
-        order = np.argsort(columns["iteration"], kind="stable")
-        return pd.DataFrame({name: values[order] for name, values in columns.items()})
+    @property
+    def decode_runs(self) -> int:
+        """Fast-forwarded decode runs recorded as blocks (coalescing statistics)."""
+        return self.recorder.blocks_recorded
+
+    def iterations_frame(self, columns: list[str] | None = None) -> pd.DataFrame:
+        """All iteration records (columns :data:`ITERATION_COLUMNS`, or ``columns``), in iteration order."""
+        return self.recorder.frame(columns)
 
     def requests_frame(self) -> pd.DataFrame:
         """Per-request records (columns :data:`REQUEST_COLUMNS`), in request order."""
@@ -191,6 +190,8 @@ class Simulator(RequestBookkeeping):
             mapper activity inside the run) in one SimPy event; records are identical to stepping them one
             by one (``tests/test_engine.py`` checks this), only faster.
         env: a shared SimPy environment (several replicas behind a router); default: a new one.
+        records_path: stream the iteration records into this Parquet file as the run goes (memory stays flat);
+            default: columnar chunks in memory (:class:`sim.recorder.IterationRecorder`).
         max_iterations: a step bound (liveness checks): exceeding it raises RuntimeError naming the state;
             default none (every loop pass already changes state or advances time, see ``_check_progress``).
 
@@ -200,7 +201,8 @@ class Simulator(RequestBookkeeping):
 
     def __init__(self, config: SimConfig, trace: pd.DataFrame, vmm: VmmLatencyModel | None = None,
                  compute: RooflineComputeModel | None = None, progress: Callable[[int, int], None] | None = None,
-                 coalesce: bool = True, env: simpy.Environment | None = None, max_iterations: int | None = None):
+                 coalesce: bool = True, env: simpy.Environment | None = None, max_iterations: int | None = None,
+                 records_path: str | None = None):
         self.config = config
         self.rng = np.random.default_rng(config.seed)
         self.env = env or simpy.Environment()
@@ -232,10 +234,9 @@ class Simulator(RequestBookkeeping):
         self.max_iterations = max_iterations
         self._stalled_state: tuple | None = None      # fingerprint after the last pass that ran no iteration
         self._iteration_rejections = 0
-        self.iteration_blocks: list[dict] = []
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.iteration_records: list[tuple] = []
+        self.recorder = IterationRecorder(records_path)
         self.tbt_us: list[float] = []                        # gaps of stepped iterations, one per token
         self.tbt_runs: list[tuple[np.ndarray, int]] = []     # decode runs: (step durations after the first, batch)
         self.num_done = 0
@@ -303,8 +304,8 @@ class Simulator(RequestBookkeeping):
             "pool_page_groups": self.config.pool_page_groups, "end_at_us": self.env.now,
             **tbt_stats_us(self.tbt_us, self.tbt_runs),
         }
-        return SimOutput([r.record() for r in self.requests], self.iteration_records, counters,
-                         self.iteration_blocks)
+        self.recorder.close()
+        return SimOutput([r.record() for r in self.requests], self.recorder, counters)
 
     def _serve(self):
         env, iteration = self.env, 0
@@ -353,7 +354,7 @@ class Simulator(RequestBookkeeping):
             self.policy.iteration_completed(iteration)
             bg_maps, bg_unmaps = self._background_since_last_record()
             prefill = sum(t for r, t in batch if r.generated == 0 or r.prompt_tokens + r.generated - r.computed > 1)
-            self.iteration_records.append((
+            self.recorder.add((
                 iteration, start_at_us, env.now - start_at_us, compute_us, stall_us,
                 mapped_sync, bg_maps, unmapped_sync + bg_unmaps, prefill,
                 sum(t for _, t in batch) - prefill, len(batch), len(self.running), len(self.waiting),
@@ -662,42 +663,13 @@ class Simulator(RequestBookkeeping):
         used = (-(-held // tokens_per_page)).sum(axis=0)
         active_mapped = sum(policy.mapped[r.slot] for r, _ in batch)
         waste = (active_mapped * tokens_per_page - held.sum(axis=0)) * self._kv_bytes_per_token
-        self.iteration_blocks.append((iteration, starts_us, compute_us, used, waste, (
+        self.recorder.add_block((iteration, starts_us, compute_us, used, waste, (
             size, len(self.running), len(self.waiting), policy.physical_page_groups, policy.free_page_groups,
             policy.deferred_page_groups), block_table_us))
 
     def _after_compute(self, request: Request) -> None:
         if self.prefix and request.hash_ids is not None and request.computed <= request.prompt_tokens:
             self.policy.donate(request.slot, request.hash_ids, request.prompt_tokens, request.computed)
-
-
-def _expand_blocks(blocks: list[tuple]) -> dict[str, np.ndarray]:
-    """Iteration records of coalesced decode runs. A block is ``(first_iteration, starts_us[k+1],
-    compute_us[k], used_page_groups[k], tail_waste_bytes[k], (batch, running, waiting, mapped, free,
-    deferred), block_table_us)``; everything not listed is zero for a pure-decode run without mapping."""
-    lengths = np.array([len(b[2]) for b in blocks])
-    total = int(lengths.sum())
-    consts = np.repeat(np.array([b[5] for b in blocks], dtype=np.int64), lengths, axis=0)
-    offsets = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    zeros = np.zeros(total, dtype=np.int64)
-    compute_us = np.concatenate([b[2] for b in blocks])
-    # each block's starts hold k + 1 entries (the last is the end of its run): one diff over all of them, then
-    # drop the differences that straddle two blocks
-    all_starts = np.concatenate([b[1] for b in blocks])
-    within = np.ones(len(all_starts) - 1, dtype=bool)
-    within[np.cumsum(lengths + 1)[:-1] - 1] = False
-    return {
-        "iteration": np.repeat([b[0] for b in blocks], lengths) + offsets,
-        "start_at_us": np.delete(all_starts, np.cumsum(lengths + 1) - 1),
-        "duration_us": np.diff(all_starts)[within], "compute_us": compute_us,
-        "sync_stall_us": np.zeros(total), "sync_map_page_groups": zeros, "bg_map_page_groups": zeros,
-        "unmap_page_groups": zeros, "prefill_tokens": zeros, "decode_tokens": consts[:, 0],
-        "batch_size": consts[:, 0], "num_running": consts[:, 1], "num_waiting": consts[:, 2],
-        "mapped_page_groups": consts[:, 3], "used_page_groups": np.concatenate([b[3] for b in blocks]),
-        "free_page_groups": consts[:, 4], "deferred_page_groups": consts[:, 5],
-        "tail_waste_bytes": np.concatenate([b[4] for b in blocks]), "preemptions": zeros,
-        "block_table_us": np.repeat([b[6] for b in blocks], lengths).astype(float), "swap_us": np.zeros(total),
-        "clear_copy_us": np.zeros(total)}
 
 
 def _shape(batch: Batch) -> BatchShape:

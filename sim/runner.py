@@ -135,9 +135,10 @@ def profile_config_overrides(config: SimConfig, profile_path: str | None) -> Sim
 
 def run_simulation(config: SimConfig, trace: pd.DataFrame, profile_path: str | None = None,
                    progress: Callable[[int, int], None] | None = None, extra_config: dict | None = None,
-                   compute_model: str = "auto") -> RunResult:
+                   compute_model: str = "auto", records_path: str | None = None) -> RunResult:
     """Simulate ``trace`` under ``config``; the result's config records the sources of trace and latencies.
-    ``compute_model`` chooses the profile's compute section (see :func:`compute_overrides`)."""
+    ``compute_model`` chooses the profile's compute section (see :func:`compute_overrides`); ``records_path``
+    streams the per-iteration records into that Parquet file as the run goes (memory stays flat)."""
     config = profile_config_overrides(config, profile_path)
     if profile_path:
         chosen = resolve_compute_model(read_profile(profile_path), compute_model, config)
@@ -148,7 +149,7 @@ def run_simulation(config: SimConfig, trace: pd.DataFrame, profile_path: str | N
     vmm, compute = load_models(config, profile_path, chosen)
     if config.tp > 1 and vmm.tp_worker_scale.get(config.tp, 1.0) != 1.0:
         vmm.source += f", each of {config.tp} workers x{vmm.tp_worker_scale[config.tp]:g} (vmm_tp)"
-    output = Simulator(config, trace, vmm=vmm, compute=compute, progress=progress).run()
+    output = Simulator(config, trace, vmm=vmm, compute=compute, progress=progress, records_path=records_path).run()
     meta = config.to_dict()
     meta.update(trace_source=trace.attrs.get("source", "in-memory table"), vmm_latency_source=vmm.source,
                 compute_model=resolved,

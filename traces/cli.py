@@ -11,13 +11,14 @@ import sys
 import warnings
 from pathlib import Path
 
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from traces.errors import TraceError, TraceWarning
-from traces.loader import FORMAT_NAMES, detect_format, load_trace, write_parquet
 from traces.named import NAMED_TRACES, fetch_trace, resolve_trace
-from traces.stats import format_stats, trace_stats
-from traces.transforms import clip_context, first_n, sample_n, scale_rate, time_window
+from traces.names import FORMAT_NAMES
+
+if TYPE_CHECKING:          # pandas and the loaders load when a command runs, not for --help
+    import pandas as pd
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -79,6 +80,9 @@ def load_with_transforms(args: argparse.Namespace) -> pd.DataFrame:
     Order: window, rate-scale, num-requests, sample, max-context. The number of clipped
     requests is reported on stderr; a selection that leaves no request is refused.
     """
+    from traces.loader import load_trace
+    from traces.transforms import clip_context, first_n, sample_n, scale_rate, time_window
+
     df = load_trace(resolve_trace(args.file), fmt=args.format, arrival=args.arrival,
                     seed=args.seed)
     if args.window:
@@ -116,6 +120,9 @@ def _run(body, args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """``kvsim traces stats FILE``: prints :func:`trace_stats` as a table."""
+    from traces.loader import detect_format
+    from traces.stats import format_stats, trace_stats
+
     def body(a):
         # A length-only file without --arrival: lengths only, on placeholder arrivals.
         no_times = a.arrival is None and (
@@ -139,6 +146,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     """``kvsim traces convert FILE --out F.parquet [--force]``."""
     from analysis.output import check_out_file, write_file_atomic
+    from traces.loader import write_parquet
 
     def body(a):
         try:

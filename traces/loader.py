@@ -15,7 +15,7 @@ from traces.errors import TraceError, TraceWarning, fail
 from traces.formats import CSV_FORMATS, load_csv
 from traces.jsonl import load_mooncake
 
-FORMAT_NAMES = ("azure", "splitwise", "lengths", "mooncake", "burstgpt", "parquet")
+from traces.names import FORMAT_NAMES  # noqa: E402  (re-exported)
 
 
 def detect_format(path: str | Path) -> str:
