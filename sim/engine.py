@@ -264,15 +264,21 @@ class Simulator(RequestBookkeeping):
         """Take requests pushed with :meth:`submit` until :meth:`close`, instead of only the trace's."""
         self._open, self._closed = True, False
 
-    def submit(self, request_id: int, prompt_tokens: int, output_tokens: int, hash_ids=None) -> None:
-        """A request arrives now (``env.now``). Raises ValueError if it cannot fit a slot."""
+    def submit(self, request_id: int, prompt_tokens: int, output_tokens: int, hash_ids=None,
+               computed_tokens: int = 0) -> Request:
+        """A request arrives now (``env.now``); returns it. ``computed_tokens`` > 0: its prompt's KV was computed
+        elsewhere and its first token emitted (disaggregated decode, :mod:`sim.disagg`): it arrives with
+        ``computed = computed_tokens`` and ``generated = 1``. Raises ValueError if it cannot fit a slot."""
         if prompt_tokens + output_tokens - 1 > self.config.slot_max_tokens:
             raise ValueError(f"request {request_id} does not fit a slot ({self.config.slot_max_tokens} tokens)")
         request = Request(request_id, self.env.now, prompt_tokens, output_tokens)
         request.hash_ids = tuple(hash_ids) if hash_ids is not None else None
+        if computed_tokens:
+            request.computed, request.generated = computed_tokens, 1
         self.requests.append(request)
         if self._arrival is not None and not self._arrival.triggered:
             self._arrival.succeed()
+        return request
 
     def close(self) -> None:
         """No more submissions: the process ends once every request is done."""
