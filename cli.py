@@ -45,6 +45,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"kvsim: warning: {note}", file=sys.stderr)
     _note_long_context(base)
+    print_config_notes(base)
     started = time.perf_counter()
     runs = run_policies(base, args.policy, trace, args.profile, workers=args.workers, keep_tables=args.save_runs)
     table = comparison_table({label: run.summary for label, run in runs.items()})
@@ -58,6 +59,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 run.path = out.path / f"run{index}"
     print_comparison(table, trace.attrs.get("source", ""), base, time.perf_counter() - started, out.path)
     return 0
+
+
+def print_config_notes(config) -> None:
+    """Print the configuration's notes (:attr:`sim.config.SimConfig.notes`: a borrowed VMM profile, sliding
+    windows) as ``kvsim: note:`` lines on stderr."""
+    for note in config.notes:
+        print(f"kvsim: note: {note}", file=sys.stderr)
 
 
 def _note_long_context(config) -> None:
@@ -79,6 +87,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"kvsim: warning: {note}", file=sys.stderr)
     _note_long_context(config)
+    print_config_notes(config)
     if config.needs_modified_driver:
         from sim.units import format_bytes
         print(f"kvsim: note: page size {format_bytes(config.page_size_bytes)} is below the 2 MiB VMM granularity: "

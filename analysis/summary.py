@@ -39,6 +39,11 @@ VMM_ONLY_ROWS = {"VMM map / unmap calls", "maps done in background", "sync mappi
 PAGED_ONLY_ROWS = {"block-table CPU time"}
 
 
+def _pp(pp: int) -> str:
+    """``", pp=N"`` for a pipeline-parallel run, nothing otherwise (the tables of pp=1 runs are unchanged)."""
+    return f", pp={pp}" if pp and pp > 1 else ""
+
+
 def _policy_line(config: dict) -> str:
     if config.get("policy", "vattention") == "paged":
         return f"PagedAttention blocks of {config['tokens_per_page']} tokens"
@@ -120,7 +125,7 @@ def print_summary(result, wall_s: float | None = None, out_dir: Path | None = No
     console = Console(width=120, soft_wrap=True)
     config = result.config
     console.print(f"trace: {config.get('trace_source')}")
-    console.print(f"model {config['model']} on {config['gpu']} (tp={config['tp']}), {_policy_line(config)}, "
+    console.print(f"model {config['model']} on {config['gpu']} (tp={config['tp']}{_pp(config.get('pp', 1))}), {_policy_line(config)}, "
                   f"scheduler {config['scheduler']} (budget {config['token_budget']}), seed {config['seed']}")
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
@@ -143,7 +148,7 @@ def print_comparison(table, trace_source: str, base, wall_s: float, out_dir: Pat
     """Print the comparison table with metrics as rows and policies as columns."""
     console = Console(width=max(100, 34 + 26 * len(table)))
     console.print(f"trace: {trace_source}")
-    console.print(f"model {base.model} on {base.gpu} (tp={base.tp}), scheduler {base.scheduler} "
+    console.print(f"model {base.model} on {base.gpu} (tp={base.tp}{_pp(base.pp)}), scheduler {base.scheduler} "
                   f"(budget {base.token_budget}), max batch {base.max_batch_slots}, seed {base.seed}")
     grid = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     grid.add_column("metric")

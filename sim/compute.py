@@ -8,7 +8,12 @@ For an iteration with ``T`` new tokens (prefill chunk tokens + one per decode), 
     comm_us    = 2 N * 2 (tp-1)/tp * T h P / nvlink   (tp > 1 only; two all-reduces per layer, ring)
     iteration  = linear_us + logits_us + attn_us + comm_us + overhead_us
 
-``W_lin``: linear parameters per worker; ``E_bytes``: embedding table (only gathered rows are read);
+``W_lin``: linear parameters per worker a token runs through (MoE: top-k routed and shared experts,
+``ModelSpec.active_linear_params``); ``W_bytes``: weights per worker (a MoE iteration reads the routed experts its
+``T`` tokens pick: ``E (1 - (1 - k/E)^T)`` of ``E`` per layer, uniform routing); ``F`` for the linear layers is
+the fp8 peak for fp8 weights on GPUs that have one; attention FLOPs use ``2 (D_qk + D_v)`` per pair and head
+(GQA ``4 D``; MLA absorbed ``D_qk = kv_lora_rank + qk_rope_head_dim``, ``D_v = kv_lora_rank``);
+``E_bytes``: embedding table (only gathered rows are read; tied embeddings are read as the LM head);
 ``A``: attention (query, key) pairs, ``sum over sequences of q * (context + (q + 1) / 2)``; ``K_read``:
 cached tokens read by attention; ``F = flops_efficiency * bf16_flops``; ``B = bw_efficiency * mem_bw``.
 
@@ -249,6 +254,25 @@ class RooflineComputeModel:
     def _bytes_per_us(self) -> float:
         return self.bw_efficiency * self.gpu.mem_bw_bytes_per_s / US_PER_S
 
+    @cached_property
+    def _linear_flops_per_us(self) -> float:
+        """FLOP/us of the linear layers: the GPU's fp8 peak for fp8 weights on a GPU with fp8 tensor cores
+        (vLLM runs fp8 checkpoints W8A8 there), else the bf16 rate."""
+        if self.model.dtype_bytes == 1 and self.gpu.fp8_flops:
+            return self.flops_efficiency * self.gpu.fp8_flops / US_PER_S
+        return self._flops_per_us
+
+    def _weight_read_bytes(self, new_tokens):
+        """Weight bytes one iteration of ``new_tokens`` tokens streams: all but the unread embedding; for a MoE
+        model only the routed experts some token picks, ``E (1 - (1 - k/E)^T)`` of ``E`` per layer in
+        expectation (uniform routing; shared experts always)."""
+        m = self.model
+        if not m.uses_moe:
+            return self._streamed_weight_bytes
+        untouched = np.power(1.0 - m.experts_per_token / m.num_experts, np.asarray(new_tokens, dtype=float))
+        read = self._streamed_weight_bytes - m.routed_expert_bytes(self.tp) * untouched
+        return float(read) if np.ndim(read) == 0 else read
+
     def iteration_us(self, batch: BatchShape) -> float:
         """Modelled duration (us) of one iteration of ``batch``; 0 for an empty batch."""
         if batch.new_tokens <= 0:
@@ -307,10 +331,13 @@ class RooflineComputeModel:
 
     def _time_us(self, new_tokens, attention_pairs, kv_read_tokens, logit_sequences, maximum, overhead_us):
         m, tp = self.model, self.tp
-        linear_us = maximum(2 * new_tokens * self._linear_params / self._flops_per_us,
-                            self._streamed_weight_bytes / self._bytes_per_us)
+        linear_us = maximum(2 * new_tokens * self._linear_params / self._linear_flops_per_us,
+                            self._weight_read_bytes(new_tokens) / self._bytes_per_us)
         logits_us = 2 * logit_sequences * m.hidden_size * m.vocab_size / tp / self._flops_per_us
-        attn_flops = 4 * attention_pairs * (m.num_q_heads // tp) * m.head_dim * m.num_layers
+        if m.uses_mla:   # absorbed MLA (vLLM's decode path): q.k over latent + rope dims, p.v over the latent
+            attn_flops = 2 * attention_pairs * (m.num_q_heads // tp) * (m.attention_qk_dim + m.attention_v_dim) * m.num_layers
+        else:
+            attn_flops = 4 * attention_pairs * (m.num_q_heads // tp) * m.head_dim * m.num_layers
         kv_bytes = (kv_read_tokens + new_tokens) * self._kv_bytes_per_token * self.attention_bytes_factor
         attn_us = maximum(attn_flops / (self._flops_per_us * self.attention_flops_efficiency),
                           kv_bytes / self._bytes_per_us) * self.paged_attention_factor * self.layout_attention_factor
@@ -318,13 +345,13 @@ class RooflineComputeModel:
 
     @cached_property
     def _linear_params(self) -> int:
-        return self.model.num_layers * self.model.linear_params_per_layer(self.tp)
+        return self.model.active_linear_params(self.tp)     # dense: num_layers * linear_params_per_layer
 
     @cached_property
     def _streamed_weight_bytes(self) -> int:
         """Weights read once per iteration: all but the embedding table (only gathered rows are read)."""
         m = self.model
-        return m.weight_bytes(self.tp) - m.vocab_size * m.hidden_size * m.dtype_bytes // self.tp
+        return m.weight_bytes(self.tp) - m.unread_embedding_bytes(self.tp)
 
     @cached_property
     def _kv_bytes_per_token(self) -> int:
@@ -334,7 +361,7 @@ class RooflineComputeModel:
         if self.tp == 1:
             return 0.0
         m = self.model
-        bytes_per_allreduce = 2 * (self.tp - 1) / self.tp * new_tokens * m.hidden_size * m.dtype_bytes
+        bytes_per_allreduce = 2 * (self.tp - 1) / self.tp * new_tokens * m.hidden_size * m.activation_bytes
         return 2 * m.num_layers * bytes_per_allreduce / (self.gpu.nvlink_bytes_per_s / US_PER_S)
 
     def with_overrides(self, overrides: dict) -> "RooflineComputeModel":

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 
-from sim.catalog import GPUSpec, ModelSpec, get_gpu, get_model
+from sim.catalog import DTYPE_BYTES, GPUSpec, ModelSpec, get_gpu, get_model
 from sim.units import MIB, format_bytes
 
 SCHEDULERS = ("sarathi", "vllm")
@@ -77,6 +77,12 @@ class SimConfig:
             H200's measured device-copy efficiency, domain.md); a profile's ``memory`` section sets it.
         copy_bytes_per_s: device-to-device copy rate counting bytes read plus written (copy-on-write of a
             partially shared page); ``None``: as for memset; a profile's ``memory`` section sets it.
+        pp: pipeline-parallel stages: each holds a contiguous range of layers (vLLM's partition), their weights
+            and their KV; the pool is sized for the stage that holds the fewest page groups
+            (:attr:`model_spec`); the iteration time is :class:`sim.pipeline.PipelineComputeModel`'s.
+        weight_dtype / kv_dtype: ``bf16``, ``fp16``, ``fp32`` or ``fp8`` for the weights of the linear layers and
+            for the KV cache (``None``: the model's own, KV in the activation dtype).
+        usd_per_gpu_hour: price per GPU-hour replacing the GPU's catalogue price (``None``: the catalogue's).
     """
 
     model: str = "llama-3-8b"
@@ -115,8 +121,20 @@ class SimConfig:
     copy_bytes_per_s: float | None = None
     prefix_block_tokens: int = 512
     admission: str | None = None
+    pp: int = 1
+    weight_dtype: str | None = None
+    kv_dtype: str | None = None
+    usd_per_gpu_hour: float | None = None
 
     def __post_init__(self) -> None:
+        for flag, value in (("--weight-dtype", self.weight_dtype), ("--kv-dtype", self.kv_dtype)):
+            if value is not None and value not in DTYPE_BYTES:
+                raise ConfigError(f"{flag} {value!r}: choose one of {', '.join(DTYPE_BYTES)}")
+        if self.usd_per_gpu_hour is not None and not 0 < self.usd_per_gpu_hour < float("inf"):
+            raise ConfigError(f"--usd-per-gpu-hour must be > 0, got {self.usd_per_gpu_hour}")
+        if not isinstance(self.pp, int) or self.pp < 1:
+            raise ConfigError(f"--pp must be >= 1, got {self.pp}")
+        self.full_model_spec.pipeline_layers(self.pp)      # raises CatalogError for more stages than layers
         if self.prefix_caching and self.policy == "static":
             raise ConfigError("prefix caching needs the vattention or paged policy, not static reservation")
         if self.prefix_block_tokens < 1:
@@ -170,12 +188,68 @@ class SimConfig:
                 f"or --tp")
 
     @cached_property
+    def full_model_spec(self) -> ModelSpec:
+        """The whole model (catalogue name or file), with the ``weight_dtype`` / ``kv_dtype`` overrides."""
+        spec = get_model(self.model)
+        if self.weight_dtype is not None:
+            spec = replace(spec, dtype_bytes=DTYPE_BYTES[self.weight_dtype])
+        if self.kv_dtype is not None:
+            spec = replace(spec, kv_dtype_bytes=DTYPE_BYTES[self.kv_dtype])
+        return spec
+
+    @cached_property
+    def stage_specs(self) -> list[ModelSpec]:
+        """The model as each pipeline stage holds it (one entry without pipeline parallelism)."""
+        return self.full_model_spec.pipeline_stages(self.pp)
+
+    @cached_property
     def model_spec(self) -> ModelSpec:
-        return get_model(self.model)
+        """The model as one worker holds it: the whole model, or with ``pp > 1`` the pipeline stage whose
+        memory holds the fewest allocation units (the one that sizes the pool; every stage holds the same
+        tokens, as each holds all requests' KV for its own layers)."""
+        stages = self.stage_specs
+        if len(stages) == 1:
+            return stages[0]
+        return min(stages, key=lambda stage: self._stage_pool(stage))
+
+    def _stage_pool(self, stage: ModelSpec) -> int:
+        """Allocation units one stage's worker holds: ``(memory_util x HBM - its weights) // unit bytes``
+        (a vAttention page group of the stage's sub-tensors, a paged block or a static reservation)."""
+        if self.policy == "vattention":
+            tensors = (1 if stage.uses_mla else 2) if self.kv_layout == "cross-layer" else stage.num_sub_tensors()
+            unit = tensors * self.page_size_bytes
+        else:
+            tokens = (self.block_size_tokens if self.policy == "paged"
+                      else self.max_len_tokens or self.max_context_tokens or stage.max_context_tokens)
+            unit = tokens * stage.kv_bytes_per_token(self.tp)
+        return (int(self.memory_util_frac * self.gpu_spec.hbm_bytes) - stage.weight_bytes(self.tp)) // unit
 
     @cached_property
     def gpu_spec(self) -> GPUSpec:
-        return get_gpu(self.gpu)
+        spec = get_gpu(self.gpu)
+        if self.usd_per_gpu_hour is not None:
+            spec = replace(spec, usd_per_gpu_hour=self.usd_per_gpu_hour, price_source="--usd-per-gpu-hour")
+        return spec
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """GPUs one replica occupies: ``tp x pp``."""
+        return self.tp * self.pp
+
+    @property
+    def notes(self) -> list[str]:
+        """Things a run should say about its configuration (printed as ``kvsim: note:`` lines)."""
+        notes = []
+        borrowed = self.gpu_spec.vmm_borrowed_from
+        if self.uses_vmm and borrowed:
+            notes.append(f"{self.gpu} has no measured VMM latency profile: the {borrowed.upper()}'s measured "
+                         f"distributions are used (config.json vmm_profile_borrowed_from)")
+        spec = self.full_model_spec
+        if spec.sliding_window_tokens and spec.sliding_window_layers and self.slot_max_tokens > spec.sliding_window_tokens:
+            notes.append(f"{self.model}: {spec.sliding_window_layers} of {spec.num_layers} layers use a "
+                         f"{spec.sliding_window_tokens:,}-token sliding window; the simulated memory manager still "
+                         "holds KV for every token of every layer (an upper bound; docs/models.md)")
+        return notes
 
     @cached_property
     def slot_max_tokens(self) -> int:
@@ -195,7 +269,9 @@ class SimConfig:
     @cached_property
     def num_sub_tensors(self) -> int:
         """2N', per-layer K and V tensors per worker."""
-        return 2 if self.kv_layout == "cross-layer" else self.model_spec.num_sub_tensors()
+        if self.kv_layout == "cross-layer":
+            return 1 if self.model_spec.uses_mla else 2
+        return self.model_spec.num_sub_tensors()
 
     @cached_property
     def page_group_bytes(self) -> int:
@@ -274,4 +350,20 @@ class SimConfig:
                    pool_page_groups=self.pool_page_groups, page_group_bytes=self.page_group_bytes,
                    kv_budget_bytes=self.kv_budget_bytes, needs_modified_driver=self.needs_modified_driver,
                    label=self.label, admission_rule=self.admission_rule)
+        out.update(self.derived_figures())
         return out
+
+    def derived_figures(self) -> dict:
+        """The model's and deployment's derived sizes for ``config.json`` (:meth:`ModelSpec.derived_figures`
+        per worker; per pipeline stage with ``pp > 1``), the GPU price and the VMM profile's origin."""
+        model = self.full_model_spec.derived_figures(self.tp)
+        if self.pp > 1:
+            model["pipeline_stages"] = [
+                {"layers": stage.num_layers, "weight_bytes_per_worker": stage.weight_bytes(self.tp),
+                 "kv_bytes_per_token_per_worker": stage.kv_bytes_per_token(self.tp),
+                 "pool_units": self._stage_pool(stage)} for stage in self.stage_specs]
+            model["pool_sized_by_stage"] = self.model_spec.stage_index
+        gpu = self.gpu_spec
+        return {"model_derived": model, "gpus_per_replica": self.gpus_per_replica,
+                "usd_per_gpu_hour_used": gpu.usd_per_gpu_hour, "price_source": gpu.price_source,
+                "vmm_profile_borrowed_from": gpu.vmm_borrowed_from if self.uses_vmm else None}

@@ -10,10 +10,21 @@ from sim.argtypes import int_at_least, positive_float, size_arg
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
     """Options shared by every command that builds a :class:`sim.config.SimConfig`."""
-    from sim.catalog import gpu_names, model_names
-    parser.add_argument("--model", default="llama-3-8b", help=f"model ({', '.join(model_names())})")
-    parser.add_argument("--gpu", default="h200", help=f"GPU ({', '.join(gpu_names())})")
+    from sim.catalog import DTYPE_BYTES, gpu_names, model_names
+    parser.add_argument("--model", default="llama-3-8b",
+                        help=f"model: a catalogue name ({', '.join(model_names())}), a Hugging Face config.json "
+                             "(e.g. models/mixtral-8x7b.json) or a model TOML (docs/models.md)")
+    parser.add_argument("--gpu", default="h200",
+                        help=f"GPU: a catalogue name ({', '.join(gpu_names())}) or a GPU TOML (docs/models.md)")
     parser.add_argument("--tp", type=int_at_least(1), default=1, help="tensor-parallel degree (divides KV heads)")
+    parser.add_argument("--pp", type=int_at_least(1), default=1,
+                        help="pipeline-parallel stages (layers split as vLLM does; GPUs per replica = tp x pp)")
+    parser.add_argument("--weight-dtype", choices=tuple(DTYPE_BYTES), default=None,
+                        help="dtype of the linear layers' weights (default: the model's, e.g. fp8 for DeepSeek-V3)")
+    parser.add_argument("--kv-dtype", choices=tuple(DTYPE_BYTES), default=None,
+                        help="dtype of the KV cache (default: the activation dtype, bf16)")
+    parser.add_argument("--usd-per-gpu-hour", type=positive_float, default=None,
+                        help="price per GPU-hour for cost figures (default: the GPU's catalogue price)")
     parser.add_argument("--page-size", type=size_arg, default="2MiB",
                         help="vAttention page size per K/V sub-tensor, e.g. 2MiB, 256KiB (< 2MiB needs a modified "
                              "driver)")
@@ -48,7 +59,9 @@ def config_from_args(args: argparse.Namespace, **overrides):
                   max_context_tokens=args.max_context, sync_mapping=args.sync_mapping,
                   deferred_reclaim=not args.no_deferred_reclaim, memory_util_frac=args.memory_util, seed=args.seed,
                   preemption=args.preemption, host_swap_bytes=args.host_swap,
-                  allow_long_context=bool(getattr(args, "allow_long_context", False)))
+                  allow_long_context=bool(getattr(args, "allow_long_context", False)),
+                  pp=getattr(args, "pp", 1), weight_dtype=getattr(args, "weight_dtype", None),
+                  kv_dtype=getattr(args, "kv_dtype", None), usd_per_gpu_hour=getattr(args, "usd_per_gpu_hour", None))
     values.update(overrides)
     if isinstance(getattr(args, "policy", None), str):   # simulate --policy (compare takes a list)
         values.update(policy_overrides(args.policy, values))

@@ -9,6 +9,7 @@ from analysis.results import RunResult, build_result
 from sim.compute import ComputeFieldError, RooflineComputeModel
 from sim.config import SimConfig
 from sim.engine import Simulator
+from sim.pipeline import compute_model_for
 from sim.latency import ProfileError, VmmLatencyModel, read_profile
 
 
@@ -26,7 +27,7 @@ def load_models(config: SimConfig, profile_path: str | None,
             a negative time; the message names the file and the field.
         ValueError: a ``compute_model`` the profile does not hold.
     """
-    compute = RooflineComputeModel(config.model_spec, config.gpu_spec, config.tp)
+    compute = compute_model_for(config)     # the roofline, or its pipeline form with config.pp > 1
     if profile_path is None:
         if compute_model not in ("auto", "roofline"):
             raise ValueError(f"--compute-model {compute_model} needs --profile")

@@ -32,7 +32,7 @@ def test_existing_run_is_not_overwritten(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--model", "gpt-9"], "known models: llama-2-7b"),
-    (["--gpu", "b200"], "known GPUs: a100, h100, h200"),
+    (["--gpu", "tpu-v5"], "known GPUs: a100, a100-40gb, a100-80gb-pcie, a40, b200, h100"),
     (["--tp", "3"], "does not divide"),
     (["--page-size", "3MiB"], "power of two"),
     (["--trace", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
