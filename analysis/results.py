@@ -12,7 +12,6 @@ Percentiles are linear-interpolated (numpy default) over finished requests.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -75,14 +74,52 @@ def _percentiles(values: pd.Series, name: str, scale: float, unit: str) -> dict:
     return out
 
 
-def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, config: dict) -> dict:
+def _count_figures(iterations: pd.DataFrame) -> dict:
+    """Iteration count and the batch / pool / tail-waste figures of the summary, from the whole table."""
+    if not len(iterations):
+        return {"iterations": 0, "batch_sum": 0, "batch_max": 0, "mapped_max": 0, "waste_sum": 0, "waste_max": 0}
+    return {"iterations": len(iterations), "batch_sum": int(iterations["batch_size"].sum()),
+            "batch_max": int(iterations["batch_size"].max()), "mapped_max": int(iterations["mapped_page_groups"].max()),
+            "waste_sum": int(iterations["tail_waste_bytes"].sum()), "waste_max": int(iterations["tail_waste_bytes"].max())}
+
+
+def count_figures_of_file(path: str | Path) -> dict:
+    """:func:`_count_figures` of a streamed ``iterations.parquet``, one row group at a time (exact integer
+    sums), plus the block-table and clearing totals (``block_table_sum_us``, ``clear_copy_sum_us``, each read
+    as one column), so that a long run's summary never holds these columns together."""
+    import pyarrow.parquet as pq
+
+    figures = _count_figures(pd.DataFrame())
+    parquet = pq.ParquetFile(path)
+    for group in range(parquet.num_row_groups):
+        part = _count_figures(parquet.read_row_group(group, columns=["batch_size", "mapped_page_groups",
+                                                                     "tail_waste_bytes"]).to_pandas())
+        if not part["iterations"]:
+            continue
+        figures = {"iterations": figures["iterations"] + part["iterations"],
+                   "batch_sum": figures["batch_sum"] + part["batch_sum"],
+                   "batch_max": max(figures["batch_max"], part["batch_max"]),
+                   "mapped_max": max(figures["mapped_max"], part["mapped_max"]),
+                   "waste_sum": figures["waste_sum"] + part["waste_sum"],
+                   "waste_max": max(figures["waste_max"], part["waste_max"])}
+    for column in ("block_table_us", "clear_copy_us"):    # whole-column sums, one column at a time
+        figures[column.replace("_us", "_sum_us")] = float(pd.read_parquet(path, columns=[column])[column].sum())
+    return figures
+
+
+def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, config: dict,
+              count_figures: dict | None = None) -> dict:
     """The run summary (flat dict, units in keys).
 
     Args:
-        requests / iterations: the run's tables (times in us).
+        requests / iterations: the run's tables (times in us); with ``count_figures``, ``iterations`` needs only
+            ``duration_us`` and ``sync_stall_us``.
         counters: :attr:`sim.engine.SimOutput.counters`.
         config: :meth:`sim.config.SimConfig.to_dict` output (page_group_bytes, num_sub_tensors used).
+        count_figures: :func:`count_figures_of_file` of a streamed run (else computed from ``iterations``).
     """
+    counts = count_figures if count_figures is not None else _count_figures(iterations)
+    runs = counts["iterations"]
     finished = requests[requests["status"] == "finished"]
     start_us = float(requests["arrival_at_us"].min()) if len(requests) else 0.0
     end_us = float(finished["completion_at_us"].max()) if len(finished) else start_us
@@ -108,13 +145,13 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
         # normalized latency (Vidur, Orca): E2E per output token, ms
         **_percentiles(finished["e2e_us"] / finished["output_tokens"], "e2e_per_token", US_PER_MS, "ms"),
         **_percentiles(iterations["duration_us"], "iteration", US_PER_MS, "ms"),
-        "iterations": int(len(iterations)),
-        "mean_batch_size": float(iterations["batch_size"].mean()) if len(iterations) else 0.0,
-        "max_batch_size": int(iterations["batch_size"].max()) if len(iterations) else 0,
-        "peak_mapped_bytes": int(iterations["mapped_page_groups"].max() * group_bytes) if len(iterations) else 0,
+        "iterations": int(runs),
+        "mean_batch_size": counts["batch_sum"] / runs if runs else 0.0,
+        "max_batch_size": counts["batch_max"],
+        "peak_mapped_bytes": counts["mapped_max"] * group_bytes,
         "pool_bytes": int(counters["pool_page_groups"] * group_bytes),
-        "mean_tail_waste_bytes": float(iterations["tail_waste_bytes"].mean()) if len(iterations) else 0.0,
-        "max_tail_waste_bytes": int(iterations["tail_waste_bytes"].max()) if len(iterations) else 0,
+        "mean_tail_waste_bytes": counts["waste_sum"] / runs if runs else 0.0,
+        "max_tail_waste_bytes": counts["waste_max"],
         "map_page_groups": int(maps), "unmap_page_groups": int(unmaps),
         "map_calls": int(maps * calls_per_group), "unmap_calls": int(unmaps * calls_per_group),
         "background_map_share": counters["bg_map_page_groups"] / maps if maps else float("nan"),
@@ -129,14 +166,17 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
         if "reject_reason" in requests else {},
         "swap_out_bytes": int(counters.get("swap_out_bytes", 0)), "swap_in_bytes": int(counters.get("swap_in_bytes", 0)),
         "swap_total_ms": float(counters.get("swap_total_us", 0.0) / US_PER_MS),
-        "block_table_total_ms": float(iterations["block_table_us"].sum() / US_PER_MS) if len(iterations) else 0.0,
+        "block_table_total_ms": float((counts["block_table_sum_us"] if "block_table_sum_us" in counts
+                                       else iterations["block_table_us"].sum() if runs else 0.0) / US_PER_MS),
         # VMM time of every map/unmap, background included: per tensor-parallel worker, and the critical
         # path (per operation, the slowest worker)
         "mapping_worker_ms": [us / US_PER_MS for us in counters.get("mapping_worker_us", [])],
         "mapping_critical_ms": float(counters.get("mapping_critical_us", 0.0) / US_PER_MS),
         "zero_critical_bytes": int(counters.get("zero_critical_bytes", 0)),
         "zero_background_bytes": int(counters.get("zero_background_bytes", 0)),
-        "clear_copy_total_ms": float(iterations["clear_copy_us"].sum() / US_PER_MS) if "clear_copy_us" in iterations else 0.0,
+        "clear_copy_total_ms": float((counts["clear_copy_sum_us"] if "clear_copy_sum_us" in counts
+                                      else iterations["clear_copy_us"].sum() if "clear_copy_us" in iterations
+                                      else 0.0) / US_PER_MS),
         **_prefix_summary(requests, finished, counters, calls_per_group),
     }
     return summary
@@ -177,9 +217,9 @@ def _prefix_summary(requests: pd.DataFrame, finished: pd.DataFrame, counters: di
             "prefix_evictions": int(counters["prefix_evictions"])}
 
 
-SUMMARY_ITERATION_COLUMNS = ["duration_us", "batch_size", "mapped_page_groups", "tail_waste_bytes", "sync_stall_us",
-                             "block_table_us", "clear_copy_us"]
-"""The per-iteration columns :func:`summarize` reads (a streamed run reads only these back for its summary)."""
+SUMMARY_ITERATION_COLUMNS = ["duration_us", "sync_stall_us"]
+"""The per-iteration columns :func:`summarize` reads whole (a streamed run reads only these back; its integer
+figures come from :func:`count_figures_of_file`)."""
 
 
 def build_result(output, config: dict) -> RunResult:
@@ -190,7 +230,8 @@ def build_result(output, config: dict) -> RunResult:
     if streamed is None:
         iterations = output.iterations_frame()
         return RunResult(requests, iterations, summarize(requests, iterations, output.counters, config), config)
-    summary = summarize(requests, output.iterations_frame(SUMMARY_ITERATION_COLUMNS), output.counters, config)
+    summary = summarize(requests, output.iterations_frame(SUMMARY_ITERATION_COLUMNS), output.counters, config,
+                        count_figures_of_file(streamed))
     return RunResult(requests, streamed, summary, config)
 
 

@@ -10,6 +10,7 @@ A second process (:class:`sim.mapper.AsyncMapper`) maps in the background while 
 """
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -237,8 +238,9 @@ class Simulator(RequestBookkeeping):
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.recorder = IterationRecorder(records_path)
-        self.tbt_us: list[float] = []                        # gaps of stepped iterations, one per token
-        self.tbt_runs: list[tuple[np.ndarray, int]] = []     # decode runs: (step durations after the first, batch)
+        self.tbt_us = array("d")             # gaps (us) of stepped iterations, one per token
+        self.tbt_run_gaps_us = array("d")    # decode runs: each step's duration after the first ...
+        self.tbt_run_weights = array("l")    # ... and the tokens it stands for (the batch size)
         self.num_done = 0
         self._next_arrival = 0
         self._admissions = 0
@@ -308,7 +310,7 @@ class Simulator(RequestBookkeeping):
             "zero_critical_bytes": self.zero_bytes["critical"], "zero_background_bytes": self.zero_bytes["background"],
             "cow_bytes": self.cow_bytes, **{f"prefix_{k}": v for k, v in getattr(self.policy, "stats", {}).items()},
             "pool_page_groups": self.config.pool_page_groups, "end_at_us": self.env.now,
-            **tbt_stats_us(self.tbt_us, self.tbt_runs),
+            **tbt_stats_us(self.tbt_us, [(self.tbt_run_gaps_us, self.tbt_run_weights)]),
         }
         self.recorder.close()
         return SimOutput([r.record() for r in self.requests], self.recorder, counters)
@@ -646,7 +648,8 @@ class Simulator(RequestBookkeeping):
             request.generated += steps
             tbt.append(first_done_us - request.last_token_at_us)
             request.last_token_at_us = last_done_us
-        self.tbt_runs.append((np.diff(starts_us[1: steps + 1]), size))
+        self.tbt_run_gaps_us.extend(np.diff(starts_us[1: steps + 1]))
+        self.tbt_run_weights.extend([size] * (steps - 1))
         self.policy.iteration_completed(iteration + steps - 1)
         return steps
 

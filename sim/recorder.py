@@ -16,7 +16,7 @@ import pandas as pd
 
 from sim.records import ITERATION_COLUMNS
 
-DEFAULT_CHUNK_ITERATIONS = 1 << 18
+DEFAULT_CHUNK_ITERATIONS = 1 << 16   # ~50 MB of buffered tuples at most; row groups of ~11 MB
 
 
 class IterationRecorder:

@@ -13,6 +13,8 @@ clearing/copying time (zero-on-reuse, copy-on-write of shared prefix pages) + co
 previous record (``bg_map``); pool state during the iteration (mapped / used / free / deferred page groups,
 tail waste bytes of running requests).
 """
+from array import array
+
 REQUEST_COLUMNS = ("request_id", "arrival_at_us", "prompt_tokens", "output_tokens", "first_token_at_us",
                    "completion_at_us", "ttft_us", "tpot_us", "e2e_us", "preemptions", "slot", "status",
                    "prefix_hit_tokens", "first_scheduled_at_us", "sched_delay_us", "prefix_hit_tokens_preempted",
@@ -36,9 +38,10 @@ def tbt_stats_us(single_gaps_us, runs) -> dict:
     """Time between tokens (TBT, inter-token latency) over *all* output tokens after each request's first.
 
     Args:
-        single_gaps_us: one gap (us) per token, in any order.
-        runs: ``(step_gaps_us, weight)`` pairs: every gap of the array stands for ``weight`` tokens (a
-            fast-forwarded decode run: each step emits one token for each of ``weight`` requests).
+        single_gaps_us: one gap (us) per token, in any order (a sequence or an ``array('d')``).
+        runs: ``(gaps_us, weights)`` pairs: ``gaps_us[i]`` stands for ``weights[i]`` tokens (a step of a
+            fast-forwarded decode run emits one token for each of its batch's requests); ``weights`` an int
+            per gap, or one int for all.
 
     Returns:
         ``tbt_p50_us``, ``tbt_p90_us``, ``tbt_p99_us``, ``tbt_max_us``, ``tbt_mean_us`` and ``tbt_tokens``.
@@ -48,17 +51,27 @@ def tbt_stats_us(single_gaps_us, runs) -> dict:
     """
     import numpy as np
 
-    values = [np.asarray(single_gaps_us, dtype=float)] + [np.asarray(g, dtype=float) for g, _ in runs]
-    weights = [np.ones(len(values[0]), dtype=np.int64)] + [np.full(len(g), w, dtype=np.int64) for g, w in runs]
+    values = [np.frombuffer(single_gaps_us, dtype=float) if isinstance(single_gaps_us, array)
+              else np.asarray(single_gaps_us, dtype=float)]
+    weights = [np.ones(len(values[0]), dtype=np.int64)]
+    for gaps, weight in runs:
+        gaps = np.frombuffer(gaps, dtype=float) if isinstance(gaps, array) else np.asarray(gaps, dtype=float)
+        values.append(gaps)
+        weights.append(np.full(len(gaps), weight, dtype=np.int64) if np.isscalar(weight)
+                       else np.asarray(weight, dtype=np.int64))
     gaps, counts = np.concatenate(values), np.concatenate(weights)
+    del values, weights
     keys = ("tbt_p50_us", "tbt_p90_us", "tbt_p99_us", "tbt_max_us", "tbt_mean_us")
     total = int(counts.sum())
     if not total:
         return {**dict.fromkeys(keys, float("nan")), "tbt_tokens": 0}
-    order = np.argsort(gaps, kind="stable")
-    gaps, cumulative = gaps[order], np.cumsum(counts[order])
+    mean_us = float(np.dot(gaps, counts) / total)
+    order = np.argsort(gaps, kind="stable")       # few temporaries at a time: this runs on millions of tokens
+    gaps = gaps[order]
+    cumulative = counts[order]
+    del order, counts
+    np.cumsum(cumulative, out=cumulative)
     out = {f"tbt_p{q}_us": float(gaps[np.searchsorted(cumulative, q / 100 * total, side="left")])
            for q in (50, 90, 99)}
-    out.update(tbt_max_us=float(gaps[-1]), tbt_mean_us=float((gaps * counts[order]).sum() / total),
-               tbt_tokens=total)
+    out.update(tbt_max_us=float(gaps[-1]), tbt_mean_us=mean_us, tbt_tokens=total)
     return out
