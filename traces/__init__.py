@@ -5,7 +5,7 @@ Every loader and generator returns the canonical table (see :mod:`traces.canonic
 Public API (imported on first use): loaders (``load_trace``, ``detect_format``, ``write_parquet``,
 ``FORMAT_NAMES``), public traces by name (``resolve_trace``, ``fetch_trace``, ``NAMED_TRACES``, ``data_dir``),
 generators (``synthesize``, ``synthetic_default``, ``poisson_arrivals``, ``gamma_arrivals``, length samplers,
-``servegen_mix``), transformations (``scale_rate``, ``first_n``, ``skip_n``, ``sample_n``, ``time_window``,
+``servegen_mix``), transformations (``scale_rate``, ``first_n``, ``skip_n``, ``sample_n``, ``shuffle_sample``, ``time_window``,
 ``clip_context``, ``merge``), statistics (``trace_stats``, ``ideal_prefix_hit``), errors (``TraceError``,
 ``TraceWarning``); the workload of a run from options: :mod:`traces.workload`.
 """
@@ -39,6 +39,7 @@ _EXPORTS = {
     "sample_n": "traces.transforms",
     "scale_rate": "traces.transforms",
     "servegen_mix": "traces.servegen",
+    "shuffle_sample": "traces.transforms",
     "skip_n": "traces.transforms",
     "spliced_lengths": "traces.generators",
     "synthesize": "traces.generators",

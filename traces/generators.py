@@ -23,8 +23,9 @@ class ArrivalSpec:
     """A renewal arrival process.
 
     Attributes:
-        kind: ``"poisson"`` or ``"gamma"``.
-        rate_per_s: Mean arrival rate in requests per second (> 0).
+        kind: ``"poisson"``, ``"gamma"`` or ``"offline"`` (every request at 0 s: the batch / offline-throughput
+            workload of papers such as Orca, vLLM and Sarathi-Serve; no rate).
+        rate_per_s: Mean arrival rate in requests per second (> 0; ``inf`` for offline).
         cv: Coefficient of variation of inter-arrival times (1.0 for Poisson).
     """
 
@@ -33,6 +34,8 @@ class ArrivalSpec:
     cv: float = 1.0
 
     def __post_init__(self):
+        if self.kind == "offline":
+            return
         if not (self.rate_per_s > 0 and np.isfinite(self.rate_per_s)):
             raise TraceError(f"arrival rate must be > 0 req/s (got {plain(self.rate_per_s)})")
         if not (self.cv > 0 and np.isfinite(self.cv)):
@@ -40,14 +43,18 @@ class ArrivalSpec:
 
 
 _SPEC_RE = re.compile(r"^(poisson):([^,]+)$|^(gamma):([^,]+),([^,]+)$")
+OFFLINE = ArrivalSpec("offline", float("inf"))
+"""Every request arrives at 0 s (``--arrival offline``)."""
 
 
 def parse_arrival(spec: str) -> ArrivalSpec:
-    """Parses ``"poisson:RATE"`` or ``"gamma:RATE,CV"`` (RATE in req/s).
+    """Parses ``"poisson:RATE"``, ``"gamma:RATE,CV"`` (RATE in req/s) or ``"offline"`` (all at 0 s).
 
     Raises:
         TraceError: If the text does not follow either form.
     """
+    if spec.strip().lower() == "offline":
+        return OFFLINE
     m = _SPEC_RE.match(spec.strip().lower())
     try:
         if m and m[1]:
@@ -57,7 +64,7 @@ def parse_arrival(spec: str) -> ArrivalSpec:
     except ValueError:
         pass
     raise TraceError(f"arrival: expected 'poisson:RATE' or 'gamma:RATE,CV' with RATE in "
-                     f"req/s (got {spec!r})")
+                     f"req/s, or 'offline' (got {spec!r})")
 
 
 def gamma_arrivals(n: int, rate_per_s: float, cv: float,
@@ -93,6 +100,8 @@ def arrivals_from_spec(spec: str | ArrivalSpec, n: int,
                        rng: np.random.Generator) -> np.ndarray:
     """Arrival times (s) for ``n`` requests from an arrival spec (see parse_arrival)."""
     spec = parse_arrival(spec) if isinstance(spec, str) else spec
+    if spec.kind == "offline":
+        return np.zeros(n)
     if spec.kind == "poisson":
         return poisson_arrivals(n, spec.rate_per_s, rng)
     return gamma_arrivals(n, spec.rate_per_s, spec.cv, rng)

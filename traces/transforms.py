@@ -74,6 +74,34 @@ def sample_n(df: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
     return renumber(df.iloc[rows], _source(df, f"sample {n}, seed {seed}"))
 
 
+def shuffle_sample(df: pd.DataFrame, n: int, seed: int, arrival=None) -> pd.DataFrame:
+    """Keeps ``n`` requests drawn uniformly without replacement, in a seeded random order (length-only files are
+    often grouped or sorted by length, so their first ``n`` rows are not a fair sample).
+
+    Args:
+        df: Canonical table.
+        n: Requests to keep, ``1 <= n <= len(df)``.
+        seed: Seed of the draw (the permutation uses ``default_rng([seed, 1])``).
+        arrival: An arrival spec (``"poisson:RATE"``, ``"gamma:RATE,CV"``, ``"offline"`` or an
+            :class:`traces.generators.ArrivalSpec`): the ``n`` requests get arrival times drawn afresh, in the
+            shuffled order, from ``default_rng(seed)`` (the times ``--arrival`` gives any ``n`` requests), so the
+            rate is the spec's. ``None``: they keep their own times, in arrival order (a timed trace's sample
+            offers ``n / len(df)`` of its rate).
+
+    Raises:
+        TraceError: If ``n`` is out of range (naming ``--sample`` and the trace's size).
+    """
+    if not 1 <= n <= len(df):
+        raise TraceError(f"--sample {n}: the trace has {len(df):,} requests; choose 1 to {len(df):,}")
+    rows = np.random.default_rng([seed, 1]).permutation(len(df))[:n]
+    out = df.iloc[rows].reset_index(drop=True)
+    out.attrs = dict(df.attrs)
+    if arrival is not None:
+        from traces.generators import arrivals_from_spec
+        out = out.assign(arrival_s=arrivals_from_spec(arrival, n, np.random.default_rng(seed)))
+    return renumber(out, _source(df, f"sample {n} shuffled (seed {seed})"))
+
+
 def clip_context(df: pd.DataFrame, max_context_tokens: int) -> tuple[pd.DataFrame, int]:
     """Clips requests whose prompt + output exceeds a maximum context length.
 

@@ -16,19 +16,23 @@ def add_trace_args(parser: argparse.ArgumentParser) -> None:
                                         "see 'kvsim traces fetch') (default: the built-in synthetic workload)")
     parser.add_argument("--format", dest="trace_format", default=None, help="trace format (default: detect)")
     parser.add_argument("--arrival", default=None,
-                        help="arrival process for length-only traces: poisson:RATE or gamma:RATE,CV (default: "
+                        help="arrival process for length-only traces: poisson:RATE, gamma:RATE,CV or offline (every "
+                             "request at 0 s); on a timed trace it replaces the trace's times (default: "
                              "the trace's own arrival times)")
     parser.add_argument("--skip-requests", type=int_at_least(0), default=0,
                         help="drop the first N requests (before --num-requests; the next one arrives at 0 s)")
     parser.add_argument("--num-requests", type=int_at_least(1), default=None,
                         help="use the first N requests (default: all; synthetic: 1000)")
+    parser.add_argument("--sample", type=int_at_least(1), default=None, metavar="N",
+                        help="N requests drawn at random (seeded by --seed) in shuffled order; with --arrival their "
+                             "times are drawn afresh, without it they keep the trace's (default: no sampling)")
     parser.add_argument("--rate-scale", type=positive_float, default=1.0,
                         help="multiply the arrival rate (divide inter-arrival times) by X")
 
 
 def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int):
-    """Load (or synthesise) the trace, apply --skip-requests / --num-requests / --rate-scale, clip to the slot
-    length.
+    """Load (or synthesise) the trace, apply --sample (a seeded shuffled sample, fresh --arrival times) or
+    --skip-requests / --num-requests, then --rate-scale; clip to the slot length.
 
     Returns:
         ``(trace, notes)``: the canonical table and human-readable notes (warnings) to print.
@@ -41,13 +45,20 @@ def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int):
             path = traces.resolve_trace(args.trace)  # a file, or a public trace name (kvsim traces fetch)
             trace = traces.load_trace(path, fmt=args.trace_format, arrival=args.arrival, seed=seed)
         else:
-            unused = [flag for flag, value in (("--format", args.trace_format), ("--arrival", args.arrival)) if value]
+            unused = [flag for flag, value in (("--format", args.trace_format), ("--arrival", args.arrival),
+                                               ("--sample", getattr(args, "sample", None))) if value]
             if unused:
                 raise traces.TraceError(f"{' and '.join(unused)} appl{'y' if len(unused) > 1 else 'ies'} to a --trace; the built-in synthetic "
                                         "workload has its own arrivals and lengths")
             trace = traces.synthetic_default(seed, num_requests=(args.num_requests or 1000)
                                              + getattr(args, "skip_requests", 0))
     notes += [str(w.message) for w in caught if issubclass(w.category, traces.TraceWarning)]
+    if getattr(args, "sample", None):
+        clash = [flag for flag, used in (("--skip-requests", getattr(args, "skip_requests", 0)),
+                                         ("--num-requests", args.num_requests)) if used]
+        if clash:
+            raise traces.TraceError(f"--sample draws from the whole trace; leave out {' and '.join(clash)}")
+        trace = traces.shuffle_sample(trace, args.sample, seed, args.arrival)
     if getattr(args, "skip_requests", 0):
         if args.skip_requests >= len(trace):
             raise traces.TraceError(f"--skip-requests {args.skip_requests}: the trace has only {len(trace)} requests")

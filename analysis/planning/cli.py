@@ -110,9 +110,14 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
     for note in notes:
         print(f"kvsim: warning: {note}", file=sys.stderr)
+    if (args.arrival or "").strip().lower() == "offline":
+        raise ValueError("--arrival offline puts every request at 0 s: capacity scales an arrival rate, which an "
+                         "offline workload has not; use kvsim simulate for its throughput")
     check_servable(config, trace, args.allow_rejected)        # refuse before printing anything else
     started = time.perf_counter()
-    print(f"capacity search: {config.model} on {config.gpu} (tp={config.tp}), {config.label}, "
+    for note in config.notes:         # a borrowed VMM profile, sliding windows (sim.config.SimConfig.notes)
+        print(f"kvsim: note: {note}", file=sys.stderr)
+    print(f"capacity search: {config.model} on {config.gpu} (tp={config.tp}{f', pp={config.pp}' if config.pp > 1 else ''}), {config.label}, "
           f"{len(trace):,} requests of {trace.attrs.get('source', 'trace')}")
     print(f"SLOs: {', '.join(map(str, slos))}; stable: TTFT growth <= {args.stability_tol:g} s/s; "
           f"tolerance {args.tolerance:.1%}")
@@ -126,10 +131,13 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                            allow_rejected=args.allow_rejected)
     for line in capacity_lines(result, args.target_rate):
         print(line)
+    if result.best is not None:
+        from analysis.planning.cost import cost_line
+        print(cost_line(result.rate_per_s, config))
     check = _check_replicas(args, config, trace, result) if args.check_replicas else None
     print(f"searched in {time.perf_counter() - started:.1f} s wall ({len(result.steps)} simulations)")
     if args.json is not None:
-        _write_json(Path(args.json), result, args.target_rate, check)
+        _write_json(Path(args.json), result, args.target_rate, check, config)
     return 0 if result.rate_per_s else 1
 
 
@@ -189,12 +197,17 @@ def _check_replicas(args, config, trace, result) -> dict | None:
             "values_us": verdict.values_us, "ttft_growth": verdict.ttft_growth}
 
 
-def _write_json(path: Path, result, target_rate, check) -> None:
+def _write_json(path: Path, result, target_rate, check, config=None) -> None:
     steps = [{"scale": e.scale, "rate_per_s": e.rate_per_s, "values_us": e.values_us, "ttft_growth": e.ttft_growth,
               "failed": list(e.failed)} for e in result.steps]
     record = {**result.to_dict(), "slos": [str(s) for s in result.slos], "tolerance": result.tolerance,
               "target_rate_per_s": target_rate,
               "replicas": result.replicas_for(target_rate) if target_rate else None, "check": check, "steps": steps}
+    if config is not None:
+        from analysis.planning.cost import replica_usd_per_hour, requests_per_usd
+        record.update(gpus_per_replica=config.gpus_per_replica, usd_per_gpu_hour=config.gpu_spec.usd_per_gpu_hour,
+                      price_source=config.gpu_spec.price_source, replica_usd_per_hour=replica_usd_per_hour(config),
+                      requests_per_usd=requests_per_usd(result.rate_per_s, config))
     from analysis.output import write_file_atomic
     text = json.dumps(record, indent=2, allow_nan=True, default=str) + "\n"
     write_file_atomic(path, lambda temporary: temporary.write_text(text))
@@ -261,5 +274,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
           f"{failed} failed, {time.perf_counter() - started:.1f} s wall ({args.executor})")
     for _, row in table[table["status"] != "ok"].iterrows():
         print(f"  failed: {' '.join(f'{a}={row[a]}' for a in grid)}: {row['error']}")
+    from analysis.planning.cost import cheapest_line
+    print(cheapest_line(table, list(grid)))
     print("wrote " + ", ".join(str(f) for f in files))
     return 1 if failed else 0

@@ -2,7 +2,7 @@
 
 A grid axis is any ``kvsim simulate`` option (``page_size``, ``policy``, ``max_batch``, ``scheduler``,
 ``token_budget``, ``sync_mapping``, ``deferred_reclaim``, ``memory_util``, ``rate_scale``, ``num_requests``,
-``tp``, ``gpu``, ``model``, ``seed``, ``trace``, ...) or any :class:`sim.config.SimConfig` field
+``tp``, ``pp``, ``gpu``, ``model``, ``seed``, ``trace``, ...) or any :class:`sim.config.SimConfig` field
 (``eager_lookahead_steps``, ``block_size_tokens``, ...)::
 
     --grid page_size=64KiB,256KiB,2MiB --grid policy=vattention,paged:block=16 --grid max_batch=128,256
@@ -226,7 +226,9 @@ def load_point(out_dir: Path, job: PointJob) -> dict | None:
 
 
 def sweep_table(jobs: list[PointJob], records: dict[str, dict]) -> pd.DataFrame:
-    """One row per point in grid order: axis values, status, error, label, then the result keys."""
+    """One row per point in grid order: axis values, status, error, label, the result keys, then the cost columns
+    (:data:`analysis.planning.cost.COST_COLUMNS`: GPUs per replica, price, requests per $, passes the SLOs,
+    cheapest passing)."""
     rows = []
     for job in jobs:
         record = records.get(job.key, {"status": "missing", "error": "not run"})
@@ -236,7 +238,8 @@ def sweep_table(jobs: list[PointJob], records: dict[str, dict]) -> pd.DataFrame:
         row.update({k: json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
                     for k, v in record.get("result", {}).items()})
         rows.append(row)
-    return pd.DataFrame(rows)
+    from analysis.planning.cost import add_cost_columns     # GPUs, price, requests per $, cheapest passing
+    return add_cost_columns(pd.DataFrame(rows), jobs, point_args)
 
 
 def write_table(table: pd.DataFrame, out_dir: Path) -> list[Path]:

@@ -21,13 +21,14 @@ EXECUTORS = ("local", "ray")
 
 
 @functools.lru_cache(maxsize=8)
-def _workload(trace, trace_format, arrival, num_requests, rate_scale, seed: int, max_context_tokens: int):
+def _workload(trace, trace_format, arrival, num_requests, rate_scale, seed: int, max_context_tokens: int,
+              sample=None):
     """The point's trace, cached per process: points that share a workload load it once."""
     import argparse
 
     from traces.workload import load_workload
     args = argparse.Namespace(trace=trace, trace_format=trace_format, arrival=arrival, num_requests=num_requests,
-                              rate_scale=rate_scale)
+                              rate_scale=rate_scale, sample=sample)
     return load_workload(args, seed, max_context_tokens)[0]
 
 
@@ -36,7 +37,7 @@ def _point_config_and_trace(job: PointJob):
     args, overrides = point_args(job)
     config = config_from_args(args, **overrides)
     trace = _workload(args.trace, args.trace_format, args.arrival, args.num_requests, args.rate_scale,
-                      config.seed, config.slot_max_tokens)
+                      config.seed, config.slot_max_tokens, getattr(args, "sample", None))
     return args, config, trace
 
 

@@ -1,0 +1,124 @@
+"""Issue 21 end to end: --model PATH / --gpu PATH / --pp on the command line, notes and derived figures in
+config.json, cost per request in capacity and sweeps, --arrival offline and --sample."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import traces
+from cli import main
+
+AZURE_CONV = "../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+
+
+@pytest.fixture
+def lengths_csv(tmp_path):
+    """A length-only trace sorted by prompt length (as some public files are)."""
+    path = tmp_path / "lengths.csv"
+    prompts = np.arange(100, 100 + 40 * 50, 50)
+    pd.DataFrame({"num_prefill_tokens": prompts, "num_decode_tokens": 20}).to_csv(path, index=False)
+    return path
+
+
+def test_offline_arrivals_are_all_at_zero():
+    spec = traces.parse_arrival("offline")
+    assert spec.kind == "offline"
+    assert traces.arrivals_from_spec("offline", 5, np.random.default_rng(0)).tolist() == [0.0] * 5
+
+
+def test_sample_is_seeded_shuffled_and_gets_fresh_arrivals(lengths_csv):
+    table = traces.load_trace(lengths_csv, arrival="poisson:2", seed=0)
+    one = traces.shuffle_sample(table, 10, seed=3, arrival="poisson:2")
+    again = traces.shuffle_sample(table, 10, seed=3, arrival="poisson:2")
+    other = traces.shuffle_sample(table, 10, seed=4, arrival="poisson:2")
+    assert one.equals(again) and not one.equals(other)
+    assert not np.all(np.diff(one["prompt_tokens"].to_numpy()) > 0)          # no longer sorted by length
+    # the 10 arrivals are those --arrival poisson:2 gives any 10 requests with the run's seed
+    assert one["arrival_s"].to_numpy() == pytest.approx(traces.arrivals_from_spec("poisson:2", 10,
+                                                                                  np.random.default_rng(3)))
+    assert set(one["prompt_tokens"]) <= set(table["prompt_tokens"]) and one["prompt_tokens"].is_unique
+
+
+def test_simulate_offline_sample(tmp_path, lengths_csv, capsys):
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", str(lengths_csv), "--arrival", "offline", "--sample", "25", "--out", str(out),
+                 "--quiet"]) == 0
+    requests = pd.read_parquet(out / "requests.parquet")
+    assert len(requests) == 25 and (requests["arrival_at_us"] == 0).all()
+    assert "sample 25 shuffled (seed 0)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sample", "5", "--num-requests", "3"], "--sample draws from the whole trace; leave out --num-requests"),
+    (["--sample", "41"], "--sample 41: the trace has 40 requests"),
+    (["--arrival", "steady"], "or 'offline'"),
+])
+def test_workload_errors_one_line(tmp_path, lengths_csv, capsys, args, message):
+    extra = [] if "--arrival" in args else ["--arrival", "poisson:1"]
+    assert main(["simulate", "--trace", str(lengths_csv), *extra, *args, "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_capacity_refuses_offline(tmp_path, lengths_csv, capsys):
+    assert main(["capacity", "--trace", str(lengths_csv), "--arrival", "offline", "--slo", "ttft_p99=2s"]) == 2
+    assert "offline" in capsys.readouterr().err
+
+
+def test_simulate_hf_model_notes_and_config_json(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", AZURE_CONV, "--num-requests", "40", "--model", "models/mixtral-8x7b.json",
+                 "--gpu", "h100", "--tp", "2", "--pp", "2", "--out", str(out), "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert "kvsim: note: h100 has no measured VMM latency profile: the H200's" in captured.err
+    assert "(tp=2, pp=2)" in captured.out
+    config = json.loads((out / "config.json").read_text())
+    assert config["vmm_profile_borrowed_from"] == "h200" and config["pp"] == 2 and config["gpus_per_replica"] == 4
+    derived = config["model_derived"]
+    # Mixtral at tp=2: 2 x 32 layers x 4 KV heads x 128 x 2 B = 65,536 B per token per worker (whole model)
+    assert derived["kv_bytes_per_token_per_worker"] == 65_536 and derived["experts"] == 8
+    # each stage holds 16 layers: 32,768 B per token per worker
+    assert [s["kv_bytes_per_token_per_worker"] for s in derived["pipeline_stages"]] == [32_768, 32_768]
+
+
+def test_bad_model_file_exit_2_one_line(tmp_path, capsys):
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2}))
+    assert main(["simulate", "--model", str(bad), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"kvsim: error: {bad}: field hidden_size is missing"
+
+
+def test_capacity_prints_requests_per_dollar(tmp_path, capsys):
+    result = tmp_path / "cap.json"
+    assert main(["capacity", "--trace", AZURE_CONV, "--num-requests", "200", "--gpu", "h100", "--tp", "2",
+                 "--slo", "ttft_p99=2s,tpot_p99=100ms", "--tolerance", "0.2", "--quiet", "--json", str(result)]) == 0
+    out = capsys.readouterr().out
+    record = json.loads(result.read_text())
+    # requests per $ = capacity req/s x 3600 / (2 GPUs x $4.76 per GPU-hour)
+    assert record["requests_per_usd"] == pytest.approx(record["capacity_req_per_s"] * 3600 / (2 * 4.76))
+    assert record["replica_usd_per_hour"] == pytest.approx(9.52)
+    assert f"{record['requests_per_usd']:,.0f} requests per $" in out and "$9.52 per replica-hour" in out
+
+
+def test_capacity_without_a_price_says_so(tmp_path, capsys):
+    assert main(["capacity", "--trace", AZURE_CONV, "--num-requests", "100", "--gpu", "h20",
+                 "--slo", "ttft_p99=2s", "--tolerance", "0.3", "--quiet"]) == 0
+    assert "no $/GPU-hour for h20" in capsys.readouterr().out
+
+
+def test_sweep_finds_the_cheapest_passing_configuration(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert main(["sweep", "--job", "simulate", "--grid", "gpu=h100,l40s", "--grid", "tp=1,2", "--grid", "pp=1,2",
+                 "--trace", AZURE_CONV, "--num-requests", "60", "--slo", "tpot_p99=40ms", "--out", str(out),
+                 "--workers", "1", "--quiet", "--usd-per-gpu-hour", "2"]) == 0
+    table = pd.read_csv(out / "sweep.csv")
+    assert (table["gpus_per_replica"] == table["tp"] * table["pp"]).all()
+    passing = table[table["passes_slos"]]
+    best = passing.loc[passing["requests_per_usd"].idxmax()]
+    assert table["cheapest_passing"].sum() == 1 and bool(table.loc[best.name, "cheapest_passing"])
+    # every point at $2/GPU-hour: requests per $ = throughput x 3600 / (tp x pp x 2)
+    assert best["requests_per_usd"] == pytest.approx(best["throughput_req_per_s"] * 3600 / (best["gpus_per_replica"] * 2))
+    line = f"cheapest passing: gpu={best['gpu']} tp={best['tp']} pp={best['pp']}: {best['requests_per_usd']:,.0f} requests per $"
+    assert line in capsys.readouterr().out
