@@ -79,7 +79,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from analysis.results import write_run
     from sim.runner import run_simulation
     from analysis.summary import print_summary
+    from sim.disagg_options import check_disagg_flags
 
+    check_disagg_flags(args)
+    if args.pd is not None:             # disaggregated prefill and decode (docs/disaggregated.md)
+        from analysis.disagg_report import cmd_simulate_disagg
+        return cmd_simulate_disagg(args)
     config = config_from_args(args)
     out = OutputDir(args.out if args.out is not None else default_out_dir(), args.force)
     _check_profile_first(args.profile)
@@ -267,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--policy", default=None,
                      help="memory policy spec, e.g. vattention:page=256KiB,sync | paged:block=16 | static:max_len=4096 "
                           "(keys: 'kvsim compare --help') (default: vattention)")
+    from sim.disagg_options import add_disagg_args
+    add_disagg_args(sim)
     sim.set_defaults(func=cmd_simulate)
     comp = sub.add_parser("compare", help="run several memory policies on one trace and print one table",
                           description="Run several memory policies on one trace, model and GPU; print and save "

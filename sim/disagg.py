@@ -12,10 +12,11 @@ tensor-parallel degree, scheduler, seed) and its own KV pool. A request goes thr
            maps (allocates) the prompt's pages ── the transfer starts when the admission iteration's
            synchronous phase (page maps) ends, the links are free ──► KV lands: the prefill instance frees its
            copy; the decode instance starts decoding the remaining output - 1 tokens
-        ── with layer-wise streaming: the decode instance is chosen at arrival (Splitwise's cluster scheduler
-           assigns both machines at arrival, Patel et al. ISCA'24 section 4.2) and maps the pages as soon as
-           it admits the request, possibly before the prefill ends; the KV is sent layer by layer as each
-           chunk of the prefill computes it (:func:`sim.kvlink.streamed_finish_us`)
+        ── with layer-wise streaming: the request is handed over to the least-outstanding decode instance when
+           its prefill starts (Splitwise assigns the decode machine up front and sends each layer's KV as soon as
+           it is computed, Patel et al. ISCA'24 sections 4.2-4.3); the decode instance maps its pages when it
+           admits it, possibly before the prefill ends, and takes the KV layer by layer as each chunk of the
+           prefill computes it (:func:`sim.kvlink.streamed_finish_us`); its pages are held from admission on
 
 A request decodes only after its KV has landed: until then it holds its slot and pages on the decode instance
 but is not in the running set (vLLM's disaggregated decode keeps such requests in WAITING_FOR_REMOTE_KVS in the
@@ -198,10 +199,17 @@ class PrefillInstance(Simulator):
     """A prefill instance: requests arrive with one output token; a request handed over keeps its slot and
     pages (``held``) after its prefill until :meth:`free_held` (the transfer has landed).
 
+    While slots are held, a request that cannot get pages is preempted (and waits at the head of the queue)
+    rather than rejected as ``pages``, and an empty iteration waits for a slot to be freed: the pool is full of
+    KV on its way out, which every landing gives back.
+
     Args:
         index: instance number within the role.
         on_prefilled: ``(instance, request) -> bool`` called when a request's prefill emits its first token;
             True: keep its KV for a transfer.
+        on_started: ``(instance, request)`` called when an iteration first schedules a request (streaming:
+            the hand-over to a decode instance); None: not called.
+        on_rejected: ``(instance, request)`` called when a request is rejected at run time.
         record_chunks: keep each request's prefill chunks ``(compute start, compute end, tokens)`` for
             layer-wise streaming.
     """
@@ -209,14 +217,17 @@ class PrefillInstance(Simulator):
     role = "prefill"
 
     def __init__(self, index: int, config: SimConfig, env: simpy.Environment, vmm, compute,
-                 on_prefilled: Callable[["PrefillInstance", Request], bool], record_chunks: bool = False):
+                 on_prefilled: Callable[["PrefillInstance", Request], bool],
+                 on_started: Callable[["PrefillInstance", Request], None] | None = None,
+                 on_rejected: Callable[["PrefillInstance", Request], None] | None = None, record_chunks: bool = False):
         super().__init__(config, _empty_trace(), vmm=vmm, compute=compute, env=env)
         self.index = index
         self.compute = _ComputeClock(self.compute, self._compute_started)
-        self._on_prefilled = on_prefilled
+        self._on_prefilled, self._on_started, self._on_rejected = on_prefilled, on_started, on_rejected
+        self._started: set[Request] = set()
         self.chunks: dict[Request, list] | None = {} if record_chunks else None
         self.held: set[Request] = set()
-        self._compute_start_us = 0.0
+        self.compute_start_us = 0.0               # when the current (or last) iteration's compute started
         self._release_wait: simpy.Event | None = None
         self.process: simpy.Process | None = None
         self.kv_bytes_sent = 0
@@ -226,7 +237,16 @@ class PrefillInstance(Simulator):
         self.process = self.env.process(self._serve())
 
     def _compute_started(self, compute_us: float) -> None:
-        self._compute_start_us = self.env.now
+        self.compute_start_us = self.env.now
+
+    def _schedule(self):
+        batch, plan, preempted = yield from super()._schedule()
+        if self._on_started is not None:
+            for request, _ in batch:
+                if request not in self._started:
+                    self._started.add(request)
+                    self._on_started(self, request)
+        return batch, plan, preempted
 
     def _finish_iteration(self, batch, done_us, iteration=None):
         if self.chunks is not None:
@@ -234,7 +254,7 @@ class PrefillInstance(Simulator):
                 if tokens:
                     if request.computed == 0 or request not in self.chunks:      # (re-)prefill from scratch
                         self.chunks[request] = []
-                    self.chunks[request].append((self._compute_start_us, done_us, tokens))
+                    self.chunks[request].append((self.compute_start_us, done_us, tokens))
         super()._finish_iteration(batch, done_us, iteration)
 
     def _release(self, request: Request) -> None:
@@ -243,6 +263,15 @@ class PrefillInstance(Simulator):
             self.held.add(request)
             return
         super()._release(request)
+
+    def _drop(self, request: Request, status: str) -> None:
+        if status == "rejected" and request.reject_reason == "pages" and self.held:
+            request.reject_reason = ""          # no pages now, but held KV will be freed: wait for it
+            self._preempt(request)
+            return
+        super()._drop(request, status)
+        if status == "rejected" and self._on_rejected is not None:
+            self._on_rejected(self, request)
 
     def free_held(self, request: Request) -> None:
         """The transfer of ``request``'s KV has landed: give its slot back (as a finished request's)."""
@@ -256,14 +285,17 @@ class PrefillInstance(Simulator):
 
     def _unblock_admission(self):
         """Nothing could be scheduled and nothing runs: while slots are held for transfers, wait for one to
-        be freed (the pool is full of KV on its way out) instead of rejecting the head of the queue."""
+        be freed instead of rejecting the head of the queue."""
         if self.held and not self.running:
             if (yield from self._settle_mapper()):
                 return
             self._release_wait = self.env.event()
             yield self._release_wait
             return
+        head = self.waiting[0] if self.waiting else None
         yield from super()._unblock_admission()
+        if head is not None and head.status == "rejected" and self._on_rejected is not None:
+            self._on_rejected(self, head)
 
 
 class DecodeInstance(Simulator):
@@ -283,6 +315,7 @@ class DecodeInstance(Simulator):
         self.in_transfer: list[Request] = []      # admitted (pages mapped), KV not landed yet
         self._just_admitted: list[Request] = []
         self._landing_wait: simpy.Event | None = None
+        self.compute_start_us = 0.0               # when the current (or last) iteration's compute started
         self.kv_bytes_received = 0
 
     def hand_over(self, request_id: int, prompt_tokens: int, output_tokens: int) -> Request:
@@ -305,7 +338,15 @@ class DecodeInstance(Simulator):
             batch = [(r, t) for r, t in batch if r not in self.awaiting] or [(r, 0) for r in admitted]
         return batch, plan, preempted
 
+    def _drop(self, request: Request, status: str) -> None:
+        if status == "rejected" and request.reject_reason == "pages" and self.in_transfer:
+            request.reject_reason = ""          # no pages now, but requests in transfer hold them: wait
+            self._preempt(request)
+            return
+        super()._drop(request, status)
+
     def _compute_started(self, compute_us: float) -> None:
+        self.compute_start_us = self.env.now
         if self._just_admitted:
             admitted, self._just_admitted = self._just_admitted, []
             for request in admitted:
@@ -414,7 +455,9 @@ class DisaggCluster:
         self.env = simpy.Environment()
         self.meta: list[dict] = []
         self.prefills = [self._instance(PrefillInstance, i, replace(config.prefill, seed=config.seed + i), models,
-                                        on_prefilled=self._prefilled, record_chunks=config.streaming)
+                                        on_prefilled=self._prefilled, record_chunks=config.streaming,
+                                        on_started=self._started if config.streaming else None,
+                                        on_rejected=self._rejected)
                          for i in range(config.num_prefill)]
         self.decodes = [self._instance(DecodeInstance, j, replace(config.decode, seed=config.decode.seed
                                                                    + config.num_prefill + j), models,
@@ -495,8 +538,6 @@ class DisaggCluster:
             handover.prefill_index = p
             handover.prefill_req = self.prefills[p].submit(handover.request_id, handover.prompt, 1)
             self._by_prefill[handover.prefill_req] = handover
-            if self.config.streaming and handover.output > 1:
-                self._hand_over(handover)
         for instance in self.prefills:
             instance.arrival_horizon_us = float("inf")
 
@@ -510,6 +551,20 @@ class DisaggCluster:
     @property
     def _decode_assigned(self) -> list[int]:
         return [len(instance.requests) for instance in self.decodes]
+
+    def _started(self, instance: PrefillInstance, request: Request) -> None:
+        """Streaming: the prefill starts; hand the request over now so that the decode side maps its pages
+        and takes the KV layer by layer as the prefill computes it."""
+        handover = self._by_prefill[request]
+        if handover.output > 1 and handover.decode_req is None:
+            self._hand_over(handover)
+
+    def _rejected(self, instance: PrefillInstance, request: Request) -> None:
+        """A prefill rejected at run time: a decode instance already holding the request drops it."""
+        handover = self._by_prefill[request]
+        if handover.decode_req is not None and handover.decode_req.status not in ("finished", "rejected"):
+            self.decodes[handover.decode_index].cancel(handover.decode_req, request.reject_reason)
+            self._settled()
 
     def _prefilled(self, instance: PrefillInstance, request: Request) -> bool:
         handover = self._by_prefill[request]
@@ -564,10 +619,6 @@ class DisaggCluster:
         for instance in self.prefills:
             instance.close()
         yield simpy.AllOf(self.env, [instance.process for instance in self.prefills])
-        for handover in list(self._by_decode.values()):      # streaming: prefill rejected at run time
-            if handover.prefill_req.status == "rejected" and handover.decode_req.status != "rejected":
-                self.decodes[handover.decode_index].cancel(handover.decode_req, handover.prefill_req.reject_reason)
-                self._settled()
         while self.pending:
             self._all_landed = self.env.event()
             yield self._all_landed
@@ -720,8 +771,8 @@ def summarize_disagg(config: DisaggConfig, requests: pd.DataFrame, iterations: p
         rows = [row for row in per_instance if row["role"] == role]
         delays = (finished["first_scheduled_at_us"] - finished["arrival_at_us"] if role == "prefill"
                   else finished["decode_admitted_at_us"] - finished["prefill_done_at_us"])
-        if role == "decode" and config.streaming:      # handed over at arrival
-            delays = finished["decode_admitted_at_us"] - finished["arrival_at_us"]
+        if role == "decode" and config.streaming:      # handed over when the prefill starts
+            delays = finished["decode_admitted_at_us"] - finished["first_scheduled_at_us"]
         roles[role] = {
             "instances": count, "tp": role_config.tp, "gpus": count * role_config.tp, "policy": role_config.label,
             "utilisation_mean": float(np.mean([r["utilisation"] for r in rows])),

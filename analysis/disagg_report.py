@@ -1,0 +1,121 @@
+"""``kvsim simulate --pd P:D``: run a disaggregated deployment (:mod:`sim.disagg`), write its run directory
+and print its summary: the request latencies over the deployment, the KV transfers, and one row per role
+(and per instance) with utilisation, queueing and memory."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from sim.units import format_bytes
+
+
+def _ms(value: float) -> str:
+    if value != value:
+        return "-"
+    return f"{value:.2f}" if value < 10 else f"{value:,.1f}"
+
+
+def kv_lines(summary: dict) -> list[tuple[str, str]]:
+    """(label, value) rows of the KV transfers."""
+    return [
+        ("KV transferred", f"{format_bytes(summary['kv_transfer_bytes'])} in {summary['kv_transfers']:,} transfers "
+                           f"over {summary['kv_link']}" + (", layer-wise" if summary["kv_stream"] == "layerwise" else "")),
+        ("KV transfer p50 / p99 / max", " / ".join(_ms(summary[f"kv_transfer_{s}_ms"]) for s in ("p50", "p99", "max"))
+         + " ms"),
+        ("hand-over p50 / p99", f"{_ms(summary['kv_handover_p50_ms'])} / {_ms(summary['kv_handover_p99_ms'])} ms "
+                                "(prefill done to KV landed)"),
+    ]
+
+
+ROLE_HEADER = ("role", "instances", "policy", "util.", "queue p50 / p99 ms", "waiting", "peak mapped / pool",
+               "preempt.", "batch")
+
+
+def role_rows(summary: dict) -> list[tuple[str, ...]]:
+    """One row per role, then one per instance when there are at most 8 (``summary['roles']``,
+    ``summary['instances']``); memory per tensor-parallel worker."""
+    rows = []
+    for role, table in summary["roles"].items():
+        rows.append((role, f"{table['instances']} x tp{table['tp']}", table["policy"], f"{table['utilisation_mean']:.0%}",
+                     f"{_ms(table['queue_delay_p50_ms'])} / {_ms(table['queue_delay_p99_ms'])}",
+                     f"{table['mean_waiting']:.2f}",
+                     f"{format_bytes(table['peak_mapped_bytes_max'])} / {format_bytes(table['pool_bytes_per_instance'])}",
+                     f"{table['preemptions']:,}", f"{table['mean_batch_size']:.1f}"))
+    instances = summary.get("instances", {})
+    if len(instances) <= 8:
+        for name, row in instances.items():
+            rows.append((f"  {name}", f"{row['requests']:,} req", "", f"{row['utilisation']:.0%}",
+                         f"{_ms(row['queue_delay_p50_ms'])} / {_ms(row['queue_delay_p99_ms'])}",
+                         f"{row['mean_waiting']:.2f}",
+                         f"{format_bytes(row['peak_mapped_bytes'])} / {format_bytes(row['pool_bytes'])}",
+                         f"{row['preemptions']:,}", f"{row['mean_batch_size']:.1f}"))
+    return rows
+
+
+def format_table(header: tuple, rows: list[tuple]) -> list[str]:
+    """Plain aligned text columns (first column left-aligned, the others right-aligned)."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = []
+    for row in [header, *rows]:
+        cells = [str(row[0]).ljust(widths[0])] + [str(c).rjust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def print_disagg_summary(summary: dict, label: str, source: str, wall_s: float | None = None,
+                         out_dir: Path | None = None) -> None:
+    """Print the workload line, the latency rows, the KV transfers and the role table."""
+    from analysis.summary import attention_lines, summary_lines
+
+    print(f"trace: {source}")
+    print(label)
+    for line in attention_lines(summary):
+        print(f"WARNING: {line}")
+    keep = {"requests finished / total", "throughput", "output tokens", "TTFT p50 / p90 / p99", "TPOT p50 / p90 / p99",
+            "TBT p50 / p99 / max", "scheduling delay p50 / p99", "E2E p50 / p90 / p99", "preemptions"}
+    rows = [(name, value) for name, value in summary_lines(summary) if name in keep]
+    rows.insert(3, ("throughput per GPU", f"{summary['throughput_req_per_s_per_gpu']:.3f} req/s on {summary['gpus']} GPUs"))
+    rows += kv_lines(summary)
+    width = max(len(name) for name, _ in rows) + 3
+    for name, value in rows:
+        print(f"{name.ljust(width)}{value}")
+    print("(TTFT counts the KV transfer: the first token reaches the user when the KV has landed; scheduling delay "
+          "is the prefill instance's)")
+    for line in format_table(ROLE_HEADER, role_rows(summary)):
+        print(line)
+    if wall_s is not None:
+        print(f"simulated in {wall_s:.2f} s wall" + (f"; results in {out_dir}/" if out_dir else ""))
+
+
+def cmd_simulate_disagg(args: argparse.Namespace) -> int:
+    """``kvsim simulate --pd P:D ...``: simulate, write the run directory, print the summary."""
+    from analysis.output import OutputDir, default_out_dir
+    from analysis.results import write_run
+    from sim.disagg import disagg_run_result, run_disagg
+    from sim.disagg_options import disagg_config_from_args
+    from traces.workload import load_workload
+
+    config = disagg_config_from_args(args)
+    out = OutputDir(args.out if args.out is not None else default_out_dir(), args.force)
+    if args.profile is not None:
+        from sim.latency import read_profile
+        read_profile(args.profile)
+    trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
+    for note in notes:
+        print(f"kvsim: warning: {note}", file=sys.stderr)
+    started = time.perf_counter()
+    run = run_disagg(config, trace, args.profile)
+    wall_s = time.perf_counter() - started
+    source = trace.attrs.get("source", "in-memory table")
+    result = disagg_run_result(run, source)
+    with out.writing() as stage:
+        write_run(result, stage)
+    result.path = out.path
+    print_disagg_summary(run.summary, f"{config.prefill.model} on {config.prefill.gpu}: {config.label}, seed {config.seed}",
+                         source, wall_s, out.path)
+    return 0
+
+
+__all__ = ["cmd_simulate_disagg", "format_table", "kv_lines", "print_disagg_summary", "role_rows"]
