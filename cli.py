@@ -97,6 +97,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from sim.units import format_bytes
         print(f"kvsim: note: page size {format_bytes(config.page_size_bytes)} is below the 2 MiB VMM granularity: "
               "a what-if that needs a modified NVIDIA driver (vAttention's 64-256 KiB pages used one)", file=sys.stderr)
+    if args.replicas > 1 or args.routing != "round-robin" or args.executor != "local" or args.workers:
+        return _simulate_replicas(args, config, trace, out)
     with out.writing() as stage:
         started = time.perf_counter()
         with _progress(len(trace), args.quiet) as progress:     # iterations stream into the staged run
@@ -113,6 +115,57 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.report:
         print(f"report: {out.path / 'report.html'}")
     return 0
+
+
+def _simulate_replicas(args: argparse.Namespace, config, trace, out) -> int:
+    """``simulate --replicas N``: route, simulate the replicas (in parallel where the router is state-free),
+    write the merged run (a ``replica`` column in both tables) and print its summary."""
+    import os
+
+    from analysis.results import RunResult, write_run
+    from analysis.summary import print_summary
+    from sim.routing import run_routed
+    from sim.runner import profile_config_overrides
+
+    if args.report:
+        raise ValueError("--report covers one replica's run; leave it out with --replicas (kvsim report DIR "
+                         "reads the merged run)")
+    with out.writing() as stage:
+        started = time.perf_counter()
+        records = stage / ".replicas"
+        routed = run_routed(config, trace, args.replicas, args.routing, args.profile, args.executor,
+                            args.workers or os.cpu_count() or 1, str(records))
+        wall_s = time.perf_counter() - started
+        present = [(r, res) for r, res in enumerate(routed.replicas) if res is not None]
+        iterations = _merged_iterations(present, stage / "iterations.parquet")
+        meta = {**profile_config_overrides(config, args.profile).to_dict(),
+                "trace_source": trace.attrs.get("source", "trace"), "replicas": args.replicas,
+                "routing": args.routing, "executor": args.executor}
+        result = RunResult(routed.requests, iterations, routed.summary, meta)
+        write_run(result, stage)
+        if records.exists():
+            import shutil
+            shutil.rmtree(records)
+    result.relocate(out.path)
+    print_summary(result, wall_s=wall_s, out_dir=out.path)
+    print(f"{args.replicas} replicas ({args.routing}, {args.executor} executor): requests per replica "
+          f"{', '.join(str(int((routed.assignment == r).sum())) for r in range(args.replicas))}")
+    return 0
+
+
+def _merged_iterations(present: list, path):
+    """Every replica's iteration table with a ``replica`` column, written to ``path`` one replica at a time."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    writer = None
+    for replica, result in present:
+        table = pa.Table.from_pandas(result.iterations.assign(replica=replica), preserve_index=False)
+        writer = writer or pq.ParquetWriter(path, table.schema)
+        writer.write_table(table)
+    if writer is not None:
+        writer.close()
+    return path
 
 
 class _progress:
@@ -269,6 +322,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="replace the kvsim result in --out as a whole (nothing else is ever deleted)")
     sim.add_argument("--report", action="store_true", help="also write report.html into the run directory")
     sim.add_argument("--quiet", action="store_true", help="no progress display")
+    sim.add_argument("--replicas", type=int_at_least(1), default=1,
+                     help="serve the trace on N replicas behind --routing; state-free routings simulate the replicas "
+                          "apart, in parallel, and merge their records (exactly as co-simulated)")
+    sim.add_argument("--routing", choices=("round-robin", "random", "session-hash", "least-outstanding"),
+                     default="round-robin", help="request router over --replicas (least-outstanding co-simulates)")
+    sim.add_argument("--executor", choices=("local", "ray"), default="local",
+                     help="where the replicas run: a local process pool or Ray")
+    sim.add_argument("--workers", type=int_at_least(1), default=None,
+                     help="parallel processes or Ray CPUs for --replicas (default: one per core)")
     sim.add_argument("--policy", default=None,
                      help="memory policy spec, e.g. vattention:page=256KiB,sync | paged:block=16 | static:max_len=4096 "
                           "(keys: 'kvsim compare --help') (default: vattention)")

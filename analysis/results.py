@@ -32,10 +32,11 @@ class RunResult:
     """
 
     def __init__(self, requests: pd.DataFrame, iterations: pd.DataFrame | str | Path, summary: dict,
-                 config: dict | None = None, path: Path | None = None):
+                 config: dict | None = None, path: Path | None = None, tbt_samples: tuple | None = None):
         self.requests, self._iterations, self.summary = requests, iterations, summary
         self.config = config if config is not None else {}
         self.path = path
+        self.tbt_samples = tbt_samples   # (single gaps, run gaps, run weights) of a fresh run, to merge replicas
 
     @property
     def iterations(self) -> pd.DataFrame:
@@ -229,10 +230,11 @@ def build_result(output, config: dict) -> RunResult:
     streamed = output.recorder.path
     if streamed is None:
         iterations = output.iterations_frame()
-        return RunResult(requests, iterations, summarize(requests, iterations, output.counters, config), config)
+        return RunResult(requests, iterations, summarize(requests, iterations, output.counters, config), config,
+                         tbt_samples=output.counters.get("tbt_samples"))
     summary = summarize(requests, output.iterations_frame(SUMMARY_ITERATION_COLUMNS), output.counters, config,
                         count_figures_of_file(streamed))
-    return RunResult(requests, streamed, summary, config)
+    return RunResult(requests, streamed, summary, config, tbt_samples=output.counters.get("tbt_samples"))
 
 
 def write_run(result: RunResult, out_dir: str | Path, overwrite: bool = False) -> Path:

@@ -311,6 +311,8 @@ class Simulator(RequestBookkeeping):
             "cow_bytes": self.cow_bytes, **{f"prefix_{k}": v for k, v in getattr(self.policy, "stats", {}).items()},
             "pool_page_groups": self.config.pool_page_groups, "end_at_us": self.env.now,
             **tbt_stats_us(self.tbt_us, [(self.tbt_run_gaps_us, self.tbt_run_weights)]),
+            # the gaps themselves, for merging replicas' TBT distributions (sim.routing.merge_replicas)
+            "tbt_samples": (self.tbt_us, self.tbt_run_gaps_us, self.tbt_run_weights),
         }
         self.recorder.close()
         return SimOutput([r.record() for r in self.requests], self.recorder, counters)

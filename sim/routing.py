@@ -1,7 +1,17 @@
 """Multi-replica routing: one trace over R replicas, each with its own simulator and memory manager.
 
-* **round-robin**: request i (in arrival order) goes to replica ``i mod R``; the trace is split, each
-  replica simulated alone, the per-request records merged. Exact.
+State-free routers decide every request's replica from the trace alone, so the trace is split and each
+replica simulated alone (in parallel on a local process pool or on Ray), then the records merged; this equals
+co-simulating the replicas in one environment exactly (``tests/test_routing.py``):
+
+* **round-robin**: request i (in arrival order) goes to replica ``i mod R``;
+* **random**: replica drawn uniformly per request from ``numpy.random.default_rng(seed)``;
+* **session-hash**: requests of one session go to one replica, ``session mod R`` after a 64-bit mix
+  (splitmix64) of the session key: the trace's ``session_id`` column, else the first prefix-block id
+  (Mooncake ``hash_ids[0]``: requests sharing a first block share a conversation prefix), else the request id.
+
+State-dependent routers keep co-simulation:
+
 * **least-outstanding**: each arrival goes to the replica with the fewest outstanding requests (arrived,
   not finished) at its arrival time; ties go to the replica with fewer requests so far, then the lower
   index. Exact: the replicas are co-simulated in one SimPy environment and a router process submits each
@@ -20,8 +30,11 @@ import simpy
 from analysis.results import RunResult, build_result, summarize
 from sim.config import SimConfig
 from sim.engine import ARRIVAL_TICK_US, ARRIVAL_TICKS_PER_S, Simulator
+from sim.records import tbt_stats_us
 
-ROUTERS = ("round-robin", "least-outstanding")
+ROUTERS = ("round-robin", "random", "session-hash", "least-outstanding")
+STATE_FREE_ROUTERS = ("round-robin", "random", "session-hash")
+EXECUTORS = ("local", "ray")
 # summary keys that add up over replicas (the rest is recomputed from the merged records)
 _ADDITIVE_KEYS = ("map_page_groups", "unmap_page_groups", "map_calls", "unmap_calls", "swap_out_bytes",
                   "swap_in_bytes", "swap_total_ms", "pool_bytes")
@@ -51,6 +64,52 @@ def round_robin(num_requests: int, num_replicas: int) -> np.ndarray:
     return np.arange(num_requests, dtype=np.int64) % num_replicas
 
 
+def random_assignment(num_requests: int, num_replicas: int, seed: int) -> np.ndarray:
+    """Replica index per request, uniform from ``numpy.random.default_rng(seed)``."""
+    return np.random.default_rng(seed).integers(0, num_replicas, num_requests, dtype=np.int64)
+
+
+def session_keys(trace: pd.DataFrame) -> np.ndarray:
+    """One integer session key per request (module docstring: ``session_id``, else ``hash_ids[0]``, else the
+    request id)."""
+    if "session_id" in trace.columns:
+        return pd.factorize(trace["session_id"])[0].astype(np.uint64)
+    keys = trace["request_id"].to_numpy().astype(np.uint64)
+    if "hash_ids" in trace.columns:
+        first = [ids[0] if ids is not None and len(ids) else None for ids in trace["hash_ids"]]
+        has = np.array([f is not None for f in first])
+        keys = keys.copy()
+        # prefix-block ids and request ids live in one key space: offset the block ids past every request id
+        keys[has] = np.array([f for f in first if f is not None], dtype=np.uint64) + np.uint64(len(trace))
+    return keys
+
+
+def session_hash(trace: pd.DataFrame, num_replicas: int) -> np.ndarray:
+    """Replica index per request: splitmix64 of the session key, modulo R (a fixed 64-bit mix, so the same
+    session goes to the same replica on every run and platform)."""
+    z = session_keys(trace) + np.uint64(0x9E3779B97F4A7C15)
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z % np.uint64(num_replicas)).astype(np.int64)
+
+
+def assign(trace: pd.DataFrame, num_replicas: int, routing: str, seed: int = 0) -> np.ndarray:
+    """Replica index per request for a state-free router (:data:`STATE_FREE_ROUTERS`).
+
+    Raises:
+        ValueError: for a router that needs co-simulation or is unknown.
+    """
+    if routing == "round-robin":
+        return round_robin(len(trace), num_replicas)
+    if routing == "random":
+        return random_assignment(len(trace), num_replicas, seed)
+    if routing == "session-hash":
+        return session_hash(trace, num_replicas)
+    raise ValueError(f"--routing {routing!r} is not state-free; choose one of {', '.join(STATE_FREE_ROUTERS)}")
+
+
 def split_trace(trace: pd.DataFrame, assignment: np.ndarray, num_replicas: int) -> list[pd.DataFrame]:
     """Each replica's rows, keeping the global ``request_id`` and the original ``arrival_s`` (one clock)."""
     parts = []
@@ -61,14 +120,59 @@ def split_trace(trace: pd.DataFrame, assignment: np.ndarray, num_replicas: int) 
     return parts
 
 
+def _simulate_replica(job: tuple) -> RunResult | None:
+    """One replica's run (a process-pool or Ray task): ``(config, part, profile, records_path)``."""
+    config, part, profile_path, records_path = job
+    if not len(part):
+        return None
+    return runner.run_simulation(config, part, profile_path, records_path=records_path)
+
+
 def simulate_replicas(config: SimConfig, trace: pd.DataFrame, assignment: np.ndarray, num_replicas: int,
-                      profile_path: str | None = None) -> list[RunResult | None]:
-    """Simulate each replica's share of the trace (replica r uses seed ``config.seed + r``)."""
-    results = []
-    for replica, part in enumerate(split_trace(trace, assignment, num_replicas)):
-        replica_config = replace(config, seed=config.seed + replica)
-        results.append(runner.run_simulation(replica_config, part, profile_path) if len(part) else None)
-    return results
+                      profile_path: str | None = None, executor: str = "local", workers: int | None = None,
+                      records_dir: str | None = None, ray_address: str | None = None) -> list[RunResult | None]:
+    """Simulate each replica's share of the trace (replica r uses seed ``config.seed + r``), in parallel.
+
+    Args:
+        executor: ``local`` (a process pool of ``workers`` processes; 1: in this process) or ``ray`` (one
+            task per replica on a local Ray instance of ``workers`` CPUs, or the cluster at ``ray_address``).
+        records_dir: stream replica r's iteration records to ``records_dir/replica-r.parquet`` (memory stays
+            flat); default: in memory.
+
+    Raises:
+        ValueError: for an unknown executor.
+    """
+    if executor not in EXECUTORS:
+        raise ValueError(f"--executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
+    jobs = [(replace(config, seed=config.seed + replica), part, profile_path,
+             None if records_dir is None else f"{records_dir}/replica-{replica}.parquet")
+            for replica, part in enumerate(split_trace(trace, assignment, num_replicas))]
+    if executor == "ray":
+        return _on_ray(jobs, workers, ray_address)
+    workers = min(workers or 1, len(jobs))
+    if workers <= 1:
+        return [_simulate_replica(job) for job in jobs]
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(_simulate_replica, jobs))
+
+
+def _on_ray(jobs: list[tuple], workers: int | None, address: str | None) -> list[RunResult | None]:
+    """Run the replica jobs as Ray tasks (``pip install ray``), results in replica order."""
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--executor ray needs Ray: pip install 'ray>=2.9' (or the kvsim 'ray' extra)") from None
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, num_cpus=None if address else workers, include_dashboard=False,
+                 log_to_driver=False, configure_logging=False)
+    try:
+        task = ray.remote(num_cpus=1)(_simulate_replica)
+        return ray.get([task.remote(job) for job in jobs])
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def merge_replicas(results: list[RunResult | None], config: SimConfig) -> tuple[pd.DataFrame, dict]:
@@ -79,9 +183,16 @@ def merge_replicas(results: list[RunResult | None], config: SimConfig) -> tuple[
     iterations = pd.concat([res.iterations for _, res in present], ignore_index=True)
     zero = {"sync_map_page_groups": 0, "sync_unmap_page_groups": 0, "bg_map_page_groups": 0,
             "bg_unmap_page_groups": 0, "pool_page_groups": 0}
+    samples = [res.tbt_samples for _, res in present if res.tbt_samples is not None]
+    if samples and len(samples) == len(present):       # TBT over every replica's tokens
+        singles = np.concatenate([np.asarray(single, dtype=float) for single, _, _ in samples])
+        zero.update(tbt_stats_us(singles, [(gaps, weights) for _, gaps, weights in samples]))
     summary = summarize(requests, iterations, zero, config.to_dict())
-    for key in _ADDITIVE_KEYS:
+    for key in _ADDITIVE_KEYS + ("mapping_critical_ms",):
         summary[key] = sum(res.summary.get(key, 0) for _, res in present)
+    # per tensor-parallel worker, summed over the replicas (every replica has the same TP degree)
+    summary["mapping_worker_ms"] = [sum(ms) for ms in zip(*(res.summary.get("mapping_worker_ms", [])
+                                                           for _, res in present))]
     maps = summary["map_page_groups"]
     background = sum(res.summary["map_page_groups"] * np.nan_to_num(res.summary["background_map_share"])
                      for _, res in present)
@@ -90,9 +201,12 @@ def merge_replicas(results: list[RunResult | None], config: SimConfig) -> tuple[
 
 
 def co_simulate_least_outstanding(config: SimConfig, trace: pd.DataFrame, num_replicas: int,
-                                  profile_path: str | None = None) -> tuple[np.ndarray, list[RunResult | None]]:
+                                  profile_path: str | None = None,
+                                  assignment: np.ndarray | None = None) -> tuple[np.ndarray, list[RunResult | None]]:
     """Least-outstanding routing, co-simulated: one environment, R open-arrival simulators (replica r with
-    seed ``config.seed + r``) and a router process that submits each request at its arrival time.
+    seed ``config.seed + r``) and a router process that submits each request at its arrival time. With
+    ``assignment`` the router follows it instead (a state-free router co-simulated: the check that splitting
+    the trace equals co-simulation).
 
     Returns:
         ``(assignment, results)``: replica index per request and each replica's :class:`RunResult`.
@@ -107,8 +221,9 @@ def co_simulate_least_outstanding(config: SimConfig, trace: pd.DataFrame, num_re
         simulator.open_arrivals()
         simulator.start()
         replicas.append((replica_config, vmm, simulator))
+    fixed = assignment
     assignment = np.empty(len(trace), dtype=np.int64)
-    env.process(_router(env, trace, [s for _, _, s in replicas], assignment))
+    env.process(_router(env, trace, [s for _, _, s in replicas], assignment, fixed))
     env.run()
     results = []
     for replica, (replica_config, vmm, simulator) in enumerate(replicas):
@@ -121,7 +236,8 @@ def co_simulate_least_outstanding(config: SimConfig, trace: pd.DataFrame, num_re
     return assignment, results
 
 
-def _router(env: simpy.Environment, trace: pd.DataFrame, simulators: list, assignment: np.ndarray):
+def _router(env: simpy.Environment, trace: pd.DataFrame, simulators: list, assignment: np.ndarray,
+            fixed: np.ndarray | None = None):
     arrivals_us = np.round(trace["arrival_s"].to_numpy(dtype=float) * ARRIVAL_TICKS_PER_S) * ARRIVAL_TICK_US
     hash_ids = trace["hash_ids"] if "hash_ids" in trace.columns else [None] * len(trace)
     assigned = [0] * len(simulators)
@@ -131,7 +247,8 @@ def _router(env: simpy.Environment, trace: pd.DataFrame, simulators: list, assig
             simulator.arrival_horizon_us = arrival_us
         if arrival_us > env.now:
             yield env.timeout(arrival_us - env.now)
-        choice = min(range(len(simulators)), key=lambda r: (simulators[r].outstanding, assigned[r], r))
+        choice = (int(fixed[index]) if fixed is not None else
+                  min(range(len(simulators)), key=lambda r: (simulators[r].outstanding, assigned[r], r)))
         simulators[choice].submit(int(request_id), int(prompt), int(output), ids)
         assigned[choice] += 1
         assignment[index] = choice
@@ -141,7 +258,8 @@ def _router(env: simpy.Environment, trace: pd.DataFrame, simulators: list, assig
 
 
 def run_routed(config: SimConfig, trace: pd.DataFrame, num_replicas: int, routing: str = "round-robin",
-               profile_path: str | None = None) -> RoutedRun:
+               profile_path: str | None = None, executor: str = "local", workers: int | None = None,
+               records_dir: str | None = None, ray_address: str | None = None) -> RoutedRun:
     """Route ``trace`` over ``num_replicas`` replicas of ``config`` and simulate them.
 
     Args:
@@ -150,9 +268,11 @@ def run_routed(config: SimConfig, trace: pd.DataFrame, num_replicas: int, routin
         num_replicas: R >= 1.
         routing: one of :data:`ROUTERS`.
         profile_path: calibration profile for VMM latencies.
+        executor, workers, records_dir, ray_address: how state-free routings simulate their replicas
+            (:func:`simulate_replicas`); least-outstanding co-simulates in this process.
 
     Raises:
-        ValueError: for an unknown routing, R < 1, or request ids that are not row numbers.
+        ValueError: for an unknown routing or executor, R < 1, or request ids that are not row numbers.
     """
     if routing not in ROUTERS:
         raise ValueError(f"--routing {routing!r}: choose one of {', '.join(ROUTERS)}")
@@ -163,7 +283,8 @@ def run_routed(config: SimConfig, trace: pd.DataFrame, num_replicas: int, routin
     if routing == "least-outstanding":
         assignment, results = co_simulate_least_outstanding(config, trace, num_replicas, profile_path)
     else:
-        assignment = round_robin(len(trace), num_replicas)
-        results = simulate_replicas(config, trace, assignment, num_replicas, profile_path)
+        assignment = assign(trace, num_replicas, routing, config.seed)
+        results = simulate_replicas(config, trace, assignment, num_replicas, profile_path, executor, workers,
+                                    records_dir, ray_address)
     requests, summary = merge_replicas(results, config)
     return RoutedRun(routing, assignment, requests, summary, results)

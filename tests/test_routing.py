@@ -67,5 +67,44 @@ def test_least_outstanding_one_replica_equals_a_plain_run(workload):
 
 
 def test_unknown_routing():
-    with pytest.raises(ValueError, match="choose one of round-robin, least-outstanding"):
-        run_routed(SimConfig(), traces.synthetic_default(0, num_requests=5), 2, "random")
+    with pytest.raises(ValueError, match="choose one of round-robin, random, session-hash, least-outstanding"):
+        run_routed(SimConfig(), traces.synthetic_default(0, num_requests=5), 2, "weighted")
+
+
+@pytest.mark.parametrize("routing", ["round-robin", "random", "session-hash"])
+def test_state_free_routers_split_equals_co_simulation(workload, routing):
+    """A state-free router's replicas simulated apart (split trace) give exactly the records of the same
+    assignment co-simulated in one SimPy environment with a router submitting each request at its arrival."""
+    from sim.routing import assign, co_simulate_least_outstanding, merge_replicas
+
+    trace = traces.scale_rate(workload, 20.0)
+    config = SimConfig()
+    split = run_routed(config, trace, 3, routing, workers=2)
+    assignment = assign(trace, 3, routing, config.seed)
+    assert np.array_equal(split.assignment, assignment)
+    _, results = co_simulate_least_outstanding(config, trace, 3, assignment=assignment)
+    co_requests, co_summary = merge_replicas(results, config)
+    pd.testing.assert_frame_equal(split.requests, co_requests)
+    assert split.summary["tbt_p99_ms"] == co_summary["tbt_p99_ms"] and split.summary["finished"] == 60
+
+
+def test_session_hash_keeps_sessions_together_and_random_is_seeded():
+    from sim.routing import random_assignment, session_hash
+
+    trace = pd.DataFrame({"request_id": range(8), "session_id": ["a", "b", "a", "c", "b", "a", "d", "c"]})
+    replica = session_hash(trace, 3)
+    for session in "abcd":
+        assert len(set(replica[trace["session_id"] == session])) == 1
+    assert np.array_equal(random_assignment(100, 4, 7), random_assignment(100, 4, 7))
+    assert not np.array_equal(random_assignment(100, 4, 7), random_assignment(100, 4, 8))
+    assert set(random_assignment(1000, 4, 7)) == {0, 1, 2, 3}
+
+
+def test_replicas_streamed_to_files_merge_like_in_memory(workload, tmp_path):
+    trace = traces.scale_rate(workload, 20.0)
+    in_memory = run_routed(SimConfig(), trace, 2, "round-robin")
+    streamed = run_routed(SimConfig(), trace, 2, "round-robin", records_dir=str(tmp_path))
+    pd.testing.assert_frame_equal(in_memory.requests, streamed.requests)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["replica-0.parquet", "replica-1.parquet"]
+    assert {k: v for k, v in in_memory.summary.items() if k != "tbt_mean_ms"} == \
+        {k: v for k, v in streamed.summary.items() if k != "tbt_mean_ms"}
