@@ -12,14 +12,17 @@ DISAGG_FLAGS = {"kv_link": "--kv-link", "kv_stream": "--kv-stream", "prefill_pol
                 "decode_policy": "--decode-policy", "prefill_tp": "--prefill-tp", "decode_tp": "--decode-tp"}
 """Destination -> flag of the options that apply only with ``--pd`` (or ``--pd-search``)."""
 
+COLOCATED = ("none", "off", "co-located", "colocated")
+"""``--pd`` values that mean co-located serving (a sweep axis ``pd=none,1:1,1:2`` compares both)."""
+
 
 def add_disagg_args(parser: argparse.ArgumentParser, search: bool = False) -> None:
     """``--pd`` and its companions; with ``search``, also ``--pd-search`` and ``--pd-tp`` (capacity)."""
     from sim.argtypes import int_at_least
     group = parser.add_argument_group("disaggregated prefill and decode (docs/disaggregated.md)")
     group.add_argument("--pd", default=None, metavar="P:D",
-                       help="P prefill and D decode instances, the KV moving between them over --kv-link "
-                            "(default: none, co-located serving)")
+                       help="P prefill and D decode instances, the KV moving between them over --kv-link; none: "
+                            "co-located (default: none)")
     group.add_argument("--kv-link", default=None, metavar="LINK",
                        help="KV link per GPU, one direction: nvlink (450 GB/s), ib (InfiniBand NDR, 50 GB/s), pcie "
                             "(Gen5 x16, 55 GB/s) or BANDWIDTH[,LATENCY] e.g. 25GB/s,20us (default: ib)")
@@ -43,20 +46,28 @@ def add_disagg_args(parser: argparse.ArgumentParser, search: bool = False) -> No
                                 "co-located replicas (default: --tp)")
 
 
-def check_disagg_flags(args: argparse.Namespace) -> None:
-    """Refuse companions of ``--pd`` given without it, and check every disaggregation value.
+def pd_of(args: argparse.Namespace) -> str | None:
+    """The ``--pd`` value, ``None`` for co-located serving (no ``--pd``, or one of :data:`COLOCATED`)."""
+    value = getattr(args, "pd", None)
+    return None if value is None or str(value).strip().lower() in COLOCATED else value
+
+
+def check_disagg_flags(args: argparse.Namespace, allow_unused: bool = False) -> None:
+    """Refuse companions of ``--pd`` given without it (unless ``allow_unused``: a sweep whose ``pd`` axis
+    holds ``none``), and check every disaggregation value.
 
     Raises:
         ValueError: one line naming the flag and value.
     """
     from sim.disagg import parse_kv_stream, parse_pd
     from sim.kvlink import parse_kv_link
+    args.pd = pd_of(args)
     searching = getattr(args, "pd_search", None) is not None
     if getattr(args, "pd", None) is None and not searching:
         given = [flag for dest, flag in DISAGG_FLAGS.items() if getattr(args, dest, None) is not None]
         if getattr(args, "pd_tp", None) is not None:
             given.append("--pd-tp")
-        if given:
+        if given and not allow_unused:
             raise ValueError(f"{given[0]} applies to disaggregated runs; add --pd P:D (or --pd-search GPUS) or "
                              f"leave {given[0]} out")
         return
@@ -115,5 +126,5 @@ def disagg_config_from_args(args: argparse.Namespace, pd: str | None = None, pre
                         role_config(args, "decode", decode_tp, **overrides), num_prefill, num_decode, link, streaming)
 
 
-__all__ = ["DISAGG_FLAGS", "add_disagg_args", "check_disagg_flags", "disagg_config_from_args", "parse_tp_list",
+__all__ = ["COLOCATED", "DISAGG_FLAGS", "add_disagg_args", "check_disagg_flags", "disagg_config_from_args", "parse_tp_list", "pd_of",
            "role_config"]

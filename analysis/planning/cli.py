@@ -63,6 +63,8 @@ def register(subparsers) -> None:
     cap.add_argument("--json", default=None, metavar="FILE",
                      help="also write the result (and every step) as JSON (default: none)")
     cap.add_argument("--force", action="store_true", help="replace an existing --json file")
+    from sim.disagg_options import add_disagg_args
+    add_disagg_args(cap, search=True)
     cap.set_defaults(func=cmd_capacity)
     sweep = subparsers.add_parser(
         "sweep", help="run a Cartesian grid of simulate (or capacity) runs into one table and figure",
@@ -82,6 +84,7 @@ def register(subparsers) -> None:
                        help="start afresh: replace the kvsim result in --out as a whole once the sweep is done (no "
                             "point is reused; a directory holding anything but a kvsim result is refused)")
     _add_common(sweep)
+    add_disagg_args(sweep)
     sweep.set_defaults(func=cmd_sweep)
 
 
@@ -102,6 +105,11 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     args.routing = args.routing or "round-robin"
     if args.target_rate is not None and not args.target_rate > 0:
         raise ValueError(f"--target-rate must be > 0 req/s, got {args.target_rate}")
+    from sim.disagg_options import check_disagg_flags
+    check_disagg_flags(args)
+    if args.pd is not None or args.pd_search is not None:      # disaggregated (docs/disaggregated.md)
+        from analysis.planning.disagg_cli import cmd_capacity_disagg
+        return cmd_capacity_disagg(args)
     if args.json is not None:
         from analysis.output import check_out_file
         check_out_file(args.json, args.force, "--json")
@@ -248,6 +256,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     jobs = make_jobs(grid, base_settings(args), args.job)
     _check_long_context(jobs)
+    from analysis.planning.sweep import point_args
+    from sim.disagg_options import check_disagg_flags
+    for job in jobs:                  # a bad --pd, --kv-link, ... value is refused before any point runs
+        check_disagg_flags(point_args(job)[0], allow_unused=True)
     from analysis.output import OutputDir
     out = OutputDir(args.out, args.force, resumable=True)
     out_dir = out.path

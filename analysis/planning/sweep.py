@@ -49,6 +49,8 @@ def _reference_parser() -> argparse.ArgumentParser:
     add_config_args(parser)
     parser.add_argument("--policy", default=None)
     parser.add_argument("--profile", default=None)
+    from sim.disagg_options import add_disagg_args
+    add_disagg_args(parser)               # pd, kv_link, kv_stream, prefill/decode policy and tp (issue 22)
     return parser
 
 

@@ -41,8 +41,25 @@ def _point_config_and_trace(job: PointJob):
     return args, config, trace
 
 
+def _disagg_point(job: PointJob, kind: str) -> tuple[str, dict] | None:
+    """A point of a disaggregated deployment (a ``pd`` axis or ``--pd``): ``simulate`` or ``capacity``
+    (:mod:`analysis.planning.disagg_cli`); None for a co-located point (``pd`` unset or ``none``)."""
+    from sim.disagg_options import pd_of
+    args, overrides = point_args(job)
+    if pd_of(args) is None:
+        return None
+    from analysis.planning import disagg_cli
+
+    def load(seed: int, slot_max_tokens: int):
+        return _workload(args.trace, args.trace_format, args.arrival, args.num_requests, args.rate_scale, seed,
+                         slot_max_tokens)
+    return (disagg_cli.capacity_point if kind == "capacity" else disagg_cli.simulate_point)(args, overrides, load)
+
+
 def _simulate(job: PointJob) -> tuple[str, dict]:
     from sim.runner import run_simulation
+    if (point := _disagg_point(job, "simulate")) is not None:
+        return point
     args, config, trace = _point_config_and_trace(job)
     return config.label, run_simulation(config, trace, args.profile).summary
 
@@ -50,12 +67,14 @@ def _simulate(job: PointJob) -> tuple[str, dict]:
 def _capacity(job: PointJob) -> tuple[str, dict]:
     from analysis.planning.capacity import find_capacity
     from analysis.planning.slo import parse_slos, with_default_bounds
+    if (point := _disagg_point(job, "capacity")) is not None:
+        return point
     args, config, trace = _point_config_and_trace(job)
     if not args.slo:
         raise ValueError("--job capacity needs --slo (e.g. ttft_p99=2s,tpot_p99=100ms)")
     result = find_capacity(config, trace, with_default_bounds(parse_slos(args.slo)), args.tolerance, args.profile,
                            args.stability_tol, allow_rejected=getattr(args, "allow_rejected", False))
-    return config.label, result.to_dict()
+    return config.label, {**result.to_dict(), "gpus": config.tp, "capacity_req_per_s_per_gpu": result.rate_per_s / config.tp}
 
 
 def run_point(job: PointJob) -> dict:

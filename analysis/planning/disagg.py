@@ -1,0 +1,249 @@
+"""Capacity of disaggregated deployments and the search over P:D ratios (and tensor parallelism per role).
+
+A deployment's capacity is found exactly as one replica's (:mod:`analysis.planning.capacity`): the trace's
+arrival rate is scaled until the SLOs or the queue's stability fail, bracketing then bisecting; here the
+simulated system is the whole deployment of P prefill and D decode instances (:mod:`sim.disagg`), so the
+capacity is in served requests/s for ``P * tp_prefill + D * tp_decode`` GPUs. **Goodput per GPU** is that
+capacity divided by the GPUs (DistServe, Zhong et al. OSDI'24, section 2: "per-GPU goodput", the request rate
+served within the SLOs per GPU), the figure that ranks deployments of different sizes; a co-located replica's
+is its capacity over its tensor-parallel degree.
+
+:func:`search_deployments` evaluates every P:D with ``gcd(P, D) = 1`` and every tensor-parallel degree per role
+within a GPU budget, and co-located replicas at each degree, and ranks them by goodput per GPU. For a target
+rate R a deployment is replicated as a unit: ``ceil(R / capacity)`` units.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pandas as pd
+
+from analysis.planning.capacity import (CapacityResult, Evaluation, UnservableWorkloadError, base_rate_per_s,
+                                        find_capacity, judge, search_capacity, unservable_line)
+from analysis.planning.slo import DEFAULT_STABILITY_TOL, Slo, ttft_growth
+
+
+def disagg_unservable_reasons(config, trace: pd.DataFrame) -> list[str]:
+    """Per request, why the deployment ``config`` (:class:`sim.disagg.DisaggConfig`) can never serve it: its
+    prompt exceeds a prefill instance's slot or pool, or its last KV a decode instance's (``""`` if it can)."""
+    from sim.lifecycle import unservable_reason
+    from sim.memory import build_policy
+
+    prefill, decode = build_policy(config.prefill).config, build_policy(config.decode).config
+    reasons = []
+    for prompt, output in zip(trace["prompt_tokens"].to_numpy(), trace["output_tokens"].to_numpy()):
+        reason = unservable_reason(prefill, int(prompt))
+        if not reason and output > 1:
+            reason = unservable_reason(decode, int(prompt + output - 1))
+        reasons.append(reason)
+    return reasons
+
+
+def make_disagg_evaluator(config, trace: pd.DataFrame, slos: tuple[Slo, ...], profile_path: str | None = None,
+                          stability_tol: float = DEFAULT_STABILITY_TOL,
+                          allowed_rejected: int = 0) -> Callable[[float], Evaluation]:
+    """``scale -> Evaluation``: the deployment serving ``trace`` at ``scale`` times its rate; the rate counts
+    served requests only, over the whole deployment."""
+    import traces
+    from sim.disagg import run_disagg
+
+    base_rate = base_rate_per_s(trace)
+
+    def evaluate(scale: float) -> Evaluation:
+        scaled = traces.scale_rate(trace, scale) if scale != 1.0 else trace
+        run = run_disagg(config, scaled, profile_path)
+        requests = run.summary.get("requests", 0)
+        served = run.summary.get("finished", requests) / requests if requests else 1.0
+        return judge(scale, scale * base_rate * served, run.summary, ttft_growth(run.requests), slos, stability_tol,
+                     allowed_rejected)
+    return evaluate
+
+
+def find_disagg_capacity(config, trace: pd.DataFrame, slos: tuple[Slo, ...], tolerance: float = 0.02,
+                         profile_path: str | None = None, stability_tol: float = DEFAULT_STABILITY_TOL,
+                         on_step: Callable[[Evaluation], None] | None = None, allow_rejected: bool = False,
+                         start_scale: float = 1.0) -> CapacityResult:
+    """Capacity of the whole deployment ``config`` (served requests/s) for ``trace`` under ``slos``.
+
+    Raises:
+        UnservableWorkloadError: requests that no instance of one role can ever hold, unless ``allow_rejected``.
+    """
+    reasons = disagg_unservable_reasons(config, trace)
+    counts = Counter(filter(None, reasons))
+    if counts and not allow_rejected:
+        raise UnservableWorkloadError(unservable_line(dict(counts), len(trace)).replace("one replica", "the deployment")
+                                      + "; the capacity would count only the others: pass --allow-rejected to accept that")
+    evaluate = make_disagg_evaluator(config, trace, slos, profile_path, stability_tol, sum(counts.values()))
+    base_rate = base_rate_per_s(trace)
+    result = search_capacity(evaluate, slos, tolerance, start_scale=start_scale, base_rate=base_rate, on_step=on_step)
+    servable = trace[[not reason for reason in reasons]]
+    output_tokens = float(servable["output_tokens"].mean())
+    total_tokens = output_tokens + float(servable["prompt_tokens"].mean())
+    return CapacityResult(result.slos, tolerance, base_rate, result.steps, result.best, result.above, output_tokens,
+                          total_tokens, dict(counts), len(servable) / len(trace), len(trace))
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One candidate: co-located replicas at ``tp`` (``num_prefill = num_decode = 0``), or P:D with a
+    tensor-parallel degree per role."""
+
+    num_prefill: int = 0
+    num_decode: int = 0
+    prefill_tp: int = 1
+    decode_tp: int = 1
+    tp: int = 1
+
+    @property
+    def colocated(self) -> bool:
+        return self.num_prefill == 0
+
+    @property
+    def gpus(self) -> int:
+        return self.tp if self.colocated else self.num_prefill * self.prefill_tp + self.num_decode * self.decode_tp
+
+    @property
+    def label(self) -> str:
+        if self.colocated:
+            return f"co-located tp{self.tp}"
+        return f"P:D {self.num_prefill}:{self.num_decode} tp{self.prefill_tp}/tp{self.decode_tp}"
+
+
+def candidate_deployments(max_gpus: int, tps: list[int]) -> list[Deployment]:
+    """Co-located replicas at each degree of ``tps`` within ``max_gpus``, then every P:D with ``gcd(P, D) = 1``
+    and a degree of ``tps`` per role using at most ``max_gpus`` GPUs (ordered by GPUs, then P, D)."""
+    out = [Deployment(tp=tp) for tp in tps if tp <= max_gpus]
+    pd_list = []
+    for prefill_tp in tps:
+        for decode_tp in tps:
+            for num_prefill in range(1, max_gpus + 1):
+                for num_decode in range(1, max_gpus + 1):
+                    candidate = Deployment(num_prefill, num_decode, prefill_tp, decode_tp)
+                    if candidate.gpus <= max_gpus and math.gcd(num_prefill, num_decode) == 1:
+                        pd_list.append(candidate)
+    pd_list.sort(key=lambda c: (c.gpus, c.num_prefill, c.num_decode, c.prefill_tp, c.decode_tp))
+    return out + pd_list
+
+
+@dataclass(frozen=True)
+class DeploymentResult:
+    """A candidate and its capacity (``error``: why it could not be evaluated, e.g. a tp the model refuses)."""
+
+    deployment: Deployment
+    capacity: CapacityResult | None
+    error: str = ""
+
+    @property
+    def rate_per_s(self) -> float:
+        return self.capacity.rate_per_s if self.capacity else 0.0
+
+    @property
+    def per_gpu(self) -> float:
+        """Goodput per GPU: served requests/s under the SLOs per GPU."""
+        return self.rate_per_s / self.deployment.gpus
+
+    def units_for(self, target_rate_per_s: float) -> int | None:
+        """Copies of the deployment needed for ``target_rate_per_s`` (None: no capacity)."""
+        return self.capacity.replicas_for(target_rate_per_s) if self.capacity and self.rate_per_s > 0 else None
+
+    def to_dict(self, target_rate_per_s: float | None = None) -> dict:
+        d = self.deployment
+        record = {"deployment": d.label, "colocated": d.colocated, "num_prefill": d.num_prefill,
+                  "num_decode": d.num_decode, "prefill_tp": d.prefill_tp, "decode_tp": d.decode_tp, "tp": d.tp,
+                  "gpus": d.gpus, "capacity_req_per_s": self.rate_per_s, "capacity_req_per_s_per_gpu": self.per_gpu,
+                  "binding": self.capacity.binding if self.capacity else "", "error": self.error,
+                  "search_steps": len(self.capacity.steps) if self.capacity else 0}
+        if self.capacity and self.capacity.best:
+            summary = self.capacity.best.summary
+            for key in ("ttft_p99_ms", "tpot_p99_ms", "tbt_p99_ms", "kv_handover_p99_ms", "prefill_utilisation_mean",
+                        "decode_utilisation_mean"):
+                record[f"at_capacity_{key}"] = summary.get(key, math.nan)
+        if target_rate_per_s:
+            units = self.units_for(target_rate_per_s)
+            record.update(target_rate_per_s=target_rate_per_s, units=units,
+                          gpus_for_target=units * d.gpus if units else None)
+        return record
+
+
+def search_deployments(args, trace: pd.DataFrame, slos: tuple[Slo, ...], max_gpus: int, tps: list[int],
+                       on_result: Callable[[DeploymentResult], None] | None = None,
+                       on_step: Callable[[Deployment, Evaluation], None] | None = None) -> list[DeploymentResult]:
+    """Capacity of every :func:`candidate_deployments` for ``trace`` (the options of ``args`` for everything
+    else: model, GPU, policies, link, streaming, profile, tolerance, stability, allow_rejected). The bracket of
+    a P:D deployment starts at the best co-located goodput per GPU times its GPUs (fewer steps; the search
+    still brackets from there). Returns the results in candidate order."""
+    from sim.catalog import CatalogError
+    from sim.config import ConfigError
+    from sim.disagg_options import disagg_config_from_args, role_config
+
+    results: list[DeploymentResult] = []
+    best_scale_per_gpu = 0.0
+    for deployment in candidate_deployments(max_gpus, tps):
+        step = (lambda e, d=deployment: on_step(d, e)) if on_step else None
+        try:
+            if deployment.colocated:
+                config = role_config(args, "colocated", deployment.tp)
+                capacity = find_capacity(config, trace, slos, args.tolerance, args.profile, args.stability_tol, step,
+                                         allow_rejected=args.allow_rejected)
+                if capacity.best:
+                    best_scale_per_gpu = max(best_scale_per_gpu, capacity.best.scale / deployment.gpus)
+            else:
+                config = disagg_config_from_args(args, f"{deployment.num_prefill}:{deployment.num_decode}",
+                                                 deployment.prefill_tp, deployment.decode_tp)
+                start = best_scale_per_gpu * deployment.gpus if best_scale_per_gpu > 0 else 1.0
+                capacity = find_disagg_capacity(config, trace, slos, args.tolerance, args.profile, args.stability_tol,
+                                                step, args.allow_rejected, start_scale=start)
+            result = DeploymentResult(deployment, capacity)
+        except (ConfigError, CatalogError) as exc:
+            result = DeploymentResult(deployment, None, str(exc))
+        results.append(result)
+        if on_result:
+            on_result(result)
+    return results
+
+
+def ranking_lines(results: list[DeploymentResult], target_rate_per_s: float | None = None) -> list[str]:
+    """The table of candidates by goodput per GPU, the best disaggregated and co-located deployments, how they
+    compare, and (with a target) the GPUs each needs."""
+    from analysis.disagg_report import format_table
+
+    ranked = sorted((r for r in results if r.capacity), key=lambda r: -r.per_gpu)
+    header = ("deployment", "GPUs", "capacity req/s", "per GPU", "binding", "TTFT p99 ms", "TPOT p99 ms")
+    rows = []
+    for r in ranked:
+        summary = r.capacity.best.summary if r.capacity.best else {}
+        rows.append((r.deployment.label, r.deployment.gpus, f"{r.rate_per_s:.3f}", f"{r.per_gpu:.3f}", r.capacity.binding
+                     if r.capacity.best else "fails at every rate", f"{summary.get('ttft_p99_ms', math.nan):,.0f}",
+                     f"{summary.get('tpot_p99_ms', math.nan):.1f}"))
+    lines = ["deployments ranked by goodput per GPU (served req/s under the SLOs / GPUs):", *format_table(header, rows)]
+    lines += [f"skipped {r.deployment.label}: {r.error}" for r in results if r.error]
+    colocated = [r for r in ranked if r.deployment.colocated and r.rate_per_s > 0]
+    disagg = [r for r in ranked if not r.deployment.colocated and r.rate_per_s > 0]
+    best_c, best_d = (colocated[0] if colocated else None), (disagg[0] if disagg else None)
+    if best_d:
+        d = best_d.deployment
+        lines.append(f"best disaggregated: {d.label}: {best_d.per_gpu:.3f} req/s per GPU ({best_d.rate_per_s:.3f} req/s "
+                     f"on {d.num_prefill} prefill x tp{d.prefill_tp} + {d.num_decode} decode x tp{d.decode_tp} = "
+                     f"{d.gpus} GPUs)")
+    if best_c:
+        lines.append(f"best co-located: {best_c.deployment.label}: {best_c.per_gpu:.3f} req/s per GPU")
+    if best_c and best_d:
+        ratio = best_d.per_gpu / best_c.per_gpu - 1
+        verdict = "better" if ratio > 0 else "worse"
+        lines.append(f"disaggregated vs co-located: {ratio:+.1%} goodput per GPU ({verdict})")
+    if target_rate_per_s and (best_c or best_d):
+        for r in filter(None, (best_d, best_c)):
+            units = r.units_for(target_rate_per_s)
+            d = r.deployment
+            what = (f"{units} co-located replicas x tp{d.tp}" if d.colocated else
+                    f"{units} x ({d.num_prefill}:{d.num_decode}) = {units * d.num_prefill * d.prefill_tp} prefill GPUs + "
+                    f"{units * d.num_decode * d.decode_tp} decode GPUs")
+            lines.append(f"for {target_rate_per_s:g} req/s: {what} = {units * d.gpus} GPUs")
+    return lines
+
+
+__all__ = ["Deployment", "DeploymentResult", "candidate_deployments", "disagg_unservable_reasons",
+           "find_disagg_capacity", "make_disagg_evaluator", "ranking_lines", "search_deployments"]

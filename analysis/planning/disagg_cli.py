@@ -1,0 +1,150 @@
+"""``kvsim capacity --pd P:D`` (one disaggregated deployment) and ``kvsim capacity --pd-search GPUS`` (every P:D
+and tensor-parallel degree per role within a GPU budget against co-located replicas); the sweep's points with
+a ``pd`` axis. Called from :mod:`analysis.planning.cli` and :mod:`analysis.planning.sweep_run`."""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def _step_line(number: int, evaluation, slos, prefix: str = "") -> str:
+    values = "".join(f" {evaluation.values_us[slo.metric] / 1e3:>15.1f}" for slo in slos)
+    verdict = "pass" if evaluation.passed else "FAIL " + ",".join(evaluation.failed)
+    return (f"{prefix}{number:>4} {evaluation.scale:>8.4g} {evaluation.rate_per_s:>11.3f}{values} "
+            f"{evaluation.ttft_growth:>11.3f}  {verdict}")
+
+
+def _step_header(slos, prefix: str = "") -> str:
+    columns = "".join(f" {slo.metric + ' (ms)':>15}" for slo in slos)
+    return f"{prefix}{'step':>4} {'scale':>8} {'rate req/s':>11}{columns} {'TTFT growth':>11}  result"
+
+
+def cmd_capacity_disagg(args: argparse.Namespace) -> int:
+    """Capacity of ``--pd P:D``, or the ``--pd-search`` ranking; exit status 1 when nothing passes."""
+    from analysis.planning.slo import parse_slos, with_default_bounds
+    from sim.disagg_options import disagg_config_from_args, parse_tp_list, role_config
+    from traces.workload import load_workload
+
+    if args.check_replicas:
+        raise ValueError("--check-replicas applies to co-located replicas; with --pd or --pd-search leave it out")
+    if args.json is not None:
+        from analysis.output import check_out_file
+        check_out_file(args.json, args.force, "--json")
+    slos = with_default_bounds(parse_slos(args.slo))
+    base = role_config(args, "prefill")
+    if args.pd is not None:
+        config = disagg_config_from_args(args)
+        seed, slot = config.seed, config.slot_max_tokens
+    else:
+        parse_tp_list(args.pd_tp, args.tp)
+        seed, slot = base.seed, base.slot_max_tokens
+    trace, notes = load_workload(args, seed, slot)
+    for note in notes:
+        print(f"kvsim: warning: {note}", file=sys.stderr)
+    started = time.perf_counter()
+    if args.pd is not None:
+        status, record = _one_deployment(args, config, trace, slos)
+    else:
+        status, record = _search(args, trace, slos, parse_tp_list(args.pd_tp, args.tp))
+    print(f"searched in {time.perf_counter() - started:.1f} s wall")
+    if args.json is not None:
+        from analysis.output import write_file_atomic
+        text = json.dumps(record, indent=2, allow_nan=True, default=str) + "\n"
+        write_file_atomic(Path(args.json), lambda temporary: temporary.write_text(text))
+    return status
+
+
+def _one_deployment(args, config, trace, slos) -> tuple[int, dict]:
+    from analysis.planning.disagg import find_disagg_capacity
+
+    print(f"capacity search: {config.prefill.model} on {config.prefill.gpu}, {config.label} ({config.gpus} GPUs), "
+          f"{len(trace):,} requests of {trace.attrs.get('source', 'trace')}")
+    print(f"SLOs: {', '.join(map(str, slos))}; stable: TTFT growth <= {args.stability_tol:g} s/s; "
+          f"tolerance {args.tolerance:.1%}")
+    print(_step_header(slos))
+    numbers = itertools.count(1)
+    on_step = None if args.quiet else (lambda e: print(_step_line(next(numbers), e, slos), flush=True))
+    result = find_disagg_capacity(config, trace, slos, args.tolerance, args.profile, args.stability_tol, on_step,
+                                  args.allow_rejected)
+    if result.best is None:
+        print(f"capacity: none: the SLOs fail even at {result.above.rate_per_s:.4g} req/s (binding: {result.binding})")
+        return 1, {**result.to_dict(), "gpus": config.gpus}
+    per_gpu = result.rate_per_s / config.gpus
+    print(f"capacity of the deployment: {result.rate_per_s:.3f} served req/s on {config.gpus} GPUs = {per_gpu:.3f} "
+          f"req/s per GPU ({result.output_tokens_per_s:,.0f} output tokens/s) at scale x{result.best.scale:.4g} of "
+          f"the trace's {result.base_rate_per_s:.3f} req/s")
+    print(f"binding constraint: {result.binding}" + (f" (fails at {result.above.rate_per_s:.3f} req/s)"
+                                                     if result.above else ""))
+    record = {**result.to_dict(), "gpus": config.gpus, "capacity_req_per_s_per_gpu": per_gpu, "pd": config.pd,
+              "slos": [str(s) for s in slos]}
+    if args.target_rate is not None:
+        units = result.replicas_for(args.target_rate)
+        print(f"for {args.target_rate:g} req/s: {units} copies of the {config.pd} deployment = "
+              f"{units * config.prefill_gpus} prefill GPUs + {units * config.decode_gpus} decode GPUs = "
+              f"{units * config.gpus} GPUs")
+        record.update(target_rate_per_s=args.target_rate, units=units, gpus_for_target=units * config.gpus)
+    return 0, record
+
+
+def _search(args, trace, slos, tps: list[int]) -> tuple[int, dict]:
+    from analysis.planning.disagg import ranking_lines, search_deployments
+
+    link = args.kv_link or "ib"
+    print(f"P:D search: {args.model} on {args.gpu}, up to {args.pd_search} GPUs per deployment, tp {tps}, kv link "
+          f"{link}{', layer-wise' if (args.kv_stream or 'off') == 'layerwise' else ''}; {len(trace):,} requests of "
+          f"{trace.attrs.get('source', 'trace')}")
+    print(f"SLOs: {', '.join(map(str, slos))}; stable: TTFT growth <= {args.stability_tol:g} s/s; "
+          f"tolerance {args.tolerance:.1%}")
+
+    def on_result(result) -> None:
+        if args.quiet:
+            return
+        if result.error:
+            print(f"  {result.deployment.label}: skipped ({result.error})", flush=True)
+            return
+        capacity = result.capacity
+        print(f"  {result.deployment.label:<22} {result.deployment.gpus:>2} GPUs  {result.rate_per_s:>8.3f} req/s  "
+              f"{result.per_gpu:>7.3f} per GPU  binding {capacity.binding if capacity.best else 'every rate'}  "
+              f"({len(capacity.steps)} simulations)", flush=True)
+
+    results = search_deployments(args, trace, slos, args.pd_search, tps, on_result)
+    for line in ranking_lines(results, args.target_rate):
+        print(line)
+    record = {"slos": [str(s) for s in slos], "max_gpus": args.pd_search, "tp": tps,
+              "deployments": [r.to_dict(args.target_rate) for r in results]}
+    return (0 if any(r.rate_per_s > 0 for r in results) else 1), record
+
+
+# ---- sweep points ------------------------------------------------------------------------------------------
+def simulate_point(args: argparse.Namespace, overrides: dict, trace_loader) -> tuple[str, dict]:
+    """A sweep point with ``pd``: the deployment's summary (the nested role tables as JSON text)."""
+    from sim.disagg import run_disagg
+    from sim.disagg_options import disagg_config_from_args
+
+    config = disagg_config_from_args(args, **overrides)
+    trace = trace_loader(config.seed, config.slot_max_tokens)
+    summary = run_disagg(config, trace, args.profile).summary
+    return config.label, summary
+
+
+def capacity_point(args: argparse.Namespace, overrides: dict, trace_loader) -> tuple[str, dict]:
+    """A capacity sweep point with ``pd``: the deployment's capacity, GPUs and goodput per GPU."""
+    from analysis.planning.disagg import find_disagg_capacity
+    from analysis.planning.slo import parse_slos, with_default_bounds
+    from sim.disagg_options import disagg_config_from_args
+
+    if not args.slo:
+        raise ValueError("--job capacity needs --slo (e.g. ttft_p99=2s,tpot_p99=100ms)")
+    config = disagg_config_from_args(args, **overrides)
+    trace = trace_loader(config.seed, config.slot_max_tokens)
+    result = find_disagg_capacity(config, trace, with_default_bounds(parse_slos(args.slo)), args.tolerance,
+                                  args.profile, args.stability_tol, allow_rejected=getattr(args, "allow_rejected", False))
+    return config.label, {**result.to_dict(), "gpus": config.gpus,
+                          "capacity_req_per_s_per_gpu": result.rate_per_s / config.gpus}
+
+
+__all__ = ["capacity_point", "cmd_capacity_disagg", "simulate_point"]
