@@ -161,3 +161,38 @@ def test_cli_capacity_rejects_an_unknown_slo_metric():
 
 def test_module_uses_runner_indirection():
     assert capacity.runner is runner   # tests monkeypatch runner.run_simulation
+
+
+@pytest.mark.parametrize("width", [2, 3, 7])
+def test_parallel_search_walks_the_serial_path(width):
+    """Speculative parallel evaluation returns the serial answer and the serial steps; it only adds points."""
+    threshold = 5.3719
+
+    def evaluate(scale):
+        return judge(scale, scale * 2.0, {"ttft_p99_ms": 100.0 * scale / threshold}, 0.0,
+                     (Slo("ttft_p99", 100_000.0),))
+
+    evaluated = []
+
+    def evaluate_many(scales):
+        evaluated.extend(scales)
+        return [evaluate(s) for s in scales]
+
+    serial = search_capacity(evaluate, (Slo("ttft_p99", 100_000.0),), 0.01, base_rate=2.0)
+    parallel = search_capacity(evaluate, (Slo("ttft_p99", 100_000.0),), 0.01, base_rate=2.0,
+                               evaluate_many=evaluate_many, width=width)
+    assert [e.scale for e in parallel.steps] == [e.scale for e in serial.steps]
+    assert parallel.rate_per_s == serial.rate_per_s and parallel.best.scale <= threshold < parallel.above.scale
+    assert len(evaluated) >= len(serial.steps) - 1
+
+
+def test_parallel_capacity_on_a_process_pool_equals_serial():
+    import traces
+    from sim.config import SimConfig
+
+    trace = traces.synthetic_default(0, num_requests=120)
+    slos = (Slo("ttft_p99", 500_000.0),)
+    serial = capacity.find_capacity(SimConfig(), trace, slos, 0.05)
+    parallel = capacity.find_capacity(SimConfig(), trace, slos, 0.05, workers=2)
+    assert [e.scale for e in parallel.steps] == [e.scale for e in serial.steps]
+    assert parallel.rate_per_s == serial.rate_per_s

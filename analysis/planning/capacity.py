@@ -189,31 +189,50 @@ def _excess(ratio: float) -> float:
     return math.inf if math.isnan(ratio) else ratio
 
 
+class ScaleEvaluator:
+    """``scale -> Evaluation``: simulates the trace at ``scale`` times its rate and judges it; the rate counts
+    served requests only (``scale x base rate x finished / requests``). A plain object, so that a process
+    pool can run it (:func:`search_capacity` with ``workers``)."""
+
+    def __init__(self, config: SimConfig, trace: pd.DataFrame, slos: tuple[Slo, ...], profile_path: str | None,
+                 stability_tol: float, allowed_rejected: int):
+        self.config, self.trace, self.slos, self.profile_path = config, trace, slos, profile_path
+        self.stability_tol, self.allowed_rejected = stability_tol, allowed_rejected
+        self.base_rate = base_rate_per_s(trace)
+
+    def __call__(self, scale: float) -> Evaluation:
+        scaled = traces.scale_rate(self.trace, scale) if scale != 1.0 else self.trace
+        result = runner.run_simulation(self.config, scaled, self.profile_path)
+        requests = result.summary.get("requests", 0)
+        served = result.summary.get("finished", requests) / requests if requests else 1.0
+        return judge(scale, scale * self.base_rate * served, result.summary, ttft_growth(result.requests),
+                     self.slos, self.stability_tol, self.allowed_rejected)
+
+
 def make_evaluator(config: SimConfig, trace: pd.DataFrame, slos: tuple[Slo, ...], profile_path: str | None = None,
                    stability_tol: float = DEFAULT_STABILITY_TOL,
                    allowed_rejected: int = 0) -> Callable[[float], Evaluation]:
-    """A function ``scale -> Evaluation`` that simulates ``trace`` at ``scale`` times its rate; the rate
-    counts served requests only (``scale x base rate x finished / requests``)."""
-    base_rate = base_rate_per_s(trace)
-
-    def evaluate(scale: float) -> Evaluation:
-        scaled = traces.scale_rate(trace, scale) if scale != 1.0 else trace
-        result = runner.run_simulation(config, scaled, profile_path)
-        requests = result.summary.get("requests", 0)
-        served = result.summary.get("finished", requests) / requests if requests else 1.0
-        return judge(scale, scale * base_rate * served, result.summary, ttft_growth(result.requests), slos,
-                     stability_tol, allowed_rejected)
-    return evaluate
+    """A function ``scale -> Evaluation`` that simulates ``trace`` at ``scale`` times its rate
+    (:class:`ScaleEvaluator`)."""
+    return ScaleEvaluator(config, trace, slos, profile_path, stability_tol, allowed_rejected)
 
 
-def _bracket(evaluate: Callable[[float], Evaluation], start_scale: float, steps: list) -> tuple:
+def _bracket(evaluate: Callable[[float], Evaluation], start_scale: float, steps: list,
+             prefetch: Callable[[list[float]], None] = lambda scales: None, width: int = 1) -> tuple:
     """Double (or halve) the scale from ``start_scale`` until pass/fail flips; returns (lo, hi) evaluations,
-    either of which is None when the bracket ran out of steps."""
+    either of which is None when the bracket ran out of steps. ``prefetch`` is told the next ``width``
+    scales the walk may need (speculation; the walk itself is unchanged)."""
+    prefetch([start_scale] + ([start_scale * 2.0, start_scale * 0.5] if width >= 3 else []))
     first = evaluate(start_scale)
     steps.append(first)
     factor = 2.0 if first.passed else 0.5
     previous = first
     for _ in range(MAX_BRACKET_STEPS):
+        ahead, scale = [], previous.scale
+        for _ in range(width):
+            scale *= factor                      # powers of two: the same floats the walk computes
+            ahead.append(scale)
+        prefetch(ahead)
         current = evaluate(previous.scale * factor)
         steps.append(current)
         if current.passed != previous.passed:
@@ -222,10 +241,32 @@ def _bracket(evaluate: Callable[[float], Evaluation], start_scale: float, steps:
     return (previous, None) if first.passed else (None, previous)
 
 
+def _bisection_tree(lo: float, hi: float, depth: int) -> list[float]:
+    """The geometric midpoints the next ``depth`` bisection steps may need (breadth first)."""
+    scales, level = [], [(lo, hi)]
+    for _ in range(depth):
+        following = []
+        for low, high in level:
+            middle = math.sqrt(low * high)
+            scales.append(middle)
+            following += [(low, middle), (middle, high)]
+        level = following
+    return scales
+
+
 def search_capacity(evaluate: Callable[[float], Evaluation], slos: tuple[Slo, ...], tolerance: float = 0.02,
                     start_scale: float = 1.0, base_rate: float = 1.0,
-                    on_step: Callable[[Evaluation], None] | None = None) -> CapacityResult:
+                    on_step: Callable[[Evaluation], None] | None = None,
+                    evaluate_many: Callable[[list[float]], list[Evaluation]] | None = None,
+                    width: int = 1) -> CapacityResult:
     """Exponential bracket, then geometric bisection on the scale until ``hi / lo - 1 <= tolerance``.
+
+    With ``evaluate_many`` and ``width`` > 1 the search evaluates the points it may need next several at a
+    time (the next ``width`` bracket scales; the midpoints of the next bisection levels, 3 points for two
+    levels at ``width`` >= 3, 7 for three at >= 7; at ``width`` 2 the midpoint and the one after it should it
+    pass) and then walks exactly the serial path through them: the
+    simulator is deterministic, so the answer and the recorded steps equal the serial search's; points off
+    the path are computed and discarded.
 
     Args:
         evaluate: ``scale -> Evaluation`` (e.g. :func:`make_evaluator`).
@@ -234,7 +275,9 @@ def search_capacity(evaluate: Callable[[float], Evaluation], slos: tuple[Slo, ..
             boundary).
         start_scale: first scale tried.
         base_rate: requests/s of the unscaled trace (recorded in the result).
-        on_step: called with each evaluation as it completes (progress printing).
+        on_step: called with each evaluation on the serial path, in order (progress printing).
+        evaluate_many: ``scales -> evaluations`` in parallel (e.g. a process pool's map of ``evaluate``).
+        width: how many points to evaluate at once.
 
     Raises:
         ValueError: for a tolerance outside (0, 1) or a start scale <= 0.
@@ -244,15 +287,28 @@ def search_capacity(evaluate: Callable[[float], Evaluation], slos: tuple[Slo, ..
     if not start_scale > 0:
         raise ValueError(f"start scale must be > 0, got {start_scale}")
     steps: list[Evaluation] = []
+    cache: dict[float, Evaluation] = {}
+    width = width if evaluate_many is not None else 1
+
+    def prefetch(scales: list[float]) -> None:
+        todo = [scale for scale in dict.fromkeys(scales) if scale not in cache]
+        if len(todo) > 1:
+            cache.update(zip(todo, evaluate_many(todo)))
 
     def tracked(scale: float) -> Evaluation:
-        evaluation = evaluate(scale)
+        evaluation = cache.pop(scale) if scale in cache else evaluate(scale)
         if on_step:
             on_step(evaluation)
         return evaluation
 
-    lo, hi = _bracket(tracked, start_scale, steps)
+    lo, hi = _bracket(tracked, start_scale, steps, prefetch, width)
+    depth = max(1, int(math.log2(width + 1)))
     while lo is not None and hi is not None and hi.scale / lo.scale - 1 > tolerance:
+        if width == 2:     # the midpoint and the next one if it passes (the more common branch near capacity)
+            middle_scale = math.sqrt(lo.scale * hi.scale)
+            prefetch([middle_scale, math.sqrt(middle_scale * hi.scale)])
+        else:
+            prefetch(_bisection_tree(lo.scale, hi.scale, depth))
         middle = tracked(math.sqrt(lo.scale * hi.scale))
         steps.append(middle)
         lo, hi = (middle, hi) if middle.passed else (lo, middle)
@@ -262,9 +318,12 @@ def search_capacity(evaluate: Callable[[float], Evaluation], slos: tuple[Slo, ..
 def find_capacity(config: SimConfig, trace: pd.DataFrame, slos: tuple[Slo, ...], tolerance: float = 0.02,
                   profile_path: str | None = None, stability_tol: float = DEFAULT_STABILITY_TOL,
                   on_step: Callable[[Evaluation], None] | None = None,
-                  allow_rejected: bool = False) -> CapacityResult:
+                  allow_rejected: bool = False, workers: int = 1) -> CapacityResult:
     """Capacity of one replica under ``config`` for the workload ``trace`` (see the module docstring),
     counting served requests only.
+
+    ``workers`` > 1 evaluates candidate scales in parallel on a local process pool, with the serial answer
+    (:func:`search_capacity`).
 
     Raises:
         UnservableWorkloadError: when some requests can never be served on one replica (how many and why)
@@ -275,7 +334,13 @@ def find_capacity(config: SimConfig, trace: pd.DataFrame, slos: tuple[Slo, ...],
     unservable = dict(Counter(filter(None, reasons)))
     evaluate = make_evaluator(config, trace, slos, profile_path, stability_tol, sum(unservable.values()))
     base_rate = base_rate_per_s(trace)
-    result = search_capacity(evaluate, slos, tolerance, base_rate=base_rate, on_step=on_step)
+    if workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            result = search_capacity(evaluate, slos, tolerance, base_rate=base_rate, on_step=on_step,
+                                     evaluate_many=lambda scales: list(pool.map(evaluate, scales)), width=workers)
+    else:
+        result = search_capacity(evaluate, slos, tolerance, base_rate=base_rate, on_step=on_step)
     servable = trace[[not reason for reason in reasons]]
     output_tokens = float(servable["output_tokens"].mean())
     total_tokens = output_tokens + float(servable["prompt_tokens"].mean())

@@ -60,6 +60,9 @@ def register(subparsers) -> None:
                      help="with --target-rate: simulate R req/s routed over that many replicas and check the SLOs")
     cap.add_argument("--routing", choices=ROUTERS, default=None,
                      help="routing for --check-replicas; without --check-replicas it is refused (default: round-robin)")
+    cap.add_argument("--workers", type=int, default=1, metavar="N",
+                     help="evaluate up to N candidate rates at once on a local process pool (the same answer and "
+                          "steps as the serial search; points off its path are computed and discarded)")
     cap.add_argument("--json", default=None, metavar="FILE",
                      help="also write the result (and every step) as JSON (default: none)")
     cap.add_argument("--force", action="store_true", help="replace an existing --json file")
@@ -135,8 +138,10 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     print(_step_header(slos))
     numbers = itertools.count(1)
     on_step = None if args.quiet else (lambda e: print(_step_line(next(numbers), e, slos), flush=True))
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
     result = find_capacity(config, trace, slos, args.tolerance, args.profile, args.stability_tol, on_step,
-                           allow_rejected=args.allow_rejected)
+                           allow_rejected=args.allow_rejected, workers=args.workers)
     for line in capacity_lines(result, args.target_rate):
         print(line)
     if result.best is not None:
