@@ -16,6 +16,8 @@ the fp8 peak for fp8 weights on GPUs that have one; attention FLOPs use ``2 (D_q
 ``E_bytes``: embedding table (only gathered rows are read; tied embeddings are read as the LM head);
 ``A``: attention (query, key) pairs, ``sum over sequences of q * (context + (q + 1) / 2)``; ``K_read``:
 cached tokens read by attention; ``F = flops_efficiency * bf16_flops``; ``B = bw_efficiency * mem_bw``.
+With pipeline parallelism (``--pp``) :class:`sim.pipeline.PipelineComputeModel` applies this roofline to each
+stage's layers and composes the stages into a round time (docs/models.md).
 
 Defaults and their sources (domain.md, measurements on the project's H200):
 * ``flops_efficiency = 788 / 989 = 0.797``: measured bf16 8192^3 matmul over the datasheet peak.
