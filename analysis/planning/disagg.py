@@ -8,9 +8,12 @@ capacity divided by the GPUs (DistServe, Zhong et al. OSDI'24, section 2: "per-G
 served within the SLOs per GPU), the figure that ranks deployments of different sizes; a co-located replica's
 is its capacity over its tensor-parallel degree.
 
-:func:`search_deployments` evaluates every P:D with ``gcd(P, D) = 1`` and every tensor-parallel degree per role
-within a GPU budget, and co-located replicas at each degree, and ranks them by goodput per GPU. For a target
-rate R a deployment is replicated as a unit: ``ceil(R / capacity)`` units.
+:func:`search_deployments` evaluates, within a GPU budget, co-located deployments of ``R`` replicas at each
+tensor-parallel degree (behind least-outstanding routing, co-simulated: :func:`sim.routing.run_routed`) and
+every P:D with every degree per role, and ranks them by goodput per GPU. Deployments are compared at equal GPU
+counts as well: more instances absorb bursts better (a router spreads a burst over more queues), so a 4-GPU
+P:D deployment is weighed against 4 co-located replicas, not against one. For a target rate R a deployment
+is replicated as a unit: ``ceil(R / capacity)`` units.
 """
 from __future__ import annotations
 
@@ -88,14 +91,15 @@ def find_disagg_capacity(config, trace: pd.DataFrame, slos: tuple[Slo, ...], tol
 
 @dataclass(frozen=True)
 class Deployment:
-    """One candidate: co-located replicas at ``tp`` (``num_prefill = num_decode = 0``), or P:D with a
-    tensor-parallel degree per role."""
+    """One candidate: ``replicas`` co-located replicas at ``tp`` (``num_prefill = num_decode = 0``), or P:D with
+    a tensor-parallel degree per role."""
 
     num_prefill: int = 0
     num_decode: int = 0
     prefill_tp: int = 1
     decode_tp: int = 1
     tp: int = 1
+    replicas: int = 1
 
     @property
     def colocated(self) -> bool:
@@ -103,29 +107,70 @@ class Deployment:
 
     @property
     def gpus(self) -> int:
-        return self.tp if self.colocated else self.num_prefill * self.prefill_tp + self.num_decode * self.decode_tp
+        if self.colocated:
+            return self.replicas * self.tp
+        return self.num_prefill * self.prefill_tp + self.num_decode * self.decode_tp
 
     @property
     def label(self) -> str:
         if self.colocated:
-            return f"co-located tp{self.tp}"
+            return f"co-located {self.replicas} x tp{self.tp}"
         return f"P:D {self.num_prefill}:{self.num_decode} tp{self.prefill_tp}/tp{self.decode_tp}"
 
 
 def candidate_deployments(max_gpus: int, tps: list[int]) -> list[Deployment]:
-    """Co-located replicas at each degree of ``tps`` within ``max_gpus``, then every P:D with ``gcd(P, D) = 1``
-    and a degree of ``tps`` per role using at most ``max_gpus`` GPUs (ordered by GPUs, then P, D)."""
-    out = [Deployment(tp=tp) for tp in tps if tp <= max_gpus]
+    """Co-located deployments of 1, 2, ... replicas at each degree of ``tps``, then every P:D with a degree of
+    ``tps`` per role, all within ``max_gpus`` GPUs (each group ordered by GPUs)."""
+    colocated = [Deployment(tp=tp, replicas=r) for tp in tps for r in range(1, max_gpus // tp + 1)]
+    colocated.sort(key=lambda c: (c.gpus, c.tp))
     pd_list = []
     for prefill_tp in tps:
         for decode_tp in tps:
             for num_prefill in range(1, max_gpus + 1):
                 for num_decode in range(1, max_gpus + 1):
                     candidate = Deployment(num_prefill, num_decode, prefill_tp, decode_tp)
-                    if candidate.gpus <= max_gpus and math.gcd(num_prefill, num_decode) == 1:
+                    if candidate.gpus <= max_gpus:
                         pd_list.append(candidate)
     pd_list.sort(key=lambda c: (c.gpus, c.num_prefill, c.num_decode, c.prefill_tp, c.decode_tp))
-    return out + pd_list
+    return colocated + pd_list
+
+
+def find_colocated_capacity(config, trace: pd.DataFrame, replicas: int, slos: tuple[Slo, ...],
+                            tolerance: float = 0.02, profile_path: str | None = None,
+                            stability_tol: float = DEFAULT_STABILITY_TOL,
+                            on_step: Callable[[Evaluation], None] | None = None, allow_rejected: bool = False,
+                            start_scale: float = 1.0) -> CapacityResult:
+    """Capacity (served requests/s) of ``replicas`` co-located replicas of ``config`` behind least-outstanding
+    routing, co-simulated (:func:`sim.routing.run_routed`); one replica is :func:`find_capacity`.
+
+    Raises:
+        UnservableWorkloadError: as :func:`find_capacity`.
+    """
+    if replicas == 1:
+        return find_capacity(config, trace, slos, tolerance, profile_path, stability_tol, on_step,
+                             allow_rejected=allow_rejected)
+    import traces
+    from analysis.planning.capacity import check_servable
+    from sim.routing import run_routed
+
+    reasons = check_servable(config, trace, allow_rejected)
+    counts = Counter(filter(None, reasons))
+    base_rate = base_rate_per_s(trace)
+
+    def evaluate(scale: float) -> Evaluation:
+        scaled = traces.scale_rate(trace, scale) if scale != 1.0 else trace
+        routed = run_routed(config, scaled, replicas, "least-outstanding", profile_path)
+        requests = routed.summary.get("requests", 0)
+        served = routed.summary.get("finished", requests) / requests if requests else 1.0
+        return judge(scale, scale * base_rate * served, routed.summary, ttft_growth(routed.requests), slos,
+                     stability_tol, sum(counts.values()))
+
+    result = search_capacity(evaluate, slos, tolerance, start_scale=start_scale, base_rate=base_rate, on_step=on_step)
+    servable = trace[[not reason for reason in reasons]]
+    output_tokens = float(servable["output_tokens"].mean())
+    total_tokens = output_tokens + float(servable["prompt_tokens"].mean())
+    return CapacityResult(result.slos, tolerance, base_rate, result.steps, result.best, result.above, output_tokens,
+                          total_tokens, dict(counts), len(servable) / len(trace), len(trace))
 
 
 @dataclass(frozen=True)
@@ -153,6 +198,7 @@ class DeploymentResult:
         d = self.deployment
         record = {"deployment": d.label, "colocated": d.colocated, "num_prefill": d.num_prefill,
                   "num_decode": d.num_decode, "prefill_tp": d.prefill_tp, "decode_tp": d.decode_tp, "tp": d.tp,
+                  "replicas": d.replicas if d.colocated else 0,
                   "gpus": d.gpus, "capacity_req_per_s": self.rate_per_s, "capacity_req_per_s_per_gpu": self.per_gpu,
                   "binding": self.capacity.binding if self.capacity else "", "error": self.error,
                   "search_steps": len(self.capacity.steps) if self.capacity else 0}
@@ -172,33 +218,40 @@ def search_deployments(args, trace: pd.DataFrame, slos: tuple[Slo, ...], max_gpu
                        on_result: Callable[[DeploymentResult], None] | None = None,
                        on_step: Callable[[Deployment, Evaluation], None] | None = None) -> list[DeploymentResult]:
     """Capacity of every :func:`candidate_deployments` for ``trace`` (the options of ``args`` for everything
-    else: model, GPU, policies, link, streaming, profile, tolerance, stability, allow_rejected). The bracket of
-    a P:D deployment starts at the best co-located goodput per GPU times its GPUs (fewer steps; the search
-    still brackets from there). Returns the results in candidate order."""
+    else: model, GPU, policies, link, streaming, profile, tolerance, stability, allow_rejected). A search's
+    bracket starts at the highest passing scale found so far for as many GPUs (or scaled up from fewer GPUs):
+    fewer steps, the same bracketing from there. Returns the results in candidate order."""
     from sim.catalog import CatalogError
     from sim.config import ConfigError
     from sim.disagg_options import disagg_config_from_args, role_config
 
     results: list[DeploymentResult] = []
-    best_scale_per_gpu = 0.0
+    scale_at_gpus: dict[int, float] = {}          # GPUs -> highest passing scale so far (bracket starts)
+
+    def start_scale(gpus: int) -> float:
+        if gpus in scale_at_gpus:
+            return scale_at_gpus[gpus]
+        smaller = [(g, s) for g, s in scale_at_gpus.items() if g < gpus]
+        return max(s * gpus / g for g, s in smaller) if smaller else 1.0
+
     for deployment in candidate_deployments(max_gpus, tps):
         step = (lambda e, d=deployment: on_step(d, e)) if on_step else None
+        start = start_scale(deployment.gpus)
         try:
             if deployment.colocated:
                 config = role_config(args, "colocated", deployment.tp)
-                capacity = find_capacity(config, trace, slos, args.tolerance, args.profile, args.stability_tol, step,
-                                         allow_rejected=args.allow_rejected)
-                if capacity.best:
-                    best_scale_per_gpu = max(best_scale_per_gpu, capacity.best.scale / deployment.gpus)
+                capacity = find_colocated_capacity(config, trace, deployment.replicas, slos, args.tolerance,
+                                                   args.profile, args.stability_tol, step, args.allow_rejected, start)
             else:
                 config = disagg_config_from_args(args, f"{deployment.num_prefill}:{deployment.num_decode}",
                                                  deployment.prefill_tp, deployment.decode_tp)
-                start = best_scale_per_gpu * deployment.gpus if best_scale_per_gpu > 0 else 1.0
                 capacity = find_disagg_capacity(config, trace, slos, args.tolerance, args.profile, args.stability_tol,
                                                 step, args.allow_rejected, start_scale=start)
             result = DeploymentResult(deployment, capacity)
         except (ConfigError, CatalogError) as exc:
             result = DeploymentResult(deployment, None, str(exc))
+        if result.capacity and result.capacity.best:
+            scale_at_gpus[deployment.gpus] = max(scale_at_gpus.get(deployment.gpus, 0.0), result.capacity.best.scale)
         results.append(result)
         if on_result:
             on_result(result)
@@ -222,6 +275,11 @@ def ranking_lines(results: list[DeploymentResult], target_rate_per_s: float | No
     lines += [f"skipped {r.deployment.label}: {r.error}" for r in results if r.error]
     colocated = [r for r in ranked if r.deployment.colocated and r.rate_per_s > 0]
     disagg = [r for r in ranked if not r.deployment.colocated and r.rate_per_s > 0]
+    for gpus in sorted({r.deployment.gpus for r in disagg} & {r.deployment.gpus for r in colocated}):
+        c = next(r for r in colocated if r.deployment.gpus == gpus)
+        d = next(r for r in disagg if r.deployment.gpus == gpus)
+        lines.append(f"at {gpus} GPUs: best disaggregated {d.deployment.label} {d.per_gpu:.3f} vs best co-located "
+                     f"{c.deployment.label} {c.per_gpu:.3f} req/s per GPU: {d.per_gpu / c.per_gpu - 1:+.1%}")
     best_c, best_d = (colocated[0] if colocated else None), (disagg[0] if disagg else None)
     if best_d:
         d = best_d.deployment
@@ -229,16 +287,17 @@ def ranking_lines(results: list[DeploymentResult], target_rate_per_s: float | No
                      f"on {d.num_prefill} prefill x tp{d.prefill_tp} + {d.num_decode} decode x tp{d.decode_tp} = "
                      f"{d.gpus} GPUs)")
     if best_c:
-        lines.append(f"best co-located: {best_c.deployment.label}: {best_c.per_gpu:.3f} req/s per GPU")
+        lines.append(f"best co-located: {best_c.deployment.label}: {best_c.per_gpu:.3f} req/s per GPU "
+                     f"({best_c.rate_per_s:.3f} req/s on {best_c.deployment.gpus} GPUs)")
     if best_c and best_d:
         ratio = best_d.per_gpu / best_c.per_gpu - 1
-        verdict = "better" if ratio > 0 else "worse"
-        lines.append(f"disaggregated vs co-located: {ratio:+.1%} goodput per GPU ({verdict})")
-    if target_rate_per_s and (best_c or best_d):
+        lines.append(f"disaggregated vs co-located, best of each: {ratio:+.1%} goodput per GPU "
+                     f"({'disaggregated is better' if ratio > 0 else 'co-located is better'})")
+    if target_rate_per_s:
         for r in filter(None, (best_d, best_c)):
             units = r.units_for(target_rate_per_s)
             d = r.deployment
-            what = (f"{units} co-located replicas x tp{d.tp}" if d.colocated else
+            what = (f"{units} x {d.replicas} = {units * d.replicas} co-located replicas x tp{d.tp}" if d.colocated else
                     f"{units} x ({d.num_prefill}:{d.num_decode}) = {units * d.num_prefill * d.prefill_tp} prefill GPUs + "
                     f"{units * d.num_decode * d.decode_tp} decode GPUs")
             lines.append(f"for {target_rate_per_s:g} req/s: {what} = {units * d.gpus} GPUs")
@@ -246,4 +305,4 @@ def ranking_lines(results: list[DeploymentResult], target_rate_per_s: float | No
 
 
 __all__ = ["Deployment", "DeploymentResult", "candidate_deployments", "disagg_unservable_reasons",
-           "find_disagg_capacity", "make_disagg_evaluator", "ranking_lines", "search_deployments"]
+           "find_colocated_capacity", "find_disagg_capacity", "make_disagg_evaluator", "ranking_lines", "search_deployments"]
