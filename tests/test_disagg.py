@@ -327,3 +327,81 @@ def test_simulate_pd_bad_input_is_one_line(tmp_path, capsys, argv, words):
     assert main(["simulate", *argv, "--num-requests", "5", "--out", str(out), "--quiet"]) == 2
     _one_error(capsys, *words)
     assert not out.exists()
+
+
+# ---- capacity and sweeps -------------------------------------------------------------------------------------
+def test_candidate_deployments_cover_every_split_within_the_budget():
+    from analysis.planning.disagg import candidate_deployments
+    labels = [c.label for c in candidate_deployments(4, [1])]
+    assert labels == ["co-located 1 x tp1", "co-located 2 x tp1", "co-located 3 x tp1", "co-located 4 x tp1",
+                      "P:D 1:1 tp1/tp1", "P:D 1:2 tp1/tp1", "P:D 2:1 tp1/tp1", "P:D 1:3 tp1/tp1", "P:D 2:2 tp1/tp1",
+                      "P:D 3:1 tp1/tp1"]
+    mixed = candidate_deployments(4, [1, 2])
+    assert all(c.gpus <= 4 for c in mixed)
+    assert {(c.num_prefill, c.num_decode, c.prefill_tp, c.decode_tp) for c in mixed if not c.colocated} >= {
+        (1, 1, 2, 2), (2, 1, 1, 2), (1, 2, 2, 1)}
+    assert [c.label for c in mixed if c.colocated] == ["co-located 1 x tp1", "co-located 2 x tp1", "co-located 1 x tp2",
+                                                       "co-located 3 x tp1", "co-located 4 x tp1", "co-located 2 x tp2"]
+
+
+def test_disagg_capacity_counts_the_whole_deployment():
+    """The capacity of a 1:1 deployment is a rate for 2 GPUs; its per-GPU goodput is half of it; a point passes
+    only when every SLO holds on the merged request table."""
+    import traces
+    from analysis.planning.disagg import find_disagg_capacity
+    from analysis.planning.slo import parse_slos
+    workload = traces.synthetic_default(0, num_requests=80)
+    config = DisaggConfig(SimConfig(), SimConfig(), 1, 1)
+    result = find_disagg_capacity(config, workload, parse_slos("ttft_p99=500ms"), tolerance=0.1)
+    assert result.best is not None and result.best.passed
+    assert result.best.summary["ttft_p99_ms"] <= 500 and result.best.summary["gpus"] == 2
+    assert result.above is None or "ttft_p99" in result.above.failed or "stability" in result.above.failed
+
+
+def test_capacity_pd_and_pd_search_on_the_command_line(tmp_path, capsys):
+    from cli import main
+    out = tmp_path / "cap.json"
+    assert main(["capacity", "--pd", "1:1", "--num-requests", "60", "--slo", "ttft_p99=1s", "--tolerance", "0.2",
+                 "--target-rate", "10", "--json", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "capacity of the deployment" in printed and "prefill GPUs" in printed
+    record = json.loads(out.read_text())
+    assert record["gpus"] == 2 and record["capacity_req_per_s_per_gpu"] == pytest.approx(record["capacity_req_per_s"] / 2)
+    assert record["units"] * record["capacity_req_per_s"] >= 10
+    out = tmp_path / "search.json"
+    assert main(["capacity", "--pd-search", "2", "--num-requests", "40", "--slo", "ttft_p99=1s", "--tolerance", "0.2",
+                 "--json", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "ranked by goodput per GPU" in printed and "at 2 GPUs:" in printed
+    deployments = json.loads(out.read_text())["deployments"]
+    assert [d["deployment"] for d in deployments] == ["co-located 1 x tp1", "co-located 2 x tp1", "P:D 1:1 tp1/tp1"]
+    assert all(d["capacity_req_per_s_per_gpu"] == pytest.approx(d["capacity_req_per_s"] / d["gpus"]) for d in deployments)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--pd", "1:1", "--check-replicas", "--target-rate", "5"], ["--check-replicas"]),
+    (["--pd", "1:1", "--pd-search", "3"], ["--pd", "--pd-search"]),
+    (["--pd-tp", "1,2"], ["--pd-tp", "--pd-search"]),
+    (["--pd-search", "3", "--pd-tp", "one"], ["--pd-tp", "'one'"]),
+    (["--pd", "2:x"], ["--pd", "'2:x'"]),
+])
+def test_capacity_pd_bad_input_is_one_line(capsys, argv, words):
+    from cli import main
+    assert main(["capacity", "--slo", "ttft_p99=2s", "--num-requests", "5", "--quiet", *argv]) == 2
+    _one_error(capsys, *words)
+
+
+def test_sweep_with_a_pd_axis_compares_colocated_and_disaggregated(tmp_path, capsys):
+    from cli import main
+    out = tmp_path / "sweep"
+    assert main(["sweep", "--grid", "pd=none,1:1", "--grid", "kv_link=ib,nvlink", "--num-requests", "30",
+                 "--out", str(out), "--quiet", "--workers", "1"]) == 0
+    table = pd.read_csv(out / "sweep.csv")
+    assert (table["status"] == "ok").all() and len(table) == 4
+    disagg = table[table["pd"] == "1:1"]
+    assert (disagg["gpus"] == 2).all() and (disagg["kv_transfer_bytes"] > 0).all()
+    assert set(disagg["kv_link"]) == {"ib", "nvlink"}
+    assert main(["sweep", "--grid", "pd=1:1,0:1", "--num-requests", "5", "--out", str(tmp_path / "bad"), "--quiet",
+                 "--workers", "1"]) == 2
+    _one_error(capsys, "--pd", "'0:1'")
+    assert not (tmp_path / "bad").exists()
