@@ -100,6 +100,10 @@ class CheckedSimulator(Simulator):
     def _finish_iteration(self, batch, done_us, iteration=None):
         assert self.policy.conservation_error() == 0, f"pool not conserved at iteration {iteration}"
         assert self.policy.physical_page_groups <= self.config.pool_page_groups
+        policy = self.policy
+        if type(policy).__name__ == "VAttentionPolicy":     # the incremental count equals the definition
+            assert policy._reclaimable_page_groups() == sum(policy.mapped[s] for s in policy._idle
+                                                            if not policy.in_flight_maps[s])
         super()._finish_iteration(batch, done_us, iteration)
 
 

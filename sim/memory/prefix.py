@@ -361,6 +361,8 @@ class PrefixCachingPolicy(VAttentionPolicy):
         self._evict(2 * self._low_groups - self.free_page_groups)
         unmaps = []
         high = 2 * self._low_groups
+        if self.free_page_groups + self.in_flight_unmaps >= high:
+            return unmaps
         for slot in sorted(self._idle, key=lambda s: (-self.mapped[s], s)):
             while (self.mapped[slot] > self.shared[slot] and self.free_page_groups + self.in_flight_unmaps < high
                    and not self.in_flight_maps[slot]):

@@ -86,6 +86,7 @@ class VAttentionPolicy:
         self.free_page_groups = config.pool_page_groups
         self.in_flight_unmaps = 0
         self._idle = set(range(num_slots))
+        self._in_flight_slots: set[int] = set()      # slots with background maps in flight
         # idle slots bucketed by mapped page groups: best-fit and eager look-ups without scanning all slots
         self._idle_buckets: list[set[int]] = [set() for _ in range(config.max_pages_per_slot + 1)]
         self._idle_buckets[0].update(range(num_slots))
@@ -150,10 +151,16 @@ class VAttentionPolicy:
         ``need``; otherwise the one with the most mapped pages (fewest new maps). Ties: lowest slot id."""
         buckets = self._idle_buckets
         need = min(need, len(buckets) - 1)
+        allocatable = self._allocatable
         for mapped in [*range(need, len(buckets)), *range(need - 1, -1, -1)]:
-            ready = [s for s in buckets[mapped] if self._allocatable(s)]
-            if ready:
-                return min(ready)
+            bucket = buckets[mapped]
+            if bucket:
+                lowest = min(bucket)                  # usually allocatable: one check instead of a scan
+                if allocatable(lowest):
+                    return lowest
+                ready = min((s for s in bucket if allocatable(s)), default=None)
+                if ready is not None:
+                    return ready
         return None
 
     def can_admit(self, first_target_tokens: int, reserve_tokens: int | None = None,
@@ -164,11 +171,18 @@ class VAttentionPolicy:
         return self._pick_slot(first_target_tokens, reserve_tokens, committed_page_groups) is not None
 
     def _reclaimable_page_groups(self) -> int:
-        return sum(self.mapped[s] for s in self._idle if not self.in_flight_maps[s])
+        """Page groups on idle slots without background maps in flight (those could be unmapped now)."""
+        return self._deferred_total - sum(self.mapped[s] for s in self._in_flight_slots if not self.active[s])
 
     def _pick_slot(self, first_target_tokens: int, reserve_tokens: int | None = None,
                    committed_page_groups: int = 0) -> int | None:
         need = self.config.pages_for_tokens(max(first_target_tokens, reserve_tokens or 0))
+        spare = self.free_page_groups - self._admission_groups
+        if need + committed_page_groups > spare and not any(self._idle_buckets[need:]):
+            # every idle slot maps fewer than `need` page groups, so every slot needs the same
+            # need - mapped + committed new ones against spare + reclaimable - mapped: decided without a slot
+            if need + committed_page_groups > spare + self._reclaimable_page_groups():
+                return None
         slot = self._best_fit(need)
         if slot is None:
             return None
@@ -317,6 +331,7 @@ class VAttentionPolicy:
     def _reserve_map(self, slot: int) -> MapOp:
         op = MapOp(slot, self.mapped[slot] + self.in_flight_maps[slot], 1)
         self.in_flight_maps[slot] += 1
+        self._in_flight_slots.add(slot)
         if self.dirty_free_page_groups:
             self.dirty_free_page_groups -= 1
             self._reserved_dirty.add(op)
@@ -368,6 +383,8 @@ class VAttentionPolicy:
     def _low_watermark_unmaps(self) -> list[UnmapOp]:
         unmaps = []
         high = 2 * self._low_groups
+        if self.free_page_groups + self.in_flight_unmaps >= high or not self._deferred_total:
+            return unmaps
         for slot in sorted(self._idle, key=lambda s: (-self.mapped[s], s)):
             while self.mapped[slot] and self.free_page_groups + self.in_flight_unmaps < high and not self.in_flight_maps[slot]:
                 self._add_mapped(slot, -1)
@@ -381,6 +398,8 @@ class VAttentionPolicy:
         if isinstance(op, MapOp):
             self._check_in_flight(op)
             self.in_flight_maps[op.slot] -= op.num_pages
+            if not self.in_flight_maps[op.slot]:
+                self._in_flight_slots.discard(op.slot)
             self._add_mapped(op.slot, op.num_pages)
             self._reserved_dirty.discard(op)
             self._settle(op.slot)
@@ -398,6 +417,8 @@ class VAttentionPolicy:
         if isinstance(op, MapOp):
             self._check_in_flight(op)
             self.in_flight_maps[op.slot] -= op.num_pages
+            if not self.in_flight_maps[op.slot]:
+                self._in_flight_slots.discard(op.slot)
             self.free_page_groups += op.num_pages
             if op in self._reserved_dirty:
                 self._reserved_dirty.discard(op)
