@@ -29,7 +29,8 @@ class RunInputError(ValueError):
 # (docs/validation/hw-async); absent means the default, which is what those runs ran with. Every other SimConfig
 # field is required (python -m hwbackend.replay.cli writes SimConfig.to_dict(), so every run it wrote has them):
 # a field added to SimConfig later belongs here, with a default that reproduces the older runs.
-RUN_OPTIONAL_FIELDS = ("memset_bytes_per_s", "copy_bytes_per_s", "allow_long_context", "admission")
+RUN_OPTIONAL_FIELDS = ("memset_bytes_per_s", "copy_bytes_per_s", "allow_long_context", "admission", "pp",
+                       "weight_dtype", "kv_dtype", "usd_per_gpu_hour")   # the last four: issue 21, defaults = before it
 RUN_FIELD_DEFAULTS = {"admission": "chunk"}
 """Settings of runs recorded before the field existed: replays before 2026-12-01 admitted a request when its
 first chunk fitted (``chunk``), whatever the scheduler."""
@@ -37,7 +38,8 @@ first chunk fitted (``chunk``), whatever the scheduler."""
 # the CLI flag in a SimConfig / catalogue message -> the config.json field it stands for
 _FIELD_OF_FLAG = {"--page-size": "page_size_bytes", "--max-batch": "max_batch_slots", "--token-budget": "token_budget",
                   "--max-context": "max_context_tokens", "--memory-util": "memory_util_frac", "--scheduler": "scheduler",
-                  "--preemption": "preemption", "--tp": "tp"}
+                  "--preemption": "preemption", "--tp": "tp", "--pp": "pp", "--weight-dtype": "weight_dtype",
+                  "--kv-dtype": "kv_dtype", "--usd-per-gpu-hour": "usd_per_gpu_hour"}
 
 # derived sizes config.json records next to the settings (SimConfig.to_dict); checked where present
 _DERIVED_FIELDS = ("label", "num_sub_tensors", "slot_max_tokens", "tokens_per_page", "page_group_bytes",
