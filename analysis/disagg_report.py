@@ -93,7 +93,7 @@ def cmd_simulate_disagg(args: argparse.Namespace) -> int:
     """``kvsim simulate --pd P:D ...``: simulate, write the run directory, print the summary."""
     from analysis.output import OutputDir, default_out_dir
     from analysis.results import write_run
-    from sim.disagg import disagg_run_result, run_disagg
+    from sim.disagg import DisaggStallError, disagg_run_result, run_disagg
     from sim.disagg_options import disagg_config_from_args
     from traces.workload import load_workload
 
@@ -106,7 +106,10 @@ def cmd_simulate_disagg(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"kvsim: warning: {note}", file=sys.stderr)
     started = time.perf_counter()
-    run = run_disagg(config, trace, args.profile)
+    try:
+        run = run_disagg(config, trace, args.profile)
+    except DisaggStallError as exc:    # a modelled outcome of this deployment: one line, no traceback
+        raise ValueError(str(exc)) from None
     wall_s = time.perf_counter() - started
     source = trace.attrs.get("source", "in-memory table")
     result = disagg_run_result(run, source)

@@ -69,6 +69,13 @@ mapping and the part of the transfer not overlapped with the prefill)."""
 _PD = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
 
 
+class DisaggStallError(RuntimeError):
+    """The deployment stopped with requests unfinished and nothing left to happen: a cycle of full pools (with
+    layer-wise streaming, decode pages held for prefills that wait for prefill pages held by KV waiting for
+    those decode pages). A modelled outcome of the deployment at this load, not a simulator fault; the message
+    names the state."""
+
+
 def parse_pd(text: str) -> tuple[int, int]:
     """``"1:2"`` -> ``(1, 2)``: prefill and decode instance counts.
 
@@ -491,17 +498,22 @@ class DisaggCluster:
         """Simulate to the last request and build the result.
 
         Raises:
-            RuntimeError: when the environment runs out of events with requests unfinished (a deadlock between
-                instances, e.g. prefill pools full of KV waiting for decode pools full of KV in transfer).
+            DisaggStallError: when the environment runs out of events with requests unfinished (a cycle of full
+                pools between instances).
         """
         router = self.env.process(self._router())
         self.env.process(self._closer(router))
         self.env.run()
         unfinished = [h.request_id for h in self.handovers if not self._resolved(h)]
         if unfinished or len(self.handovers) != len(self.trace):
-            raise RuntimeError(f"internal error: the disaggregated run stopped at t={self.env.now:.1f} us with "
-                               f"{len(unfinished)} requests unfinished (first: {unfinished[:5]}), "
-                               f"{self.pending} transfers pending")
+            held = sum(len(instance.held) for instance in self.prefills)
+            waiting = sum(len(instance.in_transfer) for instance in self.decodes)
+            raise DisaggStallError(
+                f"the disaggregated deployment {self.config.pd} stalled at t={self.env.now / US_PER_S:.3f} s with "
+                f"{len(unfinished)} requests unfinished (first: {unfinished[:5]}): {held} prefill slots hold KV "
+                f"waiting for decode pages, {waiting} decode slots wait for KV"
+                + ("; layer-wise streaming holds decode pages while prefills wait: try --kv-stream off or larger "
+                   "pools" if self.config.streaming else ""))
         return self._result()
 
     @staticmethod
@@ -818,6 +830,6 @@ def disagg_run_result(run: DisaggRun, trace_source: str = ""):
     return RunResult(run.requests, run.iterations, run.summary, config)
 
 
-__all__ = ["DISAGG_REQUEST_COLUMNS", "DecodeInstance", "DisaggCluster", "DisaggConfig", "DisaggRun", "KV_STREAM_MODES",
+__all__ = ["DISAGG_REQUEST_COLUMNS", "DecodeInstance", "DisaggCluster", "DisaggConfig", "DisaggRun", "DisaggStallError", "KV_STREAM_MODES",
            "PrefillInstance", "ROLES", "disagg_run_result", "instance_figures", "parse_kv_stream", "parse_pd",
            "run_disagg", "summarize_disagg"]

@@ -405,3 +405,22 @@ def test_sweep_with_a_pd_axis_compares_colocated_and_disaggregated(tmp_path, cap
                  "--workers", "1"]) == 2
     _one_error(capsys, "--pd", "'0:1'")
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_stalled_deployment_fails_its_capacity_point_and_is_one_error_line(monkeypatch, tmp_path, capsys):
+    import sim.disagg
+    import traces
+    from analysis.planning.disagg import STALLED, make_disagg_evaluator
+    from analysis.planning.slo import parse_slos
+    from cli import main
+
+    def stall(*args, **kwargs):
+        raise sim.disagg.DisaggStallError("the disaggregated deployment 1:1 stalled at t=1.000 s with 3 requests "
+                                          "unfinished")
+    monkeypatch.setattr(sim.disagg, "run_disagg", stall)
+    evaluate = make_disagg_evaluator(DisaggConfig(SimConfig(), SimConfig()), traces.synthetic_default(0, num_requests=10),
+                                     parse_slos("ttft_p99=2s"))
+    point = evaluate(1.0)
+    assert not point.passed and point.failed == (STALLED,)
+    assert main(["simulate", "--pd", "1:1", "--num-requests", "5", "--out", str(tmp_path / "run"), "--quiet"]) == 2
+    _one_error(capsys, "stalled")

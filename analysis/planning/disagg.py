@@ -28,6 +28,8 @@ from analysis.planning.capacity import (CapacityResult, Evaluation, UnservableWo
                                         find_capacity, judge, search_capacity, unservable_line)
 from analysis.planning.slo import DEFAULT_STABILITY_TOL, Slo, ttft_growth
 
+STALLED = "stalled"      # a failed point: the deployment stalled (sim.disagg.DisaggStallError)
+
 
 def disagg_unservable_reasons(config, trace: pd.DataFrame) -> list[str]:
     """Per request, why the deployment ``config`` (:class:`sim.disagg.DisaggConfig`) can never serve it: its
@@ -51,13 +53,16 @@ def make_disagg_evaluator(config, trace: pd.DataFrame, slos: tuple[Slo, ...], pr
     """``scale -> Evaluation``: the deployment serving ``trace`` at ``scale`` times its rate; the rate counts
     served requests only, over the whole deployment."""
     import traces
-    from sim.disagg import run_disagg
+    from sim.disagg import DisaggStallError, run_disagg
 
     base_rate = base_rate_per_s(trace)
 
     def evaluate(scale: float) -> Evaluation:
         scaled = traces.scale_rate(trace, scale) if scale != 1.0 else trace
-        run = run_disagg(config, scaled, profile_path)
+        try:
+            run = run_disagg(config, scaled, profile_path)
+        except DisaggStallError:      # pools full in a cycle at this load: the point fails
+            return Evaluation(scale, scale * base_rate, {slo.metric: math.nan for slo in slos}, math.inf, (STALLED,))
         requests = run.summary.get("requests", 0)
         served = run.summary.get("finished", requests) / requests if requests else 1.0
         return judge(scale, scale * base_rate * served, run.summary, ttft_growth(run.requests), slos, stability_tol,
