@@ -13,6 +13,7 @@ from analysis.output import OUT_RULE, OutputDir, default_out_dir
 from sim import __version__
 from sim.argtypes import int_at_least
 from sim.options import add_config_args, config_from_args
+from sim.routers import EXECUTORS, ROUTERS
 from traces.workload import add_trace_args, load_workload
 
 
@@ -325,9 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--replicas", type=int_at_least(1), default=1,
                      help="serve the trace on N replicas behind --routing; state-free routings simulate the replicas "
                           "apart, in parallel, and merge their records (exactly as co-simulated)")
-    sim.add_argument("--routing", choices=("round-robin", "random", "session-hash", "least-outstanding"),
+    sim.add_argument("--routing", choices=ROUTERS,
                      default="round-robin", help="request router over --replicas (least-outstanding co-simulates)")
-    sim.add_argument("--executor", choices=("local", "ray"), default="local",
+    sim.add_argument("--executor", choices=EXECUTORS, default="local",
                      help="where the replicas run: a local process pool or Ray")
     sim.add_argument("--workers", type=int_at_least(1), default=None,
                      help="parallel processes or Ray CPUs for --replicas (default: one per core)")

@@ -32,9 +32,7 @@ from sim.config import SimConfig
 from sim.engine import ARRIVAL_TICK_US, ARRIVAL_TICKS_PER_S, Simulator
 from sim.records import tbt_stats_us
 
-ROUTERS = ("round-robin", "random", "session-hash", "least-outstanding")
-STATE_FREE_ROUTERS = ("round-robin", "random", "session-hash")
-EXECUTORS = ("local", "ray")
+from sim.routers import EXECUTORS, ROUTERS, STATE_FREE_ROUTERS  # noqa: E402  (names shared with the CLI)
 # summary keys that add up over replicas (the rest is recomputed from the merged records)
 _ADDITIVE_KEYS = ("map_page_groups", "unmap_page_groups", "map_calls", "unmap_calls", "swap_out_bytes",
                   "swap_in_bytes", "swap_total_ms", "pool_bytes")

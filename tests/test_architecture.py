@@ -91,3 +91,20 @@ def test_the_checker_sees_a_cycle_and_a_cli_import():
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     graph = _import_graph()
     assert "sim.config" in graph["sim.engine"] and "hwbackend.vmm.kvcache" in graph["hwbackend.vmm.executor"]
+
+
+def test_version_and_help_import_neither_pandas_nor_plotly():
+    """``kvsim --version`` and every ``--help`` start without pandas or plotly (issue 18: start-up cost)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, cli\n"
+            "for argv in (['--version'], ['--help'], ['simulate', '--help'], ['compare', '--help'],\n"
+            "             ['capacity', '--help'], ['sweep', '--help'], ['traces', 'stats', '--help'], ['report', '--help']):\n"
+            "    try:\n"
+            "        cli.main(argv)\n"
+            "    except SystemExit:\n"
+            "        pass\n"
+            "print(sorted(m for m in ('pandas', 'plotly', 'simpy') if m in sys.modules), file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr

@@ -47,8 +47,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 def register(subparsers) -> None:
     """Add the ``capacity`` and ``sweep`` subcommands."""
-    from sim.routing import ROUTERS
-    from analysis.planning.sweep_run import EXECUTORS
+    from sim.routers import EXECUTORS, ROUTERS
     cap = subparsers.add_parser(
         "capacity", help="highest request rate per GPU replica under latency SLOs; replicas for a target rate",
         description="Search the arrival-rate scale of a trace (exponential bracket, then bisection) for the highest "

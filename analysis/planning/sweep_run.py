@@ -17,7 +17,7 @@ from pathlib import Path
 
 from analysis.planning.sweep import PointJob, load_point, point_args, save_point
 
-EXECUTORS = ("local", "ray")
+from sim.routers import EXECUTORS  # noqa: E402  (re-exported)
 
 
 @functools.lru_cache(maxsize=8)
