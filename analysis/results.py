@@ -75,7 +75,7 @@ def _percentiles(values: pd.Series, name: str, scale: float, unit: str) -> dict:
     return out
 
 
-def _count_figures(iterations: pd.DataFrame) -> dict:
+def iteration_counts(iterations: pd.DataFrame) -> dict:
     """Iteration count and the batch / pool / tail-waste figures of the summary, from the whole table."""
     if not len(iterations):
         return {"iterations": 0, "batch_sum": 0, "batch_max": 0, "mapped_max": 0, "waste_sum": 0, "waste_max": 0}
@@ -84,16 +84,16 @@ def _count_figures(iterations: pd.DataFrame) -> dict:
             "waste_sum": int(iterations["tail_waste_bytes"].sum()), "waste_max": int(iterations["tail_waste_bytes"].max())}
 
 
-def count_figures_of_file(path: str | Path) -> dict:
-    """:func:`_count_figures` of a streamed ``iterations.parquet``, one row group at a time (exact integer
+def iteration_counts_of_file(path: str | Path) -> dict:
+    """:func:`iteration_counts` of a streamed ``iterations.parquet``, one row group at a time (exact integer
     sums), plus the block-table and clearing totals (``block_table_sum_us``, ``clear_copy_sum_us``, each read
     as one column), so that a long run's summary never holds these columns together."""
     import pyarrow.parquet as pq
 
-    figures = _count_figures(pd.DataFrame())
+    figures = iteration_counts(pd.DataFrame())
     parquet = pq.ParquetFile(path)
     for group in range(parquet.num_row_groups):
-        part = _count_figures(parquet.read_row_group(group, columns=["batch_size", "mapped_page_groups",
+        part = iteration_counts(parquet.read_row_group(group, columns=["batch_size", "mapped_page_groups",
                                                                      "tail_waste_bytes"]).to_pandas())
         if not part["iterations"]:
             continue
@@ -117,9 +117,9 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
             ``duration_us`` and ``sync_stall_us``.
         counters: :attr:`sim.engine.SimOutput.counters`.
         config: :meth:`sim.config.SimConfig.to_dict` output (page_group_bytes, num_sub_tensors used).
-        count_figures: :func:`count_figures_of_file` of a streamed run (else computed from ``iterations``).
+        count_figures: :func:`iteration_counts_of_file` of a streamed run (else computed from ``iterations``).
     """
-    counts = count_figures if count_figures is not None else _count_figures(iterations)
+    counts = count_figures if count_figures is not None else iteration_counts(iterations)
     runs = counts["iterations"]
     finished = requests[requests["status"] == "finished"]
     start_us = float(requests["arrival_at_us"].min()) if len(requests) else 0.0
@@ -220,7 +220,7 @@ def _prefix_summary(requests: pd.DataFrame, finished: pd.DataFrame, counters: di
 
 SUMMARY_ITERATION_COLUMNS = ["duration_us", "sync_stall_us"]
 """The per-iteration columns :func:`summarize` reads whole (a streamed run reads only these back; its integer
-figures come from :func:`count_figures_of_file`)."""
+figures come from :func:`iteration_counts_of_file`)."""
 
 
 def build_result(output, config: dict) -> RunResult:
@@ -233,7 +233,7 @@ def build_result(output, config: dict) -> RunResult:
         return RunResult(requests, iterations, summarize(requests, iterations, output.counters, config), config,
                          tbt_samples=output.counters.get("tbt_samples"))
     summary = summarize(requests, output.iterations_frame(SUMMARY_ITERATION_COLUMNS), output.counters, config,
-                        count_figures_of_file(streamed))
+                        iteration_counts_of_file(streamed))
     return RunResult(requests, streamed, summary, config, tbt_samples=output.counters.get("tbt_samples"))
 
 

@@ -356,18 +356,18 @@ class Simulator(RequestBookkeeping):
             if sync_us > 0:
                 yield env.timeout(sync_us)
             stall_us = waited_us + mapping_us
-            compute_us = self.compute.iteration_us(_shape(batch))
-            snapshot = self._pool_snapshot(batch)
+            new, pairs, kv_read, logits, longest, prefill, targets, snapshot = self._iteration_pass(
+                batch, lookahead=self.mapper is not None)
+            compute_us = self.compute.iteration_us(BatchShape(new, pairs, kv_read, logits, longest))
             if self.mapper:
-                self.mapper.submit(self.policy.background_plan(self._lookahead(batch)))
+                self.mapper.submit(self.policy.background_plan(targets))
             yield env.timeout(compute_us)
             self.policy.iteration_completed(iteration)
             bg_maps, bg_unmaps = self._background_since_last_record()
-            prefill = sum(t for r, t in batch if r.generated == 0 or r.prompt_tokens + r.generated - r.computed > 1)
             self.recorder.add((
                 iteration, start_at_us, env.now - start_at_us, compute_us, stall_us,
                 mapped_sync, bg_maps, unmapped_sync + bg_unmaps, prefill,
-                sum(t for _, t in batch) - prefill, len(batch), len(self.running), len(self.waiting),
+                new - prefill, len(batch), len(self.running), len(self.waiting),
                 *snapshot, self._iteration_preemptions, block_table_us, swap_us, clear_copy_us))
             self._finish_iteration(batch, env.now, iteration)
             iteration += 1
@@ -681,21 +681,6 @@ class Simulator(RequestBookkeeping):
     def _after_compute(self, request: Request) -> None:
         if self.prefix and request.hash_ids is not None and request.computed <= request.prompt_tokens:
             self.policy.donate(request.slot, request.hash_ids, request.prompt_tokens, request.computed)
-
-
-def _shape(batch: Batch) -> BatchShape:
-    new = pairs = kv_read = logits = longest = 0
-    for request, tokens in batch:
-        context = request.computed
-        new += tokens
-        pairs += tokens * (context + (tokens + 1) / 2)
-        kv_read += context
-        keys = context + tokens
-        logits += keys == request.prompt_tokens + request.generated
-        if keys > longest:
-            longest = keys
-    return BatchShape(new_tokens=new, attention_pairs=pairs, kv_read_tokens=kv_read, logit_sequences=logits,
-                      max_context_tokens=longest)
 
 
 def _requests_from_trace(trace: pd.DataFrame, slot_max_tokens: int) -> list[Request]:

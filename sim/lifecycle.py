@@ -54,28 +54,64 @@ class RequestBookkeeping:
                                  - in_flight[other.slot])
         return first, request.seq_len, committed
 
-    def _lookahead(self, batch: list) -> dict[int, int]:
-        """Slot -> tokens each running request is predicted to hold a few iterations ahead (decodes:
-        ``eager_lookahead_steps`` more tokens; prefills: the next chunk)."""
-        steps, budget, targets = self.config.eager_lookahead_steps, self.config.token_budget, {}
+    def _iteration_pass(self, batch: list, lookahead: bool = True) -> tuple:
+        """Everything one iteration needs from its batch, in one pass over it (and over running requests left
+        out of it, if any).
+
+        Returns:
+            ``(new_tokens, attention_pairs, kv_read_tokens, logit_sequences, max_context_tokens, prefill_tokens,
+            targets, snapshot)``: the batch shape (:class:`sim.compute.BatchShape` fields), the tokens of chunks
+            that are not single decode tokens, the look-ahead targets (slot -> tokens a few iterations ahead:
+            decodes ``eager_lookahead_steps`` more tokens, prefills the next chunk; empty unless
+            ``lookahead``), and the pool snapshot ``(physical, used, free, deferred page groups, tail waste
+            bytes)`` during the iteration.
+        """
+        policy, tokens_per_page = self.policy, self.config.tokens_per_page
+        mapped = policy.mapped
+        steps, budget = self.config.eager_lookahead_steps, self.config.token_budget
+        new = pairs = kv_read = logits = longest = prefill = held = used = active_mapped = 0
+        targets = {}
         for request, tokens in batch:
-            after = request.computed + tokens
-            if after == request.seq_len:
-                if request.generated + 1 < request.output_tokens:
-                    targets[request.slot] = min(after + steps, request.final_kv_tokens)
-            else:
-                targets[request.slot] = min(request.seq_len, after + budget)
-        return targets
+            context = request.computed
+            seq_len = request.prompt_tokens + request.generated
+            after = context + tokens
+            new += tokens
+            pairs += tokens * (context + (tokens + 1) / 2)
+            kv_read += context
+            logits += after == seq_len
+            if after > longest:
+                longest = after
+            if request.generated == 0 or seq_len - context > 1:
+                prefill += tokens
+            held += after
+            used += -(-after // tokens_per_page)
+            active_mapped += mapped[request.slot]
+            if lookahead:
+                if after == seq_len:
+                    if request.generated + 1 < request.output_tokens:
+                        targets[request.slot] = min(after + steps, request.final_kv_tokens)
+                else:
+                    targets[request.slot] = min(seq_len, after + budget)
+        if len(batch) != len(self.running):        # running requests without tokens this iteration
+            scheduled = {request.slot for request, _ in batch}
+            for request in self.running:
+                if request.slot not in scheduled:
+                    held += request.computed
+                    used += -(-request.computed // tokens_per_page)
+                    active_mapped += mapped[request.slot]
+        waste = (active_mapped * tokens_per_page - held) * self._kv_bytes_per_token
+        snapshot = (policy.physical_page_groups, used, policy.free_page_groups, policy.deferred_page_groups, waste)
+        return new, pairs, kv_read, logits, longest, prefill, targets, snapshot
+
+    def _lookahead(self, batch: list) -> dict[int, int]:
+        """Slot -> tokens each running request is predicted to hold a few iterations ahead
+        (:meth:`_iteration_pass`)."""
+        return self._iteration_pass(batch)[6]
 
     def _pool_snapshot(self, batch: list) -> tuple[int, int, int, int, int]:
-        """(physical, used, free, deferred page groups, tail waste bytes) during this iteration."""
-        policy, tokens_per_page = self.policy, self.config.tokens_per_page
-        scheduled = {r.slot: t for r, t in batch}
-        held_tokens = [r.computed + scheduled.get(r.slot, 0) for r in self.running]
-        used = sum(-(-t // tokens_per_page) for t in held_tokens)
-        active_mapped = sum(policy.mapped[r.slot] for r in self.running)
-        waste = (active_mapped * tokens_per_page - sum(held_tokens)) * self._kv_bytes_per_token
-        return (policy.physical_page_groups, used, policy.free_page_groups, policy.deferred_page_groups, waste)
+        """(physical, used, free, deferred page groups, tail waste bytes) during this iteration
+        (:meth:`_iteration_pass`)."""
+        return self._iteration_pass(batch, lookahead=False)[7]
 
     def _start_running(self, request: Request, slot: int, now_us: float) -> None:
         """An admitted request holds ``slot`` and joins the running set, after every earlier admission;

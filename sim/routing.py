@@ -27,7 +27,8 @@ import pandas as pd
 from sim import runner
 import simpy
 
-from analysis.results import RunResult, build_result, summarize
+from analysis.results import (SUMMARY_ITERATION_COLUMNS, RunResult, build_result, iteration_counts,
+                              iteration_counts_of_file, summarize)
 from sim.config import SimConfig
 from sim.engine import ARRIVAL_TICK_US, ARRIVAL_TICKS_PER_S, Simulator
 from sim.records import tbt_stats_us
@@ -178,14 +179,19 @@ def merge_replicas(results: list[RunResult | None], config: SimConfig) -> tuple[
     present = [(r, result) for r, result in enumerate(results) if result is not None]
     requests = pd.concat([res.requests.assign(replica=r) for r, res in present], ignore_index=True)
     requests = requests.sort_values("request_id", kind="stable", ignore_index=True)
-    iterations = pd.concat([res.iterations for _, res in present], ignore_index=True)
+    # the summary needs two float columns whole (iteration percentiles, stall total) and integer figures that
+    # add up over replicas: a streamed replica's table is never read whole here
+    columns = [_summary_columns(res) for _, res in present]
+    iterations = pd.concat(columns, ignore_index=True)
+    del columns
+    counts = _merged_counts([_replica_counts(res) for _, res in present])
     zero = {"sync_map_page_groups": 0, "sync_unmap_page_groups": 0, "bg_map_page_groups": 0,
             "bg_unmap_page_groups": 0, "pool_page_groups": 0}
     samples = [res.tbt_samples for _, res in present if res.tbt_samples is not None]
     if samples and len(samples) == len(present):       # TBT over every replica's tokens
         singles = np.concatenate([np.asarray(single, dtype=float) for single, _, _ in samples])
         zero.update(tbt_stats_us(singles, [(gaps, weights) for _, gaps, weights in samples]))
-    summary = summarize(requests, iterations, zero, config.to_dict())
+    summary = summarize(requests, iterations, zero, config.to_dict(), counts)
     for key in _ADDITIVE_KEYS + ("mapping_critical_ms",):
         summary[key] = sum(res.summary.get(key, 0) for _, res in present)
     # per tensor-parallel worker, summed over the replicas (every replica has the same TP degree)
@@ -196,6 +202,32 @@ def merge_replicas(results: list[RunResult | None], config: SimConfig) -> tuple[
                      for _, res in present)
     summary.update(background_map_share=background / maps if maps else float("nan"), replicas=len(results))
     return requests, summary
+
+
+def _summary_columns(result: RunResult) -> pd.DataFrame:
+    """The per-iteration columns a summary reads whole, without loading a streamed table whole."""
+    if result.iterations_file is not None:
+        return pd.read_parquet(result.iterations_file, columns=SUMMARY_ITERATION_COLUMNS)
+    return result.iterations[SUMMARY_ITERATION_COLUMNS]
+
+
+def _replica_counts(result: RunResult) -> dict:
+    """A replica's integer figures and float totals (:func:`analysis.results.iteration_counts_of_file`)."""
+    if result.iterations_file is not None:
+        return iteration_counts_of_file(result.iterations_file)
+    figures = iteration_counts(result.iterations)
+    figures.update(block_table_sum_us=float(result.iterations["block_table_us"].sum()),
+                   clear_copy_sum_us=float(result.iterations["clear_copy_us"].sum()))
+    return figures
+
+
+def _merged_counts(parts: list[dict]) -> dict:
+    """Replicas' figures merged: counts and totals add up, maxima take the largest."""
+    merged = dict(parts[0])
+    for part in parts[1:]:
+        for key, value in part.items():
+            merged[key] = max(merged[key], value) if key.endswith("_max") else merged[key] + value
+    return merged
 
 
 def co_simulate_least_outstanding(config: SimConfig, trace: pd.DataFrame, num_replicas: int,
