@@ -193,3 +193,19 @@ def test_tpot_on_the_hardware_schedule_by_hand():
     row50 = frame.loc["TPOT p50 on the hardware's schedule"]
     assert row50["hw_ms"] == pytest.approx(0.025) and row50["sim_ms"] == pytest.approx(0.010)
     assert row50["error"] == pytest.approx(0.010 / 0.025 - 1)
+
+
+def test_binned_error_groups_iterations_by_longest_context_and_batch_size():
+    """Four iterations, hand-made: two short-context single-sequence ones (model 10% low), two long-context
+    batches of 20 (model 20% high)."""
+    from hwbackend.calibration.validate import binned_error
+
+    rows = pd.DataFrame({"max_context_tokens": [100, 900, 5000, 5500], "batch_size": [1, 1, 20, 20]})
+    measured = np.array([1000.0, 2000.0, 3000.0, 4000.0])
+    predicted = measured * np.array([0.9, 0.9, 1.2, 1.2])
+    bins = binned_error(rows, predicted, measured).set_index(["by", "bin"])
+    short = bins.loc[("longest context (tokens)", "0-1,023")]
+    assert short["iterations"] == 2 and short["hw_p50_ms"] == 1.5 and abs(short["error_p50"] + 0.1) < 1e-12
+    assert bins.loc[("longest context (tokens)", "4,096-6,143"), "abs_error_median"] == pytest.approx(0.2)
+    assert bins.loc[("batch size", "1"), "iterations"] == 2 and bins.loc[("batch size", "17-32"), "iterations"] == 2
+    assert len(bins) == 4          # empty bins are left out

@@ -165,7 +165,46 @@ def same_batches_error(hw_dir: str | Path, config: SimConfig, profile: str | Non
                          columns=frame.columns)
     tpot = tpot_on_hardware_schedule(rows, predicted + rows["mapping_us"].to_numpy(dtype=float),
                                      pd.read_parquet(Path(hw_dir) / "requests.parquet"))
-    return pd.concat([frame, extra, tpot], ignore_index=True)
+    same = pd.concat([frame, extra, tpot], ignore_index=True)
+    same.attrs["bins"] = binned_error(rows, predicted, measured)
+    return same
+
+
+CONTEXT_BINS_TOKENS = (0, 1024, 2048, 3072, 4096, 6144, 8192, 16384, 32768, float("inf"))
+BATCH_BINS = (1, 2, 5, 9, 17, 33, 65, 129, float("inf"))
+
+
+def binned_error(rows: pd.DataFrame, predicted_us: np.ndarray, measured_us: np.ndarray) -> pd.DataFrame:
+    """Where the compute model extrapolates: the per-iteration error on the hardware's own batches by bins of
+    the longest context in the batch (:data:`CONTEXT_BINS_TOKENS`, tokens) and of the batch size
+    (:data:`BATCH_BINS`, sequences). Rows ``by, bin, iterations, hw_p50_ms, sim_p50_ms, error_p50`` (the p50s'
+    ratio minus 1) ``, abs_error_median`` (median of the per-iteration ``|sim / hw - 1|``); empty bins left out."""
+    error = np.abs(predicted_us / measured_us - 1)
+    records = []
+    for by, values, edges in (("longest context (tokens)", rows["max_context_tokens"].to_numpy(dtype=float),
+                               CONTEXT_BINS_TOKENS),
+                              ("batch size", rows["batch_size"].to_numpy(dtype=float), BATCH_BINS)):
+        for low, high in zip(edges[:-1], edges[1:]):
+            inside = (values >= low) & (values < high)
+            if not inside.any():
+                continue
+            label = f"{low:,.0f}+" if high == float("inf") else (
+                f"{low:,.0f}" if high - low == 1 else f"{low:,.0f}-{high - 1:,.0f}")
+            hw_p50, sim_p50 = np.median(measured_us[inside]) / 1e3, np.median(predicted_us[inside]) / 1e3
+            records.append((by, label, int(inside.sum()), hw_p50, sim_p50, sim_p50 / hw_p50 - 1,
+                            float(np.median(error[inside]))))
+    return pd.DataFrame(records, columns=["by", "bin", "iterations", "hw_p50_ms", "sim_p50_ms", "error_p50",
+                                          "abs_error_median"])
+
+
+def binned_markdown(bins: pd.DataFrame) -> str:
+    """:func:`binned_error` as a markdown table."""
+    lines = ["| by | bin | iterations | hardware p50 (ms) | simulator p50 (ms) | error at p50 | median abs error |",
+             "|---|---|---|---|---|---|---|"]
+    for _, r in bins.iterrows():
+        lines.append(f"| {r['by']} | {r['bin']} | {r['iterations']:,} | {r['hw_p50_ms']:.4g} | {r['sim_p50_ms']:.4g} "
+                     f"| {r['error_p50']:+.1%} | {r['abs_error_median']:.1%} |")
+    return "\n".join(lines)
 
 
 def tpot_on_hardware_schedule(rows: pd.DataFrame, modelled_us: np.ndarray, requests: pd.DataFrame) -> pd.DataFrame:
@@ -264,7 +303,9 @@ def validate_run(hw_dir: str | Path, profile: str | None = None, out_dir: str | 
             f"compute model: {compute_model} ({sim.config['compute_model']}); VMM: {sim.config['vmm_latency_source']}\n\n"
             + markdown_table(table) + "\n\ntargets missed: " + ("; ".join(missed) or "none") + "\n"
             + ("" if same is None else "\nThe compute model on the hardware's own batches (`shapes.parquet`; hardware: "
-               "duration minus the mapping part of the stall):\n\n" + _same_batches_markdown(same) + "\n"))
+               "duration minus the mapping part of the stall):\n\n" + _same_batches_markdown(same) + "\n"
+               + "\nBy bins of the batch's longest context and of its size (where the model extrapolates):\n\n"
+               + binned_markdown(same.attrs["bins"]) + "\n"))
         overlay_html(hw, sim, out / "overlay.html", f"{config.label}: per-iteration latency, hardware vs simulator")
     return table, hw, sim, same
 
@@ -355,6 +396,8 @@ def command(args) -> int:
     print("targets missed: " + ("; ".join(missed) or "none"))
     if same is not None:
         print("\n" + _same_batches_markdown(same))
+        print("\nerror by bins of the batch's longest context and of its size (compute model on the hardware's "
+              "batches):\n" + binned_markdown(same.attrs["bins"]))
     return 0
 
 
