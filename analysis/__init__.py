@@ -11,20 +11,14 @@ policies), ``figures`` / ``downsample`` / ``report`` (plotly HTML), ``summary`` 
 (output directories and files written as a whole); ``planning`` (capacity search, SLOs, sweeps, their
 executors and command lines).
 """
-from importlib import import_module
+from sim.lazy import lazy_exports
 
 _EXPORTS = {"RunResult": "analysis.results", "build_result": "analysis.results", "load_run": "analysis.results",
             "summarize": "analysis.results", "write_run": "analysis.results", "compare": "analysis.comparison",
             "write_report": "analysis.report"}
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'analysis' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(globals(), _EXPORTS)
 
 
 __all__ = sorted(_EXPORTS)

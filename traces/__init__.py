@@ -9,7 +9,7 @@ generators (``synthesize``, ``synthetic_default``, ``poisson_arrivals``, ``gamma
 ``clip_context``, ``merge``), statistics (``trace_stats``, ``ideal_prefix_hit``), errors (``TraceError``,
 ``TraceWarning``); the workload of a run from options: :mod:`traces.workload`.
 """
-from importlib import import_module
+from sim.lazy import lazy_exports
 
 _EXPORTS = {
     "ArrivalSpec": "traces.generators",
@@ -50,13 +50,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'traces' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(globals(), _EXPORTS)
 
 
 __all__ = sorted(_EXPORTS)
