@@ -264,8 +264,9 @@ def search_deployments(args, trace: pd.DataFrame, slos: tuple[Slo, ...], max_gpu
 
 
 def ranking_lines(results: list[DeploymentResult], target_rate_per_s: float | None = None) -> list[str]:
-    """The table of candidates by goodput per GPU, the best disaggregated and co-located deployments, how they
-    compare, and (with a target) the GPUs each needs."""
+    """The table of candidates by goodput per GPU, the best disaggregated and co-located deployments at each GPU
+    count and overall, how they compare, and (with a target) the fewest GPUs each kind needs for it (copies of
+    one deployment)."""
     from analysis.disagg_report import format_table
 
     ranked = sorted((r for r in results if r.capacity), key=lambda r: -r.per_gpu)
@@ -298,8 +299,11 @@ def ranking_lines(results: list[DeploymentResult], target_rate_per_s: float | No
         ratio = best_d.per_gpu / best_c.per_gpu - 1
         lines.append(f"disaggregated vs co-located, best of each: {ratio:+.1%} goodput per GPU "
                      f"({'disaggregated is better' if ratio > 0 else 'co-located is better'})")
-    if target_rate_per_s:
-        for r in filter(None, (best_d, best_c)):
+    if target_rate_per_s:      # per kind, the deployment that needs the fewest GPUs for the target
+        def fewest_gpus(kind: list[DeploymentResult]) -> DeploymentResult | None:
+            return min(kind, key=lambda r: (r.units_for(target_rate_per_s) * r.deployment.gpus, -r.per_gpu),
+                       default=None)
+        for r in filter(None, (fewest_gpus(disagg), fewest_gpus(colocated))):
             units = r.units_for(target_rate_per_s)
             d = r.deployment
             what = (f"{units} x {d.replicas} = {units * d.replicas} co-located replicas x tp{d.tp}" if d.colocated else
