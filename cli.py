@@ -131,6 +131,11 @@ def _simulate_replicas(args: argparse.Namespace, config, trace, out) -> int:
     if args.report:
         raise ValueError("--report covers one replica's run; leave it out with --replicas (kvsim report DIR "
                          "reads the merged run)")
+    if args.routing == "session-hash":
+        from sim.routing import session_key_note
+        note = session_key_note(trace, args.replicas)
+        if note:
+            print(f"kvsim: warning: {note}", file=sys.stderr)
     with out.writing() as stage:
         started = time.perf_counter()
         records = stage / ".replicas"
@@ -149,7 +154,8 @@ def _simulate_replicas(args: argparse.Namespace, config, trace, out) -> int:
             shutil.rmtree(records)
     result.relocate(out.path)
     print_summary(result, wall_s=wall_s, out_dir=out.path)
-    print(f"{args.replicas} replicas ({args.routing}, {args.executor} executor): requests per replica "
+    how = "co-simulated" if args.routing == "least-outstanding" else f"{args.executor} executor"
+    print(f"{args.replicas} replicas ({args.routing}, {how}): requests per replica "
           f"{', '.join(str(int((routed.assignment == r).sum())) for r in range(args.replicas))}")
     return 0
 

@@ -71,6 +71,12 @@ def check_disagg_flags(args: argparse.Namespace, allow_unused: bool = False) -> 
             raise ValueError(f"{given[0]} applies to disaggregated runs; add --pd P:D (or --pd-search GPUS) or "
                              f"leave {given[0]} out")
         return
+    if (getattr(args, "pp", 1) or 1) > 1:
+        raise ValueError(f"--pp {args.pp} applies to co-located replicas; a disaggregated deployment (--pd / "
+                         "--pd-search) models tensor parallelism per role only (--prefill-tp, --decode-tp)")
+    if (getattr(args, "replicas", 1) or 1) > 1:
+        raise ValueError(f"--replicas {args.replicas} applies to co-located serving; a --pd P:D deployment is its "
+                         "own P prefill and D decode instances (raise P and D instead)")
     if searching and getattr(args, "pd", None) is not None:
         raise ValueError("--pd and --pd-search exclude each other: --pd evaluates one deployment, --pd-search "
                          "searches them")

@@ -83,6 +83,20 @@ def session_keys(trace: pd.DataFrame) -> np.ndarray:
     return keys
 
 
+def session_key_note(trace: pd.DataFrame, num_replicas: int) -> str | None:
+    """A warning when session-hash routing cannot spread the trace: fewer distinct session keys than replicas
+    (e.g. Mooncake traces whose every request starts with the same system-prompt block)."""
+    keys = session_keys(trace)
+    distinct = len(np.unique(keys))
+    if distinct >= num_replicas:
+        return None
+    source = ("session_id" if "session_id" in trace.columns else
+              "hash_ids[0] (the first prefix block)" if "hash_ids" in trace.columns else "request id")
+    return (f"session-hash: the {len(trace):,} requests have {distinct} distinct session key(s) ({source}) for "
+            f"{num_replicas} replicas, so at most {distinct} replica(s) receive requests; add a session_id column "
+            "or choose another --routing")
+
+
 def session_hash(trace: pd.DataFrame, num_replicas: int) -> np.ndarray:
     """Replica index per request: splitmix64 of the session key, modulo R (a fixed 64-bit mix, so the same
     session goes to the same replica on every run and platform)."""

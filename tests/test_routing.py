@@ -108,3 +108,11 @@ def test_replicas_streamed_to_files_merge_like_in_memory(workload, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["replica-0.parquet", "replica-1.parquet"]
     assert {k: v for k, v in in_memory.summary.items() if k != "tbt_mean_ms"} == \
         {k: v for k, v in streamed.summary.items() if k != "tbt_mean_ms"}
+
+
+def test_session_hash_warns_when_keys_are_fewer_than_replicas():
+    from sim.routing import session_key_note
+
+    shared = pd.DataFrame({"request_id": range(5), "hash_ids": [[0, 1], [0, 2], [0], [0, 5], [0, 9]]})
+    assert "1 distinct session key(s) (hash_ids[0]" in session_key_note(shared, 4)
+    assert session_key_note(pd.DataFrame({"request_id": range(5)}), 4) is None     # request ids: 5 keys

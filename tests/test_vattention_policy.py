@@ -221,3 +221,16 @@ TestPolicyMachine = PolicyMachine.TestCase
 TestPolicyMachineNoDeferral = PolicyMachineNoDeferral.TestCase
 TestPolicyMachineNoDeferral.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestPolicyMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_slot_length_far_beyond_the_pool_costs_no_memory():
+    """A slot of 10**9 page groups over a pool of 8: the policy keeps buckets only up to the pool (a slot never
+    maps more), so building it is cheap, and a request longer than the pool is refused."""
+    from sim.memory.vattention import VAttentionConfig, VAttentionPolicy
+
+    policy = VAttentionPolicy(VAttentionConfig(num_slots=4, max_pages_per_slot=10**9, pool_page_groups=8,
+                                               tokens_per_page=16, admission_watermark_frac=0.0))
+    assert len(policy._idle_buckets) == 9
+    assert policy.alloc_slot(9 * 16) is None
+    slot = policy.alloc_slot(8 * 16)
+    assert slot is not None and policy.step({slot: 8 * 16}).num_page_groups_mapped == 8

@@ -34,9 +34,11 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                                                        "| static (keys: 'kvsim compare --help') (default: vattention)")
     parser.add_argument("--profile", default=None, help="calibration profile JSON for VMM latencies (default: the "
                                                          "built-in H200 latencies)")
-    parser.add_argument("--slo", default=None, help="objectives METRIC=DURATION,...: metrics ttft|tpot|e2e _p50|_p90|"
-                                                    "_p99|_mean, durations with a unit, e.g. ttft_p99=2s,tpot_p99=100ms (default: none; "
-                                                    "capacity and --job capacity need it)")
+    parser.add_argument("--slo", default=None, help="objectives METRIC=DURATION,...: metrics ttft|tpot|e2e|tbt|"
+                                                    "sched_delay _p50|_p90|_p99|_mean and tbt_max, durations with a "
+                                                    "unit, e.g. ttft_p99=2s,tbt_p99=100ms; sched_delay_p50=2s is added "
+                                                    "unless one is given (Sarathi-Serve's capacity definition) "
+                                                    "(default: none; capacity and --job capacity need it)")
     parser.add_argument("--tolerance", type=_fraction, default=0.02,
                         help="relative precision of the capacity (bisection stops at hi/lo - 1 <= X)")
     parser.add_argument("--stability-tol", type=_fraction, default=0.05,

@@ -21,17 +21,18 @@ COST_COLUMNS = ("gpus_per_replica", "usd_per_gpu_hour", "replica_usd_per_hour", 
 """Columns :func:`add_cost_columns` adds to a sweep table."""
 
 
-def replica_usd_per_hour(config) -> float | None:
-    """Dollars per hour of one replica of ``config`` (:class:`sim.config.SimConfig`): ``tp x pp x $/GPU-hour``;
-    ``None`` when the GPU has no price."""
+def replica_usd_per_hour(config, gpus: int | None = None) -> float | None:
+    """Dollars per hour of one replica of ``config`` (:class:`sim.config.SimConfig`): ``tp x pp x $/GPU-hour``,
+    or ``gpus x $/GPU-hour`` for a deployment that states its GPUs (a disaggregated P:D one); ``None`` when
+    the GPU has no price."""
     price = config.gpu_spec.usd_per_gpu_hour
-    return None if price is None else config.gpus_per_replica * price
+    return None if price is None else (gpus if gpus is not None else config.gpus_per_replica) * price
 
 
-def requests_per_usd(rate_per_s: float, config) -> float | None:
-    """Requests one dollar buys at ``rate_per_s`` requests/s per replica: ``rate x 3600 / replica $/hour``
-    (``None`` without a price; 0 for a zero rate)."""
-    per_hour = replica_usd_per_hour(config)
+def requests_per_usd(rate_per_s: float, config, gpus: int | None = None) -> float | None:
+    """Requests one dollar buys at ``rate_per_s`` requests/s per replica (or deployment of ``gpus`` GPUs):
+    ``rate x 3600 / replica $/hour`` (``None`` without a price; 0 for a zero rate)."""
+    per_hour = replica_usd_per_hour(config, gpus)
     if per_hour is None or not rate_per_s or not math.isfinite(rate_per_s):
         return None if per_hour is None else 0.0
     return rate_per_s * S_PER_HOUR / per_hour
@@ -77,10 +78,13 @@ def add_cost_columns(table: pd.DataFrame, jobs, point_args) -> pd.DataFrame:
             slos = parse_slos(job.base.get("slo") or "") if job.base.get("slo") else ()
             summary = row.to_dict()
             passes = ok and all(slo.holds(summary) for slo in slos) and not row.get("rejected", 0)
-        values["gpus_per_replica"].append(config.gpus_per_replica if config else None)
+        # a disaggregated point states its deployment's GPUs (P x prefill tp + D x decode tp)
+        stated = row.get("gpus")
+        gpus = int(stated) if stated is not None and pd.notna(stated) and row.get("pd") not in (None, "none") else None
+        values["gpus_per_replica"].append((gpus or config.gpus_per_replica) if config else None)
         values["usd_per_gpu_hour"].append(config.gpu_spec.usd_per_gpu_hour if config else None)
-        values["replica_usd_per_hour"].append(replica_usd_per_hour(config) if config else None)
-        values["requests_per_usd"].append(requests_per_usd(rate, config) if ok else None)
+        values["replica_usd_per_hour"].append(replica_usd_per_hour(config, gpus) if config else None)
+        values["requests_per_usd"].append(requests_per_usd(rate, config, gpus) if ok else None)
         values["passes_slos"].append(bool(passes))
     out = table.assign(**{name: pd.Series(column, index=table.index, dtype=object if name != "passes_slos" else bool)
                           for name, column in values.items()})

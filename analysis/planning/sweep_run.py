@@ -74,7 +74,8 @@ def _capacity(job: PointJob) -> tuple[str, dict]:
         raise ValueError("--job capacity needs --slo (e.g. ttft_p99=2s,tpot_p99=100ms)")
     result = find_capacity(config, trace, with_default_bounds(parse_slos(args.slo)), args.tolerance, args.profile,
                            args.stability_tol, allow_rejected=getattr(args, "allow_rejected", False))
-    return config.label, {**result.to_dict(), "gpus": config.tp, "capacity_req_per_s_per_gpu": result.rate_per_s / config.tp}
+    gpus = config.gpus_per_replica                      # tp x pp
+    return config.label, {**result.to_dict(), "gpus": gpus, "capacity_req_per_s_per_gpu": result.rate_per_s / gpus}
 
 
 def run_point(job: PointJob) -> dict:

@@ -88,7 +88,9 @@ class VAttentionPolicy:
         self._idle = set(range(num_slots))
         self._in_flight_slots: set[int] = set()      # slots with background maps in flight
         # idle slots bucketed by mapped page groups: best-fit and eager look-ups without scanning all slots
-        self._idle_buckets: list[set[int]] = [set() for _ in range(config.max_pages_per_slot + 1)]
+        # (a slot never maps more page groups than the pool holds, whatever its length: no bucket beyond that)
+        self._idle_buckets: list[set[int]] = [set() for _ in range(min(config.max_pages_per_slot,
+                                                                       config.pool_page_groups) + 1)]
         self._idle_buckets[0].update(range(num_slots))
         self._mapped_total = 0
         self._deferred_total = 0
