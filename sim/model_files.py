@@ -52,6 +52,9 @@ PLAIN_MODEL_TYPES = frozenset({"gpt2", "gpt_neox", "gptj", "opt", "falcon", "blo
 GATED_ACTIVATIONS = frozenset({"silu", "swiglu", "swish"})
 """``hidden_act`` values taken as a gated MLP for a ``model_type`` in neither list."""
 
+PLAIN_ACTIVATIONS = frozenset({"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "quick_gelu"})
+"""``hidden_act`` values taken as a plain MLP for a ``model_type`` in neither list (any other is refused)."""
+
 UNTIED_BY_DEFAULT = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                                "deepseek_v2", "deepseek_v3", "yi", "internlm2", "phi3", "olmo2", "granite"})
 """``model_type`` values whose transformers config class defaults ``tie_word_embeddings`` to false."""
@@ -198,8 +201,10 @@ def _model_from_toml(data: dict, shown: str, path: Path) -> ModelSpec:
         default = ModelSpec.__dataclass_fields__[name].default
         if isinstance(default, bool):
             values[name] = fields.flag(name, default)
+        elif name == "max_context_tokens":          # a slot must hold a prompt token and an output token
+            values[name] = fields.integer(name, minimum=2)
         elif name in ("num_layers", "hidden_size", "num_q_heads", "num_kv_heads", "head_dim", "ffn_size",
-                      "vocab_size", "max_context_tokens"):
+                      "vocab_size"):
             values[name] = fields.integer(name)
         else:
             values[name] = fields.integer(name, default, minimum=0 if default == 0 else 1)
@@ -271,7 +276,7 @@ def model_from_hf_config(data: dict, shown: str, name: str = "model") -> ModelSp
         top_k = shared = first_dense = moe_ffn = 0
         ffn = f.integer("intermediate_size")
     vocab = f.integer("vocab_size")
-    context = f.integer("max_position_embeddings")
+    context = f.integer("max_position_embeddings", minimum=2)
     dtype_name = data.get("torch_dtype", data.get("dtype")) or "bfloat16"
     dtype_field = "torch_dtype" if "torch_dtype" in data else "dtype"
     if not isinstance(dtype_name, str) or dtype_name.replace("torch.", "") not in TORCH_DTYPE_BYTES:
@@ -321,7 +326,12 @@ def _mlp_gated(f: _Fields, model_type: str) -> bool:
     if not isinstance(act, str):
         raise f.fail("hidden_act", f"is missing and model_type {json.dumps(model_type)} is not one kvsim knows: "
                                    "cannot tell whether the MLP is gated (give the model as a TOML with mlp_gated)")
-    return act.lower() in GATED_ACTIVATIONS
+    if act.lower() in GATED_ACTIVATIONS:
+        return True
+    if act.lower() in PLAIN_ACTIVATIONS:
+        return False
+    raise f.fail("hidden_act", f"{json.dumps(act)} with model_type {json.dumps(model_type)}: kvsim knows neither, so "
+                               "cannot tell whether the MLP is gated (give the model as a TOML with mlp_gated)")
 
 
 def _check_consistent(spec: ModelSpec, f: _Fields) -> None:

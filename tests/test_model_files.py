@@ -191,3 +191,19 @@ def test_dtype_overrides_and_derived_figures_in_config():
     # 2 x 128256 x 8192 / 4 = 525,336,576 parameters -> (1,318,912 + 525,336,576) x 2 = 1,053,310,976 B
     assert derived["weight_bytes_per_worker"] == 17_112_760_320 + 1_053_310_976
     assert config.to_dict()["vmm_profile_borrowed_from"] == "h200"
+
+
+def test_unknown_activation_and_tiny_context_are_refused(tmp_path):
+    """An unknown model_type with an unknown hidden_act cannot tell the MLP kind (refused, naming the field,
+    rather than guessed plain); a context under 2 tokens holds no request."""
+    from pathlib import Path
+
+    base = json.loads((Path(__file__).resolve().parents[1] / "models" / "mistral-7b.json").read_text())
+    weird = tmp_path / "weird.json"
+    weird.write_text(json.dumps({**base, "model_type": "foo", "hidden_act": "weird"}))
+    with pytest.raises(CatalogError, match="hidden_act .weird.*cannot tell whether the MLP is gated"):
+        get_model(str(weird))
+    tiny = tmp_path / "tiny.json"
+    tiny.write_text(json.dumps({**base, "max_position_embeddings": 1}))
+    with pytest.raises(CatalogError, match="max_position_embeddings must be >= 2"):
+        get_model(str(tiny))

@@ -58,7 +58,7 @@ def skip_n(df: pd.DataFrame, n: int) -> pd.DataFrame:
         TraceError: If ``n`` is negative or leaves no request.
     """
     if not 0 <= n < len(df):
-        raise TraceError(f"skip_n: n must be in [0, {len(df) - 1}] (got {n}): the trace has {len(df)} requests")
+        raise TraceError(f"--skip-requests {n}: must be in [0, {len(df) - 1}]: the trace has {len(df):,} requests")
     return renumber(df.iloc[n:], _source(df, f"after the first {n}"))
 
 
@@ -69,7 +69,7 @@ def sample_n(df: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
         TraceError: If ``n`` is negative or larger than the table.
     """
     if not 0 <= n <= len(df):
-        raise TraceError(f"sample_n: n must be in [0, {len(df)}] (got {n})")
+        raise TraceError(f"--sample {n}: cannot draw {n} requests from a trace of {len(df):,}")
     rows = np.sort(np.random.default_rng(seed).choice(len(df), size=n, replace=False))
     return renumber(df.iloc[rows], _source(df, f"sample {n}, seed {seed}"))
 
@@ -116,8 +116,8 @@ def clip_context(df: pd.DataFrame, max_context_tokens: int) -> tuple[pd.DataFram
         (new table, number of rows clipped).
     """
     if max_context_tokens < 2:
-        raise TraceError(f"clip_context: max_context_tokens must be >= 2 "
-                         f"(got {max_context_tokens})")
+        raise TraceError(f"a slot of {max_context_tokens} token(s) holds no request: the context (--max-context, or "
+                         "the model's max_context_tokens) must be >= 2 tokens")
     prompt = df["prompt_tokens"].to_numpy()
     output = df["output_tokens"].to_numpy()
     over = prompt + output > max_context_tokens
