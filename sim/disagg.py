@@ -112,7 +112,8 @@ class DisaggConfig:
         streaming: layer-wise streaming of the KV during the prefill (else the transfer follows the prefill).
 
     Raises:
-        ConfigError: counts below 1, roles serving different models or slot lengths, prefix caching.
+        ConfigError: counts below 1, roles serving different models or slot lengths, pipeline parallelism,
+            prefix caching.
     """
 
     prefill: SimConfig
@@ -130,6 +131,9 @@ class DisaggConfig:
                               f"{self.decode.model}")
         if self.prefill.slot_max_tokens != self.decode.slot_max_tokens:
             raise ConfigError("prefill and decode instances must have one slot length (--max-context)")
+        if getattr(self.prefill, "pp", 1) > 1 or getattr(self.decode, "pp", 1) > 1:
+            raise ConfigError("--pd: pipeline parallelism (--pp) is not modelled in disaggregated deployments; use "
+                              "--prefill-tp / --decode-tp")
         if self.prefill.prefix_caching or self.decode.prefix_caching:
             raise ConfigError("--pd: prefix caching is not modelled in disaggregated runs; leave prefix=on out")
 
