@@ -97,6 +97,9 @@ def cmd_simulate_disagg(args: argparse.Namespace) -> int:
     from sim.disagg_options import disagg_config_from_args
     from traces.workload import load_workload
 
+    if getattr(args, "report", False):
+        raise ValueError("--report covers co-located runs; a --pd run's tables are in its run directory "
+                         "(requests.parquet, iterations.parquet with role and instance columns, summary.json)")
     config = disagg_config_from_args(args)
     out = OutputDir(args.out if args.out is not None else default_out_dir(), args.force)
     if args.profile is not None:

@@ -320,6 +320,7 @@ def test_simulate_pd_writes_a_run_with_transfers_and_role_tables(tmp_path, capsy
     (["--kv-link", "ib"], ["--kv-link", "--pd"]),
     (["--pd", "1:1", "--prefill-tp", "3"], ["--tp 3"]),
     (["--pd", "1:1", "--decode-policy", "paged:prefix=on"], ["prefix caching"]),
+    (["--pd", "1:1", "--report"], ["--report"]),
 ])
 def test_simulate_pd_bad_input_is_one_line(tmp_path, capsys, argv, words):
     from cli import main
@@ -424,3 +425,11 @@ def test_a_stalled_deployment_fails_its_capacity_point_and_is_one_error_line(mon
     assert not point.passed and point.failed == (STALLED,)
     assert main(["simulate", "--pd", "1:1", "--num-requests", "5", "--out", str(tmp_path / "run"), "--quiet"]) == 2
     _one_error(capsys, "stalled")
+
+
+def test_instances_that_receive_no_request_report_zeros():
+    run = run_disagg(DisaggConfig(paged(), paged(), 2, 3, LINK), trace([(0.0, 100, 5)]), models=constant_models())
+    instances = run.summary["instances"]
+    assert run.summary["finished"] == 1 and set(instances) == {"prefill0", "prefill1", "decode0", "decode1", "decode2"}
+    assert [instances[name]["requests"] for name in sorted(instances)] == [1, 0, 0, 1, 0]
+    assert instances["decode1"]["utilisation"] == 0.0 and instances["decode0"]["utilisation"] > 0
