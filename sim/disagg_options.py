@@ -87,7 +87,16 @@ def check_disagg_flags(args: argparse.Namespace, allow_unused: bool = False) -> 
     if args.kv_stream is not None:
         parse_kv_stream(args.kv_stream)
     if searching:
-        parse_tp_list(getattr(args, "pd_tp", None), args.tp)
+        from sim.catalog import get_model
+        model = get_model(args.model)
+        tps = parse_tp_list(getattr(args, "pd_tp", None), args.tp)
+        if isinstance(args.pd_search, int) and min(tps) > args.pd_search:
+            raise ValueError(f"--pd-search {args.pd_search}: no deployment fits {args.pd_search} GPU(s) with --pd-tp "
+                             f"{','.join(map(str, tps))} (a replica or instance needs tp GPUs)")
+        for tp in tps:
+            if model.num_kv_heads % tp or model.num_q_heads % tp:
+                raise ValueError(f"--pd-tp {tp} does not divide {args.model}'s {model.num_kv_heads} KV heads and "
+                                 f"{model.num_q_heads} query heads")
 
 
 def parse_tp_list(text: str | None, default: int) -> list[int]:
@@ -113,7 +122,12 @@ def role_config(args: argparse.Namespace, role: str, tp: int | None = None, **ov
     role_args = copy.copy(args)
     role_args.policy = getattr(args, f"{role}_policy", None) or getattr(args, "policy", None)
     role_args.tp = tp or getattr(args, f"{role}_tp", None) or args.tp
-    return config_from_args(role_args, **overrides)
+    try:
+        return config_from_args(role_args, **overrides)
+    except ValueError as exc:        # name the role's own flag where the shared --tp is meant
+        if role in ("prefill", "decode") and getattr(args, f"{role}_tp", None) is not None and "--tp " in str(exc):
+            raise type(exc)(str(exc).replace("--tp ", f"--{role}-tp ", 1)) from None
+        raise
 
 
 def disagg_config_from_args(args: argparse.Namespace, pd: str | None = None, prefill_tp: int | None = None,

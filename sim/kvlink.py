@@ -118,6 +118,13 @@ def parse_bandwidth_bytes_per_s(text: str) -> float:
     return value * scale
 
 
+MIN_LINK_BYTES_PER_S = 1e6
+"""Slowest link accepted (1 MB/s, well below 1 Gb Ethernet's 125 MB/s): 16 GiB of KV (128K tokens of Llama-3-8B)
+then takes at most ~1.7e10 us, far inside the 2**53 us the simulator's float clock holds exactly."""
+MAX_LINK_LATENCY_US = 1e6
+"""Longest link latency accepted (1 s)."""
+
+
 def parse_kv_link(text: str) -> KvLink:
     """A ``--kv-link`` value: a preset name (:data:`LINKS`) or ``BANDWIDTH[,LATENCY]``.
 
@@ -136,6 +143,9 @@ def parse_kv_link(text: str) -> KvLink:
             latency_us = 0.0 if re.fullmatch(r"0+(\.0*)?\s*(us|ms|s)?", stripped) else parse_duration_us(stripped)
     except ValueError as exc:
         raise ValueError(f"--kv-link {text!r}: {exc}; or one of {', '.join(LINKS)}") from None
+    if not MIN_LINK_BYTES_PER_S <= rate or latency_us > MAX_LINK_LATENCY_US:
+        raise ValueError(f"--kv-link {text!r}: a bandwidth below 1 MB/s or a latency above 1 s puts a transfer of a long "
+                         "prompt's KV beyond what the microsecond clock holds exactly; no datacenter link is that slow")
     return KvLink(text.strip(), rate, latency_us, "user-given")
 
 

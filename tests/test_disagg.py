@@ -318,7 +318,7 @@ def test_simulate_pd_writes_a_run_with_transfers_and_role_tables(tmp_path, capsy
     (["--pd", "1:1", "--kv-link", "warp"], ["--kv-link", "'warp'"]),
     (["--pd", "1:1", "--kv-stream", "yes"], ["--kv-stream", "'yes'"]),
     (["--kv-link", "ib"], ["--kv-link", "--pd"]),
-    (["--pd", "1:1", "--prefill-tp", "3"], ["--tp 3"]),
+    (["--pd", "1:1", "--prefill-tp", "3"], ["--prefill-tp 3"]),
     (["--pd", "1:1", "--decode-policy", "paged:prefix=on"], ["prefix caching"]),
     (["--pd", "1:1", "--report"], ["--report"]),
 ])
@@ -433,3 +433,27 @@ def test_instances_that_receive_no_request_report_zeros():
     assert run.summary["finished"] == 1 and set(instances) == {"prefill0", "prefill1", "decode0", "decode1", "decode2"}
     assert [instances[name]["requests"] for name in sorted(instances)] == [1, 0, 0, 1, 0]
     assert instances["decode1"]["utilisation"] == 0.0 and instances["decode0"]["utilisation"] > 0
+
+
+def test_impossible_searches_and_links_are_one_line(tmp_path, capsys):
+    """Fresh-user findings: a --pd-tp that cannot shard the model or fit the budget, a link so slow that a
+    transfer leaves the exact range of the clock, and a bad --prefill-tp named as such."""
+    from cli import main
+
+    from tests.conftest import SHARED_TRACES
+    path = SHARED_TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
+    if not path.exists():
+        pytest.skip("../shared traces absent")
+    trace = str(path)
+    base = ["--trace", trace, "--num-requests", "50"]
+    for args, needle in ((["capacity", *base, "--slo", "ttft_p99=2s", "--pd-search", "4", "--pd-tp", "3"],
+                          "--pd-tp 3 does not divide"),
+                         (["capacity", *base, "--slo", "ttft_p99=2s", "--pd-search", "2", "--pd-tp", "4"],
+                          "no deployment fits 2 GPU(s)"),
+                         (["simulate", *base, "--pd", "1:1", "--kv-link", "1e-9GB/s", "--out", str(tmp_path / "a")],
+                          "below 1 MB/s"),
+                         (["simulate", *base, "--pd", "1:1", "--prefill-tp", "3", "--out", str(tmp_path / "b")],
+                          "--prefill-tp 3 does not divide")):
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err

@@ -239,7 +239,11 @@ def search_deployments(args, trace: pd.DataFrame, slos: tuple[Slo, ...], max_gpu
         smaller = [(g, s) for g, s in scale_at_gpus.items() if g < gpus]
         return max(s * gpus / g for g, s in smaller) if smaller else 1.0
 
-    for deployment in candidate_deployments(max_gpus, tps):
+    candidates = candidate_deployments(max_gpus, tps)
+    if not candidates:
+        raise ValueError(f"--pd-search {max_gpus}: no deployment fits {max_gpus} GPU(s) with --pd-tp "
+                         f"{','.join(map(str, tps))} (a replica or instance needs tp GPUs)")
+    for deployment in candidates:
         step = (lambda e, d=deployment: on_step(d, e)) if on_step else None
         start = start_scale(deployment.gpus)
         try:
