@@ -86,6 +86,8 @@ def run_labels(runs) -> list[str]:
     the directory name, else ``run N``; a label shared by several runs gets the directory (or position)
     appended, so that no two runs collapse into one row or legend entry."""
     raw = [str(r.config.get("policy_spec") or r.config.get("label") or (r.path.name if r.path else f"run {i + 1}"))
+           + (f" x {r.config['replicas']} replicas ({r.config.get('routing', 'round-robin')})"
+              if int(r.config.get("replicas", 1) or 1) > 1 else "")
            for i, r in enumerate(runs)]
     labels = []
     for i, (label, run) in enumerate(zip(raw, runs)):
