@@ -287,10 +287,7 @@ class PrefillInstance(Simulator):
     def free_held(self, request: Request) -> None:
         """The transfer of ``request``'s KV has landed: give its slot back (as a finished request's)."""
         self.held.remove(request)
-        if self.zero_mode == "on-free":
-            self._zero_at_free(self.policy.mapped[request.slot])
-        self._perform_free(self.policy.free_slot(request.slot, self.policy.completed_iteration))
-        request.slot = -1
+        self._free_slot(request)
         if self._release_wait is not None and not self._release_wait.triggered:
             self._release_wait.succeed()
 
@@ -536,7 +533,7 @@ class DisaggCluster:
         env, trace = self.env, self.trace
         arrivals_us = np.round(trace["arrival_s"].to_numpy(dtype=float) * ARRIVAL_TICKS_PER_S) * ARRIVAL_TICK_US
         prefill_config, decode_config = self.prefills[0].policy.config, self.decodes[0].policy.config
-        assigned_p, assigned_d = [0] * len(self.prefills), [0] * len(self.decodes)
+        assigned_p = [0] * len(self.prefills)
         rows = zip(arrivals_us, trace["request_id"], trace["prompt_tokens"], trace["output_tokens"])
         for arrival_us, request_id, prompt, output in rows:
             for instance in self.prefills:     # no instance fast-forwards past an arrival it might receive

@@ -562,6 +562,10 @@ class Simulator(RequestBookkeeping):
 
     def _release(self, request: Request) -> None:
         self.running.remove(request)
+        self._free_slot(request)
+
+    def _free_slot(self, request: Request) -> None:
+        """Give the request's slot back to the policy (clearing its pages first under zero on-free)."""
         if self.zero_mode == "on-free":
             self._zero_at_free(self.policy.mapped[request.slot])
         self._perform_free(self.policy.free_slot(request.slot, self.policy.completed_iteration))

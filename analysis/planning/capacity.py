@@ -315,6 +315,18 @@ def search_capacity(evaluate: Callable[[float], Evaluation], slos: tuple[Slo, ..
     return CapacityResult(tuple(slos), tolerance, base_rate, tuple(steps), lo, hi)
 
 
+def capacity_result(search: CapacityResult, trace: pd.DataFrame, reasons: list[str]) -> CapacityResult:
+    """A search's result with the workload's figures: mean output and prompt + output tokens of the servable
+    requests, the unservable ones by reason (``reasons``: one per request, ``""`` when servable), the served
+    share and the request count."""
+    servable = trace[[not reason for reason in reasons]]
+    output_tokens = float(servable["output_tokens"].mean())
+    total_tokens = output_tokens + float(servable["prompt_tokens"].mean())
+    return CapacityResult(search.slos, search.tolerance, search.base_rate_per_s, search.steps, search.best,
+                          search.above, output_tokens, total_tokens, dict(Counter(filter(None, reasons))),
+                          len(servable) / len(trace), len(trace))
+
+
 def find_capacity(config: SimConfig, trace: pd.DataFrame, slos: tuple[Slo, ...], tolerance: float = 0.02,
                   profile_path: str | None = None, stability_tol: float = DEFAULT_STABILITY_TOL,
                   on_step: Callable[[Evaluation], None] | None = None,
@@ -341,8 +353,4 @@ def find_capacity(config: SimConfig, trace: pd.DataFrame, slos: tuple[Slo, ...],
                                      evaluate_many=lambda scales: list(pool.map(evaluate, scales)), width=workers)
     else:
         result = search_capacity(evaluate, slos, tolerance, base_rate=base_rate, on_step=on_step)
-    servable = trace[[not reason for reason in reasons]]
-    output_tokens = float(servable["output_tokens"].mean())
-    total_tokens = output_tokens + float(servable["prompt_tokens"].mean())
-    return CapacityResult(result.slos, tolerance, base_rate, result.steps, result.best, result.above,
-                          output_tokens, total_tokens, unservable, len(servable) / len(trace), len(trace))
+    return capacity_result(result, trace, reasons)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from analysis.planning.capacity import (CapacityResult, Evaluation, UnservableWorkloadError, base_rate_per_s,
-                                        find_capacity, judge, search_capacity, unservable_line)
+                                        capacity_result, find_capacity, judge, search_capacity, unservable_line)
 from analysis.planning.slo import DEFAULT_STABILITY_TOL, Slo, ttft_growth
 
 STALLED = "stalled"      # a failed point: the deployment stalled (sim.disagg.DisaggStallError)
@@ -87,11 +87,7 @@ def find_disagg_capacity(config, trace: pd.DataFrame, slos: tuple[Slo, ...], tol
     evaluate = make_disagg_evaluator(config, trace, slos, profile_path, stability_tol, sum(counts.values()))
     base_rate = base_rate_per_s(trace)
     result = search_capacity(evaluate, slos, tolerance, start_scale=start_scale, base_rate=base_rate, on_step=on_step)
-    servable = trace[[not reason for reason in reasons]]
-    output_tokens = float(servable["output_tokens"].mean())
-    total_tokens = output_tokens + float(servable["prompt_tokens"].mean())
-    return CapacityResult(result.slos, tolerance, base_rate, result.steps, result.best, result.above, output_tokens,
-                          total_tokens, dict(counts), len(servable) / len(trace), len(trace))
+    return capacity_result(result, trace, reasons)
 
 
 @dataclass(frozen=True)
@@ -171,11 +167,7 @@ def find_colocated_capacity(config, trace: pd.DataFrame, replicas: int, slos: tu
                      stability_tol, sum(counts.values()))
 
     result = search_capacity(evaluate, slos, tolerance, start_scale=start_scale, base_rate=base_rate, on_step=on_step)
-    servable = trace[[not reason for reason in reasons]]
-    output_tokens = float(servable["output_tokens"].mean())
-    total_tokens = output_tokens + float(servable["prompt_tokens"].mean())
-    return CapacityResult(result.slos, tolerance, base_rate, result.steps, result.best, result.above, output_tokens,
-                          total_tokens, dict(counts), len(servable) / len(trace), len(trace))
+    return capacity_result(result, trace, reasons)
 
 
 @dataclass(frozen=True)
