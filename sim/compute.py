@@ -173,6 +173,9 @@ class BatchShape:
         kv_read_tokens: cached tokens attention reads (context before this iteration, all sequences).
         logit_sequences: S, sequences that emit a token this iteration (decodes + finishing prefills).
         max_context_tokens: keys the longest sequence attends to (its cached plus new tokens); 0 if unknown.
+        attention_blocks: FlashAttention thread blocks per query head, summed over sequences
+            (:func:`attention_block_terms`); 0 if unknown.
+        block_keys: keys those blocks read, summed (:func:`attention_block_terms`); 0 if unknown.
     """
 
     new_tokens: int
@@ -180,6 +183,30 @@ class BatchShape:
     kv_read_tokens: int
     logit_sequences: int
     max_context_tokens: int = 0
+    attention_blocks: int = 0
+    block_keys: float = 0.0
+
+
+ATTENTION_TILE_ROWS = 128
+"""Query rows of one FlashAttention-2 forward thread block (``kBlockM`` of the head-dim-128 kernels,
+flash-attn ``flash_fwd_launch_template.h``; the replay's attention is that kernel, ``hwbackend.replay.model``)."""
+
+
+def attention_block_terms(tokens: int, context: int) -> tuple[int, int]:
+    """Thread blocks (per query head) and keys they read for one sequence's share of an iteration.
+
+    FlashAttention-2's varlen forward gives each sequence ``n = ceil(tokens / R)`` blocks of ``R =``
+    :data:`ATTENTION_TILE_ROWS` query rows per query head, and never splits the keys: with the causal mask
+    aligned bottom-right, block ``m`` reads keys ``0 .. context + min(tokens, (m + 1) R)``. Summed over the
+    blocks: ``n context + R n (n - 1) / 2 + tokens`` keys (a decode: one block of ``context + 1`` keys).
+
+    Args:
+        tokens: new tokens of the sequence this iteration (``> 0``). context: its cached tokens.
+    Returns:
+        ``(blocks, keys)``.
+    """
+    n = -(-tokens // ATTENTION_TILE_ROWS)
+    return n, n * context + ATTENTION_TILE_ROWS * n * (n - 1) // 2 + tokens
 
 
 @dataclass(frozen=True)

@@ -27,15 +27,17 @@ import numpy as np
 import pandas as pd
 
 from hwbackend.replay.model import BatchInputs, SeqWork
+from sim.compute import attention_block_terms
 from sim.lifecycle import RequestBookkeeping
 from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS
 from sim.request import Request
 from sim.scheduler import SCHEDULERS, schedule_iteration
 
 SHAPE_COLUMNS = ("iteration", "new_tokens", "attention_pairs", "kv_read_tokens", "logit_sequences",
-                 "max_context_tokens")
+                 "max_context_tokens", "attention_blocks", "block_keys")
 """``shapes.parquet``: :class:`sim.compute.BatchShape` of each hardware iteration (tokens; pairs = (query, key)
-pairs attention computes, ``sum t * (context + (t + 1) / 2)``)."""
+pairs attention computes, ``sum t * (context + (t + 1) / 2)``; attention thread blocks and the keys they read,
+:func:`sim.compute.attention_block_terms`, logged since 2026-12-01)."""
 ARRIVAL_TICKS_PER_S = 10_000_000  # as sim.engine: arrivals quantised to the Azure trace's 100 ns tick
 
 
@@ -163,10 +165,12 @@ class ReplayLoop(RequestBookkeeping):
             import torch
             torch.cuda.current_stream(tokens.device).synchronize()
         done_us = self.now_us()
+        blocks = [attention_block_terms(w.tokens, w.computed) for w in work]
         self.shape_records.append((iteration, inputs.num_tokens,
                                    sum(w.tokens * (w.computed + (w.tokens + 1) / 2) for w in work),
                                    sum(w.computed for w in work), sum(w.emits for w in work),
-                                   max(w.computed + w.tokens for w in work)))
+                                   max(w.computed + w.tokens for w in work),
+                                   sum(b for b, _ in blocks), sum(k for _, k in blocks)))
         self.executor.poll_completed()
         bg_maps, unmaps = self._since_last_record()
         prefill = sum(t for r, t in batch if r.remaining > 1 or t > 1)

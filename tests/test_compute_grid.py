@@ -1,0 +1,58 @@
+"""The calibration grid of issue 19 (``hwbackend.calibration.grid``) and the attention block terms it logs."""
+import pytest
+
+from hwbackend.calibration.grid import GRID_COLUMNS, grid_points, shape_row
+from sim.compute import ATTENTION_TILE_ROWS, attention_block_terms
+
+
+def test_block_terms_by_hand():
+    assert ATTENTION_TILE_ROWS == 128
+    assert attention_block_terms(1, 1000) == (1, 1001)            # a decode: one block over every key
+    # 300 new tokens after 100 cached: blocks of rows 0-127, 128-255, 256-299 read 228, 356, 400 keys
+    assert attention_block_terms(300, 100) == (3, 228 + 356 + 400)
+    assert attention_block_terms(128, 0) == (1, 128)
+    assert attention_block_terms(129, 0) == (2, 128 + 129)
+
+
+def test_grid_points_fit_the_pool_and_the_slot():
+    pool_tokens, per_group = 400_000, 1024
+    points = grid_points(32768, pool_tokens, per_group, max_batch=256)
+    assert {p["family"] for p in points} == {"decode", "decode-skew", "decode-spread", "prefill", "mixed"}
+    for p in points:
+        seqs = p["seqs"]
+        assert 1 <= len(seqs) <= 256
+        assert sum(-(-(c + t) // per_group) for t, c in seqs) * per_group <= pool_tokens
+        assert max(c + t for t, c in seqs) <= 32768
+    decodes = {(len(p["seqs"]), p["seqs"][0][1]) for p in points if p["family"] == "decode"}
+    assert (256, 1024) in decodes and (1, 16384) in decodes and (1, 32768) not in decodes and (256, 4096) not in decodes   # 256 x 5 groups > pool
+
+
+def test_shape_row_matches_the_simulator_shape():
+    row = shape_row([(1, 1023), (1, 511), (300, 100)])
+    assert row == {"new_tokens": 302, "attention_pairs": 1024 + 512 + 300 * (100 + 301 / 2), "kv_read_tokens": 1634,
+                   "logit_sequences": 3, "max_context_tokens": 1024, "attention_blocks": 5,
+                   "block_keys": 1024 + 512 + 984}
+
+
+def test_measure_points_on_cpu_writes_one_row_per_point():
+    pytest.importorskip("torch")
+    from hwbackend.calibration.grid import measure_points
+    from hwbackend.replay.cli import TINY_SHAPE
+    from hwbackend.replay.kv import open_kv
+    from hwbackend.replay.model import DecoderModel
+    from sim.config import SimConfig
+
+    config = SimConfig(model="llama-3-8b", sync_mapping=True, max_batch_slots=8, max_context_tokens=4096)
+    model = DecoderModel(TINY_SHAPE, device="cpu", attention="reference")
+    kv = open_kv(config, TINY_SHAPE, "cpu")
+    try:
+        points = [{"family": "decode", "seqs": [(1, 100)] * 3}, {"family": "mixed", "seqs": [(1, 50), (64, 0)]}]
+        rows = measure_points(model, kv, points, warmup=1, repeats=2)
+    finally:
+        kv.close()
+    assert [r["family"] for r in rows] == ["decode", "mixed"]
+    assert all(set(r) == set(GRID_COLUMNS) for r in rows)
+    assert rows[0]["decodes"] == 3 and rows[0]["chunk_tokens"] == -1 and rows[1]["chunk_tokens"] == 64
+    assert rows[1]["attention_blocks"] == 2 and rows[1]["block_keys"] == 51 + 64
+    assert all(r["p10_us"] <= r["measured_us"] <= r["p90_us"] and r["measured_us"] > 0 for r in rows)
+    assert not any(r["graphed"] for r in rows)
