@@ -15,7 +15,7 @@ def test_block_terms_by_hand():
 
 
 def test_grid_points_fit_the_pool_and_the_slot():
-    pool_tokens, per_group = 400_000, 1024
+    pool_tokens, per_group = 600_000, 1024
     points = grid_points(32768, pool_tokens, per_group, max_batch=256)
     assert {p["family"] for p in points} == {"decode", "decode-skew", "decode-spread", "prefill", "mixed"}
     for p in points:
