@@ -415,3 +415,23 @@ def test_gpu_cross_layer_cache_over_vmm_and_attention_equals_per_layer(gpu):
             assert float((got.float() - ref.float()).abs().max()) <= 1e-2
         torch.cuda.synchronize()
         del tensors, k, v
+
+
+def test_phase_timed_replay_runs_on_cpu(tmp_path):
+    """``python -m hwbackend.beyond.replay`` on the CPU (emulated driver, tiny model): one phase row per
+    iteration, phases that tile each iteration (the loop's memory step moved into the scheduler's reserve
+    callback in issue 15; the phase timer broke on it, KeyError 'step_start', found on the H200)."""
+    pytest.importorskip("torch")
+    import pandas as pd
+
+    from hwbackend.beyond.replay import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,40,5\n0.0,300,3\n0.01,20,6\n")
+    out = tmp_path / "run"
+    assert main(["--trace", str(trace), "--device", "cpu", "--warmup-s", "0", "--out", str(out)]) == 0
+    phases, iterations = pd.read_parquet(out / "phases.parquet"), pd.read_parquet(out / "iterations.parquet")
+    assert len(phases) == len(iterations) > 0
+    parts = phases[["sched_us", "stall_us", "pre_us", "launch_us", "after_launch_us", "wait_us", "post_us"]].sum(axis=1)
+    assert (parts - phases["duration_us"]).abs().max() < 1.0
+    assert (phases["sched_us"] >= -1.0).all()

@@ -78,12 +78,10 @@ class PhaseTimedLoop(ReplayLoop):
         self.executor.poll_completed = timed_poll
         PhaseTimedLoop.last = self
 
-    def _step(self, batch: list) -> list:
-        self._marks["step_start"] = self.now_us()
-        return super()._step(batch)
-
     def _iterate(self, batch: list, iteration: int, start_us: float, stall_us: float, sync_maps: int) -> None:
         self._marks["enter"] = self.now_us()
+        # the stall (the memory steps) ends where _iterate begins: it began stall_us earlier
+        self._marks["step_start"] = self._marks["enter"] - stall_us
         self._events = None
         super()._iterate(batch, iteration, start_us, stall_us, sync_maps)
         m, record = self._marks, dict(zip(_ITERATION_COLUMNS, self.iteration_records[-1]))

@@ -97,18 +97,23 @@ def measure_points(model: Any, kv: Any, points: list[dict], warmup: int = 2, rep
     from hwbackend.calibration.compute import _time_iteration_us
     from hwbackend.replay.model import SeqWork
 
-    rows = []
+    rows, iteration = [], 0
     for index, point in enumerate(points):
         seqs = point["seqs"]
         slots = [kv.executor.alloc_slot(c + t) for t, c in seqs]
         if None in slots or not kv.executor.step({s: c + t for s, (t, c) in zip(slots, seqs)}):
             for slot in slots:
                 if slot is not None:
-                    kv.executor.free_slot(slot, index)
-            raise RuntimeError(f"grid point {index} ({point['family']}, {len(seqs)} sequences) does not fit the pool")
+                    kv.executor.free_slot(slot, iteration - 1)
+            raise RuntimeError(f"grid point {index} ({point['family']}, {len(seqs)} sequences) does not fit the "
+                               f"pool ({kv.executor.policy.free_page_groups} page groups free)")
         work = [SeqWork(s, c, t, True) for s, (t, c) in zip(slots, seqs)]
         targets = {w.slot: w.computed + w.tokens for w in work}
-        samples = np.array([_time_iteration_us(model, kv, work, targets, index) for _ in range(warmup + repeats)])
+        samples = []
+        for _ in range(warmup + repeats):   # iterations numbered as a replay numbers them: each one once
+            samples.append(_time_iteration_us(model, kv, work, targets, iteration))
+            iteration += 1
+        samples = np.array(samples)
         timed = samples[warmup:]
         chunks = [(t, c) for t, c in seqs if t > 1]
         graphed = bool(model.graphs is not None and not chunks and len(seqs) in model.graphs.sizes)
@@ -116,8 +121,9 @@ def measure_points(model: Any, kv: Any, points: list[dict], warmup: int = 2, rep
                      "chunk_tokens": chunks[0][0] if chunks else -1, "chunk_context": chunks[0][1] if chunks else -1,
                      **shape_row(seqs), "graphed": graphed, "measured_us": float(np.median(timed)),
                      "p10_us": float(np.percentile(timed, 10)), "p90_us": float(np.percentile(timed, 90))})
+        kv.executor.poll_completed()    # every timed iteration is done (each one copied its tokens back)
         for slot in slots:
-            kv.executor.free_slot(slot, index)
+            kv.executor.free_slot(slot, iteration - 1)
         if progress is not None:
             progress(index, len(points), rows[-1])
     return rows
