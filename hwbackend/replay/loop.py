@@ -85,7 +85,9 @@ class ReplayLoop(RequestBookkeeping):
     Args:
         config: the :class:`sim.config.SimConfig` (scheduler, budget, policy knobs; ``preemption`` must be
             ``recompute``: swapping is not implemented on hardware).
-        trace: canonical table, arrival-sorted. model: a :class:`hwbackend.replay.model.DecoderModel`.
+        trace: canonical table, arrival-sorted. model: a :class:`hwbackend.replay.model.DecoderModel` (or any
+            object with ``device`` and ``forward``; an optional ``batch_inputs`` replaces :class:`BatchInputs`:
+            the tensor-parallel model of :mod:`hwbackend.replay.tp`, and CPU tests without torch).
         kv: the open cache. sleep: ``sleep(seconds)`` while idle (tests may pass a no-op).
     """
 
@@ -156,7 +158,7 @@ class ReplayLoop(RequestBookkeeping):
     def _iterate(self, batch: list, iteration: int, start_us: float, stall_us: float, sync_maps: int) -> None:
         snapshot = self._pool_snapshot(batch)
         work = [SeqWork(r.slot, r.computed, t, r.computed + t == r.seq_len) for r, t in batch]
-        inputs = BatchInputs(work, self.kv.slot_tokens, self.model.device)
+        inputs = getattr(self.model, "batch_inputs", BatchInputs)(work, self.kv.slot_tokens, self.model.device)
         tokens = self.model.forward(inputs, self.kv.k, self.kv.v)
         self.executor.iteration_launched(iteration)
         self.executor.map_ahead(self._lookahead(batch))

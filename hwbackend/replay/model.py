@@ -138,8 +138,9 @@ class DecoderModel:
             return self.graphs.replay(batch)
         return self.eager_forward(batch, k_flat, v_flat)
 
-    def eager_forward(self, batch: Any, k_flat: list[Any], v_flat: list[Any]) -> Any:
-        """:meth:`forward` without graphs (``batch``: :class:`BatchInputs` or the graphs' static view)."""
+    def eager_forward(self, batch: Any, k_flat: list[Any], v_flat: list[Any], return_logits: bool = False) -> Any:
+        """:meth:`forward` without graphs (``batch``: :class:`BatchInputs` or the graphs' static view);
+        ``return_logits``: the LM head's output ``[S, vocab]`` instead of its argmax (tests)."""
         import torch
         import torch.nn.functional as F
 
@@ -152,11 +153,18 @@ class DecoderModel:
             k_flat[layer].index_copy_(0, batch.write_rows, k.reshape(-1, s.num_kv_heads, s.head_dim))
             v_flat[layer].index_copy_(0, batch.write_rows, v.reshape(-1, s.num_kv_heads, s.head_dim))
             a = attend(self.attention, q.reshape(-1, s.num_q_heads, s.head_dim), k_flat[layer], v_flat[layer], batch)
-            x = x + F.linear(a.reshape(-1, q_dim), w["o"])
+            x = x + self.reduce(F.linear(a.reshape(-1, q_dim), w["o"]))
             gate, up = F.linear(F.rms_norm(x, (s.hidden_size,), w["norm2"], 1e-5), w["gate_up"]).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, w["down"])
+            x = x + self.reduce(F.linear(F.silu(gate) * up, w["down"]))
         last = F.rms_norm(x[batch.logit_rows], (s.hidden_size,), self.final_norm, 1e-5)
-        return F.linear(last, self.lm_head).argmax(dim=-1)
+        logits = F.linear(last, self.lm_head)
+        return logits if return_logits else logits.argmax(dim=-1)
+
+    def reduce(self, partial: Any) -> Any:
+        """The sum over tensor-parallel workers of a row-parallel projection's output (attention out, MLP
+        down); one worker holds the whole sum. :class:`hwbackend.replay.tp.shard.ShardedDecoderModel`
+        all-reduces here."""
+        return partial
 
 
 class _StaticDecode:
