@@ -56,3 +56,46 @@ def test_measure_points_on_cpu_writes_one_row_per_point():
     assert rows[1]["attention_blocks"] == 2 and rows[1]["block_keys"] == 51 + 64
     assert all(r["p10_us"] <= r["measured_us"] <= r["p90_us"] and r["measured_us"] > 0 for r in rows)
     assert not any(r["graphed"] for r in rows)
+
+
+def test_every_h200_grid_point_maps_under_the_vattention_policy():
+    """The grid's sequence of points on the policy the H200 run uses (Llama-3.1-8B, 64K slots, 891 page
+    groups): each point maps, reclaiming idle slots' deferred pages when a point finds them held (the first
+    H200 attempt stopped at point 54: the slots best fit picked kept pages the next point needed)."""
+    from sim.config import SimConfig
+    from sim.memory import build_policy
+
+    config = SimConfig(model="llama-3.1-8b", sync_mapping=True, max_context_tokens=65536, allow_long_context=True)
+    policy = build_policy(config)
+    points = grid_points(65536, int(config.pool_page_groups * config.tokens_per_page * 0.95), config.tokens_per_page)
+    iteration, reclaims = 0, 0
+
+    def map_point(seqs):
+        slots = []
+        for t, c in seqs:
+            slot = policy.alloc_slot(c + t)
+            if slot is None:
+                break
+            slots.append(slot)
+        if len(slots) == len(seqs) and policy.step({s: c + t for s, (t, c) in zip(slots, seqs)}) is not None:
+            return slots
+        for slot in slots:
+            policy.free_slot(slot, iteration - 1)
+        return None
+
+    for point in points:
+        slots = map_point(point["seqs"])
+        if slots is None:
+            unmapped = sum(op.num_pages for op in policy.reclaim_idle().unmaps)
+            assert unmapped > 0
+            reclaims += 1
+            slots = map_point(point["seqs"])
+        assert slots is not None, point["family"]
+        assert all(policy.mapped[s] * config.tokens_per_page >= c + t for s, (t, c) in zip(slots, point["seqs"]))
+        iteration += 9
+        for slot in slots:
+            policy.free_slot(slot, iteration - 1)
+        policy.iteration_completed(iteration)
+        iteration += 1
+        assert policy.conservation_error() == 0
+    assert 0 < reclaims < len(points)

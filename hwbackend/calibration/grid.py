@@ -100,11 +100,11 @@ def measure_points(model: Any, kv: Any, points: list[dict], warmup: int = 2, rep
     rows, iteration = [], 0
     for index, point in enumerate(points):
         seqs = point["seqs"]
-        slots = [kv.executor.alloc_slot(c + t) for t, c in seqs]
-        if None in slots or not kv.executor.step({s: c + t for s, (t, c) in zip(slots, seqs)}):
-            for slot in slots:
-                if slot is not None:
-                    kv.executor.free_slot(slot, iteration - 1)
+        slots = _map_point(kv.executor, seqs, iteration)
+        if slots is None:   # idle slots keep deferred pages the point needs (a slot keeps what it maps)
+            kv.executor.reclaim_idle()
+            slots = _map_point(kv.executor, seqs, iteration)
+        if slots is None:
             raise RuntimeError(f"grid point {index} ({point['family']}, {len(seqs)} sequences) does not fit the "
                                f"pool ({kv.executor.policy.free_page_groups} page groups free)")
         work = [SeqWork(s, c, t, True) for s, (t, c) in zip(slots, seqs)]
@@ -121,12 +121,41 @@ def measure_points(model: Any, kv: Any, points: list[dict], warmup: int = 2, rep
                      "chunk_tokens": chunks[0][0] if chunks else -1, "chunk_context": chunks[0][1] if chunks else -1,
                      **shape_row(seqs), "graphed": graphed, "measured_us": float(np.median(timed)),
                      "p10_us": float(np.percentile(timed, 10)), "p90_us": float(np.percentile(timed, 90))})
-        kv.executor.poll_completed()    # every timed iteration is done (each one copied its tokens back)
         for slot in slots:
             kv.executor.free_slot(slot, iteration - 1)
+        # freed slots become reusable (and their deferred pages reclaimable) once an iteration after their last
+        # read completes: an empty iteration marks that point (every timed one already copied its tokens back)
+        kv.executor.iteration_launched(iteration)
+        iteration += 1
+        _wait_completed(kv.executor, iteration - 1)
         if progress is not None:
             progress(index, len(points), rows[-1])
     return rows
+
+
+def _map_point(executor: Any, seqs: list[tuple[int, int]], iteration: int) -> list[int] | None:
+    """Slots for a point's sequences with their pages mapped, or None (nothing left allocated)."""
+    slots = []
+    for t, c in seqs:
+        slot = executor.alloc_slot(c + t)
+        if slot is None:
+            break
+        slots.append(slot)
+    if len(slots) == len(seqs) and executor.step({s: c + t for s, (t, c) in zip(slots, seqs)}):
+        return slots
+    for slot in slots:
+        executor.free_slot(slot, iteration - 1)
+    return None
+
+
+def _wait_completed(executor: Any, iteration: int, timeout_s: float = 10.0) -> None:
+    """Poll ``executor`` until the policy has seen ``iteration`` complete (its event follows kernels that are
+    already done, so this takes microseconds)."""
+    deadline = time.perf_counter() + timeout_s
+    while executor.policy.completed_iteration < iteration:
+        executor.poll_completed()
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"iteration {iteration} did not complete within {timeout_s} s")
 
 
 def run_grid(model_name: str, out_dir: str | Path, device: str = "cuda:0", max_context: int = 65536,

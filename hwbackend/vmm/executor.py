@@ -231,6 +231,23 @@ class Executor:
             raise BackgroundMappingError(f"background mapper failed: {error}") from error
 
     # ---- background ----------------------------------------------------------------------------------
+    def reclaim_idle(self) -> int:
+        """Unmap the deferred pages of every idle slot now, in the foreground (a calibration grid does this
+        between points whose slots hold more pages than the next point can spare; a serving loop never needs
+        it: :meth:`step` reclaims what it is short of). Returns the page groups unmapped.
+
+        Raises:
+            VmmError: a driver call failed; cache and policy are as before the call.
+        """
+        self._raise_background_error()
+        self._drain_background()
+        with self._cv:
+            snapshot = _snapshot(self.policy)
+            plan = self.policy.reclaim_idle()
+        if plan.unmaps:
+            self._apply_foreground(plan, snapshot)
+        return sum(op.num_pages for op in plan.unmaps)
+
     def map_ahead(self, lookahead_tokens: Mapping[int, int]) -> int:
         """Queue the policy's background plan (``step_async``): map ahead, pre-map idle slots, reclaim
         below the low watermark. Returns the number of ops queued (0 without a mapper thread)."""

@@ -295,6 +295,12 @@ class VAttentionPolicy:
                 needs.append((slot, self.mapped[slot], pages - self.mapped[slot]))
         return needs
 
+    def reclaim_idle(self) -> Plan:
+        """Unmap every idle slot's deferred pages (those without background maps in flight), applied to the
+        accounting at once; the returned plan's unmaps are for the executor to perform. Used between the points
+        of a calibration grid (``hwbackend.calibration.grid``), never by the serving loop."""
+        return Plan(unmaps=tuple(self._reclaim_idle(self._reclaimable_page_groups())))
+
     def _reclaim_idle(self, page_groups: int) -> list[UnmapOp]:
         """Unmap whole idle slots, most-mapped first, until ``page_groups`` are freed."""
         unmaps = []

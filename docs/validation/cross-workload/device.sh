@@ -30,7 +30,7 @@ case "$1" in
     replay train-code-sync --trace $CODE --skip-requests 1000 --num-requests 1000 --rate-scale 3 --sync-mapping
     replay train-arxiv-sync --trace $ARXIV --arrival poisson:8 --skip-requests 600 --num-requests 400 --seed 1 --sync-mapping
     replay train-mooncake-sync --trace $MOON --model llama-3.1-8b --max-context 131072 --skip-requests 100 \
-        --num-requests 60 --rate-scale 0.3 --sync-mapping
+        --num-requests 40 --rate-scale 0.3 --sync-mapping
     ;;
   2)  # held out: the code trace, first 1,000 requests at trace times (~525 s of serving)
     ident | tee "$OUT/machine-call2.txt"
