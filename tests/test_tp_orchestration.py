@@ -223,8 +223,10 @@ def test_a_lost_peer_fails_the_step_on_every_worker_and_teardown_still_ends():
     slot = ex.alloc_slot(100)
     assert ex.step({slot: 100})
     before = tp.worker_state()[0]
-    tp.services[0].conn.close()  # the peer process is gone: its end of the pipe closes
+    ex.workers[1].channel.conn.send("garbage")  # the peer breaks down: it stops serving (and closes its cache) ...
     tp.services[0].join(5)
+    assert not tp.services[0].alive
+    tp.services[0].conn.close()  # ... and its end of the pipe closes, as when its process ends
     with pytest.raises(TPStepError, match="worker 1 of 2") as info:
         ex.step({slot: 3 * TOKENS_PER_PAGE})
     assert isinstance(info.value.__cause__, PeerLostError)

@@ -242,7 +242,8 @@ def unsupported(config: Any, device: str, attention: str) -> str | None:
     """A configuration the hardware replay does not implement (one line), or None: tensor parallelism (one
     GPU, one worker), swap preemption (recompute only), the ``varlen`` FlashAttention backend on CPU."""
     if config.tp != 1:
-        return f"--tp {config.tp}: the hardware replay runs one worker on one GPU (tp 1); TP mapping is measured by bench/bench_tp_processes.py"
+        return (f"--tp {config.tp}: this replay runs one worker on one GPU (tp 1); the tensor-parallel replay is "
+                f"python -m hwbackend.replay.tp.cli (one process per GPU)")
     if config.preemption != "recompute":
         return f"--preemption {config.preemption}: the hardware replay implements recompute preemption only"
     if device == "cpu" and attention == "varlen":

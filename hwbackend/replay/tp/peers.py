@@ -23,7 +23,7 @@ from hwbackend.replay.model import SeqWork
 from hwbackend.replay.tp.rpc import Channel
 
 RUNNER_COMMANDS = ("hello", "set_attention", "warm", "warm_done", "kv_open", "forward", "capture", "use_graphs",
-                   "sync", "log")
+                   "gc_off", "sync", "log")
 """What a runner may be asked over the compute pipe (``stop`` ends the peer's loop)."""
 
 
@@ -159,6 +159,9 @@ class RecordingRunner:
 
     def use_graphs(self, on: bool) -> None:
         """No graphs."""
+
+    def gc_off(self) -> None:
+        """Leave the collector alone (peers may be threads of the test process)."""
 
     def sync(self) -> None:
         """Nothing in flight."""

@@ -102,6 +102,7 @@ def replay_tp(config: Any, trace: pd.DataFrame, spec: PeerSpec, attention: str =
                 print(f"replay: warning: {extra['graph_capture_error']}; decodes run eagerly", file=sys.stderr)
             elif cuda_graphs and is_cuda:
                 extra.update(capture_tp_graphs(group, kv, config.max_batch_slots))
+            group.post("gc_off")  # on every peer too: a collection there would stall every rank's all-reduce
             gc.collect()
             gc.freeze()
             gc.disable()  # a full collection mid-run costs ~50 ms (docs/hwbackend.md)

@@ -245,7 +245,7 @@ class ModelRunner:
         if self.is_cuda:
             from hwbackend.vmm.tensors import kv_tensors
 
-            tensors = kv_tensors(self.cache, torch.bfloat16, self.device)
+            tensors = kv_tensors(self.cache, torch.bfloat16, str(self.device))
         else:
             size = (layout.num_slots, layout.max_tokens_per_slot, layout.num_kv_heads, layout.head_dim)
             tensors = [torch.empty(size) for _ in range(layout.num_sub_tensors)]
@@ -281,6 +281,16 @@ class ModelRunner:
         if not on:
             self._captured = None
 
+    def gc_off(self) -> None:
+        """Freeze and disable Python's garbage collector for the replay (a full collection costs ~50 ms,
+        ``docs/hwbackend.md``; on a peer it would stall every rank at the next all-reduce); on again at close."""
+        import gc
+
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        self._gc_off = True
+
     def sync(self) -> None:
         import torch
 
@@ -294,6 +304,11 @@ class ModelRunner:
         """Drop the views and graphs, leave the process group."""
         self.model.graphs = self._captured = None
         self.k, self.v = [], []
+        if getattr(self, "_gc_off", False):
+            import gc
+
+            gc.enable()
+            self._gc_off = False
         if self.distributed:
             import torch.distributed as dist
 
