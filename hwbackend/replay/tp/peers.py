@@ -169,5 +169,5 @@ class RecordingRunner:
     def log(self) -> list[tuple]:
         return list(self.batches)
 
-    def close(self) -> None:
+    def close(self, leave_group: bool = True) -> None:
         """Nothing held."""

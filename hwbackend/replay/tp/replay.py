@@ -118,11 +118,14 @@ def replay_tp(config: Any, trace: pd.DataFrame, spec: PeerSpec, attention: str =
         if spec.runner == "recording":
             extra["rank_batches"] = group.call_all("log")
     finally:
-        codes = peers.stop(timeout_s=spec.timeout_s)
-        if local is not None:
-            local.close()
-        if local_cache is not None:
-            local_cache.driver.close()
+        peers.request_stop()
+        try:
+            if local is not None:
+                local.close()  # leaves the process group while the peers leave it too (NCCL needs every rank)
+        finally:
+            codes = peers.join(timeout_s=min(spec.timeout_s, 120.0))
+            if local_cache is not None:
+                local_cache.driver.close()
     shape = spec.shape.per_worker(spec.tp) if spec.shape is not None else config.model_spec.per_worker(config.tp)
     meta = {"backend": "hardware", "device": spec.devices[0], "devices": list(spec.devices),
             "tp_processes": spec.tp, "dist_backend": spec.dist_backend, "tp_runner": spec.runner,

@@ -63,6 +63,15 @@ class Channel:
             self._send(command, args, True)
             return self._receive()
 
+    def call_within(self, timeout_s: float, command: str, *args: Any) -> Any:
+        """:meth:`call` that gives up (TimeoutError) when no reply came within ``timeout_s`` (the channel is
+        then out of step: use it only to stop a peer)."""
+        with self._lock:
+            self._send(command, args, True)
+            if not self.conn.poll(timeout_s):
+                raise TimeoutError(f"{self.name} did not answer {command!r} within {timeout_s:g} s")
+            return self._receive()
+
     def post(self, command: str, *args: Any) -> None:
         """Send ``command(*args)`` without waiting; the peer sends no reply."""
         with self._lock:

@@ -115,24 +115,52 @@ def peer_main(rank: int, spec: PeerSpec, vmm_conn: Any, compute_conn: Any) -> st
     set_no_multicast()
     runner = make_runner(spec, rank)
     cache = service = None
+    outcome = "error"
     try:
         cache = make_cache(spec, rank)
         runner.attach_cache(cache)
         service = WorkerService(rank, cache, vmm_conn).start()
         handlers = {name: getattr(runner, name) for name in RUNNER_COMMANDS}
         handlers["stop"] = lambda: None
-        return serve(compute_conn, handlers, stop=("stop",))
+        outcome = serve(compute_conn, handlers, stop=("stop",))
+        return outcome
     finally:
         if service is not None:
             service.join(spec.timeout_s)
-        runner.close()
+        # leave the process group with rank 0 only when it said stop: with NCCL, leaving waits for every rank
+        runner.close(leave_group=outcome == "stop")
         if cache is not None and not (service is not None and service.alive):
             cache.driver.close()
 
 
+def _exit_with_parent() -> None:
+    """End this process as soon as rank 0's process is gone, whatever the main thread is blocked in (a
+    CUDA synchronisation on an all-reduce rank 0 will never join, say): a peer left behind would hold its GPU."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(4)
+
+    threading.Thread(target=watch, name="tp-parent-watch", daemon=True).start()
+
+
 def _peer_process(rank: int, spec: PeerSpec, vmm_conn: Any, compute_conn: Any) -> None:
-    outcome = peer_main(rank, spec, vmm_conn, compute_conn)
-    sys.exit(0 if outcome == "stop" else 3)
+    _exit_with_parent()
+    try:
+        outcome = peer_main(rank, spec, vmm_conn, compute_conn)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)  # no interpreter teardown: a process group's destructor could wait for rank 0 forever
+    if outcome != "stop":
+        sys.stderr.flush()
+        os._exit(3)
+    sys.exit(0)
 
 
 class Peers:
@@ -204,15 +232,23 @@ class Peers:
                           file=sys.stderr, flush=True)
                     os._exit(70)
 
-    def stop(self, timeout_s: float = 60.0) -> list[int | None]:
-        """Tell every peer to stop, wait for it (terminating a process that does not end in ``timeout_s``);
-        returns the exit codes (threads: 0 if ended)."""
+    def request_stop(self) -> None:
+        """End every peer's VMM service (its pipe closes: the service closes its cache and returns) and tell
+        its compute loop to stop; returns once every peer has answered, before they leave the process group.
+        Rank 0 must then leave the process group too (:meth:`ModelRunner.close`: with NCCL, destroying a
+        process group waits for every rank to do so), then :meth:`join`."""
         self._stopping.set()
+        for conn in self.vmm_conns:
+            conn.close()
         for channel in self.channels:
             try:
-                channel.call("stop")
-            except Exception:  # already gone
+                channel.call_within(30.0, "stop")
+            except Exception:  # already gone, or stuck (join terminates it)
                 pass
+
+    def join(self, timeout_s: float = 60.0) -> list[int | None]:
+        """Wait for every peer to end (terminating a process still running after ``timeout_s``); returns the
+        exit codes (threads: 0 if ended, None if still running)."""
         codes: list[int | None] = []
         deadline = time.monotonic() + timeout_s
         for handle in self.handles:
@@ -226,9 +262,12 @@ class Peers:
                 codes.append(None if handle.is_alive() else 0)
         for channel in self.channels:
             channel.close()
-        for conn in self.vmm_conns:
-            conn.close()
         return codes
+
+    def stop(self, timeout_s: float = 60.0) -> list[int | None]:
+        """:meth:`request_stop` then :meth:`join` (peers without a process group to leave with rank 0)."""
+        self.request_stop()
+        return self.join(timeout_s)
 
 
 @dataclass

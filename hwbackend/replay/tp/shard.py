@@ -300,8 +300,9 @@ class ModelRunner:
     def log(self) -> list:
         return []
 
-    def close(self) -> None:
-        """Drop the views and graphs, leave the process group."""
+    def close(self, leave_group: bool = True) -> None:
+        """Drop the views and graphs; leave the process group (``leave_group``: with NCCL every rank must,
+        so a peer whose rank 0 is gone does not)."""
         self.model.graphs = self._captured = None
         self.k, self.v = [], []
         if getattr(self, "_gc_off", False):
@@ -309,7 +310,7 @@ class ModelRunner:
 
             gc.enable()
             self._gc_off = False
-        if self.distributed:
+        if self.distributed and leave_group:
             import torch.distributed as dist
 
             if dist.is_initialized():
