@@ -379,3 +379,17 @@ def test_devices_and_unsupported_settings_are_named():
     assert "needs GPUs" in unsupported_tp(config, ("cpu", "cpu"), "auto", "nccl")
     assert "varlen needs CUDA" in unsupported_tp(config, ("cpu", "cpu"), "varlen", "gloo")
     assert "recompute" in unsupported_tp(SimConfig(tp=2, preemption="swap"), ("cuda:0", "cuda:1"), "auto", "nccl")
+
+
+def test_the_tp_command_refuses_bad_devices_in_one_line(tmp_path, capsys):
+    from hwbackend.replay.tp.cli import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,2\n")
+    for extra, message in ((["--devices", "cuda:0"], "1 devices for --tp 2"),
+                           (["--device", "cpu", "--dist-backend", "nccl"], "nccl needs GPUs"),
+                           (["--device", "cpu", "--preemption", "swap"], "recompute preemption only")):
+        assert main(["--tp", "2", "--trace", str(trace), "--out", str(tmp_path / "run"), *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "run" / "summary.json").exists()

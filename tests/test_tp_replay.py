@@ -14,7 +14,7 @@ pytest.importorskip("torch.distributed")
 
 from hwbackend.replay.cli import TINY_SHAPE  # noqa: E402
 from hwbackend.replay.model import DecoderModel  # noqa: E402
-from hwbackend.replay.tp.equivalence import BATCHES, logits_of, reference_logits, sharded_logits  # noqa: E402
+from hwbackend.replay.tp.equivalence import BATCHES, logits_of, reference_logits, sharded_logits, small_shape  # noqa: E402
 from hwbackend.replay.tp.shard import ShardedDecoderModel, shard_layer  # noqa: E402
 
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
@@ -46,12 +46,16 @@ def test_shards_are_slices_of_the_one_gpu_weights_and_tp_1_is_the_one_gpu_model(
         assert np.array_equal(x, y)
 
 
-def test_tp_2_over_gloo_gives_the_logits_and_tokens_of_tp_1_on_the_same_weights():
-    ranks = sharded_logits(TINY_SHAPE, 2, ("cpu", "cpu"), "gloo", seed=0)
-    reference = reference_logits(TINY_SHAPE, "cpu", seed=0)
+GQA_SHAPE = small_shape(TINY_SHAPE, num_q_heads=16, num_kv_heads=4, head_dim=64)  # 4 query heads per KV head
+
+
+@pytest.mark.parametrize("shape", [TINY_SHAPE, GQA_SHAPE], ids=["tiny", "gqa"])
+def test_tp_2_over_gloo_gives_the_logits_and_tokens_of_tp_1_on_the_same_weights(shape):
+    ranks = sharded_logits(shape, 2, ("cpu", "cpu"), "gloo", seed=0)
+    reference = reference_logits(shape, "cpu", seed=0)
     assert len(ranks[0]) == len(BATCHES)
     for rank0, rank1, ref, work in zip(ranks[0], ranks[1], reference, BATCHES):
-        assert rank0.shape == ref.shape == (sum(w.emits for w in work), TINY_SHAPE.vocab_size)
+        assert rank0.shape == ref.shape == (sum(w.emits for w in work), shape.vocab_size)
         assert np.array_equal(rank0, rank1)  # the all-reduce gives every rank the same sums
         assert np.allclose(rank0, ref, rtol=1e-4, atol=1e-5), np.abs(rank0 - ref).max()
         assert (rank0.argmax(axis=1) == ref.argmax(axis=1)).all()
@@ -84,3 +88,15 @@ def test_cpu_replay_at_tp_2_writes_a_run_that_validate_simulates_at_tp_2(tmp_pat
                                                "prompt_tokens": [40, 300, 90, 700, 20], "output_tokens": [5, 4, 6, 3, 8]}))
     columns = ["prefill_tokens", "decode_tokens", "batch_size", "sync_map_page_groups", "mapped_page_groups"]
     pd.testing.assert_frame_equal(hw.iterations[columns], sim.iterations[columns], check_dtype=False)
+
+
+def test_all_reduce_measurement_runs_on_gloo_and_reports_per_layer_time():
+    from hwbackend.replay.tp.allreduce import measure
+
+    result = measure(["cpu", "cpu"], "gloo", tokens=(1, 8), hidden=64, num_layers=2, warmup=1, iters=3,
+                     graph_replays=0)
+    assert result["tp"] == 2 and [r["rank"] for r in result["ranks"]] == [0, 1]
+    assert [row["tokens"] for row in result["rows"]] == [1, 8]
+    assert result["rows"][1]["bytes"] == 8 * 64 * 4  # fp32 on CPU
+    assert all(row["eager"]["p50_us"] > 0 and "graph" not in row for row in result["rows"])
+    assert result["per_layer_us_p50"][8] == round(2 * result["rows"][1]["eager"]["p50_us"], 2)
