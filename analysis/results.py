@@ -28,15 +28,28 @@ class RunResult:
 
     ``iterations`` may be given as a DataFrame or as the path of its Parquet file (a streamed run, or
     :func:`load_run`): the table is then read on first access, so that a summary, a comparison or a capacity
-    step never holds the per-iteration table of a long run in memory.
+    step never holds the per-iteration table of a long run in memory. ``requests`` likewise (a replica
+    simulated to files, :mod:`sim.replica_merge`).
     """
 
-    def __init__(self, requests: pd.DataFrame, iterations: pd.DataFrame | str | Path, summary: dict,
+    def __init__(self, requests: pd.DataFrame | str | Path, iterations: pd.DataFrame | str | Path, summary: dict,
                  config: dict | None = None, path: Path | None = None, tbt_samples: tuple | None = None):
-        self.requests, self._iterations, self.summary = requests, iterations, summary
+        self._requests, self._iterations, self.summary = requests, iterations, summary
         self.config = config if config is not None else {}
         self.path = path
         self.tbt_samples = tbt_samples   # (single gaps, run gaps, run weights) of a fresh run, to merge replicas
+        self.parts = None                # a replica simulated to files: sim.replica_merge.save_replica_parts
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        """The per-request table (read from its Parquet file on first access when given as a path)."""
+        if isinstance(self._requests, (str, Path)):
+            self._requests = pd.read_parquet(self._requests)
+        return self._requests
+
+    @requests.setter
+    def requests(self, table: pd.DataFrame) -> None:
+        self._requests = table
 
     @property
     def iterations(self) -> pd.DataFrame:
@@ -61,7 +74,8 @@ class RunResult:
             self._iterations = self.path / "iterations.parquet"
 
     def __repr__(self) -> str:
-        return (f"RunResult({len(self.requests):,} requests, iterations "
+        requests = self._requests if isinstance(self._requests, (str, Path)) else f"{len(self._requests):,} requests"
+        return (f"RunResult({requests}, iterations "
                 f"{self.iterations_file or f'{len(self._iterations):,} rows'}, path={self.path})")
 
 

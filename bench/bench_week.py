@@ -2,18 +2,28 @@
 (default 27,000,000, the Azure 2024 conversation week) arriving as a Poisson process over seven days, lengths
 of the Azure 2023 conversation trace (``traces.synthetic_default``'s targets), Llama-3-8B on H200 replicas
 behind round-robin routing; replicas simulated on ``--executor`` (``ray`` or ``local``) with ``--workers``
-CPUs, iteration records streamed to a temporary directory. Prints the generation, simulation and merge wall
-times, iterations/s and peak RSS (this process, and the largest worker for the local executor).
+CPUs, each leaving its records in a records directory (``--records``, default a temporary one), merged with
+bounded memory (``sim.replica_merge``).
+
+Prints the generation, simulation and merge wall times, the CPU seconds of the whole process tree (this
+process, pool or Ray processes), iterations/s, the peak RSS and PSS of the whole process tree (sampled every
+second from /proc; PSS splits shared pages such as Ray's object store between the processes mapping them),
+and a hash of the merged summary and of the per-request tables (equal for any --workers / --executor).
+``--log-every S`` prints a progress line (replicas done, tree RSS) every S seconds.
 
     python bench/bench_week.py --requests 27000000 --replicas 100 --executor ray --workers 2
-    python bench/bench_week.py --requests 270000 --replicas 10 --workers 1     # a 1% slice
+    python bench/bench_week.py --requests 2700000 --replicas 10 --executor local --workers 1   # a 10% slice
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import os
 import resource
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -21,6 +31,90 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 WEEK_S = 7 * 24 * 3600.0
 WEEK_REQUESTS = 27_000_000
+PAGE = os.sysconf("SC_PAGE_SIZE")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _tree() -> list[int]:
+    """This process and all its descendants (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
+class TreeSampler(threading.Thread):
+    """Peak RSS and PSS (sums over the process tree) and the CPU seconds of every process seen, sampled."""
+
+    def __init__(self, interval_s: float = 1.0, log_every_s: float = 0.0, records: Path | None = None,
+                 replicas: int = 0):
+        super().__init__(daemon=True)
+        self.interval_s, self.log_every_s, self.records, self.replicas = interval_s, log_every_s, records, replicas
+        self.peak_rss = self.peak_pss = 0
+        self.cpu_ticks: dict[tuple[int, int], int] = {}     # (pid, start time) -> utime + stime
+        self.started = time.perf_counter()
+        self._halt = threading.Event()
+
+    def sample(self) -> tuple[int, int]:
+        rss = pss = 0
+        for pid in _tree():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                self.cpu_ticks[(pid, int(fields[19]))] = int(fields[11]) + int(fields[12])
+                rss += int(fields[21]) * PAGE
+                with open(f"/proc/{pid}/smaps_rollup") as f:
+                    for line in f:
+                        if line.startswith("Pss:"):
+                            pss += int(line.split()[1]) * 1024
+                            break
+            except (OSError, IndexError, ValueError):
+                continue
+        self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+        return rss, pss
+
+    def run(self) -> None:
+        last_log = time.perf_counter()
+        while not self._halt.wait(self.interval_s):
+            rss, pss = self.sample()
+            now = time.perf_counter()
+            if self.log_every_s and now - last_log >= self.log_every_s:
+                last_log = now
+                done = len(list(self.records.glob("replica-*.requests.parquet"))) if self.records else 0
+                print(f"[{now - self.started:8.0f} s] replicas done {done}/{self.replicas}; tree RSS "
+                      f"{rss / 2**20:,.0f} MiB, PSS {pss / 2**20:,.0f} MiB; peak RSS {self.peak_rss / 2**20:,.0f} "
+                      f"MiB, PSS {self.peak_pss / 2**20:,.0f} MiB; CPU {self.cpu_s():,.0f} s", flush=True)
+
+    def cpu_s(self) -> float:
+        return sum(self.cpu_ticks.values()) / TICK
+
+    def stop(self) -> None:
+        self.sample()
+        self._halt.set()
+
+
+def outputs_hash(routed) -> str:
+    """SHA-256 of the merged summary (JSON) and of every replica's per-request table (pandas row hashes)."""
+    import pandas as pd
+
+    digest = hashlib.sha256(json.dumps(routed.summary, sort_keys=True, default=str).encode())
+    for result in routed.replicas:
+        if result is not None:
+            digest.update(pd.util.hash_pandas_object(result.requests, index=False).to_numpy().tobytes())
+            result.requests = None      # read one replica's table at a time
+    return digest.hexdigest()[:16]
 
 
 def main() -> int:
@@ -30,33 +124,67 @@ def main() -> int:
     parser.add_argument("--executor", choices=("local", "ray"), default="ray")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--records", help="keep the replicas' records in this directory (default: a temporary one)")
+    parser.add_argument("--log-every", type=float, default=0.0, help="progress line every S seconds")
+    parser.add_argument("--no-hash", action="store_true", help="skip hashing the per-request tables")
+    parser.add_argument("--merge-only", action="store_true",
+                        help="merge the replicas already simulated into --records (no simulation)")
     args = parser.parse_args()
     import traces
     from sim.config import SimConfig
-    from sim.routing import run_routed
+    from sim.routing import assign, simulate_replicas, merged_summary
 
-    started = time.perf_counter()
+    sampler = TreeSampler(log_every_s=args.log_every, replicas=args.replicas)
+    sampler.start()
+    wall0, cpu0 = time.perf_counter(), time.process_time()
     # the week's rate, kept for a slice: a slice is the first --requests requests of the week
     rate_per_s = WEEK_REQUESTS / WEEK_S
     trace = traces.synthesize(args.requests, f"poisson:{rate_per_s}", args.seed,
                               source=f"synthetic week slice: {args.requests:,} requests at {rate_per_s:.2f} req/s")
     config = SimConfig()
     trace, _ = traces.clip_context(trace, config.slot_max_tokens)
-    generated_s = time.perf_counter() - started
-    with tempfile.TemporaryDirectory() as records:
-        started = time.perf_counter()
-        routed = run_routed(config, trace, args.replicas, "round-robin", executor=args.executor,
-                            workers=args.workers, records_dir=records)
-        simulated_s = time.perf_counter() - started
-    iterations = sum(r.summary["iterations"] for r in routed.replicas if r is not None)
-    own_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    children_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     span_h = float(trace["arrival_s"].max()) / 3600
+    generated_s = time.perf_counter() - wall0
+    print(f"generated {len(trace):,} requests over {span_h:.1f} h in {generated_s:.1f} s", flush=True)
+    with tempfile.TemporaryDirectory() as temporary:
+        records = Path(args.records) if args.records else Path(temporary)
+        records.mkdir(parents=True, exist_ok=True)
+        sampler.records = records
+        started = time.perf_counter()
+        if args.merge_only:
+            from sim.routing import load_replica_results
+            results = load_replica_results(str(records), args.replicas)
+        else:
+            assignment = assign(trace, args.replicas, "round-robin", config.seed)
+            results = simulate_replicas(config, trace, assignment, args.replicas, executor=args.executor,
+                                        workers=args.workers, records_dir=str(records))
+            del assignment
+        del trace
+        simulated_s = time.perf_counter() - started
+        print(f"simulated in {simulated_s:.1f} s", flush=True)
+        started = time.perf_counter()
+        from sim.routing import RoutedRun
+        routed = RoutedRun("round-robin", None, None, merged_summary(results, config), results)
+        merged_s = time.perf_counter() - started
+        print(f"merged in {merged_s:.1f} s", flush=True)
+        digest = "skipped" if args.no_hash else outputs_hash(routed)
+        disk = sum(f.stat().st_size for f in records.iterdir())
+    wall_s = time.perf_counter() - wall0
+    sampler.stop()
+    summary = routed.summary
+    iterations = summary["iterations"]
+    children_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(f"{args.requests:,} requests over {span_h:.1f} h, {args.replicas} replicas, {args.executor} x{args.workers}: "
-          f"generated in {generated_s:.1f} s; simulated and merged in {simulated_s:.1f} s wall "
-          f"({iterations:,} iterations, {iterations / simulated_s:,.0f} iterations/s); finished "
-          f"{routed.summary['finished']:,}; peak RSS {own_mib:,.0f} MiB here, {children_mib:,.0f} MiB largest child "
-          f"(local executor; Ray workers are not children)")
+          f"generated {generated_s:.1f} s, simulated {simulated_s:.1f} s, merged {merged_s:.1f} s; total "
+          f"{wall_s:.1f} s wall, {sampler.cpu_s():,.1f} s CPU (process tree; this process "
+          f"{time.process_time() - cpu0:,.1f} s); {iterations:,} iterations, "
+          f"{iterations / (simulated_s + merged_s):,.0f} iterations/s (simulated and merged); finished "
+          f"{summary['finished']:,}; peak RSS {sampler.peak_rss / 2**20:,.0f} MiB (process tree, sum), "
+          f"PSS {sampler.peak_pss / 2**20:,.0f} MiB; this process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} "
+          f"MiB, largest child {children_mib:,.0f} MiB; records {disk / 2**30:,.1f} GiB; outputs hash {digest}")
+    print("summary: " + json.dumps({k: summary[k] for k in ("ttft_p99_ms", "tpot_p99_ms", "tbt_p99_ms", "tbt_mean_ms",
+                                                            "iteration_p99_ms", "iteration_mean_ms", "makespan_s",
+                                                            "throughput_req_per_s", "sync_stall_total_ms")}))
     return 0
 
 

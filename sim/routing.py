@@ -19,7 +19,7 @@ State-dependent routers keep co-simulation:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -32,6 +32,8 @@ from analysis.results import (SUMMARY_ITERATION_COLUMNS, RunResult, build_result
 from sim.config import SimConfig
 from sim.engine import ARRIVAL_TICK_US, ARRIVAL_TICKS_PER_S, Simulator
 from sim.records import tbt_stats_us
+from sim.replica_merge import (merge_replica_parts, merged_counts as _merged_counts, merged_tbt_mean,
+                               save_replica_parts, tbt_token_sum)
 
 from sim.routers import EXECUTORS, ROUTERS, STATE_FREE_ROUTERS  # noqa: E402  (names shared with the CLI)
 # summary keys that add up over replicas (the rest is recomputed from the merged records)
@@ -39,23 +41,31 @@ _ADDITIVE_KEYS = ("map_page_groups", "unmap_page_groups", "map_calls", "unmap_ca
                   "swap_in_bytes", "swap_total_ms", "pool_bytes")
 
 
-@dataclass
 class RoutedRun:
     """One routed simulation.
 
     Attributes:
         routing: ``round-robin`` or ``least-outstanding``.
         assignment: replica index per request, in trace row order.
-        requests: merged per-request table (times in us on the trace's clock) with a ``replica`` column.
+        requests: merged per-request table (times in us on the trace's clock) with a ``replica`` column; for
+            replicas simulated to files (``records_dir``), built from their request files on first access.
         summary: the summary of the merged records (rates are totals over the replicas).
         replicas: each replica's own :class:`RunResult` (None for a replica that received no request).
     """
 
-    routing: str
-    assignment: np.ndarray
-    requests: pd.DataFrame
-    summary: dict
-    replicas: list = field(default_factory=list, repr=False)
+    def __init__(self, routing: str, assignment: np.ndarray, requests: pd.DataFrame | None, summary: dict,
+                 replicas: list | None = None):
+        self.routing, self.assignment, self._requests, self.summary = routing, assignment, requests, summary
+        self.replicas = replicas if replicas is not None else []
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        if self._requests is None:
+            self._requests = merged_requests(self.replicas)
+        return self._requests
+
+    def __repr__(self) -> str:
+        return f"RoutedRun({self.routing}, {len(self.replicas)} replicas, {self.summary.get('requests')} requests)"
 
 
 def round_robin(num_requests: int, num_replicas: int) -> np.ndarray:
@@ -125,20 +135,51 @@ def assign(trace: pd.DataFrame, num_replicas: int, routing: str, seed: int = 0) 
 
 def split_trace(trace: pd.DataFrame, assignment: np.ndarray, num_replicas: int) -> list[pd.DataFrame]:
     """Each replica's rows, keeping the global ``request_id`` and the original ``arrival_s`` (one clock)."""
-    parts = []
-    for replica in range(num_replicas):
-        part = trace[assignment == replica].reset_index(drop=True)
-        part.attrs = {**trace.attrs, "source": f"{trace.attrs.get('source', 'trace')} | replica {replica}"}
-        parts.append(part)
-    return parts
+    return [_replica_rows(trace, assignment, replica) for replica in range(num_replicas)]
+
+
+def _replica_rows(trace: pd.DataFrame, assignment: np.ndarray, replica: int) -> pd.DataFrame:
+    part = trace[assignment == replica].reset_index(drop=True)
+    part.attrs = {**trace.attrs, "source": f"{trace.attrs.get('source', 'trace')} | replica {replica}"}
+    return part
 
 
 def _simulate_replica(job: tuple) -> RunResult | None:
-    """One replica's run (a process-pool or Ray task): ``(config, part, profile, records_path)``."""
+    """One replica's run (a process-pool or Ray task): ``(config, part, profile, records_path)``. With a
+    records path the replica's records stay on disk (:func:`sim.replica_merge.save_replica_parts`) and the
+    result holds its summary and their paths only."""
     config, part, profile_path, records_path = job
     if not len(part):
         return None
-    return runner.run_simulation(config, part, profile_path, records_path=records_path)
+    result = runner.run_simulation(config, part, profile_path, records_path=records_path)
+    if records_path is None:
+        return result
+    parts = save_replica_parts(result, str(records_path).removesuffix(".parquet"))
+    return light_result(parts, result.summary, result.config)
+
+
+def light_result(parts: dict, summary: dict, config: dict) -> RunResult:
+    """A replica's :class:`RunResult` whose records stay in its files (:mod:`sim.replica_merge`)."""
+    light = RunResult(parts["requests"], parts["iterations"], summary, config)
+    light.parts = parts
+    return light
+
+
+def load_replica_results(records_dir: str, num_replicas: int) -> list[RunResult | None]:
+    """The replicas' light results from a records directory (``replica-R.parts.json``; None for a replica
+    without one, which received no request): a merge redone without simulating again."""
+    import json
+    from pathlib import Path
+
+    results = []
+    for replica in range(num_replicas):
+        path = Path(records_dir) / f"replica-{replica}.parts.json"
+        if not path.exists():
+            results.append(None)
+            continue
+        saved = json.loads(path.read_text())
+        results.append(light_result(saved["parts"], saved["summary"], saved["config"]))
+    return results
 
 
 def simulate_replicas(config: SimConfig, trace: pd.DataFrame, assignment: np.ndarray, num_replicas: int,
@@ -149,29 +190,42 @@ def simulate_replicas(config: SimConfig, trace: pd.DataFrame, assignment: np.nda
     Args:
         executor: ``local`` (a process pool of ``workers`` processes; 1: in this process) or ``ray`` (one
             task per replica on a local Ray instance of ``workers`` CPUs, or the cluster at ``ray_address``).
-        records_dir: stream replica r's iteration records to ``records_dir/replica-r.parquet`` (memory stays
-            flat); default: in memory.
+        records_dir: stream replica r's iteration records to ``records_dir/replica-r.parquet`` and leave its
+            other records beside them (:mod:`sim.replica_merge`; memory stays flat however many replicas and
+            requests); default: in memory.
 
     Raises:
         ValueError: for an unknown executor.
     """
     if executor not in EXECUTORS:
         raise ValueError(f"--executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
-    jobs = [(replace(config, seed=config.seed + replica), part, profile_path,
-             None if records_dir is None else f"{records_dir}/replica-{replica}.parquet")
-            for replica, part in enumerate(split_trace(trace, assignment, num_replicas))]
+    def jobs():        # each replica's rows split off when its job is handed out (one copy of the trace)
+        for replica in range(num_replicas):
+            yield (replace(config, seed=config.seed + replica), _replica_rows(trace, assignment, replica),
+                   profile_path, None if records_dir is None else f"{records_dir}/replica-{replica}.parquet")
+
     if executor == "ray":
-        return _on_ray(jobs, workers, ray_address)
-    workers = min(workers or 1, len(jobs))
+        return _on_ray(jobs(), workers, ray_address)
+    workers = min(workers or 1, num_replicas)
     if workers <= 1:
-        return [_simulate_replica(job) for job in jobs]
-    from concurrent.futures import ProcessPoolExecutor
+        return [_simulate_replica(job) for job in jobs()]
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    results, pending = [None] * num_replicas, {}
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(_simulate_replica, jobs))
+        for replica, job in enumerate(jobs()):       # at most two jobs queued per worker
+            while len(pending) >= 2 * workers:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    results[pending.pop(future)] = future.result()
+            pending[pool.submit(_simulate_replica, job)] = replica
+            del job
+        for future, replica in pending.items():
+            results[replica] = future.result()
+    return results
 
 
-def _on_ray(jobs: list[tuple], workers: int | None, address: str | None) -> list[RunResult | None]:
-    """Run the replica jobs as Ray tasks (``pip install ray``), results in replica order."""
+def _on_ray(jobs, workers: int | None, address: str | None) -> list[RunResult | None]:
+    """Run the replica jobs (an iterable) as Ray tasks (``pip install ray``), results in replica order."""
     try:
         import ray
     except ImportError:
@@ -182,17 +236,37 @@ def _on_ray(jobs: list[tuple], workers: int | None, address: str | None) -> list
                  log_to_driver=False, configure_logging=False)
     try:
         task = ray.remote(num_cpus=1)(_simulate_replica)
-        return ray.get([task.remote(job) for job in jobs])
+        refs = []
+        for job in jobs:            # each job's rows go to the object store as it is submitted
+            refs.append(task.remote(job))
+            del job
+        return ray.get(refs)
     finally:
         if started:
             ray.shutdown()
 
 
-def merge_replicas(results: list[RunResult | None], config: SimConfig) -> tuple[pd.DataFrame, dict]:
-    """The merged per-request table (with ``replica``) and its summary (additive counters summed)."""
+def merged_requests(results: list[RunResult | None]) -> pd.DataFrame:
+    """Every replica's per-request table with a ``replica`` column, sorted by request id."""
     present = [(r, result) for r, result in enumerate(results) if result is not None]
     requests = pd.concat([res.requests.assign(replica=r) for r, res in present], ignore_index=True)
-    requests = requests.sort_values("request_id", kind="stable", ignore_index=True)
+    return requests.sort_values("request_id", kind="stable", ignore_index=True)
+
+
+def merged_summary(results: list[RunResult | None], config: SimConfig) -> dict:
+    """The summary of the merged records, from replicas simulated to files (:mod:`sim.replica_merge`: bounded
+    memory, exactly :func:`merge_replicas`'s summary) or else from :func:`merge_replicas`."""
+    present = [(r, result) for r, result in enumerate(results) if result is not None]
+    if present and all(res.parts is not None for _, res in present):
+        summary = merge_replica_parts([res for _, res in present], [res.parts for _, res in present], config)
+        return _replica_totals(summary, present, results)
+    return merge_replicas(results, config)[1]
+
+
+def merge_replicas(results: list[RunResult | None], config: SimConfig) -> tuple[pd.DataFrame, dict]:
+    """The merged per-request table (with ``replica``) and its summary (additive counters summed), in memory."""
+    present = [(r, result) for r, result in enumerate(results) if result is not None]
+    requests = merged_requests(results)
     # the summary needs two float columns whole (iteration percentiles, stall total) and integer figures that
     # add up over replicas: a streamed replica's table is never read whole here
     columns = [_summary_columns(res) for _, res in present]
@@ -205,7 +279,13 @@ def merge_replicas(results: list[RunResult | None], config: SimConfig) -> tuple[
     if samples and len(samples) == len(present):       # TBT over every replica's tokens
         singles = np.concatenate([np.asarray(single, dtype=float) for single, _, _ in samples])
         zero.update(tbt_stats_us(singles, [(gaps, weights) for _, gaps, weights in samples]))
+        zero["tbt_mean_us"] = merged_tbt_mean([tbt_token_sum(s) for s in samples], zero["tbt_tokens"])
     summary = summarize(requests, iterations, zero, config.to_dict(), counts)
+    return requests, _replica_totals(summary, present, results)
+
+
+def _replica_totals(summary: dict, present: list, results: list) -> dict:
+    """The merged summary's counters that add up over replicas (and the replica count)."""
     for key in _ADDITIVE_KEYS + ("mapping_critical_ms",):
         summary[key] = sum(res.summary.get(key, 0) for _, res in present)
     # per tensor-parallel worker, summed over the replicas (every replica has the same TP degree)
@@ -215,7 +295,7 @@ def merge_replicas(results: list[RunResult | None], config: SimConfig) -> tuple[
     background = sum(res.summary["map_page_groups"] * np.nan_to_num(res.summary["background_map_share"])
                      for _, res in present)
     summary.update(background_map_share=background / maps if maps else float("nan"), replicas=len(results))
-    return requests, summary
+    return summary
 
 
 def _summary_columns(result: RunResult) -> pd.DataFrame:
@@ -233,15 +313,6 @@ def _replica_counts(result: RunResult) -> dict:
     figures.update(block_table_sum_us=float(result.iterations["block_table_us"].sum()),
                    clear_copy_sum_us=float(result.iterations["clear_copy_us"].sum()))
     return figures
-
-
-def _merged_counts(parts: list[dict]) -> dict:
-    """Replicas' figures merged: counts and totals add up, maxima take the largest."""
-    merged = dict(parts[0])
-    for part in parts[1:]:
-        for key, value in part.items():
-            merged[key] = max(merged[key], value) if key.endswith("_max") else merged[key] + value
-    return merged
 
 
 def co_simulate_least_outstanding(config: SimConfig, trace: pd.DataFrame, num_replicas: int,
@@ -330,5 +401,7 @@ def run_routed(config: SimConfig, trace: pd.DataFrame, num_replicas: int, routin
         assignment = assign(trace, num_replicas, routing, config.seed)
         results = simulate_replicas(config, trace, assignment, num_replicas, profile_path, executor, workers,
                                     records_dir, ray_address)
+    if any(res is not None and res.parts is not None for res in results):      # simulated to files
+        return RoutedRun(routing, assignment, None, merged_summary(results, config), results)
     requests, summary = merge_replicas(results, config)
     return RoutedRun(routing, assignment, requests, summary, results)

@@ -105,9 +105,10 @@ def test_replicas_streamed_to_files_merge_like_in_memory(workload, tmp_path):
     in_memory = run_routed(SimConfig(), trace, 2, "round-robin")
     streamed = run_routed(SimConfig(), trace, 2, "round-robin", records_dir=str(tmp_path))
     pd.testing.assert_frame_equal(in_memory.requests, streamed.requests)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["replica-0.parquet", "replica-1.parquet"]
-    assert {k: v for k, v in in_memory.summary.items() if k != "tbt_mean_ms"} == \
-        {k: v for k, v in streamed.summary.items() if k != "tbt_mean_ms"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        f"replica-{r}{suffix}" for r in (0, 1) for suffix in (".parquet", ".requests.parquet", ".duration-sorted.npy",
+                                                             ".tbt-gaps.npy", ".tbt-cum.npy", ".parts.json"))
+    assert in_memory.summary == streamed.summary
 
 
 def test_session_hash_warns_when_keys_are_fewer_than_replicas():

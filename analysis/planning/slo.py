@@ -134,8 +134,13 @@ def ttft_growth(requests: pd.DataFrame) -> float:
         requests: per-request table (``arrival_at_us``, ``ttft_us``, ``status``).
     """
     finished = requests[requests["status"] == "finished"]
-    arrivals_us = finished["arrival_at_us"].to_numpy(dtype=float)
-    ttft_us = finished["ttft_us"].to_numpy(dtype=float)
+    return ttft_growth_of(finished["arrival_at_us"].to_numpy(dtype=float), finished["ttft_us"].to_numpy(dtype=float))
+
+
+def ttft_growth_of(arrivals_us: np.ndarray, ttft_us: np.ndarray) -> float:
+    """:func:`ttft_growth` of the finished requests' arrivals and TTFTs (us, in request order)."""
+    arrivals_us = np.asarray(arrivals_us, dtype=float)
+    ttft_us = np.asarray(ttft_us, dtype=float)
     defined = np.isfinite(ttft_us)
     arrivals_us, ttft_us = arrivals_us[defined], ttft_us[defined]
     if len(arrivals_us) < 8:

@@ -1,0 +1,419 @@
+"""Bounded-memory merge of replicas simulated to files (issue 18: a week of traffic over 100 replicas).
+
+A replica simulated with a records directory (:func:`sim.routing.simulate_replicas`) leaves its records on disk
+and hands back only its summary and the paths of its *parts* (:func:`save_replica_parts`):
+
+* ``replica-R.parquet``: its iteration records (streamed by :class:`sim.recorder.IterationRecorder`);
+* ``replica-R.requests.parquet``: its per-request table;
+* ``replica-R.duration-sorted.npy``: its finite iteration durations, sorted;
+* ``replica-R.tbt-gaps.npy`` / ``replica-R.tbt-cum.npy``: its distinct TBT gaps, sorted, and the cumulative
+  token count up to each (a gap of a fast-forwarded decode run stands for one token per request of its batch);
+* small figures: iteration counts and totals, finite durations, iterations with a stall, TBT tokens and the
+  exactly rounded sum of its TBT gaps over tokens.
+
+:func:`merge_replica_parts` computes the merged summary from these without concatenating the replicas'
+tables, and gives exactly the numbers of :func:`sim.routing.merge_replicas` on the same replicas in memory:
+
+* **percentiles** of the iteration time (numpy's linear interpolation, as :func:`analysis.results.summarize`)
+  and of TBT (nearest rank over tokens, as :func:`sim.records.tbt_stats_us`) need one or two order statistics
+  of the union of the replicas' values: :func:`kth_smallest` finds the k-th smallest value across the sorted
+  per-replica arrays (memory-mapped) by a binary search over the ordered 64-bit keys of the float values,
+  counting values at most a candidate with ``np.searchsorted`` in each array (about 64 rounds of R searches);
+  :func:`linear_percentile` applies numpy's interpolation to them;
+* **the iteration-time mean and the stall total** are numpy's pairwise sums over the replicas' columns
+  concatenated in replica order: :func:`pairwise_sum` walks the same summation tree and hands each subtree of
+  up to 2^16 values to ``np.add.reduce``, reading the columns one replica at a time;
+* **request figures** read a few columns at a time from the replicas' request files, in request-id order (as
+  the merged table is sorted), never the whole table;
+* counts, totals and maxima add up or take the largest.
+
+The merged TBT mean is ``fsum over replicas of (fsum over the replica's gaps of gap x tokens) / tokens`` in both
+merges (the dot product over the concatenated gaps it replaced rounded differently with the BLAS thread count).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.units import US_PER_MS, US_PER_S
+
+_SIGN = 1 << 63
+_PAIRWISE_LEAF = 1 << 16
+
+
+# ---- exact order statistics across sorted arrays -------------------------------------------------------
+
+def _key(value: float) -> int:
+    """The float's position in the order of float64 values, as an integer (monotone; -0.0 just below 0.0)."""
+    bits = int(np.array([value], dtype=np.float64).view(np.int64)[0])
+    return bits if bits >= 0 else -(bits & (_SIGN - 1)) - 1
+
+
+def _value(key: int) -> float:
+    """Inverse of :func:`_key`."""
+    bits = key if key >= 0 else (-key - 1) | _SIGN
+    return float(np.array([bits], dtype=np.uint64).view(np.float64)[0])
+
+
+def kth_smallest(arrays: list, k: int, cumulative: list | None = None) -> float:
+    """The k-th smallest value (1-based) of the union of sorted float arrays, exactly.
+
+    Args:
+        arrays: ascending float64 arrays without NaN (memory-mapped ones are read only where searched); empty
+            ones allowed.
+        k: 1 <= k <= the total count.
+        cumulative: for weighted values, per array the cumulative weights (``cumulative[i][j]`` = weight of
+            ``arrays[i][:j + 1]``); the k-th smallest is then the smallest value whose cumulative weight over the
+            union reaches k (nearest rank).
+
+    Raises:
+        ValueError: k out of range, or a NaN among the values.
+    """
+    pairs = [(a, None if cumulative is None else c) for a, c in zip(arrays, cumulative or [None] * len(arrays))
+             if len(a)]
+    total = sum(len(a) if c is None else int(c[-1]) for a, c in pairs)
+    if not 1 <= k <= total:
+        raise ValueError(f"k={k} outside 1..{total}")
+    if any(np.isnan(a[-1]) for a, _ in pairs):
+        raise ValueError("NaN among the values")
+
+    def at_most(value: float) -> int:
+        count = 0
+        for a, c in pairs:
+            index = int(np.searchsorted(a, value, side="right"))
+            count += index if c is None else (int(c[index - 1]) if index else 0)
+        return count
+
+    low = min(_key(float(a[0])) for a, _ in pairs)
+    high = max(_key(float(a[-1])) for a, _ in pairs)
+    while low < high:               # smallest key whose value has at least k values at most it
+        middle = (low + high) // 2
+        if at_most(_value(middle)) >= k:
+            high = middle
+        else:
+            low = middle + 1
+    found = _value(low)
+    for a, _ in pairs:              # the value as stored (0.0 and -0.0 compare equal)
+        index = int(np.searchsorted(a, found, side="left"))
+        if index < len(a) and a[index] == found:
+            return float(a[index])
+    return found
+
+
+def linear_percentile(count: int, q: float, kth) -> float:
+    """``np.percentile(values, q)`` (linear interpolation) of ``count`` values, bit for bit, from
+    ``kth(i)``, the i-th smallest value (0-based): numpy's virtual index ``(count - 1) * q / 100``, its two
+    neighbours and its interpolation (``numpy.lib._function_base_impl._lerp``)."""
+    quantile = np.true_divide(q, 100)
+    virtual = (count - 1) * quantile
+    previous = np.floor(virtual)
+    if virtual >= count - 1:        # numpy takes the last value for both neighbours
+        low = high = count - 1
+        previous = np.float64(-1.0)
+    else:
+        low = int(previous)
+        high = low + 1
+    gamma = float(virtual - previous)
+    a = np.float64(kth(low))
+    b = a if high == low else np.float64(kth(high))
+    diff = b - a
+    result = a + diff * gamma
+    if gamma >= 0.5:
+        result = b - diff * (1 - gamma)
+    return float(result)
+
+
+# ---- numpy's pairwise summation over a concatenation ---------------------------------------------------
+
+def pairwise_sum(length: int, take, leaf: int = _PAIRWISE_LEAF) -> float:
+    """``np.sum`` of a float64 array of ``length`` values, bit for bit, without holding it: ``take(start, stop)``
+    returns the contiguous values ``[start, stop)`` (called with increasing ranges). numpy sums a contiguous
+    array pairwise (halves rounded down to a multiple of 8, blocks of at most 128 values unrolled by 8), so the
+    tree is walked here and every subtree of at most ``leaf`` values (at least 128, numpy's block) is summed by
+    ``np.add.reduce``."""
+    leaf = max(leaf, 128)
+
+    def subtree(start: int, n: int):
+        if n <= leaf:
+            return np.add.reduce(take(start, start + n))
+        half = n // 2
+        half -= half % 8
+        return subtree(start, half) + subtree(start + half, n - half)
+
+    return float(subtree(0, length)) if length else 0.0
+
+
+class Concatenation:
+    """Sequential reads of arrays laid end to end, loading one part at a time (``loaders[i]()`` returns part i,
+    ``lengths[i]`` long)."""
+
+    def __init__(self, loaders: list, lengths: list[int]):
+        self.loaders, self.lengths = loaders, [int(n) for n in lengths]
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths, dtype=np.int64)]).tolist()
+        self.length = self.offsets[-1]
+        self._part, self._values = -1, None
+
+    def _load(self, part: int) -> np.ndarray:
+        if part != self._part:
+            self._values = None
+            self._values = np.ascontiguousarray(self.loaders[part](), dtype=np.float64)
+            if len(self._values) != self.lengths[part]:
+                raise ValueError(f"part {part}: {len(self._values)} values, expected {self.lengths[part]}")
+            self._part = part
+        return self._values
+
+    def take(self, start: int, stop: int) -> np.ndarray:
+        pieces = []
+        part = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        while start < stop:
+            while self.offsets[part + 1] <= start:
+                part += 1
+            end = min(stop, self.offsets[part + 1])
+            values = self._load(part)
+            pieces.append(values[start - self.offsets[part]:end - self.offsets[part]])
+            start = end
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+
+# ---- a replica's parts ---------------------------------------------------------------------------------
+
+def tbt_token_sum(samples) -> float:
+    """Exactly rounded sum over a replica's TBT tokens of their gaps (us): ``(single gaps, run gaps, run
+    weights)`` as :attr:`analysis.results.RunResult.tbt_samples`."""
+    singles, gaps, weights = (np.asarray(s, dtype=float) if i < 2 else np.asarray(s, dtype=np.int64)
+                              for i, s in enumerate(samples))
+    chunk = 1 << 20
+
+    def products():
+        for start in range(0, len(singles), chunk):
+            yield singles[start:start + chunk].tolist()
+        for start in range(0, len(gaps), chunk):
+            yield (gaps[start:start + chunk] * weights[start:start + chunk]).tolist()
+
+    return math.fsum(itertools.chain.from_iterable(products()))
+
+
+def merged_tbt_mean(sums: list[float], tokens: int) -> float:
+    """The merged TBT mean (us) from the replicas' :func:`tbt_token_sum`."""
+    return math.fsum(sums) / tokens if tokens else float("nan")
+
+
+def save_replica_parts(result, prefix: str | Path) -> dict:
+    """Write a replica's parts next to its streamed iteration file (module docstring) and return their paths
+    and figures. ``result``: the replica's :class:`analysis.results.RunResult` with ``iterations_file`` and
+    ``tbt_samples``."""
+    from analysis.results import iteration_counts_of_file
+
+    prefix = str(prefix)
+    parts = {"requests": f"{prefix}.requests.parquet", "iterations": str(result.iterations_file),
+             "durations_sorted": f"{prefix}.duration-sorted.npy", "tbt_gaps": f"{prefix}.tbt-gaps.npy",
+             "tbt_cum": f"{prefix}.tbt-cum.npy", "requests_count": len(result.requests)}
+    result.requests.to_parquet(parts["requests"], index=False)
+    parts["counts"] = iteration_counts_of_file(result.iterations_file)
+    durations = pd.read_parquet(result.iterations_file, columns=["duration_us"])["duration_us"].to_numpy(dtype=float)
+    finite = durations[np.isfinite(durations)]
+    del durations
+    parts["durations_finite"] = len(finite)
+    finite.sort()
+    np.save(parts["durations_sorted"], finite)
+    del finite
+    stalls = pd.read_parquet(result.iterations_file, columns=["sync_stall_us"])["sync_stall_us"].to_numpy(dtype=float)
+    parts["stall_positive"] = int((stalls > 0).sum())
+    del stalls
+    samples = result.tbt_samples
+    parts["tbt"] = samples is not None
+    if samples is not None:
+        singles, gaps, weights = samples
+        values = np.concatenate([np.asarray(singles, dtype=float), np.asarray(gaps, dtype=float)])
+        counts = np.concatenate([np.ones(len(singles), dtype=np.int64), np.asarray(weights, dtype=np.int64)])
+        parts["tbt_tokens"] = int(counts.sum())
+        parts["tbt_sum_us"] = tbt_token_sum(samples)
+        order = np.argsort(values, kind="stable")
+        values, counts = values[order], counts[order]
+        del order
+        starts = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]])) if len(values) else \
+            np.zeros(0, dtype=np.int64)
+        distinct = values[starts]
+        cumulative = np.cumsum(np.add.reduceat(counts, starts)) if len(starts) else np.zeros(0, dtype=np.int64)
+        np.save(parts["tbt_gaps"], distinct)
+        np.save(parts["tbt_cum"], cumulative.astype(np.int64))
+    import json     # the parts, summary and config: a merge can be redone from the directory alone
+    Path(f"{prefix}.parts.json").write_text(json.dumps({"parts": parts, "summary": result.summary,
+                                                        "config": result.config}, allow_nan=True, default=str))
+    return parts
+
+
+# ---- the merge -----------------------------------------------------------------------------------------
+
+def merged_counts(parts: list[dict]) -> dict:
+    """Replicas' iteration figures (:func:`analysis.results.iteration_counts_of_file`) merged: counts and
+    totals add up, maxima take the largest."""
+    merged = dict(parts[0])
+    for part in parts[1:]:
+        for key, value in part.items():
+            merged[key] = max(merged[key], value) if key.endswith("_max") else merged[key] + value
+    return merged
+
+
+def _request_columns(parts: list[dict], names: list[str], total: int) -> dict[str, np.ndarray]:
+    """Columns of the merged request table in request-id order (ids are 0..total-1 over the replicas), read
+    one replica at a time; a column a replica's table lacks is absent from the result."""
+    import pyarrow.parquet as pq
+
+    present = set(pq.read_schema(parts[0]["requests"]).names)
+    names = [n for n in names if n in present]
+    out = {}
+    ids = [pd.read_parquet(p["requests"], columns=["request_id"])["request_id"].to_numpy() for p in parts]
+    if total and sum(len(i) for i in ids) != total:
+        raise ValueError("replica request files do not cover the request ids")
+    for name in names:
+        column = None
+        for part, index in zip(parts, ids):
+            values = pd.read_parquet(part["requests"], columns=[name])[name].to_numpy()
+            if column is None:
+                column = np.empty(total, dtype=values.dtype if values.dtype != object else object)
+            elif column.dtype != values.dtype:
+                column = column.astype(np.result_type(column.dtype, values.dtype)
+                                       if values.dtype != object and column.dtype != object else object)
+            column[index] = values
+        out[name] = column if column is not None else np.empty(0)
+    return out
+
+
+def _status_masks(parts: list[dict], total: int) -> tuple[np.ndarray, np.ndarray]:
+    """Finished and rejected requests of the merged table (request-id order), one replica's status at a time."""
+    finished, rejected = np.zeros(total, dtype=bool), np.zeros(total, dtype=bool)
+    for part in parts:
+        table = pd.read_parquet(part["requests"], columns=["request_id", "status"])
+        index, status = table["request_id"].to_numpy(), table["status"]
+        finished[index] = (status == "finished").to_numpy(dtype=bool)
+        rejected[index] = (status == "rejected").to_numpy(dtype=bool)
+    return finished, rejected
+
+
+def merge_replica_parts(results: list, parts: list[dict], config) -> dict:
+    """The merged summary of replicas simulated to files, exactly :func:`sim.routing.merge_replicas`'s
+    (module docstring). ``results``: the replicas' light :class:`analysis.results.RunResult` (summary and
+    config), ``parts``: their :func:`save_replica_parts`, both for the replicas that received requests, in
+    replica order."""
+    from analysis.planning.slo import ttft_growth_of
+    from analysis.results import _column, _percentiles, summarize
+
+    total = sum(p["requests_count"] for p in parts)
+    counts = merged_counts([p["counts"] for p in parts])
+    zero = {"sync_map_page_groups": 0, "sync_unmap_page_groups": 0, "bg_map_page_groups": 0,
+            "bg_unmap_page_groups": 0, "pool_page_groups": 0}
+    if all(p["tbt"] for p in parts):
+        zero.update(_merged_tbt(parts))
+    import pyarrow.parquet as pq
+    schema = pq.read_schema(parts[0]["requests"])
+    empty_requests = schema.empty_table().to_pandas()
+    empty_iterations = pd.DataFrame({"duration_us": np.zeros(0), "sync_stall_us": np.zeros(0)})
+    # key order and the figures of counters and counts; request and iteration figures replaced below
+    summary = summarize(empty_requests, empty_iterations, zero, config.to_dict(), counts)
+
+    finished, rejected = _status_masks(parts, total)
+    columns = _request_columns(parts, ["arrival_at_us", "completion_at_us", "output_tokens", "prompt_tokens"], total)
+    arrival, completion = columns["arrival_at_us"], columns["completion_at_us"]
+    n_finished = int(finished.sum())
+    start_us = float(pd.Series(arrival).min()) if total else 0.0
+    end_us = float(pd.Series(completion[finished]).max()) if n_finished else start_us
+    span_s = max(end_us - start_us, 1e-9) / US_PER_S
+    output = pd.Series(columns["output_tokens"][finished])
+    prompt = pd.Series(columns["prompt_tokens"][finished])
+    del columns, completion
+    summary.update({"requests": int(total), "finished": n_finished, "rejected": int(rejected.sum()),
+                    "makespan_s": span_s, "throughput_req_per_s": n_finished / span_s,
+                    "output_tokens_per_s": float(output.sum()) / span_s,
+                    "total_tokens_per_s": float((prompt + output).sum()) / span_s})
+    del prompt
+    figures = {}
+    for name, scale, unit in (("ttft", US_PER_MS, "ms"), ("tpot", US_PER_MS, "ms"), ("e2e", US_PER_S, "s"),
+                              ("sched_delay", US_PER_MS, "ms")):
+        column = _request_columns(parts, [f"{name}_us"], total).get(f"{name}_us")
+        values = pd.Series(column[finished]) if column is not None else _column(pd.DataFrame(index=range(n_finished)),
+                                                                                f"{name}_us")
+        figures.update(_percentiles(values, name, scale, unit))
+        if name == "ttft":
+            summary["ttft_growth_s_per_s"] = ttft_growth_of(arrival[finished], column[finished])
+        if name == "e2e":
+            figures.update(_percentiles(values / output, "e2e_per_token", US_PER_MS, "ms"))
+        del column, values
+    del arrival, output
+    summary.update(figures)
+    summary.update(_iteration_figures(parts))
+    columns = _request_columns(parts, ["preemptions", "recomputed_tokens"], total)
+    summary["preemptions"] = int(pd.Series(columns["preemptions"]).sum())
+    summary["recomputed_tokens"] = int(pd.Series(columns["recomputed_tokens"]).sum()) \
+        if "recomputed_tokens" in columns else 0
+    del columns
+    if "reject_reason" in schema.names:
+        reasons = _rejected_reasons(parts, rejected)
+        summary["rejected_by_reason"] = {str(k): int(v) for k, v in reasons.value_counts().items()}
+    return summary
+
+
+def _rejected_reasons(parts: list[dict], rejected: np.ndarray) -> pd.Series:
+    """The ``reject_reason`` of the rejected requests, in request-id order, as the merged table holds it."""
+    pieces = []
+    for part in parts:
+        table = pd.read_parquet(part["requests"], columns=["request_id", "reject_reason"])
+        pieces.append(table[rejected[table["request_id"].to_numpy()]])
+    merged = pd.concat(pieces, ignore_index=True).sort_values("request_id", kind="stable", ignore_index=True)
+    return merged["reject_reason"]
+
+
+def _iteration_figures(parts: list[dict]) -> dict:
+    """Iteration-time percentiles and mean, stall total and count over every replica's iterations."""
+    out = {}
+    finite = sum(p["durations_finite"] for p in parts)
+    if finite:
+        sorted_parts = [np.load(p["durations_sorted"], mmap_mode="r") for p in parts]
+        kth = lambda index: kth_smallest(sorted_parts, index + 1)     # noqa: E731
+        for q in (50, 90, 99):
+            out[f"iteration_p{q}_ms"] = float(linear_percentile(finite, q, kth) / US_PER_MS)
+
+        def finite_durations(path):
+            def load():
+                values = pd.read_parquet(path, columns=["duration_us"])["duration_us"].to_numpy(dtype=float)
+                return values[np.isfinite(values)]
+            return load
+
+        durations = Concatenation([finite_durations(p["iterations"]) for p in parts],
+                                  [p["durations_finite"] for p in parts])
+        out["iteration_mean_ms"] = float(np.float64(pairwise_sum(finite, durations.take)) / finite / US_PER_MS)
+        del durations, sorted_parts
+    else:
+        out.update({f"iteration_{s}_ms": float("nan") for s in ("p50", "p90", "p99", "mean")})
+
+    def stalls(path):
+        def load():     # pandas' sum: NaN read as 0
+            values = pd.read_parquet(path, columns=["sync_stall_us"])["sync_stall_us"].to_numpy(dtype=float)
+            return np.where(np.isnan(values), 0.0, values)
+        return load
+
+    column = Concatenation([stalls(p["iterations"]) for p in parts], [p["counts"]["iterations"] for p in parts])
+    out["sync_stall_total_ms"] = float(pairwise_sum(column.length, column.take) / US_PER_MS)
+    out["iterations_with_stall"] = int(sum(p["stall_positive"] for p in parts))
+    return out
+
+
+def _merged_tbt(parts: list[dict]) -> dict:
+    """:func:`sim.records.tbt_stats_us` of every replica's TBT tokens (the mean as :func:`merged_tbt_mean`)."""
+    keys = ("tbt_p50_us", "tbt_p90_us", "tbt_p99_us", "tbt_max_us", "tbt_mean_us")
+    total = sum(p["tbt_tokens"] for p in parts)
+    if not total:
+        return {**dict.fromkeys(keys, float("nan")), "tbt_tokens": 0}
+    gaps = [np.load(p["tbt_gaps"], mmap_mode="r") for p in parts]
+    cumulative = [np.load(p["tbt_cum"], mmap_mode="r") for p in parts]
+    out = {}
+    for q in (50, 90, 99):         # the smallest gap whose cumulative token count reaches q / 100 * total
+        out[f"tbt_p{q}_us"] = kth_smallest(gaps, max(1, math.ceil(q / 100 * total)), cumulative)
+    out["tbt_max_us"] = max(float(g[-1]) for g in gaps if len(g))
+    out["tbt_mean_us"] = merged_tbt_mean([p["tbt_sum_us"] for p in parts], total)
+    out["tbt_tokens"] = total
+    return out

@@ -1,0 +1,113 @@
+"""The bounded-memory replica merge (sim.replica_merge): exact order statistics across sorted arrays, numpy's
+percentile and pairwise sum reproduced bit for bit, and the merged summary of replicas simulated to files equal
+to the in-memory merge's."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import traces
+from sim.config import SimConfig
+from sim.replica_merge import Concatenation, kth_smallest, linear_percentile, pairwise_sum
+from sim.routing import run_routed
+
+# few distinct values (ties across and within arrays), wide magnitudes, zeros of both signs and infinities
+_values = st.one_of(st.sampled_from([0.0, -0.0, 1.0, 2.5, -3.0, 1e-300, math.inf, -math.inf]),
+                    st.floats(allow_nan=False, width=64))
+_arrays = st.lists(st.lists(_values, max_size=30), min_size=1, max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_arrays, st.data())
+def test_kth_smallest_across_sorted_arrays_equals_sorting_the_union(arrays, data):
+    arrays = [np.sort(np.array(a, dtype=float)) for a in arrays]
+    union = np.sort(np.concatenate(arrays))
+    if not len(union):
+        with pytest.raises(ValueError):
+            kth_smallest(arrays, 1)
+        return
+    k = data.draw(st.integers(1, len(union)))
+    assert kth_smallest(arrays, k) == union[k - 1]
+    with pytest.raises(ValueError):
+        kth_smallest(arrays, len(union) + 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.tuples(_values, st.integers(0, 5)), max_size=20), min_size=1, max_size=5),
+       st.sampled_from([50, 90, 99]))
+def test_weighted_kth_smallest_is_the_nearest_rank_of_tbt_stats(pairs, q):
+    """With weights (cumulative per distinct value, as a replica stores its TBT gaps), the k-th smallest is
+    the token-weighted nearest rank of sim.records.tbt_stats_us: the smallest value whose cumulative weight
+    reaches q / 100 of the total."""
+    from sim.records import tbt_stats_us
+
+    arrays, cumulative = [], []
+    for replica in pairs:
+        values = np.array([v for v, _ in replica], dtype=float)
+        weights = np.array([w for _, w in replica], dtype=np.int64)
+        order = np.argsort(values, kind="stable")
+        values, weights = values[order], weights[order]
+        starts = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]])) if len(values) else []
+        arrays.append(values[starts] if len(values) else values)
+        cumulative.append(np.cumsum(np.add.reduceat(weights, starts)) if len(values) else weights)
+    all_values = np.concatenate([np.array([v for v, _ in r], dtype=float) for r in pairs])
+    all_weights = np.concatenate([np.array([w for _, w in r], dtype=np.int64) for r in pairs])
+    total = int(all_weights.sum())
+    if not total:
+        return
+    expected = tbt_stats_us([], [(all_values, all_weights)])[f"tbt_p{q}_us"]
+    assert kth_smallest(arrays, max(1, math.ceil(q / 100 * total)), cumulative) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False, width=64, min_value=-1e300, max_value=1e300),
+                min_size=1, max_size=60),
+       st.sampled_from([50, 90, 99, 0, 100, 37.5]))
+def test_linear_percentile_is_numpys_bit_for_bit(values, q):
+    ordered = np.sort(np.array(values, dtype=float))
+    got = linear_percentile(len(ordered), q, lambda i: ordered[i])
+    expected = float(np.percentile(np.array(values, dtype=float), q))
+    assert got == expected or (math.isnan(got) and math.isnan(expected))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 3000), min_size=1, max_size=5), st.integers(0, 2**32 - 1),
+       st.sampled_from([1, 128, 136, 1000]))
+def test_pairwise_sum_over_a_concatenation_is_numpys_sum(lengths, seed, leaf):
+    rng = np.random.default_rng(seed)
+    parts = [rng.standard_normal(n) * 10.0 ** rng.integers(-8, 8, n) for n in lengths]
+    whole = np.concatenate(parts)
+    column = Concatenation([lambda p=p: p for p in parts], lengths)
+    total = pairwise_sum(column.length, column.take, leaf=leaf)
+    assert total == float(np.sum(whole))
+    if len(whole):
+        assert np.float64(total) / len(whole) == whole.mean()
+
+
+@pytest.mark.parametrize("config, routing, replicas", [
+    (SimConfig(), "round-robin", 3),
+    (SimConfig(memory_util_frac=0.2, sync_mapping=True), "random", 4),
+    (SimConfig(policy="paged", memory_util_frac=0.15, preemption="swap"), "session-hash", 2),
+    (SimConfig(policy="static", max_len_tokens=2048), "round-robin", 3),
+])
+def test_bounded_merge_equals_the_in_memory_merge(tmp_path, config, routing, replicas):
+    """Replicas simulated to files and merged with bounded memory give exactly the in-memory merge's summary
+    (every key, same order, same types) and request table; the mix covers stalls, preemptions, swaps and
+    rejected requests."""
+    trace = traces.scale_rate(traces.synthetic_default(0, num_requests=240), 40.0)
+    trace, _ = traces.clip_context(trace, 8192)
+    in_memory = run_routed(config, trace, replicas, routing)
+    on_disk = run_routed(config, trace, replicas, routing, records_dir=str(tmp_path), workers=2)
+    assert all(r is None or r.parts is not None for r in on_disk.replicas)
+    assert list(on_disk.summary) == list(in_memory.summary)
+    for key, value in in_memory.summary.items():
+        other = on_disk.summary[key]
+        assert type(other) is type(value), key
+        assert other == value or (isinstance(value, float) and math.isnan(value) and math.isnan(other)), key
+    pd.testing.assert_frame_equal(on_disk.requests, in_memory.requests)
+    if config.policy == "static":
+        assert in_memory.summary["rejected"] > 0 and in_memory.summary["rejected_by_reason"]
