@@ -42,6 +42,9 @@ class ShardedDecoderModel(DecoderModel):
 
         if not 0 <= rank < tp:
             raise ValueError(f"rank {rank} of tp {tp}")
+        if full_shape.ffn_size % tp:
+            raise ValueError(f"tp {tp} does not divide the MLP width {full_shape.ffn_size}")
+        full_shape.check_tp(tp)  # the query and KV heads
         full = DecoderModel(full_shape, device=device, seed=seed, attention=attention)
         self.full_shape, self.tp, self.rank, self.group = full_shape, tp, rank, group
         self.shape = full_shape.per_worker(tp)
