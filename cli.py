@@ -125,6 +125,7 @@ def _simulate_replicas(args: argparse.Namespace, config, trace, out) -> int:
 
     from analysis.results import RunResult, write_run
     from analysis.summary import print_summary
+    from sim.replica_merge import write_merged_iterations, write_merged_requests
     from sim.routing import run_routed
     from sim.runner import profile_config_overrides
 
@@ -142,12 +143,14 @@ def _simulate_replicas(args: argparse.Namespace, config, trace, out) -> int:
         routed = run_routed(config, trace, args.replicas, args.routing, args.profile, args.executor,
                             args.workers or os.cpu_count() or 1, str(records))
         wall_s = time.perf_counter() - started
-        present = [(r, res) for r, res in enumerate(routed.replicas) if res is not None]
-        iterations = _merged_iterations(present, stage / "iterations.parquet")
+        # the merged tables written one row group / one window of request ids at a time (bounded memory)
+        iterations = write_merged_iterations(routed.replicas, stage / "iterations.parquet")
+        on_disk = all(res is None or res.parts is not None for res in routed.replicas)
+        requests = write_merged_requests(routed.replicas, stage / "requests.parquet") if on_disk else routed.requests
         meta = {**profile_config_overrides(config, args.profile).to_dict(),
                 "trace_source": trace.attrs.get("source", "trace"), "replicas": args.replicas,
                 "routing": args.routing, "executor": args.executor}
-        result = RunResult(routed.requests, iterations, routed.summary, meta)
+        result = RunResult(requests, iterations, routed.summary, meta)
         write_run(result, stage)
         if records.exists():
             import shutil
@@ -158,21 +161,6 @@ def _simulate_replicas(args: argparse.Namespace, config, trace, out) -> int:
     print(f"{args.replicas} replicas ({args.routing}, {how}): requests per replica "
           f"{', '.join(str(int((routed.assignment == r).sum())) for r in range(args.replicas))}")
     return 0
-
-
-def _merged_iterations(present: list, path):
-    """Every replica's iteration table with a ``replica`` column, written to ``path`` one replica at a time."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    writer = None
-    for replica, result in present:
-        table = pa.Table.from_pandas(result.iterations.assign(replica=replica), preserve_index=False)
-        writer = writer or pq.ParquetWriter(path, table.schema)
-        writer.write_table(table)
-    if writer is not None:
-        writer.close()
-    return path
 
 
 class _progress:

@@ -72,6 +72,8 @@ class RunResult:
         self.path = Path(directory)
         if self.iterations_file is not None:
             self._iterations = self.path / "iterations.parquet"
+        if isinstance(self._requests, (str, Path)):
+            self._requests = self.path / "requests.parquet"
 
     def __repr__(self) -> str:
         requests = self._requests if isinstance(self._requests, (str, Path)) else f"{len(self._requests):,} requests"
@@ -260,11 +262,15 @@ def write_run(result: RunResult, out_dir: str | Path, overwrite: bool = False) -
     out = Path(out_dir)
     streamed = result.iterations_file
     own = streamed is not None and streamed.exists() and streamed.resolve() == (out / "iterations.parquet").resolve()
-    existing = [name for name in RUN_FILES if (out / name).exists() and not (own and name == "iterations.parquet")]
+    own_requests = (isinstance(result._requests, (str, Path)) and Path(result._requests).exists()
+                    and Path(result._requests).resolve() == (out / "requests.parquet").resolve())
+    existing = [name for name in RUN_FILES if (out / name).exists() and not (own and name == "iterations.parquet")
+                and not (own_requests and name == "requests.parquet")]
     if existing and not overwrite:
         raise FileExistsError(f"{out} already holds a run ({', '.join(existing)}); choose another --out or pass --force")
     out.mkdir(parents=True, exist_ok=True)
-    result.requests.to_parquet(out / "requests.parquet", index=False)
+    if not own_requests:        # a merged run's requests are already there (sim.replica_merge.write_merged_requests)
+        result.requests.to_parquet(out / "requests.parquet", index=False)
     if not own:        # a streamed run's records are already there
         result.iterations.to_parquet(out / "iterations.parquet", index=False)
     (out / "summary.json").write_text(json.dumps(result.summary, indent=2, allow_nan=True) + "\n")
@@ -274,8 +280,8 @@ def write_run(result: RunResult, out_dir: str | Path, overwrite: bool = False) -
 
 
 def load_run(path: str | Path) -> RunResult:
-    """Read a run directory written by :func:`write_run` (or ``kvsim simulate``); the per-iteration table is
-    read when first used (:attr:`RunResult.iterations`).
+    """Read a run directory written by :func:`write_run` (or ``kvsim simulate``); the per-request and
+    per-iteration tables are read when first used (:attr:`RunResult.requests`, :attr:`RunResult.iterations`).
 
     Raises:
         FileNotFoundError: naming the missing file.
@@ -292,7 +298,7 @@ def load_run(path: str | Path) -> RunResult:
     tables = {}
     for name in RUN_FILES:
         try:
-            if name == "iterations.parquet":       # read on first access (RunResult.iterations); checked now
+            if name in ("requests.parquet", "iterations.parquet"):   # read on first access; checked now
                 import pyarrow.parquet as pq
                 pq.read_metadata(run / name)
                 tables[name] = run / name

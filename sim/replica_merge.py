@@ -212,7 +212,10 @@ def save_replica_parts(result, prefix: str | Path) -> dict:
     parts = {"requests": f"{prefix}.requests.parquet", "iterations": str(result.iterations_file),
              "durations_sorted": f"{prefix}.duration-sorted.npy", "tbt_gaps": f"{prefix}.tbt-gaps.npy",
              "tbt_cum": f"{prefix}.tbt-cum.npy", "requests_count": len(result.requests)}
-    result.requests.to_parquet(parts["requests"], index=False)
+    requests = result.requests
+    if not requests["request_id"].is_monotonic_increasing:      # the merged table is read in request-id order
+        requests = requests.sort_values("request_id", kind="stable", ignore_index=True)
+    requests.to_parquet(parts["requests"], index=False)
     parts["counts"] = iteration_counts_of_file(result.iterations_file)
     durations = pd.read_parquet(result.iterations_file, columns=["duration_us"])["duration_us"].to_numpy(dtype=float)
     finite = durations[np.isfinite(durations)]
@@ -417,3 +420,75 @@ def _merged_tbt(parts: list[dict]) -> dict:
     out["tbt_mean_us"] = merged_tbt_mean([p["tbt_sum_us"] for p in parts], total)
     out["tbt_tokens"] = total
     return out
+
+
+# ---- merged tables on disk -----------------------------------------------------------------------------
+
+def write_merged_iterations(results: list, path: str | Path) -> Path:
+    """Every replica's iteration table with a ``replica`` column, copied into ``path`` row group by row group
+    (the values of :func:`sim.routing.merged_requests`' iteration counterpart; memory: one row group)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    writer = None
+    try:
+        for replica, result in enumerate(results):
+            if result is None:
+                continue
+            source = result.iterations_file
+            if source is None:          # in memory
+                tables = [pa.Table.from_pandas(result.iterations, preserve_index=False)]
+            else:
+                parquet = pq.ParquetFile(source)
+                tables = (parquet.read_row_group(group) for group in range(parquet.num_row_groups))
+            for table in tables:
+                table = table.replace_schema_metadata(None)
+                table = table.append_column("replica", pa.array(np.full(len(table), replica, dtype=np.int64)))
+                writer = writer or pq.ParquetWriter(path, table.schema)
+                writer.write_table(table)
+    finally:
+        if writer is not None:
+            writer.close()
+    return Path(path)
+
+
+def write_merged_requests(results: list, path: str | Path, window: int = 1 << 20) -> Path:
+    """The merged per-request table (:func:`sim.routing.merged_requests`: every replica's rows with a
+    ``replica`` column, sorted by request id) written to ``path`` one window of request ids at a time, from
+    the replicas' request files (each sorted by request id), never whole."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    present = [(r, res) for r, res in enumerate(results) if res is not None]
+    batches = [pq.ParquetFile(res.parts["requests"]).iter_batches(batch_size=1 << 14) for _, res in present]
+    pending = [None] * len(present)
+    total = sum(res.parts["requests_count"] for _, res in present)
+    writer = None
+    try:
+        for start in range(0, max(total, 1), window):
+            end, pieces = start + window, []
+            for i, (replica, _) in enumerate(present):
+                taken = []
+                while True:
+                    if pending[i] is None:
+                        batch = next(batches[i], None)
+                        if batch is None:
+                            break
+                        pending[i] = pa.Table.from_batches([batch])
+                    ids = pending[i]["request_id"].to_numpy()
+                    inside = int(np.searchsorted(ids, end, side="left"))
+                    taken.append(pending[i].slice(0, inside))
+                    pending[i] = pending[i].slice(inside) if inside < len(ids) else None
+                    if pending[i] is not None:
+                        break
+                for piece in taken:
+                    pieces.append(piece.append_column("replica", pa.array(np.full(len(piece), replica, dtype=np.int64))))
+            table = pa.concat_tables(pieces).replace_schema_metadata(None)
+            table = table.take(pc.sort_indices(table, sort_keys=[("request_id", "ascending")]))
+            writer = writer or pq.ParquetWriter(path, table.schema)
+            writer.write_table(table)
+    finally:
+        if writer is not None:
+            writer.close()
+    return Path(path)
