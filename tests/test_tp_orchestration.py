@@ -313,10 +313,10 @@ def small_trace(n: int = 8, seed: int = 0, spread_s: float = 0.0) -> pd.DataFram
                          "prompt_tokens": rng.integers(10, 3000, n), "output_tokens": rng.integers(2, 16, n)})
 
 
-def recording_spec(config: SimConfig, delay_us: dict | None = None) -> PeerSpec:
+def recording_spec(config: SimConfig, delay_us: dict | None = None, compute_us: float = 0.0) -> PeerSpec:
     layout = layout_for(config, config.model_spec.per_worker(config.tp))
     return PeerSpec(tp=config.tp, devices=("cpu",) * config.tp, layout=layout, pool_page_groups=config.pool_page_groups,
-                    runner="recording", emulated_delay_us=delay_us or {})
+                    runner="recording", emulated_delay_us=delay_us or {}, emulated_compute_us=compute_us)
 
 
 @pytest.mark.parametrize("sync", [True, False])
@@ -342,6 +342,23 @@ def test_tp_loop_schedules_like_the_simulator_and_every_rank_computes_the_same_b
     assert (output.requests_frame()["status"] == "finished").all()
     assert meta["tp_mapping"]["foreground"]["num_plans"] >= 1
     assert len(meta["tp_mapping"]["foreground"]["per_worker"]) == 2
+
+
+def test_the_mapper_thread_maps_ahead_on_every_rank_while_the_emulated_gpu_computes():
+    pytest.importorskip("simpy")
+    from sim.runner import run_simulation
+
+    config = SimConfig(tp=2, max_batch_slots=4, max_context_tokens=8192, token_budget=512, memory_util_frac=0.2)
+    trace = pd.DataFrame({"request_id": range(4), "arrival_s": [0, 0.001, 0.002, 0.003],
+                          "prompt_tokens": [2000, 1990, 4000, 100], "output_tokens": [120, 200, 150, 300]})
+    output, meta = replay_tp(config, trace, recording_spec(config, compute_us=2000), sleep=lambda s: None,
+                             peer_mode="thread")
+    hw = output.iterations_frame()
+    sim = run_simulation(config, trace).iterations
+    assert hw["bg_map_page_groups"].sum() > 0 and meta["tp_mapping"]["background"]["num_plans"] > 0
+    assert hw["bg_map_page_groups"].sum() + hw["sync_map_page_groups"].sum() == (
+        sim["bg_map_page_groups"].sum() + sim["sync_map_page_groups"].sum())
+    assert meta["tp_page_tables"] == "identical" and meta["rank_batches"][0] == meta["rank_batches"][1]
 
 
 def test_tp_loop_with_a_spawned_peer_process_writes_a_run_that_validate_reads_at_tp_2(tmp_path):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -97,14 +98,18 @@ class RecordedInputs:
 
 
 class NoTokens:
-    """The sampled tokens of an emulated iteration (``cpu()``, ``numel()``, ``is_cuda`` as a tensor's)."""
+    """The sampled tokens of an emulated iteration (``cpu()``, ``numel()``, ``is_cuda`` as a tensor's);
+    ``cpu()`` first waits ``wait_s`` (the emulated GPU's time after the launch, during which the mapper works)."""
 
     is_cuda = False
 
-    def __init__(self, count: int):
-        self.count = count
+    def __init__(self, count: int, wait_s: float = 0.0):
+        self.count, self.wait_s = count, wait_s
 
     def cpu(self) -> "NoTokens":
+        if self.wait_s:
+            time.sleep(self.wait_s)
+            self.wait_s = 0.0
         return self
 
     def numel(self) -> int:
@@ -112,7 +117,8 @@ class NoTokens:
 
 
 class RecordingRunner:
-    """A runner without a model (CPU tests without torch): records every batch it is asked to compute.
+    """A runner without a model (CPU tests without torch): records every batch it is asked to compute;
+    ``compute_us``: rank 0's iterations take that long after their launch (an emulated GPU).
 
     ``forward`` (peers) and ``forward_inputs`` (rank 0) append the batch's encoded work to :attr:`batches`;
     ``log()`` returns them, so a test can check that every rank computed the same iterations in the same order.
@@ -121,8 +127,8 @@ class RecordingRunner:
     device = "cpu"
     batch_inputs = RecordedInputs
 
-    def __init__(self, rank: int = 0):
-        self.rank, self.cache = rank, None
+    def __init__(self, rank: int = 0, compute_us: float = 0.0):
+        self.rank, self.cache, self.compute_s = rank, None, compute_us * 1e-6
         self.batches: list[tuple] = []
         self.attention = "none"
         self.k: list[Any] = []
@@ -152,7 +158,7 @@ class RecordingRunner:
 
     def forward_inputs(self, inputs: Any, k_flat: Any, v_flat: Any) -> NoTokens:
         self.batches.append(tuple(encode_work(inputs.work)))
-        return NoTokens(sum(w.emits for w in inputs.work))
+        return NoTokens(sum(w.emits for w in inputs.work), self.compute_s)
 
     def capture(self, slot: int, max_batch: int) -> dict:
         return {"ok": False, "error": "no model", "seconds": 0.0}

@@ -47,7 +47,8 @@ class PeerSpec:
         create_on_demand: every rank's KV cache (identical). shape: the whole model's decoder shape (each
         rank computes ``shape.per_worker(tp)``). seed: weights' seed (every rank draws the whole model's weights
         as the one-GPU replay does, then keeps its shard). timeout_s: collectives' and joins' timeout.
-        emulated_delay_us: on ``cpu``, the emulated driver's per-call delays (tests).
+        emulated_delay_us: on ``cpu``, the emulated driver's per-call delays (tests). emulated_compute_us: the
+            recording runner's iteration time after launch (tests of the mapper thread).
     """
 
     tp: int
@@ -62,6 +63,7 @@ class PeerSpec:
     seed: int = 0
     timeout_s: float = 300.0
     emulated_delay_us: dict = field(default_factory=dict)
+    emulated_compute_us: float = 0.0
 
     def __post_init__(self) -> None:
         if len(self.devices) != self.tp:
@@ -83,7 +85,7 @@ class PeerDriver(EmulatedVmmDriver):
 def make_runner(spec: PeerSpec, rank: int) -> Any:
     """Rank ``rank``'s compute runner (the model runner joins the process group: it waits for every rank)."""
     if spec.runner == "recording":
-        return RecordingRunner(rank)
+        return RecordingRunner(rank, spec.emulated_compute_us)
     from hwbackend.replay.tp.shard import ModelRunner
 
     return ModelRunner(spec, rank)
