@@ -112,7 +112,7 @@ def _graph_time(x: Any, count: int, replays: int) -> dict:
     with torch.cuda.stream(side):
         dist.all_reduce(x)  # warm on the capture stream
         side.synchronize()
-        with torch.cuda.graph(graph, stream=side):
+        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
             for _ in range(count):
                 dist.all_reduce(x)
     torch.cuda.current_stream().wait_stream(side)

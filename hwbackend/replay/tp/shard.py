@@ -120,7 +120,9 @@ class TPDecodeGraphs(DecodeGraphs):
                 side.synchronize()
                 for n in range(max_batch, 0, -1):
                     graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool, stream=side):
+                    # thread-local: calls of other threads (NCCL's watchdog querying events, the VMM threads)
+                    # cannot invalidate this thread's capture
+                    with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"):
                         self.outputs[n] = model.eager_forward(_StaticDecode(self, n), k_flat, v_flat)
                     self.graphs[n] = graph
         finally:
