@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -410,3 +411,41 @@ def test_the_tp_command_refuses_bad_devices_in_one_line(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_the_fit_rule_of_the_tp2_plan_gives_a_tp2_profile_that_validate_uses(tmp_path):
+    """docs/tp2/PLAN.md's fit rule, mechanically, on a TP=2 run of the recording runner (its iteration times
+    are the emulated GPU's, so the fitted values mean nothing; what is checked is where they go)."""
+    pytest.importorskip("simpy")
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from cli import main as kvsim_main
+    from hwbackend.calibration.validate import validate_run
+    from hwbackend.replay.cli import write_hw_run
+    from sim.latency import read_profile
+    from sim.runner import resolve_compute_model
+
+    config = SimConfig(tp=2, max_batch_slots=8, max_context_tokens=4096, token_budget=512, memory_util_frac=0.2,
+                       sync_mapping=True)
+    rng = np.random.default_rng(1)
+    trace = pd.DataFrame({"request_id": range(12), "arrival_s": np.linspace(0, 0.02, 12),
+                          "prompt_tokens": rng.integers(10, 1500, 12), "output_tokens": rng.integers(2, 40, 12)})
+    output, meta = replay_tp(config, trace, recording_spec(config, compute_us=300), peer_mode="thread")
+    meta.pop("rank_batches")
+    run = write_hw_run(output, config, meta, tmp_path / "tp2-train")
+    profile = tmp_path / "h200-tp2.json"
+    shutil.copy(Path(__file__).resolve().parents[1] / "profiles" / "h200.json", profile)
+    assert kvsim_main(["calibrate", "--from-run", str(run), "--out", str(profile), "--force"]) == 0
+    subprocess.run([sys.executable, "-c", "import json; p='" + str(profile) + "'; d=json.load(open(p)); "
+                    "d.pop('vmm_tp', None); open(p,'w').write(json.dumps(d, indent=1) + '\\n')"], check=True)
+    data = json.loads(profile.read_text())
+    assert data["compute_in_loop"]["tp"] == 2 and "vmm_in_loop" in data and "vmm_tp" not in data
+    assert resolve_compute_model(read_profile(profile), "auto", config) == "in-loop"  # applies at tp 2 ...
+    assert resolve_compute_model(read_profile(profile), "auto", SimConfig()) != "in-loop"  # ... not at tp 1
+    table, hw, sim, same = validate_run(run, str(profile), tmp_path / "validation")
+    assert sim.config["tp"] == 2 and "in-loop" in sim.config["compute_model"]
+    assert "vmm_tp" not in sim.config["vmm_latency_source"]
+    assert (tmp_path / "validation" / "validation.md").is_file() and same is not None
