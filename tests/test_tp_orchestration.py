@@ -28,7 +28,6 @@ from hwbackend.vmm.executor import BackgroundMappingError, _snapshot, policy_con
 from hwbackend.vmm.kvcache import KVCache, KVCacheLayout
 from hwbackend.vmm.tp import TPStepError
 from hwbackend.vmm.tp_worker import TPWorker
-from sim.catalog import get_model
 from sim.config import SimConfig
 from sim.memory.vattention import VAttentionPolicy
 
@@ -36,7 +35,6 @@ MIB = 1 << 20
 G = 2 * MIB
 TOKENS_PER_PAGE = 1024  # 2 MiB / (8 heads * 128 * 2 B)
 NO_LEAK = {"reservations": 0, "handles": 0, "mappings": 0}
-TINY = get_model("llama-3-8b")  # only its per-worker KV head shape matters to the cache layout
 ORDER_COLUMNS = ["prefill_tokens", "decode_tokens", "batch_size", "num_running", "num_waiting", "used_page_groups"]
 
 
