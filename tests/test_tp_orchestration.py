@@ -330,6 +330,9 @@ def test_tp_loop_schedules_like_the_simulator_and_every_rank_computes_the_same_b
     hw, sim = output.iterations_frame(), run_simulation(config, trace)
     batches = meta["rank_batches"]
     assert len(batches[0]) == len(hw) and batches[0] == batches[1]  # same iterations, same order, same work
+    launches = output.rank_launches
+    assert len(launches) == 2 * len(hw) and (launches.groupby("rank").size() == len(hw)).all()
+    assert set(meta["tp_launch"]["launched_lag_us"]) == {"1"}
     assert meta["tp_page_tables"] == "identical" and meta["peer_exit_codes"] == [0]
     if sync:  # all arrive at 0, no mapper thread: every batch and policy decision is the simulator's at tp 2
         pd.testing.assert_frame_equal(hw[ORDER_COLUMNS], sim.iterations[ORDER_COLUMNS], check_dtype=False)

@@ -83,6 +83,9 @@ def test_cpu_replay_at_tp_2_writes_a_run_that_validate_simulates_at_tp_2(tmp_pat
     assert config.tp == 2 and (hw.requests["status"] == "finished").all()
     shapes = pd.read_parquet(out / "shapes.parquet")
     assert shapes["iteration"].tolist() == hw.iterations["iteration"].tolist()
+    launches = pd.read_parquet(out / "tp_launches.parquet")  # every rank launched every iteration
+    assert sorted(launches["rank"].unique()) == [0, 1] and len(launches) == 2 * len(hw.iterations)
+    assert (launches["launched_us"] >= launches["start_us"]).all() and set(config_json["tp_launch"]["start_lag_us"]) == {"1"}
     # every arrival at 0 and synchronous mapping: the schedule is the simulator's at tp 2, batch by batch
     sim = run_simulation(config, pd.DataFrame({"request_id": range(5), "arrival_s": 0.0,
                                                "prompt_tokens": [40, 300, 90, 700, 20], "output_tokens": [5, 4, 6, 3, 8]}))

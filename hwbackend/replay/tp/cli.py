@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                 num_requests=args.num_requests, skip_requests=args.skip_requests,
                 command=" ".join([PROG, *(sys.argv[1:] if argv is None else argv)]))
     out = write_hw_run(output, config, meta, args.out, force=args.force)
+    output.rank_launches.to_parquet(out / "tp_launches.parquet", index=False)
     summary = json.loads((out / "summary.json").read_text())
     print(f"wrote {out}: tp {config.tp} on {','.join(devices)} ({backend}), {summary['finished']} finished, "
           f"{summary['iterations']} iterations, iteration p50 {summary['iteration_p50_ms']:.2f} ms, TTFT p50 "

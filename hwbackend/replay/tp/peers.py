@@ -24,7 +24,7 @@ from hwbackend.replay.model import SeqWork
 from hwbackend.replay.tp.rpc import Channel
 
 RUNNER_COMMANDS = ("hello", "set_attention", "warm", "warm_done", "kv_open", "forward", "capture", "use_graphs",
-                   "gc_off", "sync", "log")
+                   "gc_off", "sync", "log", "launch_times")
 """What a runner may be asked over the compute pipe (``stop`` ends the peer's loop)."""
 
 
@@ -130,6 +130,7 @@ class RecordingRunner:
     def __init__(self, rank: int = 0, compute_us: float = 0.0):
         self.rank, self.cache, self.compute_s = rank, None, compute_us * 1e-6
         self.batches: list[tuple] = []
+        self.launches: list[tuple[float, float]] = []
         self.attention = "none"
         self.k: list[Any] = []
         self.v: list[Any] = []
@@ -154,11 +155,18 @@ class RecordingRunner:
         self.k, self.v = [None] * layers, [None] * layers
 
     def forward(self, encoded: Sequence[tuple]) -> None:
+        started = time.perf_counter()
         self.batches.append(tuple(map(tuple, encoded)))
+        self.launches.append((started, time.perf_counter()))
 
     def forward_inputs(self, inputs: Any, k_flat: Any, v_flat: Any) -> NoTokens:
+        started = time.perf_counter()
         self.batches.append(tuple(encode_work(inputs.work)))
+        self.launches.append((started, time.perf_counter()))
         return NoTokens(sum(w.emits for w in inputs.work), self.compute_s)
+
+    def launch_times(self) -> list[tuple[float, float]]:
+        return list(self.launches)
 
     def capture(self, slot: int, max_batch: int) -> dict:
         return {"ok": False, "error": "no model", "seconds": 0.0}

@@ -107,9 +107,12 @@ def replay_tp(config: Any, trace: pd.DataFrame, spec: PeerSpec, attention: str =
             gc.freeze()
             gc.disable()  # a full collection mid-run costs ~50 ms (docs/hwbackend.md)
             started = time.perf_counter()
-            output = ReplayLoop(config, trace, TPModel(group), kv, sleep=sleep).run()
+            loop = ReplayLoop(config, trace, TPModel(group), kv, sleep=sleep)
+            output = loop.run()
             wall_s = time.perf_counter() - started
             group.call_all("sync")
+            output.rank_launches = launch_frame(group.call_all("launch_times"), loop._t0_ns * 1e-9)
+            extra["tp_launch"] = launch_summary(output.rank_launches)
             mapping = {kind: _short_report(kv.executor.timing_report(kind)) for kind in ("foreground", "background")}
             consistent = _consistency(kv.executor)  # every rank maps what the policy holds, after the whole run
         finally:
@@ -136,6 +139,43 @@ def replay_tp(config: Any, trace: pd.DataFrame, spec: PeerSpec, attention: str =
         if key in ranks[0]:
             meta[key] = ranks[0][key]
     return output, meta
+
+
+LAUNCH_COLUMNS = ("iteration", "rank", "start_us", "launched_us")
+"""``tp_launches.parquet``: per iteration and rank, host time (us since the replay's start, the clock of
+``iterations.parquet``) when the rank started building the iteration's inputs and when it had launched its
+forward (rank r > 0 starts when rank 0's post reaches it)."""
+
+
+def launch_frame(per_rank: list, t0_s: float) -> pd.DataFrame:
+    """:data:`LAUNCH_COLUMNS` from every rank's ``launch_times`` (host seconds of one monotonic clock)."""
+    rows = [(i, rank, (start - t0_s) * 1e6, (end - t0_s) * 1e6)
+            for rank, launches in enumerate(per_rank) for i, (start, end) in enumerate(launches)]
+    return pd.DataFrame.from_records(rows, columns=list(LAUNCH_COLUMNS))
+
+
+def launch_summary(frame: pd.DataFrame) -> dict:
+    """Per rank, the host time to launch a forward (p50 / p90 / p99 us), and for ranks > 0 how much later than
+    rank 0 they started and finished launching the same iteration (what the pipe and the peer's own input
+    building add before its first all-reduce can meet rank 0's)."""
+    import numpy as np
+
+    def quantiles(values) -> dict:
+        values = np.asarray(values, dtype=float)
+        if not len(values):
+            return {}
+        return {f"p{q}": round(float(np.percentile(values, q)), 1) for q in (50, 90, 99)} | {
+            "max": round(float(values.max()), 1)}
+
+    summary: dict = {"launch_us": {}, "start_lag_us": {}, "launched_lag_us": {}}
+    by_rank = {rank: part.set_index("iteration") for rank, part in frame.groupby("rank")}
+    for rank, part in by_rank.items():
+        summary["launch_us"][str(rank)] = quantiles(part["launched_us"] - part["start_us"])
+        if rank:
+            first = by_rank[0].reindex(part.index)
+            summary["start_lag_us"][str(rank)] = quantiles((part["start_us"] - first["start_us"]).dropna())
+            summary["launched_lag_us"][str(rank)] = quantiles((part["launched_us"] - first["launched_us"]).dropna())
+    return summary
 
 
 def _consistency(executor: Any) -> str:

@@ -175,6 +175,7 @@ class ModelRunner:
         self.v: list[Any] = []
         self._scratch = None
         self._captured = None
+        self._launches: list[tuple[float, float]] = []
 
     @property
     def stream_handle(self) -> int:
@@ -261,12 +262,22 @@ class ModelRunner:
     # ---- iterations ----------------------------------------------------------------------------------
     def forward(self, encoded: list) -> None:
         """A peer's share of one iteration (posted by rank 0: nothing is returned or waited for)."""
+        started = time.perf_counter()
         inputs = BatchInputs(decode_work(encoded), self.cache.layout.max_tokens_per_slot, self.device)
         self.model.forward(inputs, self.k, self.v)
+        self._launches.append((started, time.perf_counter()))
 
     def forward_inputs(self, inputs: BatchInputs, k_flat: list[Any], v_flat: list[Any]) -> Any:
         """Rank 0's share: the next tokens (on the device)."""
-        return self.model.forward(inputs, k_flat, v_flat)
+        started = time.perf_counter()
+        tokens = self.model.forward(inputs, k_flat, v_flat)
+        self._launches.append((started, time.perf_counter()))
+        return tokens
+
+    def launch_times(self) -> list[tuple[float, float]]:
+        """Per replayed iteration, host clock (``time.perf_counter``, the system's monotonic clock, shared by
+        the ranks' processes) when this rank started building its inputs and when it had launched the forward."""
+        return list(self._launches)
 
     def capture(self, slot: int, max_batch: int) -> dict:
         """Capture :class:`TPDecodeGraphs` over ``slot`` (mapped by rank 0's executor on every rank); returns
