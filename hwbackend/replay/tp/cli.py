@@ -27,7 +27,8 @@ PROG = "python -m hwbackend.replay.tp.cli"
 def build_parser():
     from hwbackend.replay.cli import build_parser as one_gpu_parser
 
-    parser = one_gpu_parser(PROG, description=__doc__.splitlines()[0].split(": ", 1)[1])
+    parser = one_gpu_parser(PROG, description="the tensor-parallel hardware replay (--tp N, one process per rank) "
+                                              "writing the one-GPU replay's run directory")
     parser.add_argument("--devices", default=None,
                         help="one device per rank, comma-separated (cuda:0,cuda:1); default: --device's index and "
                              "the next ones, or cpu for every rank")
