@@ -67,7 +67,8 @@ def replay_tp(config: Any, trace: pd.DataFrame, spec: PeerSpec, attention: str =
               cuda_graphs: bool = True, warmup_s: float = 20.0, peer_mode: str = "process",
               exit_after_peer_loss_s: float | None = None) -> tuple[Any, dict]:
     """Replay ``trace`` under ``config`` (``config.tp == spec.tp``) on ``spec.tp`` ranks; returns the
-    :class:`hwbackend.replay.loop.ReplayOutput` (rank 0's clock) and the run metadata.
+    :class:`hwbackend.replay.loop.ReplayOutput` (rank 0's clock; its ``rank_launches`` attribute: every rank's
+    launch times, :data:`LAUNCH_COLUMNS`) and the run metadata.
 
     Args:
         spec: every rank's :class:`PeerSpec` (devices, runner, backend, cache layout and pool).

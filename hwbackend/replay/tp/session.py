@@ -312,12 +312,3 @@ def open_tp_kv(policy: Any, background: bool, local_cache: KVCache, peers: Peers
         raise
     local = group.local
     return TPReplayKV(executor, local.k, local.v, local_cache.layout.max_tokens_per_slot, local_cache.driver, stack)
-
-
-def stream_handles_for(devices: Sequence[str]) -> int:
-    """Rank 0's current CUDA stream handle (0 on CPU)."""
-    if not devices[0].startswith("cuda"):
-        return 0
-    import torch
-
-    return torch.cuda.current_stream(torch.device(devices[0])).cuda_stream
