@@ -13,5 +13,5 @@ Modules::
     cli      python -m hwbackend.replay.tp.cli (the one-GPU replay's options + --devices, --dist-backend)
     allreduce  python -m hwbackend.replay.tp.allreduce: all-reduce time per layer (eager and graphed)
 
-Docs: ``docs/tensor-parallel.md``; the two-GPU plan and device script: ``docs/tp2/PLAN.md``, ``docs/tp2/device3.sh``.
+Docs: ``docs/tensor-parallel.md``; the two-GPU plan and device script: ``docs/tp2/PLAN.md``, ``docs/tp2/device-replay.sh``.
 """

@@ -13,7 +13,7 @@ Per layer a decoder iteration runs two of them, so ``2 * num_layers * all-reduce
 iteration adds at TP > 1 (the simulator's ``comm_us`` models only the bandwidth part, ``sim/compute.py``). The
 result (``--out``, JSON) records every rank's device, GPU name and UUID and the NCCL version.
 
-Example (``docs/tp2/device3.sh``)::
+Example (``docs/tp2/device-replay.sh``)::
 
     python -m hwbackend.replay.tp.allreduce --devices cuda:0,cuda:1 --out $OUT/allreduce.json
 """
