@@ -37,6 +37,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--from-run", action="append", default=None, metavar="RUN_DIR",
                         help="fit the compute model on a hardware replay's own iterations (repeatable; no GPU "
                              "needed) and add compute_in_loop / vmm_in_loop to the profile --out")
+    parser.add_argument("--grid", action="append", default=None, metavar="GRID_DIR",
+                        help="with --from-run: also fit on a calibration grid (python -m hwbackend.calibration.grid; "
+                             "repeatable); each run and grid carries equal weight")
+    parser.add_argument("--form", default="A", choices=("A", "B", "C", "auto"),
+                        help="with --from-run: compute-model form to fit: A (roofline attention + longest-sequence "
+                             "term), B (attention by thread blocks), C (B with FlashAttention-2's split-KV decodes), "
+                             "auto (all three; the lowest weighted median training error ships) (default: A)")
     parser.set_defaults(func=_run)
     val = subparsers.add_parser("validate", help="error of the simulator against a hardware replay",
                                 description="Simulate the configuration and trace slice of a hardware replay "
@@ -121,7 +128,8 @@ def _from_runs(args: argparse.Namespace) -> int:
         print(f"kvsim calibrate: {out} already holds compute_in_loop; pass --force to replace it", file=sys.stderr)
         return 1
     try:
-        sections = calibrate_from_runs(args.from_run, profile, command=" ".join(["kvsim", *sys.argv[1:]]))
+        sections = calibrate_from_runs(args.from_run, profile, command=" ".join(["kvsim", *sys.argv[1:]]),
+                                       grid_dirs=args.grid or [], form=args.form)
     except InLoopError as exc:
         print(f"kvsim calibrate: {exc}", file=sys.stderr)
         return 2

@@ -71,6 +71,8 @@ SCALAR_FIELDS: dict[str, str] = {
     "overhead_us": ">= 0", "paged_attention_factor": "> 0", "layout_attention_factor": "> 0",
     "mixed_tile_rows": ">= 0", "launch_floor_us": ">= 0", "decode_graphs": "0 or 1",
     "decode_overhead_us": ">= 0", "attention_bytes_factor": "> 0", "wave_us_per_token": ">= 0",
+    "attention_block_us": ">= 0", "attention_key_us": ">= 0", "attention_prefill_key_us": ">= 0",
+    "attention_slots": "> 0", "split_kv_slot_tokens": ">= 0", "split_kv_sms": "> 0",
 }
 """The scalar fields of :class:`RooflineComputeModel` with their physical range (times in us and rows
 ``>= 0``, efficiencies and factors ``> 0``, ``decode_graphs`` a flag); every value must be finite."""
@@ -234,6 +236,12 @@ class RooflineComputeModel:
     wave_us_per_token: float = 0.0
     decode_batch_knots: tuple[float, ...] = ()
     decode_batch_correction_us: tuple[float, ...] = ()
+    attention_block_us: float = 0.0
+    attention_key_us: float = 0.0
+    attention_prefill_key_us: float = 0.0
+    attention_slots: float = 264.0
+    split_kv_slot_tokens: float = 0.0
+    split_kv_sms: float = 132.0
 
     def __post_init__(self) -> None:
         """Check every field's type and range (:func:`check_compute_field`), the two decode tables' lengths,
@@ -307,6 +315,11 @@ class RooflineComputeModel:
         if batch.new_tokens <= 0:
             return 0.0
         mixed = batch.new_tokens > batch.logit_sequences  # a prefill chunk is in the batch
+        if self.attention_key_us:
+            return float(self._blocks_iteration_us(
+                np.array([batch.new_tokens], dtype=float), np.array([batch.kv_read_tokens], dtype=float),
+                np.array([batch.logit_sequences], dtype=float), np.array([batch.max_context_tokens], dtype=float),
+                np.array([batch.attention_blocks], dtype=float), np.array([batch.block_keys], dtype=float))[0])
         pairs = batch.attention_pairs + (self.mixed_tile_rows * batch.kv_read_tokens if mixed else 0.0)
         wave_us = self.wave_us_per_token * batch.max_context_tokens
         if self.decode_graphs and not mixed:
@@ -324,9 +337,16 @@ class RooflineComputeModel:
         return np.interp(batch_size, self.decode_batch_knots, self.decode_batch_correction_us)
 
     def iteration_us_array(self, new_tokens: np.ndarray, attention_pairs: np.ndarray, kv_read_tokens: np.ndarray,
-                           logit_sequences: np.ndarray, max_context_tokens: np.ndarray | float = 0.0) -> np.ndarray:
+                           logit_sequences: np.ndarray, max_context_tokens: np.ndarray | float = 0.0,
+                           attention_blocks: np.ndarray | float = 0.0,
+                           block_keys: np.ndarray | float = 0.0) -> np.ndarray:
         """:meth:`iteration_us` of many iterations at once (arrays of one length: the fields of
         :class:`BatchShape`); used by the fits (``hwbackend.calibration.inloop``). Empty batches give 0."""
+        if self.attention_key_us:
+            shape = np.broadcast_shapes(np.shape(new_tokens), np.shape(kv_read_tokens))
+            arrays = [np.broadcast_to(np.asarray(a, dtype=float), shape) for a in
+                      (new_tokens, kv_read_tokens, logit_sequences, max_context_tokens, attention_blocks, block_keys)]
+            return np.where(arrays[0] > 0, self._blocks_iteration_us(*arrays), 0.0)
         wave_us = self.wave_us_per_token * np.asarray(max_context_tokens, dtype=float)
         new = np.asarray(new_tokens, dtype=float)
         logits = np.asarray(logit_sequences, dtype=float)
@@ -349,6 +369,10 @@ class RooflineComputeModel:
         iteration reads ``batch_size`` more tokens (one more of each sequence)."""
         step = np.arange(steps, dtype=float)
         growth = step * batch_size
+        if self.attention_key_us:
+            size = np.full(steps, float(batch_size))
+            return self._blocks_iteration_us(size, kv_read_tokens + growth, size, max_context_tokens + step,
+                                             size, kv_read_tokens + growth + size)
         wave_us = self.wave_us_per_token * (max_context_tokens + step) if self.wave_us_per_token else 0.0
         if self.decode_graphs:
             return (self._time_us(batch_size, attention_pairs + growth, kv_read_tokens + growth, batch_size,
@@ -358,7 +382,60 @@ class RooflineComputeModel:
                                  np.maximum, 0.0)
         return np.maximum(self.launch_floor_us, roofline + self.overhead_us + wave_us)
 
-    def _time_us(self, new_tokens, attention_pairs, kv_read_tokens, logit_sequences, maximum, overhead_us):
+    def _blocks_iteration_us(self, new, kv_read, logits, longest, blocks, block_keys) -> np.ndarray:
+        """Iterations (us, arrays of one length) with attention as FlashAttention-2 thread blocks (the block
+        model, ``attention_key_us > 0``; ``docs/validation/cross-workload/PLAN.md``): the roofline's linear,
+        logits and all-reduce terms, plus per layer::
+
+            decode-only (split-KV, q heads packed per KV head):  H' heads, s = fa2_num_splits(b H', ...)
+                A = b if s == 1 else max(b, (kv_read + b) / chunk + b / 2)    active blocks per head
+                attn = max(H' (tau0 A + kappa (kv_read + b)) / P,  tau0 + kappa min(chunk, longest))
+            with a prefill chunk (one block per 128 query rows and query head, keys never split):
+                attn = max(Hq' (tau0 N + kappa_p K) / P,  tau0 + kappa_p longest)
+
+        ``tau0 = attention_block_us``, ``kappa = attention_key_us``, ``kappa_p = attention_prefill_key_us`` (0:
+        ``kappa``), ``P = attention_slots``; ``N``, ``K``: :func:`attention_block_terms` summed (0 = unknown:
+        one block per decode and per 128 chunk tokens, ``K = kv_read + new``). Decode-only iterations add
+        ``decode_overhead_us`` and the batch correction with graphs; mixed ones ``overhead_us`` and the launch
+        floor."""
+        m, tp = self.model, self.tp
+        heads_q, heads_kv, layers = m.num_q_heads // tp, max(m.num_kv_heads // tp, 1), m.num_layers
+        mixed = new > logits
+        base = self._time_us(new, 0.0, kv_read, logits, np.maximum, 0.0, attention=False)
+        tau0, kappa = self.attention_block_us, self.attention_key_us
+        kappa_p = self.attention_prefill_key_us or kappa
+        chunk = self._split_chunk_tokens(logits, heads_kv)
+        decode_blocks = np.where(np.isfinite(chunk), np.maximum(logits, (kv_read + logits) / chunk + logits / 2), logits)
+        decode_attn = np.maximum(heads_kv * (tau0 * decode_blocks + kappa * (kv_read + logits)) / self.attention_slots,
+                                 tau0 + kappa * np.minimum(chunk, longest))
+        known = blocks > 0
+        n = np.where(known, blocks, logits + np.ceil(np.maximum(new - logits, 0) / ATTENTION_TILE_ROWS))
+        k = np.where(known, block_keys, kv_read + new)
+        mixed_attn = np.maximum(heads_q * (tau0 * n + kappa_p * k) / self.attention_slots, tau0 + kappa_p * longest)
+        attn = layers * np.where(mixed, mixed_attn, decode_attn)
+        eager = np.maximum(self.launch_floor_us, base + attn + self.overhead_us)
+        if not self.decode_graphs:
+            return eager
+        graphed = base + attn + self.decode_overhead_us + self._decode_correction_us(logits)
+        return np.where(mixed, eager, graphed)
+
+    def _split_chunk_tokens(self, decodes, heads_kv: int) -> np.ndarray:
+        """Keys per split of a graphed decode batch of ``decodes`` sequences (inf: no split): FlashAttention-2
+        packs the query heads of a KV head into one block when ``Hq > H'`` (``seqlenq_ngroups_swapped``) and
+        splits the keys of a slot of ``split_kv_slot_tokens`` (the graphs' ``max_seqlen_k``) by its
+        ``num_splits_heuristic`` over ``2 * split_kv_sms`` block slots (flash-attn ``flash_api.cpp``,
+        ``set_params_splitkv``); 0 slot tokens: no split modelled."""
+        sizes = np.asarray(decodes, dtype=float)
+        if not self.split_kv_slot_tokens or self.model.num_q_heads <= self.model.num_kv_heads:
+            return np.full(sizes.shape, np.inf)
+        n_blocks = -(-int(self.split_kv_slot_tokens) // 128)
+        table = {int(b): fa2_num_splits(int(b) * heads_kv, int(2 * self.split_kv_sms), n_blocks)
+                 for b in np.unique(sizes) if b > 0}
+        splits = np.array([table.get(int(b), 1) for b in sizes.ravel()], dtype=float).reshape(sizes.shape)
+        return np.where(splits > 1, np.ceil(n_blocks / np.maximum(splits, 1)) * 128, np.inf)
+
+    def _time_us(self, new_tokens, attention_pairs, kv_read_tokens, logit_sequences, maximum, overhead_us,
+                 attention: bool = True):
         m, tp = self.model, self.tp
         linear_us = maximum(2 * new_tokens * self._linear_params / self._linear_flops_per_us,
                             self._weight_read_bytes(new_tokens) / self._bytes_per_us)
@@ -370,6 +447,8 @@ class RooflineComputeModel:
         kv_bytes = (kv_read_tokens + new_tokens) * self._kv_bytes_per_token * self.attention_bytes_factor
         attn_us = maximum(attn_flops / (self._flops_per_us * self.attention_flops_efficiency),
                           kv_bytes / self._bytes_per_us) * self.paged_attention_factor * self.layout_attention_factor
+        if not attention:
+            attn_us = 0.0
         return linear_us + logits_us + attn_us + self._comm_us(new_tokens) + overhead_us
 
     @cached_property
@@ -405,6 +484,27 @@ class RooflineComputeModel:
         if unknown:
             raise _unknown_fields(unknown)
         return replace(self, **{name: check_compute_field(name, value) for name, value in overrides.items()})
+
+
+def fa2_num_splits(blocks: int, block_slots: int, n_blocks: int, max_splits: int = 128) -> int:
+    """FlashAttention-2's ``num_splits_heuristic`` (flash-attn ``flash_api.cpp``): the number of key splits for
+    ``blocks`` (batch x heads x query tiles) thread blocks on a GPU of ``block_slots`` concurrent blocks, over
+    ``n_blocks`` key tiles of 128: 1 when the blocks nearly fill the GPU (``>= 0.8`` of the slots), else the
+    fewest eligible splits whose wave efficiency is within 85% of the best. Checked against the H200 grid: the
+    decode time stops growing with the context past ``ceil(n_blocks / s) * 128`` keys (``docs/validation``)."""
+    if blocks >= 0.8 * block_slots:
+        return 1
+    max_splits = min(max_splits, block_slots, n_blocks)
+    efficiency = []
+    for splits in range(1, max_splits + 1):
+        eligible = splits == 1 or -(-n_blocks // splits) != -(-n_blocks // (splits - 1))
+        waves = blocks * splits / block_slots
+        efficiency.append(waves / math.ceil(waves) if eligible else 0.0)
+    best = max(efficiency, default=0.0)
+    for splits, eff in enumerate(efficiency, start=1):
+        if eff and eff >= 0.85 * best:
+            return splits
+    return 1
 
 
 def decode_batch(batch_size: int, context_tokens: int) -> BatchShape:

@@ -356,9 +356,9 @@ class Simulator(RequestBookkeeping):
             if sync_us > 0:
                 yield env.timeout(sync_us)
             stall_us = waited_us + mapping_us
-            new, pairs, kv_read, logits, longest, prefill, targets, snapshot = self._iteration_pass(
+            new, pairs, kv_read, logits, longest, prefill, targets, snapshot, blocks, block_keys = self._iteration_pass(
                 batch, lookahead=self.mapper is not None)
-            compute_us = self.compute.iteration_us(BatchShape(new, pairs, kv_read, logits, longest))
+            compute_us = self.compute.iteration_us(BatchShape(new, pairs, kv_read, logits, longest, blocks, block_keys))
             if self.mapper:
                 self.mapper.submit(self.policy.background_plan(targets))
             yield env.timeout(compute_us)

@@ -10,6 +10,7 @@ the request's slot back to its memory manager).
 """
 from __future__ import annotations
 
+from sim.compute import ATTENTION_TILE_ROWS
 from sim.request import Request
 
 
@@ -60,7 +61,7 @@ class RequestBookkeeping:
 
         Returns:
             ``(new_tokens, attention_pairs, kv_read_tokens, logit_sequences, max_context_tokens, prefill_tokens,
-            targets, snapshot)``: the batch shape (:class:`sim.compute.BatchShape` fields), the tokens of chunks
+            targets, snapshot, attention_blocks, block_keys)``: the batch shape (:class:`sim.compute.BatchShape` fields), the tokens of chunks
             that are not single decode tokens, the look-ahead targets (slot -> tokens a few iterations ahead:
             decodes ``eager_lookahead_steps`` more tokens, prefills the next chunk; empty unless
             ``lookahead``), and the pool snapshot ``(physical, used, free, deferred page groups, tail waste
@@ -69,14 +70,18 @@ class RequestBookkeeping:
         policy, tokens_per_page = self.policy, self.config.tokens_per_page
         mapped = policy.mapped
         steps, budget = self.config.eager_lookahead_steps, self.config.token_budget
-        new = pairs = kv_read = logits = longest = prefill = held = used = active_mapped = 0
+        new = pairs = kv_read = logits = longest = prefill = held = used = active_mapped = blocks = block_keys = 0
         targets = {}
+        rows = ATTENTION_TILE_ROWS
         for request, tokens in batch:
             context = request.computed
             seq_len = request.prompt_tokens + request.generated
             after = context + tokens
             new += tokens
             pairs += tokens * (context + (tokens + 1) / 2)
+            tiles = -(-tokens // rows)              # sim.compute.attention_block_terms, inlined
+            blocks += tiles
+            block_keys += tiles * context + rows * tiles * (tiles - 1) // 2 + tokens
             kv_read += context
             logits += after == seq_len
             if after > longest:
@@ -101,7 +106,7 @@ class RequestBookkeeping:
                     active_mapped += mapped[request.slot]
         waste = (active_mapped * tokens_per_page - held) * self._kv_bytes_per_token
         snapshot = (policy.physical_page_groups, used, policy.free_page_groups, policy.deferred_page_groups, waste)
-        return new, pairs, kv_read, logits, longest, prefill, targets, snapshot
+        return new, pairs, kv_read, logits, longest, prefill, targets, snapshot, blocks, block_keys
 
     def _lookahead(self, batch: list) -> dict[int, int]:
         """Slot -> tokens each running request is predicted to hold a few iterations ahead

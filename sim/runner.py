@@ -1,6 +1,8 @@
 """Run one simulation end to end: configuration + trace + latency profile -> :class:`RunResult`."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from collections.abc import Callable
 
 import pandas as pd
@@ -36,14 +38,18 @@ def load_models(config: SimConfig, profile_path: str | None,
     profile = read_profile(profile_path)
     chosen = resolve_compute_model(profile, compute_model, config)
     growth = profile.get("vmm_in_loop") or {}
-    if chosen == "in-loop" and (growth.get("model"), growth.get("page_size_bytes")) == (config.model,
-                                                                                        config.page_size_bytes):
+    if (chosen == "in-loop" and config.model in (growth.get("models") or [growth.get("model")])
+            and growth.get("page_size_bytes") == config.page_size_bytes):
         scale = float(growth["growth_scale"])  # > 0 and finite (check_profile)
         if scale != 1.0:
             vmm.in_loop_scale = scale
             vmm.source += f", growths x{scale:g} (vmm_in_loop)"
     try:
-        return vmm, compute.with_overrides(compute_overrides(profile, chosen, config))
+        overrides = compute_overrides(profile, chosen, config)
+        fitted = compute.with_overrides(overrides)
+        if overrides.get("split_kv_sms") and isinstance(fitted, RooflineComputeModel):   # split-KV form: decodes split the keys of this run's slot length
+            fitted = replace(fitted, split_kv_slot_tokens=float(config.slot_max_tokens))
+        return vmm, fitted
     except ComputeFieldError as exc:  # fields each in range, together not (a decode correction below -overhead)
         name = "tile_rows" if chosen == "tiled" and exc.field == "mixed_tile_rows" else exc.field
         raise ProfileError(f"profile {profile_path}: field {COMPUTE_SECTIONS[chosen]}.{name} {exc.problem}") from None
@@ -73,7 +79,8 @@ def resolve_compute_model(profile: dict, compute_model: str, config: SimConfig |
         raise ValueError(f"compute model {compute_model!r}: choose one of {', '.join(COMPUTE_MODELS)}")
     in_loop = profile.get("compute_in_loop") or {}
     fitted_for = (in_loop.get("model"), in_loop.get("gpu", config.gpu if config else None), int(in_loop.get("tp", 1)))
-    if in_loop and config is not None and fitted_for != (config.model, config.gpu, config.tp):
+    models = in_loop.get("models") or [fitted_for[0]]   # a fit over runs of one decoder shape lists their models
+    if in_loop and config is not None and (config.model not in models or fitted_for[1:] != (config.gpu, config.tp)):
         if compute_model == "in-loop":
             raise ValueError(f"the profile's compute_in_loop was fitted for {fitted_for[0]} on {fitted_for[1]} at tp "
                              f"{fitted_for[2]}, not {config.model} on {config.gpu} at tp {config.tp}")

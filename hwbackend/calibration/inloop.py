@@ -41,12 +41,20 @@ from sim.compute import RooflineComputeModel
 INLOOP_FIELDS = ("flops_efficiency", "bw_efficiency", "attention_flops_efficiency", "overhead_us",
                  "mixed_tile_rows", "launch_floor_us", "decode_overhead_us", "attention_bytes_factor",
                  "wave_us_per_token")
+BLOCK_FIELDS = ("flops_efficiency", "bw_efficiency", "overhead_us", "launch_floor_us", "decode_overhead_us",
+                "attention_block_us", "attention_key_us", "attention_prefill_key_us", "attention_slots")
+"""Fields of the block attention forms (B: no key splits, C: FlashAttention-2's split-KV decodes;
+``docs/validation/cross-workload/PLAN.md``)."""
+FORMS = ("A", "B", "C")
 _BOUNDS = {"flops_efficiency": (0.05, 1.0), "bw_efficiency": (0.05, 1.0), "attention_flops_efficiency": (0.01, 1.0),
            "overhead_us": (0.0, 50_000.0), "mixed_tile_rows": (0.0, 512.0), "launch_floor_us": (0.0, 50_000.0),
-           "decode_overhead_us": (0.0, 20_000.0), "attention_bytes_factor": (0.25, 8.0), "wave_us_per_token": (0.0, 10.0)}
+           "decode_overhead_us": (0.0, 20_000.0), "attention_bytes_factor": (0.25, 8.0), "wave_us_per_token": (0.0, 10.0),
+           "attention_block_us": (0.0, 100.0), "attention_key_us": (1e-5, 1.0), "attention_prefill_key_us": (1e-5, 1.0),
+           "attention_slots": (8.0, 4096.0)}
 _SCALES = {"flops_efficiency": 0.1, "bw_efficiency": 0.1, "attention_flops_efficiency": 0.1, "overhead_us": 1000.0,
            "mixed_tile_rows": 50.0, "launch_floor_us": 1000.0, "decode_overhead_us": 500.0,
-           "attention_bytes_factor": 0.5, "wave_us_per_token": 0.1}
+           "attention_bytes_factor": 0.5, "wave_us_per_token": 0.1,
+           "attention_block_us": 2.0, "attention_key_us": 0.01, "attention_prefill_key_us": 0.01, "attention_slots": 100.0}
 _STARTS = ({"flops_efficiency": 0.6, "bw_efficiency": 0.8, "attention_flops_efficiency": 0.5, "overhead_us": 5000.0,
             "mixed_tile_rows": 64.0, "launch_floor_us": 10_000.0, "decode_overhead_us": 2000.0,
             "attention_bytes_factor": 1.0, "wave_us_per_token": 0.0},
@@ -56,6 +64,12 @@ _STARTS = ({"flops_efficiency": 0.6, "bw_efficiency": 0.8, "attention_flops_effi
            {"flops_efficiency": 0.8, "bw_efficiency": 0.6, "attention_flops_efficiency": 0.8, "overhead_us": 8000.0,
             "mixed_tile_rows": 16.0, "launch_floor_us": 5000.0, "decode_overhead_us": 500.0,
             "attention_bytes_factor": 2.0, "wave_us_per_token": 0.2})
+_BLOCK_STARTS = ({"attention_block_us": 2.0, "attention_key_us": 0.02, "attention_prefill_key_us": 0.02,
+                  "attention_slots": 264.0},
+                 {"attention_block_us": 10.0, "attention_key_us": 0.005, "attention_prefill_key_us": 0.05,
+                  "attention_slots": 132.0},
+                 {"attention_block_us": 0.5, "attention_key_us": 0.05, "attention_prefill_key_us": 0.01,
+                  "attention_slots": 528.0})
 
 
 class InLoopError(ValueError):
@@ -127,30 +141,101 @@ def load_rows(run_dir: str | Path) -> tuple[pd.DataFrame, dict]:
     return rows, config
 
 
-def fit_compute(base: RooflineComputeModel, rows: pd.DataFrame) -> tuple[dict, dict]:
+def predict_rows(model: RooflineComputeModel, rows: pd.DataFrame) -> np.ndarray:
+    """``model``'s time (us) of each row; with the split-KV form (``split_kv_slot_tokens`` set and rows carrying
+    ``slot_tokens``) each row's key splits follow its own run's slot length."""
+    columns = shape_columns(rows)
+    if not model.attention_key_us or "slot_tokens" not in rows or not model.split_kv_slot_tokens:
+        return model.iteration_us_array(*columns)
+    out = np.empty(len(rows))
+    slots = rows["slot_tokens"].to_numpy(dtype=float)
+    for slot in np.unique(slots):
+        mask = slots == slot
+        out[mask] = replace(model, split_kv_slot_tokens=float(slot)).iteration_us_array(*(c[mask] for c in columns))
+    return out
+
+
+def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    """The weighted median of ``values`` (the smallest value whose cumulative weight reaches half the total)."""
+    order = np.argsort(values)
+    cumulative = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cumulative, 0.5 * cumulative[-1])])
+
+
+def fit_compute(base: RooflineComputeModel, rows: pd.DataFrame, form: str = "A") -> tuple[dict, dict]:
     """Fit :data:`INLOOP_FIELDS` to ``rows.target_us`` (``wave_us_per_token`` only where every row has
     ``max_context_tokens``); returns ``(params, errors)`` (errors: ``all``, ``decode_only``, ``mixed``, each
     median / p90 / max / n of the absolute relative error)."""
-    fields = [f for f in INLOOP_FIELDS if f != "wave_us_per_token" or rows["max_context_tokens"].notna().all()]
+    if form == "A":
+        fields = [f for f in INLOOP_FIELDS if f != "wave_us_per_token" or rows["max_context_tokens"].notna().all()]
+        starts = [[start[f] for f in fields] for start in _STARTS]
+    else:
+        fields = list(BLOCK_FIELDS)
+        starts = [[{**s, **b}[f] for f in fields] for s in _STARTS for b in _BLOCK_STARTS]
+        base = replace(base, split_kv_slot_tokens=1.0 if form == "C" else 0.0)
     measured = rows["target_us"].to_numpy(dtype=float)
-    columns = shape_columns(rows)
+    weights = row_weights(rows)
+    scale = np.sqrt(weights)
 
     def predict(x: np.ndarray) -> np.ndarray:
-        return base.with_overrides(dict(zip(fields, x))).iteration_us_array(*columns)
+        return predict_rows(base.with_overrides(dict(zip(fields, x))), rows)
 
-    def residual(x: np.ndarray) -> np.ndarray:
+    def relative(x: np.ndarray) -> np.ndarray:
         return predict(x) / measured - 1.0
 
+    def residual(x: np.ndarray) -> np.ndarray:
+        return relative(x) * scale
+
     bounds = ([_BOUNDS[f][0] for f in fields], [_BOUNDS[f][1] for f in fields])
-    best = best_fit(residual, [[start[f] for f in fields] for start in _STARTS], bounds=bounds, loss="soft_l1",
-                    f_scale=0.05, x_scale=[_SCALES[f] for f in fields])
-    errors = np.abs(residual(best.x))
+    best = best_fit(residual, starts, bounds=bounds, loss="soft_l1", f_scale=0.05,
+                    x_scale=[_SCALES[f] for f in fields])
+    errors = np.abs(relative(best.x))
     decode = rows["decode_only"].to_numpy()
-    report = {"all": fit_error(errors)}
+    report = {"all": fit_error(errors), "weighted_median": round(weighted_median(errors, weights), 4)}
     for name, mask in (("decode_only", decode), ("mixed", ~decode)):
         if mask.any():
             report[name] = fit_error(errors[mask])
-    return {k: round(float(v), 6) for k, v in zip(fields, best.x)}, report
+    params = {k: round(float(v), 6) for k, v in zip(fields, best.x)}
+    if form == "C":
+        params["split_kv_sms"] = base.split_kv_sms   # marks the split-KV form; the slot length comes from the run
+    return params, report
+
+
+def row_weights(rows: pd.DataFrame) -> np.ndarray:
+    """Least-squares weight of each row: every source (a replay run, a grid) carries the same total weight
+    (``docs/validation/cross-workload/PLAN.md``), scaled so that the weights average 1; without a ``source``
+    column every row weighs 1."""
+    if "source" not in rows:
+        return np.ones(len(rows))
+    counts = rows.groupby("source")["source"].transform("size").to_numpy(dtype=float)
+    weights = 1.0 / counts
+    return weights * len(rows) / weights.sum()
+
+
+def load_grid_rows(grid_dir: str | Path) -> pd.DataFrame:
+    """Rows of a calibration grid (``python -m hwbackend.calibration.grid``) in the shape of :func:`load_rows`'
+    rows: target = the point's median time, no mapping, ``decode_only`` where the point ran as a CUDA graph.
+
+    Raises:
+        InLoopError: no ``grid.parquet`` or missing columns.
+    """
+    path = Path(grid_dir) / "grid.parquet"
+    if not path.is_file():
+        raise InLoopError(f"{grid_dir}: no grid.parquet (python -m hwbackend.calibration.grid writes one)")
+    grid = pd.read_parquet(path)
+    missing = [c for c in SHAPE_FIELDS + ("measured_us", "graphed") if c not in grid.columns]
+    if missing:
+        raise InLoopError(f"{path}: missing column(s) {missing}")
+    try:
+        slot = float(json.loads((Path(grid_dir) / "grid.json").read_text()).get("max_context_tokens", 0))
+    except (OSError, ValueError, AttributeError):
+        slot = 0.0
+    rows = grid.assign(iteration=np.arange(len(grid)), slot_tokens=slot, duration_us=grid["measured_us"], sync_stall_us=0.0,
+                       sync_map_page_groups=0, mapping_us=0.0, target_us=grid["measured_us"],
+                       decode_only=grid["new_tokens"] == grid["logit_sequences"], run=str(grid_dir),
+                       source=str(grid_dir))
+    rows.attrs["step_us"] = 0.0
+    return rows
 
 
 def shape_columns(rows: pd.DataFrame) -> list[np.ndarray]:
@@ -183,11 +268,12 @@ def fit_decode_correction(model: RooflineComputeModel, rows: pd.DataFrame, ridge
     if knots[-1] < batch.max():
         knots = np.append(knots, batch.max())
     basis = np.stack([np.interp(batch, knots, np.eye(len(knots))[i]) for i in range(len(knots))], axis=1)
-    base = model.iteration_us_array(*shape_columns(decode))
+    base = predict_rows(model, decode)
     measured = decode["target_us"].to_numpy(dtype=float)
+    scale = np.sqrt(row_weights(decode))
 
     def residual(c: np.ndarray) -> np.ndarray:
-        return np.concatenate(((base + basis @ c) / measured - 1.0, np.sqrt(ridge / len(c)) * c / 1e3))
+        return np.concatenate((((base + basis @ c) / measured - 1.0) * scale, np.sqrt(ridge / len(c)) * c / 1e3))
 
     result = least_squares(residual, np.zeros(len(knots)), loss="soft_l1", f_scale=0.05)
     fields = {"decode_batch_knots": [float(k) for k in knots],
@@ -206,7 +292,8 @@ def growth_in_loop(rows: pd.DataFrame) -> dict | None:
             "iterations": len(mapped)}
 
 
-def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "") -> dict:
+def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "", grid_dirs: list[str] = (),
+                        form: str = "A") -> dict:
     """The profile sections fitted on the runs: ``compute_in_loop`` and (with synchronous-mapping runs and a
     measured ``page_group_growth``) ``vmm_in_loop``. ``profile`` is the profile dict (read, not modified).
 
@@ -220,26 +307,46 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "") -
         raise InLoopError(f"a run is given twice: {[str(d) for d in run_dirs]}")
     loaded = [load_rows(d) for d in run_dirs]
     configs = [_run_config(d, meta) for d, (_, meta) in zip(run_dirs, loaded)]
-    keys = {(c.model, c.gpu, c.tp, bool(meta.get("cuda_graphs"))) for c, (_, meta) in zip(configs, loaded)}
+    # runs of one decoder shape fit together (Llama-3-8B and Llama-3.1-8B compute the same layers)
+    keys = {(tuple(sorted(c.model_spec.per_worker(c.tp).decoder_shape().items())), c.gpu, c.tp,
+             bool(meta.get("cuda_graphs"))) for c, (_, meta) in zip(configs, loaded)}
     if len(keys) != 1:
-        raise InLoopError(f"runs of different (model, gpu, tp, cuda graphs): {sorted(keys)}; fit one at a time")
+        raise InLoopError(f"runs of different (decoder shape, gpu, tp, cuda graphs): "
+                          f"{sorted((c.model, c.gpu, c.tp) for c in configs)}; fit one at a time")
     config: SimConfig = configs[0]
     graphs = bool(loaded[0][1].get("cuda_graphs"))
-    rows = pd.concat([r for r, _ in loaded], ignore_index=True)
+    grids = [load_grid_rows(d) for d in grid_dirs]
+    rows = pd.concat([r.assign(source=str(d), slot_tokens=float(c.slot_max_tokens))
+                      for d, (r, _), c in zip(run_dirs, loaded, configs)] + grids, ignore_index=True)
     base = replace(RooflineComputeModel(config.model_spec, config.gpu_spec, config.tp), decode_graphs=float(graphs))
-    params, errors = fit_compute(base, rows)
-    fitted = base.with_overrides(params)
-    correction, decode_errors = fit_decode_correction(fitted, rows)
-    if correction:
-        errors["decode_only_corrected"] = decode_errors
-        predicted = fitted.with_overrides(correction).iteration_us_array(*shape_columns(rows))
-        errors["all_corrected"] = fit_error(np.abs(predicted / rows["target_us"].to_numpy(dtype=float) - 1.0))
+    if form not in FORMS + ("auto",):
+        raise InLoopError(f"form {form!r}: choose one of {', '.join(FORMS)} or auto")
+    candidates = {}
+    for name in (FORMS if form == "auto" else (form,)):
+        params, errors = fit_compute(base, rows, name)
+        fitted = base.with_overrides(params)
+        if name == "C":
+            fitted = replace(fitted, split_kv_slot_tokens=1.0)   # per row: its run's slot (predict_rows)
+        correction, decode_errors = fit_decode_correction(fitted, rows)
+        predicted = predict_rows(fitted.with_overrides(correction) if correction else fitted, rows)
+        relative = np.abs(predicted / rows["target_us"].to_numpy(dtype=float) - 1.0)
+        if correction:
+            errors["decode_only_corrected"] = decode_errors
+            errors["all_corrected"] = fit_error(relative)
+        errors["weighted_median_final"] = round(weighted_median(relative, row_weights(rows)), 4)
+        candidates[name] = (params, correction, errors)
+    # the selection rule of docs/validation/cross-workload/PLAN.md: the lowest weighted median error on training rows
+    chosen = min(candidates, key=lambda name: candidates[name][2]["weighted_median_final"])
+    params, correction, errors = candidates[chosen]
     section = {"params": {**params, "decode_graphs": float(graphs), **correction}, "fit_error": errors,
+               "form": chosen, "forms": {name: c[2]["weighted_median_final"] for name, c in candidates.items()},
                "runs": [{"dir": str(d), "iterations": len(r), "step_us": round(r.attrs["step_us"], 1),
                          "trace_source": m.get("trace_source"), "sync_mapping": bool(m.get("sync_mapping")),
                          "gpu_name": m.get("gpu_name"), "torch_version": m.get("torch_version"),
                          "max_context_logged": bool(r["max_context_tokens"].notna().all())}
                         for d, (r, m) in zip(run_dirs, loaded)],
+               "grids": [{"dir": str(d), "points": len(g)} for d, g in zip(grid_dirs, grids)],
+               "models": sorted({c.model for c in configs}),
                "model": config.model, "gpu": config.gpu, "tp": config.tp, "command": command,
                "method": "least squares (soft-L1, scale 0.05) on relative error of duration_us minus the mapping "
                          "part of sync_stall_us, over every iteration of the runs (hwbackend/calibration/inloop.py)"}
@@ -251,6 +358,7 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "") -
         sections["vmm_in_loop"] = {"growth_scale": round(growth["mean_us"] / measured, 4),
                                    "in_loop_growth": growth, "isolated_growth_mean_us": round(measured, 1),
                                    "page_size_bytes": config.page_size_bytes, "model": config.model,
+                                   "models": sorted({c.model for c in configs}),
                                    "command": command}
     return sections
 

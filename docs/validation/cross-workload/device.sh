@@ -39,7 +39,7 @@ case "$1" in
   3)  # held out: arXiv lengths at Poisson 8 req/s (async, sync), Mooncake long contexts (async)
     ident | tee "$OUT/machine-call3.txt"
     replay test-arxiv-async --trace $ARXIV --arrival poisson:8 --num-requests 600
-    replay test-arxiv-sync --trace $ARXIV --arrival poisson:8 --num-requests 600 --sync-mapping
     replay test-mooncake-async --trace $MOON --model llama-3.1-8b --max-context 131072 --num-requests 100 --rate-scale 0.3
+    replay test-arxiv-sync --trace $ARXIV --arrival poisson:8 --num-requests 600 --sync-mapping
     ;;
 esac
