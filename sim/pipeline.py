@@ -95,8 +95,10 @@ class PipelineComputeModel(RooflineComputeModel):
                 "busy_us": busy_us}
 
     def iteration_us_array(self, new_tokens, attention_pairs, kv_read_tokens, logit_sequences,
-                           max_context_tokens=0.0) -> np.ndarray:
-        """:meth:`iteration_us` of many rounds at once (arrays of :class:`BatchShape` fields); empty ones give 0."""
+                           max_context_tokens=0.0, attention_blocks=0.0, block_keys=0.0) -> np.ndarray:
+        """:meth:`iteration_us` of many rounds at once (arrays of :class:`BatchShape` fields); empty ones give 0.
+        The thread-block terms are accepted for the signature's sake and not used: micro-batches split them
+        in ways the round's totals do not tell (a block-form profile falls back to its estimate per stage)."""
         parts = self.round_parts_us(new_tokens, attention_pairs, kv_read_tokens, logit_sequences)
         new = np.asarray(new_tokens, dtype=float)
         logits = np.asarray(logit_sequences, dtype=float)

@@ -238,9 +238,15 @@ def load_grid_rows(grid_dir: str | Path) -> pd.DataFrame:
     return rows
 
 
+BLOCK_SHAPE_FIELDS = ("attention_blocks", "block_keys")
+"""Shape columns logged since 2026-12-01 (:func:`sim.compute.attention_block_terms`); 0 (unknown) for older runs."""
+
+
 def shape_columns(rows: pd.DataFrame) -> list[np.ndarray]:
-    """The :data:`SHAPE_FIELDS` columns as float arrays (unknown longest contexts as 0)."""
-    return [np.nan_to_num(rows[c].to_numpy(dtype=float)) for c in SHAPE_FIELDS]
+    """The :data:`SHAPE_FIELDS` and :data:`BLOCK_SHAPE_FIELDS` columns as float arrays, in the order of
+    :meth:`sim.compute.RooflineComputeModel.iteration_us_array` (unknown longest contexts and block terms as 0)."""
+    return [np.nan_to_num(rows[c].to_numpy(dtype=float)) if c in rows else np.zeros(len(rows))
+            for c in SHAPE_FIELDS + BLOCK_SHAPE_FIELDS]
 
 
 DECODE_KNOTS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 96, 128, 192, 256)
