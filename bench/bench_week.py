@@ -153,13 +153,14 @@ def main() -> int:
         started = time.perf_counter()
         if args.merge_only:
             from sim.routing import load_replica_results
+            del trace
             results = load_replica_results(str(records), args.replicas)
         else:
-            assignment = assign(trace, args.replicas, "round-robin", config.seed)
-            results = simulate_replicas(config, trace, assignment, args.replicas, executor=args.executor,
+            # hand the trace over: simulate_replicas frees it once every replica's rows are split off
+            held = [trace, assign(trace, args.replicas, "round-robin", config.seed)]
+            del trace
+            results = simulate_replicas(config, held.pop(0), held.pop(0), args.replicas, executor=args.executor,
                                         workers=args.workers, records_dir=str(records))
-            del assignment
-        del trace
         simulated_s = time.perf_counter() - started
         print(f"simulated in {simulated_s:.1f} s", flush=True)
         started = time.perf_counter()

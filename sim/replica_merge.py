@@ -216,6 +216,8 @@ def save_replica_parts(result, prefix: str | Path) -> dict:
     if not requests["request_id"].is_monotonic_increasing:      # the merged table is read in request-id order
         requests = requests.sort_values("request_id", kind="stable", ignore_index=True)
     requests.to_parquet(parts["requests"], index=False)
+    del requests
+    result.requests = None          # the caller keeps the light result only: memory back before the TBT sort
     parts["counts"] = iteration_counts_of_file(result.iterations_file)
     durations = pd.read_parquet(result.iterations_file, columns=["duration_us"])["duration_us"].to_numpy(dtype=float)
     finite = durations[np.isfinite(durations)]
@@ -227,16 +229,18 @@ def save_replica_parts(result, prefix: str | Path) -> dict:
     stalls = pd.read_parquet(result.iterations_file, columns=["sync_stall_us"])["sync_stall_us"].to_numpy(dtype=float)
     parts["stall_positive"] = int((stalls > 0).sum())
     del stalls
-    samples = result.tbt_samples
+    samples, result.tbt_samples = result.tbt_samples, None
     parts["tbt"] = samples is not None
     if samples is not None:
+        parts["tbt_sum_us"] = tbt_token_sum(samples)
         singles, gaps, weights = samples
         values = np.concatenate([np.asarray(singles, dtype=float), np.asarray(gaps, dtype=float)])
         counts = np.concatenate([np.ones(len(singles), dtype=np.int64), np.asarray(weights, dtype=np.int64)])
+        del samples, singles, gaps, weights
         parts["tbt_tokens"] = int(counts.sum())
-        parts["tbt_sum_us"] = tbt_token_sum(samples)
-        order = np.argsort(values, kind="stable")
-        values, counts = values[order], counts[order]
+        order = np.argsort(values)          # equal values are merged below: any order of ties will do
+        values = values[order]
+        counts = counts[order]
         del order
         starts = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]])) if len(values) else \
             np.zeros(0, dtype=np.int64)

@@ -20,6 +20,7 @@ State-dependent routers keep co-simulation:
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -149,6 +150,11 @@ def _simulate_replica(job: tuple) -> RunResult | None:
     records path the replica's records stay on disk (:func:`sim.replica_merge.save_replica_parts`) and the
     result holds its summary and their paths only."""
     config, part, profile_path, records_path = job
+    if isinstance(part, tuple):         # (Parquet file of the replica's rows, trace attrs): read it here
+        path, attrs = part
+        part = pd.read_parquet(path)
+        part.attrs = attrs
+        Path(path).unlink()
     if not len(part):
         return None
     result = runner.run_simulation(config, part, profile_path, records_path=records_path)
@@ -199,20 +205,19 @@ def simulate_replicas(config: SimConfig, trace: pd.DataFrame, assignment: np.nda
     """
     if executor not in EXECUTORS:
         raise ValueError(f"--executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
-    def jobs():        # each replica's rows split off when its job is handed out (one copy of the trace)
-        for replica in range(num_replicas):
-            yield (replace(config, seed=config.seed + replica), _replica_rows(trace, assignment, replica),
-                   profile_path, None if records_dir is None else f"{records_dir}/replica-{replica}.parquet")
-
+    # each replica's rows are split off when its job is handed out; the generator holds the trace, which is
+    # freed once every job is out (if the caller holds no other reference)
+    jobs = _jobs(config, trace, assignment, num_replicas, profile_path, records_dir)
+    del trace, assignment
     if executor == "ray":
-        return _on_ray(jobs(), workers, ray_address)
+        return _on_ray(jobs, workers, ray_address, fresh=records_dir is not None)
     workers = min(workers or 1, num_replicas)
     if workers <= 1:
-        return [_simulate_replica(job) for job in jobs()]
+        return [_simulate_replica(job) for job in jobs]
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     results, pending = [None] * num_replicas, {}
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        for replica, job in enumerate(jobs()):       # at most two jobs queued per worker
+        for replica, job in enumerate(jobs):       # at most two jobs queued per worker
             while len(pending) >= 2 * workers:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
@@ -224,8 +229,27 @@ def simulate_replicas(config: SimConfig, trace: pd.DataFrame, assignment: np.nda
     return results
 
 
-def _on_ray(jobs, workers: int | None, address: str | None) -> list[RunResult | None]:
-    """Run the replica jobs (an iterable) as Ray tasks (``pip install ray``), results in replica order."""
+def _jobs(config: SimConfig, trace: pd.DataFrame, assignment: np.ndarray, num_replicas: int,
+          profile_path: str | None, records_dir: str | None):
+    """Each replica's job. With a records directory and a trace of plain numeric columns, a replica's rows
+    travel as a Parquet file there (``replica-R.trace.parquet``, read and removed by the task), so that
+    neither this process nor an object store holds every replica's rows while the replicas run."""
+    to_files = records_dir is not None and all(dtype.kind in "iuf" for dtype in trace.dtypes)
+    if records_dir is not None:
+        Path(records_dir).mkdir(parents=True, exist_ok=True)
+    for replica in range(num_replicas):
+        part = _replica_rows(trace, assignment, replica)
+        if to_files and len(part):
+            path = f"{records_dir}/replica-{replica}.trace.parquet"
+            part.to_parquet(path, index=False)
+            part = (path, dict(part.attrs))
+        yield (replace(config, seed=config.seed + replica), part, profile_path,
+               None if records_dir is None else f"{records_dir}/replica-{replica}.parquet")
+
+
+def _on_ray(jobs, workers: int | None, address: str | None, fresh: bool = False) -> list[RunResult | None]:
+    """Run the replica jobs (an iterable) as Ray tasks (``pip install ray``), results in replica order;
+    ``fresh``: each task in a new worker process (a long replica's memory goes back to the system with it)."""
     try:
         import ray
     except ImportError:
@@ -235,9 +259,9 @@ def _on_ray(jobs, workers: int | None, address: str | None) -> list[RunResult | 
         ray.init(address=address, num_cpus=None if address else workers, include_dashboard=False,
                  log_to_driver=False, configure_logging=False)
     try:
-        task = ray.remote(num_cpus=1)(_simulate_replica)
+        task = ray.remote(num_cpus=1, max_calls=1 if fresh else 0)(_simulate_replica)
         refs = []
-        for job in jobs:            # each job's rows go to the object store as it is submitted
+        for job in jobs:            # each job's rows (or their file) go to the object store as it is submitted
             refs.append(task.remote(job))
             del job
         return ray.get(refs)
