@@ -139,13 +139,16 @@ def main() -> int:
     wall0, cpu0 = time.perf_counter(), time.process_time()
     # the week's rate, kept for a slice: a slice is the first --requests requests of the week
     rate_per_s = WEEK_REQUESTS / WEEK_S
-    trace = traces.synthesize(args.requests, f"poisson:{rate_per_s}", args.seed,
-                              source=f"synthetic week slice: {args.requests:,} requests at {rate_per_s:.2f} req/s")
     config = SimConfig()
-    trace, _ = traces.clip_context(trace, config.slot_max_tokens)
-    span_h = float(trace["arrival_s"].max()) / 3600
+    trace, span_h = None, float("nan")
+    if not args.merge_only:
+        trace = traces.synthesize(args.requests, f"poisson:{rate_per_s}", args.seed,
+                                  source=f"synthetic week slice: {args.requests:,} requests at {rate_per_s:.2f} req/s")
+        trace, _ = traces.clip_context(trace, config.slot_max_tokens)
+        span_h = float(trace["arrival_s"].max()) / 3600
+        print(f"generated {len(trace):,} requests over {span_h:.1f} h in {time.perf_counter() - wall0:.1f} s",
+              flush=True)
     generated_s = time.perf_counter() - wall0
-    print(f"generated {len(trace):,} requests over {span_h:.1f} h in {generated_s:.1f} s", flush=True)
     with tempfile.TemporaryDirectory() as temporary:
         records = Path(args.records) if args.records else Path(temporary)
         records.mkdir(parents=True, exist_ok=True)
@@ -153,7 +156,6 @@ def main() -> int:
         started = time.perf_counter()
         if args.merge_only:
             from sim.routing import load_replica_results
-            del trace
             results = load_replica_results(str(records), args.replicas)
         else:
             # hand the trace over: simulate_replicas frees it once every replica's rows are split off

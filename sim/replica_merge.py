@@ -266,20 +266,36 @@ def merged_counts(parts: list[dict]) -> dict:
     return merged
 
 
-def _request_columns(parts: list[dict], names: list[str], total: int) -> dict[str, np.ndarray]:
-    """Columns of the merged request table in request-id order (ids are 0..total-1 over the replicas), read
-    one replica at a time; a column a replica's table lacks is absent from the result."""
+def _positions(parts: list[dict]) -> list[np.ndarray]:
+    """Per replica, the rows of the merged request table (sorted by request id) its rows go to: the request
+    id itself when the ids are 0..n-1 over the replicas (a whole trace), else its rank among them (a merge of
+    some of a run's replicas)."""
+    ids = [pd.read_parquet(p["requests"], columns=["request_id"])["request_id"].to_numpy() for p in parts]
+    total = sum(len(i) for i in ids)
+    seen = np.zeros(total, dtype=bool)
+    dense = all(not len(i) or (i.min() >= 0 and i.max() < total) for i in ids)
+    if dense:
+        for index in ids:
+            seen[index] = True
+    if dense and seen.all():
+        return ids
+    union = np.sort(np.concatenate(ids))
+    if len(union) > 1 and (union[1:] == union[:-1]).any():
+        raise ValueError("a request id appears in more than one replica's requests")
+    return [np.searchsorted(union, index) for index in ids]
+
+
+def _request_columns(parts: list[dict], names: list[str], positions: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """Columns of the merged request table in request-id order, read one replica at a time; a column a
+    replica's table lacks is absent from the result."""
     import pyarrow.parquet as pq
 
     present = set(pq.read_schema(parts[0]["requests"]).names)
-    names = [n for n in names if n in present]
+    total = sum(len(i) for i in positions)
     out = {}
-    ids = [pd.read_parquet(p["requests"], columns=["request_id"])["request_id"].to_numpy() for p in parts]
-    if total and sum(len(i) for i in ids) != total:
-        raise ValueError("replica request files do not cover the request ids")
-    for name in names:
+    for name in (n for n in names if n in present):
         column = None
-        for part, index in zip(parts, ids):
+        for part, index in zip(parts, positions):
             values = pd.read_parquet(part["requests"], columns=[name])[name].to_numpy()
             if column is None:
                 column = np.empty(total, dtype=values.dtype if values.dtype != object else object)
@@ -291,12 +307,12 @@ def _request_columns(parts: list[dict], names: list[str], total: int) -> dict[st
     return out
 
 
-def _status_masks(parts: list[dict], total: int) -> tuple[np.ndarray, np.ndarray]:
+def _status_masks(parts: list[dict], positions: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Finished and rejected requests of the merged table (request-id order), one replica's status at a time."""
+    total = sum(len(i) for i in positions)
     finished, rejected = np.zeros(total, dtype=bool), np.zeros(total, dtype=bool)
-    for part in parts:
-        table = pd.read_parquet(part["requests"], columns=["request_id", "status"])
-        index, status = table["request_id"].to_numpy(), table["status"]
+    for part, index in zip(parts, positions):
+        status = pd.read_parquet(part["requests"], columns=["status"])["status"]
         finished[index] = (status == "finished").to_numpy(dtype=bool)
         rejected[index] = (status == "rejected").to_numpy(dtype=bool)
     return finished, rejected
@@ -323,8 +339,10 @@ def merge_replica_parts(results: list, parts: list[dict], config) -> dict:
     # key order and the figures of counters and counts; request and iteration figures replaced below
     summary = summarize(empty_requests, empty_iterations, zero, config.to_dict(), counts)
 
-    finished, rejected = _status_masks(parts, total)
-    columns = _request_columns(parts, ["arrival_at_us", "completion_at_us", "output_tokens", "prompt_tokens"], total)
+    positions = _positions(parts)
+    finished, rejected = _status_masks(parts, positions)
+    columns = _request_columns(parts, ["arrival_at_us", "completion_at_us", "output_tokens", "prompt_tokens"],
+                               positions)
     arrival, completion = columns["arrival_at_us"], columns["completion_at_us"]
     n_finished = int(finished.sum())
     start_us = float(pd.Series(arrival).min()) if total else 0.0
@@ -341,7 +359,7 @@ def merge_replica_parts(results: list, parts: list[dict], config) -> dict:
     figures = {}
     for name, scale, unit in (("ttft", US_PER_MS, "ms"), ("tpot", US_PER_MS, "ms"), ("e2e", US_PER_S, "s"),
                               ("sched_delay", US_PER_MS, "ms")):
-        column = _request_columns(parts, [f"{name}_us"], total).get(f"{name}_us")
+        column = _request_columns(parts, [f"{name}_us"], positions).get(f"{name}_us")
         values = pd.Series(column[finished]) if column is not None else _column(pd.DataFrame(index=range(n_finished)),
                                                                                 f"{name}_us")
         figures.update(_percentiles(values, name, scale, unit))
@@ -353,23 +371,23 @@ def merge_replica_parts(results: list, parts: list[dict], config) -> dict:
     del arrival, output
     summary.update(figures)
     summary.update(_iteration_figures(parts))
-    columns = _request_columns(parts, ["preemptions", "recomputed_tokens"], total)
+    columns = _request_columns(parts, ["preemptions", "recomputed_tokens"], positions)
     summary["preemptions"] = int(pd.Series(columns["preemptions"]).sum())
     summary["recomputed_tokens"] = int(pd.Series(columns["recomputed_tokens"]).sum()) \
         if "recomputed_tokens" in columns else 0
     del columns
     if "reject_reason" in schema.names:
-        reasons = _rejected_reasons(parts, rejected)
+        reasons = _rejected_reasons(parts, rejected, positions)
         summary["rejected_by_reason"] = {str(k): int(v) for k, v in reasons.value_counts().items()}
     return summary
 
 
-def _rejected_reasons(parts: list[dict], rejected: np.ndarray) -> pd.Series:
+def _rejected_reasons(parts: list[dict], rejected: np.ndarray, positions: list[np.ndarray]) -> pd.Series:
     """The ``reject_reason`` of the rejected requests, in request-id order, as the merged table holds it."""
     pieces = []
-    for part in parts:
+    for part, index in zip(parts, positions):
         table = pd.read_parquet(part["requests"], columns=["request_id", "reject_reason"])
-        pieces.append(table[rejected[table["request_id"].to_numpy()]])
+        pieces.append(table[rejected[index]])
     merged = pd.concat(pieces, ignore_index=True).sort_values("request_id", kind="stable", ignore_index=True)
     return merged["reject_reason"]
 

@@ -141,3 +141,17 @@ def test_simulate_replicas_writes_the_merged_tables_in_windows(tmp_path, capsys,
     summary = json.loads((out / "summary.json").read_text())
     assert summary["finished"] == 90 and summary["replicas"] == 3
     assert not (out / ".replicas").exists()
+
+
+def test_a_merge_of_some_replicas_equals_the_in_memory_merge_of_them(tmp_path):
+    """Request ids need not be 0..n-1 over the merged replicas (``bench_week.py --merge-only`` of a run still
+    going): rows go to their rank among the ids."""
+    from sim.routing import merge_replicas, merged_summary
+
+    trace = traces.scale_rate(traces.synthetic_default(0, num_requests=120), 40.0)
+    config = SimConfig()
+    in_memory = run_routed(config, trace, 3, "round-robin").replicas
+    on_disk = run_routed(config, trace, 3, "round-robin", records_dir=str(tmp_path)).replicas
+    in_memory[1] = on_disk[1] = None
+    expected = merge_replicas(in_memory, config)[1]
+    assert merged_summary(on_disk, config) == expected and expected["requests"] == 80
