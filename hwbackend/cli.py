@@ -63,6 +63,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if (args.grid or args.form != "A") and not args.from_run:
+        import sys
+
+        print("kvsim calibrate: --grid and --form fit with --from-run RUN_DIR (a hardware replay; the grid alone "
+              "is measured with python -m hwbackend.calibration.grid)", file=sys.stderr)
+        return 2
     if args.from_run:
         return _from_runs(args)
     if args.compute:

@@ -104,3 +104,10 @@ def test_fit_rows_carry_the_block_terms():
     columns = shape_columns(rows)
     assert len(columns) == 7 and columns[5][0] == 16 and columns[6][0] == 1_033_216
     assert [c[0] for c in shape_columns(rows.drop(columns=["attention_blocks", "block_keys"]))][5:] == [0.0, 0.0]
+
+
+def test_calibrate_grid_needs_a_run(capsys):
+    from cli import main
+
+    assert main(["calibrate", "--grid", "docs/validation/cross-workload/grid", "--out", "x.json"]) == 2
+    assert "--grid and --form fit with --from-run" in capsys.readouterr().err
