@@ -210,6 +210,7 @@ class Simulator(RequestBookkeeping):
         self._open, self._closed, self._arrival = False, True, None
         self.arrival_horizon_us = float("inf")   # open arrivals: time of the router's next submission
         self.compute = compute or RooflineComputeModel(config.model_spec, config.gpu_spec, config.tp)
+        self._block_terms = bool(getattr(self.compute, "attention_key_us", 0.0))   # only the block forms read them
         if config.policy == "paged" and hasattr(self.compute, "paged_attention_factor"):
             self.compute = replace(self.compute, paged_attention_factor=config.paged_attention_factor)
         if config.uses_vmm and config.kv_layout == "cross-layer" and hasattr(self.compute, "layout_attention_factor"):

@@ -18,6 +18,7 @@ class RequestBookkeeping:
     """Mixin: the time-free phases of one serving iteration."""
 
     _donates = False   # whether _after_compute does anything (set by a loop that overrides it)
+    _block_terms = False   # whether _iteration_pass counts attention thread blocks (a block-form compute model)
 
     def _accept_arrivals(self, now_us: float) -> None:
         """Move requests that arrived by ``now_us`` to the waiting queue (or reject one that can never fit)."""
@@ -61,7 +62,8 @@ class RequestBookkeeping:
 
         Returns:
             ``(new_tokens, attention_pairs, kv_read_tokens, logit_sequences, max_context_tokens, prefill_tokens,
-            targets, snapshot, attention_blocks, block_keys)``: the batch shape (:class:`sim.compute.BatchShape` fields), the tokens of chunks
+            targets, snapshot, attention_blocks, block_keys)``: the batch shape (the block terms 0 unless
+            ``_block_terms``) (:class:`sim.compute.BatchShape` fields), the tokens of chunks
             that are not single decode tokens, the look-ahead targets (slot -> tokens a few iterations ahead:
             decodes ``eager_lookahead_steps`` more tokens, prefills the next chunk; empty unless
             ``lookahead``), and the pool snapshot ``(physical, used, free, deferred page groups, tail waste
@@ -72,16 +74,17 @@ class RequestBookkeeping:
         steps, budget = self.config.eager_lookahead_steps, self.config.token_budget
         new = pairs = kv_read = logits = longest = prefill = held = used = active_mapped = blocks = block_keys = 0
         targets = {}
-        rows = ATTENTION_TILE_ROWS
+        rows, block_terms = ATTENTION_TILE_ROWS, self._block_terms
         for request, tokens in batch:
             context = request.computed
             seq_len = request.prompt_tokens + request.generated
             after = context + tokens
             new += tokens
             pairs += tokens * (context + (tokens + 1) / 2)
-            tiles = -(-tokens // rows)              # sim.compute.attention_block_terms, inlined
-            blocks += tiles
-            block_keys += tiles * context + rows * tiles * (tiles - 1) // 2 + tokens
+            if block_terms:                         # sim.compute.attention_block_terms, inlined
+                tiles = -(-tokens // rows)
+                blocks += tiles
+                block_keys += tiles * context + rows * tiles * (tiles - 1) // 2 + tokens
             kv_read += context
             logits += after == seq_len
             if after > longest:

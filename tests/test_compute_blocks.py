@@ -111,3 +111,23 @@ def test_calibrate_grid_needs_a_run(capsys):
 
     assert main(["calibrate", "--grid", "docs/validation/cross-workload/grid", "--out", "x.json"]) == 2
     assert "--grid and --form fit with --from-run" in capsys.readouterr().err
+
+
+def test_simulator_passes_the_block_terms_of_each_iteration():
+    """With the cross-workload profile (form C) the engine counts thread blocks: a 300-token prompt's first
+    iteration costs the model's time for 3 blocks over 128 + 256 + 300 keys (attention_block_terms), and a
+    roofline run counts none (the default path stays as it was)."""
+    from sim.runner import load_models, run_simulation
+
+    trace = pd.DataFrame({"request_id": [0], "arrival_s": [0.0], "prompt_tokens": [300], "output_tokens": [3]})
+    config = SimConfig(model="llama-3-8b", gpu="h200", sync_mapping=True)
+    profile = "profiles/h200-cross-workload.json"
+    result = run_simulation(config, trace, profile)
+    _, compute = load_models(config, profile)
+    assert compute.attention_key_us > 0 and compute.split_kv_slot_tokens == config.slot_max_tokens
+    blocks, keys = attention_block_terms(300, 0)
+    first = BatchShape(300, 300 * (0 + 301 / 2), 0, 1, 300, blocks, keys)
+    assert result.iterations["compute_us"].iloc[0] == pytest.approx(compute.iteration_us(first))
+    second = decode_batch(1, 300)
+    assert result.iterations["compute_us"].iloc[1] == pytest.approx(
+        compute.iteration_us(replace(second, attention_blocks=1, block_keys=301)))
