@@ -153,6 +153,17 @@ def test_cli_capacity_prints_steps_answer_and_replicas(capsys, tmp_path):
     assert (tmp_path / "cap.json").is_file()
 
 
+def test_cli_capacity_quiet_prints_no_step_table(capsys):
+    parser = kvsim_parser()
+    args = parser.parse_args(["capacity", "--num-requests", "150", "--slo", "ttft_p99=500ms", "--tolerance", "0.2",
+                              "--quiet"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "capacity per replica:" in out
+    assert "rate req/s" not in out                                       # the step table's header
+    assert not any(line.rstrip().endswith(" pass") or " FAIL " in line for line in out.splitlines())  # its rows
+
+
 def test_cli_capacity_rejects_an_unknown_slo_metric():
     args = kvsim_parser().parse_args(["capacity", "--num-requests", "20", "--slo", "ttfb_p99=1s"])
     with pytest.raises(ValueError, match="valid metrics"):

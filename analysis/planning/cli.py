@@ -136,7 +136,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     if slos[-1].metric == "sched_delay_p50" and "sched_delay" not in args.slo:
         print("(sched_delay_p50<=2s is the default bound: Sarathi-Serve's capacity definition; set any "
               "sched_delay_* objective in --slo to replace it)")
-    print(_step_header(slos))
+    if not args.quiet:                # --quiet: no per-step lines, so no header for them either
+        print(_step_header(slos))
     numbers = itertools.count(1)
     on_step = None if args.quiet else (lambda e: print(_step_line(next(numbers), e, slos), flush=True))
     if args.workers < 1:
