@@ -364,6 +364,10 @@ def _load_gpu(path_text: str, _mtime_ns: int, shown: str) -> GPUSpec:
     fp8 = f.number("fp8_flops", 0.0, positive=False)
     if fp8 < 0:
         raise f.fail("fp8_flops", f"must be >= 0 FLOP/s, got {fp8}")
+    bf16 = f.number("bf16_flops")
+    if 0 < fp8 < bf16:   # fp8 tensor cores run at least the bf16 rate (2x on Hopper and Blackwell datasheets)
+        raise f.fail("fp8_flops", f"{fp8:g} FLOP/s is below bf16_flops ({bf16:g}): an fp8 peak is at least the "
+                                  "bf16 one (twice it on H100/H200/B200 datasheets); 0 or absent = no fp8 tensor cores")
     return GPUSpec(
         name=f.text("name", path.stem), full_name=f.text("full_name"), hbm_bytes=f.integer("hbm_bytes"),
         bf16_flops=f.number("bf16_flops"), mem_bw_bytes_per_s=f.number("mem_bw_bytes_per_s"),

@@ -177,6 +177,11 @@ def test_gpu_toml_and_its_errors(tmp_path):
                     'usd_per_gpu_hour = 0.5\n')
     gpu = get_gpu(str(path))
     assert (gpu.name, gpu.usd_per_gpu_hour, gpu.vmm_borrowed_from) == ("rtx", 0.5, "h200")
+    path.write_text(path.read_text() + "fp8_flops = 165e9\n")            # TFLOP/s taken for GFLOP/s, say
+    with pytest.raises(CatalogError, match=r"rtx.toml: field fp8_flops 1.65e\+11 FLOP/s is below bf16_flops"):
+        get_gpu(str(path))
+    path.write_text(path.read_text().replace("fp8_flops = 165e9\n", "fp8_flops = 330e12\n"))
+    assert get_gpu(str(path)).fp8_flops == 330e12
     path.write_text(path.read_text().replace("bf16_flops = 165e12\n", "bf16_flops = -1\n"))
     with pytest.raises(CatalogError, match=r"rtx.toml: field bf16_flops must be > 0, got -1"):
         get_gpu(str(path))
