@@ -22,7 +22,7 @@ Times on x axes are seconds since the simulation started (``start_at_us / 1e6``)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -66,17 +66,22 @@ class RunView:
     dash: str = "solid"
     symbol: str = "x"
     width: float = 2.0   # line width: earlier runs (drawn first, underneath) slightly wider, so both show
+    replica: int | None = None   # one replica of a multi-replica run (kvsim simulate --replicas); None: all rows
 
     @cached_property
     def iterations(self) -> pd.DataFrame:
-        """The iteration table plus ``time_s`` (start, s) and ``duration_ms``."""
+        """The iteration table (this view's replica's rows) plus ``time_s`` (start, s) and ``duration_ms``."""
         it = self.result.iterations
+        if self.replica is not None:
+            it = it[it["replica"] == self.replica]
         return it.assign(time_s=it["start_at_us"] / US_PER_S, duration_ms=it["duration_us"] / US_PER_MS)
 
     @cached_property
     def finished(self) -> pd.DataFrame:
-        """Finished requests only."""
+        """Finished requests only (this view's replica's)."""
         req = self.result.requests
+        if self.replica is not None and "replica" in req:
+            req = req[req["replica"] == self.replica]
         return req[req["status"] == "finished"]
 
     @property
@@ -270,6 +275,35 @@ FIGURES = (  # (id, section heading, note under the heading, builder)
      "Page groups mapped by the background mapper, mapped on the critical path (the iteration waits), and "
      "unmapped (drawn below zero), summed per time window.", mapping_figure),
 )
+
+
+MAX_REPLICA_VIEWS = 4
+"""Replicas of one multi-replica run drawn as series of their own (the first ones; the rest are in the tables)."""
+
+
+def replicas_of(result: RunResult) -> list[int]:
+    """Replica numbers of a run's iterations (``[]`` for a single-replica run: no ``replica`` column)."""
+    it = result.iterations
+    return sorted(int(k) for k in it["replica"].unique()) if "replica" in it else []
+
+
+def replica_views(views: list[RunView], max_replicas: int = MAX_REPLICA_VIEWS) -> list[RunView]:
+    """The series the figures draw: a run of several replicas as one series per replica (its first
+    ``max_replicas``; each replica has its own clock from 0, so one series would interleave their iterations),
+    every other run as it is. When a run is split, every series gets its own style as :func:`run_views` gives
+    them; otherwise ``views`` is returned unchanged."""
+    expanded = []
+    for view in views:
+        replicas = replicas_of(view.result)
+        if len(replicas) <= 1:
+            expanded.append(view)
+        else:
+            expanded += [replace(view, label=f"{view.label} · replica {k}", replica=k) for k in replicas[:max_replicas]]
+    if len(expanded) == len(views):
+        return views
+    return [replace(view, colour=RUN_COLOURS[i % len(RUN_COLOURS)], dash=RUN_DASHES[i % len(RUN_DASHES)],
+                    symbol=RUN_SYMBOLS[i % len(RUN_SYMBOLS)], width=max(3.0 - 0.5 * i, 1.5))
+            for i, view in enumerate(expanded)]
 
 
 def run_views(runs: list[RunResult], labels: list[str]) -> list[RunView]:

@@ -22,7 +22,7 @@ from plotly.offline import get_plotlyjs
 
 from analysis.comparison import comparison_table, run_labels
 from analysis.downsample import BAND_BUCKETS
-from analysis.figures import FIGURES, RunView, run_views
+from analysis.figures import FIGURES, MAX_REPLICA_VIEWS, RunView, replica_views, replicas_of, run_views
 from analysis.results import RunResult
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
@@ -113,13 +113,25 @@ def figure_sections(views: list[RunView]) -> list[str]:
 def _header(runs: list[RunResult], labels: list[str], views: list[RunView]) -> str:
     items = "".join(f"<li><b>{html.escape(label)}</b> ({_style_name(view)}): <span class='path'>"
                     f"{html.escape(str(r.path or '(in memory)'))}</span>, "
-                    f"{r.summary.get('requests', 0):,} requests, {r.summary.get('iterations', 0):,} iterations</li>"
+                    f"{r.summary.get('requests', 0):,} requests, {r.summary.get('iterations', 0):,} iterations"
+                    f"{_replica_note(r)}</li>"
                     for r, label, view in zip(runs, labels, views))
     return (f"<h1>kvsim report</h1><ul>{items}</ul><p class='note'>Each run has its own colour, dash style and "
             f"marker. Timelines longer than {BAND_BUCKETS:,} points are drawn as the mean per time bucket "
             f"({BAND_BUCKETS:,} buckets) inside a shaded band from the bucket's minimum to its maximum; stacked "
             "areas are bucket means; every synchronous-mapping stall is drawn. Drag to zoom, double-click to "
             "reset; click a legend entry to hide it.</p>")
+
+
+def _replica_note(run: RunResult) -> str:
+    """For a multi-replica run: which replicas the figures draw, each as a series of its own."""
+    replicas = replicas_of(run)
+    if len(replicas) <= 1:
+        return ""
+    shown = replicas[:MAX_REPLICA_VIEWS]
+    return (f"; {len(replicas)} replicas, figures draw replica{'s' if len(shown) > 1 else ''} "
+            f"{', '.join(map(str, shown))} as series of their own"
+            f"{'' if len(shown) == len(replicas) else ' (the tables hold all)'}")
 
 
 def _style_name(view: RunView) -> str:
@@ -139,7 +151,8 @@ def build_report_html(runs: list[RunResult]) -> str:
     labels = run_labels(runs)
     views = run_views(runs, labels)
     title = html.escape("kvsim report: " + ", ".join(labels))
-    body = _header(runs, labels, views) + summary_section(runs, labels) + "".join(figure_sections(views))
+    body = (_header(runs, labels, views) + summary_section(runs, labels)
+            + "".join(figure_sections(replica_views(views))))
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><title>{title}</title>'
             f'<style>{STYLE}</style>\n<script type="text/javascript">{get_plotlyjs()}</script>\n</head>\n'
             f"<body>{body}</body></html>\n")

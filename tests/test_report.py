@@ -152,3 +152,28 @@ def test_bad_run_dir_gives_one_clear_error(tmp_path, capsys):
 def test_simulate_report_writes_it_next_to_the_results(tmp_path):
     assert main(["simulate", "--out", str(tmp_path / "run"), "--num-requests", "30", "--quiet", "--report"]) == 0
     assert (tmp_path / "run" / "report.html").stat().st_size > 1_000_000
+
+
+def test_a_multi_replica_run_is_drawn_one_series_per_replica():
+    """Replicas each keep their own clock from 0: drawn as one series their iterations would interleave. The
+    figures draw the first MAX_REPLICA_VIEWS replicas as series of their own; single runs are left as they are."""
+    from analysis.figures import MAX_REPLICA_VIEWS, replica_views
+
+    parts = [synthetic_run(200, 3, seed=k) for k in range(6)]
+    it = pd.concat([p.iterations.assign(replica=k) for k, p in enumerate(parts)], ignore_index=True)
+    req = pd.concat([p.requests.assign(replica=k) for k, p in enumerate(parts)], ignore_index=True)
+    multi = RunResult(req, it, parts[0].summary, {**CONFIG, "label": "six replicas"})
+    single = synthetic_run(200, 3, label="single")
+    views = run_views([single, multi], ["single", "six"])
+    single_only = views[:1]
+    assert replica_views(single_only) is single_only          # nothing to split: the same views, same styles
+    drawn = replica_views(views)
+    assert [v.label for v in drawn] == ["single"] + [f"six · replica {k}" for k in range(MAX_REPLICA_VIEWS)]
+    assert len({(v.colour, v.dash, v.symbol) for v in drawn}) == len(drawn)
+    for k, view in enumerate(drawn[1:]):
+        assert view.iterations["start_at_us"].tolist() == parts[k].iterations["start_at_us"].tolist()
+        assert len(view.finished) == len(parts[k].requests)
+    fig = latency_figure(drawn)
+    assert {t.name for t in fig.data if t.name} >= {"six · replica 3", "single"}
+    html = build_report_html([single, multi])
+    assert "6 replicas, figures draw replicas 0, 1, 2, 3 as series of their own (the tables hold all)" in html
