@@ -39,7 +39,8 @@ def load_models(config: SimConfig, profile_path: str | None,
     chosen = resolve_compute_model(profile, compute_model, config)
     growth = profile.get("vmm_in_loop") or {}
     if (chosen == "in-loop" and config.model in (growth.get("models") or [growth.get("model")])
-            and growth.get("page_size_bytes") == config.page_size_bytes):
+            and growth.get("page_size_bytes") == config.page_size_bytes
+            and int(growth.get("tp", 1)) == config.tp):   # a growth measured at another tp is another cost
         scale = float(growth["growth_scale"])  # > 0 and finite (check_profile)
         if scale != 1.0:
             vmm.in_loop_scale = scale

@@ -244,3 +244,16 @@ def test_a_run_must_say_whether_decodes_ran_as_graphs(tmp_path):
         with pytest.raises(InLoopError, match="config.json: field cuda_graphs is 'yes'" if value == "yes"
                            else "config.json: field cuda_graphs is 'missing'"):
             load_rows(run)
+
+
+def test_in_loop_growth_scale_applies_at_its_own_tp_only(tmp_path):
+    """vmm_in_loop records the tp its growths were measured at; a growth measured at tp 2 (two processes mapping
+    at once) is not applied at tp 1, nor one measured at tp 1 at tp 2 (profiles older than the field: tp 1)."""
+    from sim.runner import load_models
+
+    profile = json.loads(PROFILE.read_text())
+    assert load_models(CONFIG, str(PROFILE))[0].in_loop_scale == profile["vmm_in_loop"]["growth_scale"]
+    profile["vmm_in_loop"]["tp"] = 2
+    path = tmp_path / "tp2.json"
+    path.write_text(json.dumps(profile))
+    assert load_models(CONFIG, str(path))[0].in_loop_scale == 1.0

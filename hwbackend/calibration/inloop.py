@@ -364,7 +364,7 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "", g
         sections["vmm_in_loop"] = {"growth_scale": round(growth["mean_us"] / measured, 4),
                                    "in_loop_growth": growth, "isolated_growth_mean_us": round(measured, 1),
                                    "page_size_bytes": config.page_size_bytes, "model": config.model,
-                                   "models": sorted({c.model for c in configs}),
+                                   "models": sorted({c.model for c in configs}), "tp": config.tp,
                                    "command": command}
     return sections
 
