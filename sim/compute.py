@@ -395,7 +395,8 @@ class RooflineComputeModel:
 
         ``tau0 = attention_block_us``, ``kappa = attention_key_us``, ``kappa_p = attention_prefill_key_us`` (0:
         ``kappa``), ``P = attention_slots``; ``N``, ``K``: :func:`attention_block_terms` summed (0 = unknown:
-        one block per decode and per 128 chunk tokens, ``K = kv_read + new``). Decode-only iterations add
+        one block per decode and per 128 chunk tokens, ``K = kv_read + new``). Attention is multiplied by
+        ``paged_attention_factor`` and ``layout_attention_factor`` as in the roofline. Decode-only iterations add
         ``decode_overhead_us`` and the batch correction with graphs; mixed ones ``overhead_us`` and the launch
         floor."""
         m, tp = self.model, self.tp
@@ -412,7 +413,8 @@ class RooflineComputeModel:
         n = np.where(known, blocks, logits + np.ceil(np.maximum(new - logits, 0) / ATTENTION_TILE_ROWS))
         k = np.where(known, block_keys, kv_read + new)
         mixed_attn = np.maximum(heads_q * (tau0 * n + kappa_p * k) / self.attention_slots, tau0 + kappa_p * longest)
-        attn = layers * np.where(mixed, mixed_attn, decode_attn)
+        attn = (layers * np.where(mixed, mixed_attn, decode_attn)   # measured with vAttention's per-layer tensors
+                * self.paged_attention_factor * self.layout_attention_factor)
         eager = np.maximum(self.launch_floor_us, base + attn + self.overhead_us)
         if not self.decode_graphs:
             return eager

@@ -131,3 +131,14 @@ def test_simulator_passes_the_block_terms_of_each_iteration():
     second = decode_batch(1, 300)
     assert result.iterations["compute_us"].iloc[1] == pytest.approx(
         compute.iteration_us(replace(second, attention_blocks=1, block_keys=301)))
+
+
+def test_block_attention_carries_the_paged_factor():
+    """The paged baseline's attention slowdown (``paged_attention_factor``) scales the block-form attention as it
+    scales the roofline's, so vAttention vs PagedAttention comparisons keep it under a block-form profile."""
+    model = _model(attention_key_us=0.02, attention_block_us=1.0, attention_slots=100.0, split_kv_slot_tokens=8192)
+    free = _model(attention_key_us=1e-12, attention_slots=1e12, split_kv_slot_tokens=8192)
+    shape = decode_batch(48, 2000)
+    attention = model.iteration_us(shape) - free.iteration_us(shape)
+    paged = replace(model, paged_attention_factor=1.5)
+    assert paged.iteration_us(shape) - free.iteration_us(shape) == pytest.approx(1.5 * attention, rel=1e-6)
