@@ -146,6 +146,11 @@ def _from_runs(args: argparse.Namespace) -> int:
     if missing_context:
         print(f"kvsim calibrate: warning: {', '.join(missing_context)}: shapes.parquet has no max_context_tokens "
               "(older replays), so wave_us_per_token (the longest sequence's cost) is not fitted", file=sys.stderr)
+    no_blocks = [r["dir"] for r in sections["compute_in_loop"]["runs"] if not r.get("block_terms_logged", True)]
+    if no_blocks and sections["compute_in_loop"].get("form", "A") != "A":
+        print(f"kvsim calibrate: warning: {', '.join(no_blocks)}: shapes.parquet has no attention_blocks / block_keys "
+              "(replays before 2026-12-01), so the block form estimates them for those runs' iterations (one block "
+              "per 128 chunk tokens over cached + new keys, low for long chunks)", file=sys.stderr)
     profile.pop("vmm_in_loop", None)
     profile.update(sections)
     out.write_text(json.dumps(profile, indent=1) + "\n")

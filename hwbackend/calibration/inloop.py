@@ -349,7 +349,8 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "", g
                "runs": [{"dir": str(d), "iterations": len(r), "step_us": round(r.attrs["step_us"], 1),
                          "trace_source": m.get("trace_source"), "sync_mapping": bool(m.get("sync_mapping")),
                          "gpu_name": m.get("gpu_name"), "torch_version": m.get("torch_version"),
-                         "max_context_logged": bool(r["max_context_tokens"].notna().all())}
+                         "max_context_logged": bool(r["max_context_tokens"].notna().all()),
+                         "block_terms_logged": bool("attention_blocks" in r and (r["attention_blocks"] > 0).all())}
                         for d, (r, m) in zip(run_dirs, loaded)],
                "grids": [{"dir": str(d), "points": len(g)} for d, g in zip(grid_dirs, grids)],
                "models": sorted({c.model for c in configs}),
