@@ -316,10 +316,7 @@ class RooflineComputeModel:
             return 0.0
         mixed = batch.new_tokens > batch.logit_sequences  # a prefill chunk is in the batch
         if self.attention_key_us:
-            return float(self._blocks_iteration_us(
-                np.array([batch.new_tokens], dtype=float), np.array([batch.kv_read_tokens], dtype=float),
-                np.array([batch.logit_sequences], dtype=float), np.array([batch.max_context_tokens], dtype=float),
-                np.array([batch.attention_blocks], dtype=float), np.array([batch.block_keys], dtype=float))[0])
+            return self._blocks_one_us(batch)
         pairs = batch.attention_pairs + (self.mixed_tile_rows * batch.kv_read_tokens if mixed else 0.0)
         wave_us = self.wave_us_per_token * batch.max_context_tokens
         if self.decode_graphs and not mixed:
@@ -421,6 +418,37 @@ class RooflineComputeModel:
         graphed = base + attn + self.decode_overhead_us + self._decode_correction_us(logits)
         return np.where(mixed, eager, graphed)
 
+    def _blocks_one_us(self, batch: BatchShape) -> float:
+        """:meth:`_blocks_iteration_us` of one iteration in plain floats (the simulator calls it once per
+        stepped iteration; the array form costs numpy's per-call overhead several times over)."""
+        m, tp = self.model, self.tp
+        new, kv_read, logits, longest = batch.new_tokens, batch.kv_read_tokens, batch.logit_sequences, batch.max_context_tokens
+        tau0, kappa, slots = self.attention_block_us, self.attention_key_us, self.attention_slots
+        base = self._time_us(new, 0.0, kv_read, logits, max, 0.0, attention=False)
+        if new > logits:   # a prefill chunk: blocks of 128 query rows per query head, keys never split
+            kappa_p = self.attention_prefill_key_us or kappa
+            if batch.attention_blocks > 0:
+                n, k = batch.attention_blocks, batch.block_keys
+            else:
+                n, k = logits + math.ceil(max(new - logits, 0) / ATTENTION_TILE_ROWS), kv_read + new
+            attn = max((m.num_q_heads // tp) * (tau0 * n + kappa_p * k) / slots, tau0 + kappa_p * longest)
+        else:
+            heads_kv = max(m.num_kv_heads // tp, 1)
+            chunk = self._split_chunks.get(logits)
+            if chunk is None:
+                chunk = float(self._split_chunk_tokens(np.array([logits]), heads_kv)[0])
+            active = logits if chunk == math.inf else max(logits, (kv_read + logits) / chunk + logits / 2)
+            attn = max(heads_kv * (tau0 * active + kappa * (kv_read + logits)) / slots, tau0 + kappa * min(chunk, longest))
+        attn *= m.num_layers * self.paged_attention_factor * self.layout_attention_factor
+        if new > logits or not self.decode_graphs:
+            return max(self.launch_floor_us, base + attn + self.overhead_us)
+        return base + attn + self.decode_overhead_us + float(self._decode_correction_us(logits))
+
+    @cached_property
+    def _split_chunks(self) -> dict:
+        """Decode batch size -> keys per split (:meth:`_split_chunk_tokens`), filled as batch sizes appear."""
+        return {}
+
     def _split_chunk_tokens(self, decodes, heads_kv: int) -> np.ndarray:
         """Keys per split of a graphed decode batch of ``decodes`` sequences (inf: no split): FlashAttention-2
         packs the query heads of a KV head into one block when ``Hq > H'`` (``seqlenq_ngroups_swapped``) and
@@ -431,10 +459,18 @@ class RooflineComputeModel:
         if not self.split_kv_slot_tokens or self.model.num_q_heads <= self.model.num_kv_heads:
             return np.full(sizes.shape, np.inf)
         n_blocks = -(-int(self.split_kv_slot_tokens) // 128)
-        table = {int(b): fa2_num_splits(int(b) * heads_kv, int(2 * self.split_kv_sms), n_blocks)
-                 for b in np.unique(sizes) if b > 0}
-        splits = np.array([table.get(int(b), 1) for b in sizes.ravel()], dtype=float).reshape(sizes.shape)
-        return np.where(splits > 1, np.ceil(n_blocks / np.maximum(splits, 1)) * 128, np.inf)
+
+        def chunk(b: int) -> float:
+            cached = self._split_chunks.get(b)
+            if cached is None:
+                splits = fa2_num_splits(b * heads_kv, int(2 * self.split_kv_sms), n_blocks) if b > 0 else 1
+                cached = self._split_chunks[b] = math.ceil(n_blocks / splits) * 128.0 if splits > 1 else math.inf
+            return cached
+
+        if sizes.size and (sizes == sizes.flat[0]).all():   # a decode run: one batch size throughout
+            return np.full(sizes.shape, chunk(int(sizes.flat[0])))
+        table = {int(b): chunk(int(b)) for b in np.unique(sizes)}
+        return np.array([table[int(b)] for b in sizes.ravel()], dtype=float).reshape(sizes.shape)
 
     def _time_us(self, new_tokens, attention_pairs, kv_read_tokens, logit_sequences, maximum, overhead_us,
                  attention: bool = True):

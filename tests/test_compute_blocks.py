@@ -142,3 +142,26 @@ def test_block_attention_carries_the_paged_factor():
     attention = model.iteration_us(shape) - free.iteration_us(shape)
     paged = replace(model, paged_attention_factor=1.5)
     assert paged.iteration_us(shape) - free.iteration_us(shape) == pytest.approx(1.5 * attention, rel=1e-6)
+
+
+def test_one_iteration_and_the_array_form_agree():
+    """The simulator's scalar path (one iteration) and the fit's array path give the same times."""
+    rng = np.random.default_rng(3)
+    model = _model(attention_key_us=0.02, attention_prefill_key_us=0.03, attention_block_us=0.5, attention_slots=90.0,
+                   split_kv_slot_tokens=8192, overhead_us=5000.0, launch_floor_us=8000.0,
+                   decode_batch_knots=(1.0, 64.0), decode_batch_correction_us=(-100.0, 300.0))
+    shapes = []
+    for _ in range(200):
+        b = int(rng.integers(1, 200))
+        contexts = rng.integers(0, 8000, b)
+        chunk = int(rng.integers(2, 2048)) if rng.random() < 0.4 else 0
+        seqs = [(1, int(c)) for c in contexts] + ([(chunk, int(rng.integers(0, 4000)))] if chunk else [])
+        terms = [attention_block_terms(t, c) for t, c in seqs]
+        shapes.append(BatchShape(sum(t for t, _ in seqs), sum(t * (c + (t + 1) / 2) for t, c in seqs),
+                                 sum(c for _, c in seqs), b + (1 if chunk else 0), max(t + c for t, c in seqs),
+                                 sum(n for n, _ in terms), sum(k for _, k in terms)))
+    scalar = np.array([model.iteration_us(s) for s in shapes])
+    columns = [np.array([getattr(s, f) for s in shapes], dtype=float) for f in
+               ("new_tokens", "attention_pairs", "kv_read_tokens", "logit_sequences", "max_context_tokens",
+                "attention_blocks", "block_keys")]
+    assert np.allclose(scalar, model.iteration_us_array(*columns), rtol=1e-9)
