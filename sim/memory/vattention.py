@@ -283,16 +283,17 @@ class VAttentionPolicy:
 
     def _needs(self, target_tokens: Mapping[int, int]) -> list[tuple[int, int, int]]:
         needs = []
-        for slot, tokens in target_tokens.items():
-            if not self.active[slot]:
+        active, mapped, per_page, cap = self.active, self.mapped, self.config.tokens_per_page, self.config.max_pages_per_slot
+        for slot, tokens in target_tokens.items():   # once per running request and iteration: locals, no calls
+            if not active[slot]:
                 raise ValueError(f"step() for inactive slot {slot}")
-            pages = self.config.pages_for_tokens(tokens)
-            if pages > self.config.max_pages_per_slot:
+            pages = -(-tokens // per_page)            # VAttentionConfig.pages_for_tokens
+            if pages > cap:
                 raise ValueError(f"slot {slot} target {tokens} tokens exceeds the slot capacity")
-            if pages > self.mapped[slot]:
+            if pages > mapped[slot]:
                 if self.in_flight_maps[slot]:
                     raise RuntimeError(f"step() needs pages of slot {slot} that background maps hold in flight")
-                needs.append((slot, self.mapped[slot], pages - self.mapped[slot]))
+                needs.append((slot, mapped[slot], pages - mapped[slot]))
         return needs
 
     def reclaim_idle(self) -> Plan:
@@ -364,10 +365,15 @@ class VAttentionPolicy:
 
     def _lookahead_maps(self, lookahead_tokens: Mapping[int, int]) -> list[MapOp]:
         maps = []
-        cap = self.config.max_pages_per_slot
-        for slot, tokens in lookahead_tokens.items():
-            want = min(self.config.pages_for_tokens(tokens), cap)
-            while self.mapped[slot] + self.in_flight_maps[slot] < want and self.free_page_groups > self._admission_groups:
+        cap, per_page = self.config.max_pages_per_slot, self.config.tokens_per_page
+        mapped, in_flight = self.mapped, self.in_flight_maps
+        for slot, tokens in lookahead_tokens.items():   # once per running request and iteration: locals, no calls
+            want = -(-tokens // per_page)                 # VAttentionConfig.pages_for_tokens
+            if want > cap:
+                want = cap
+            if mapped[slot] + in_flight[slot] >= want:    # the common case: already mapped ahead
+                continue
+            while mapped[slot] + in_flight[slot] < want and self.free_page_groups > self._admission_groups:
                 maps.append(self._reserve_map(slot))
         return maps
 
