@@ -549,8 +549,8 @@ class Simulator(RequestBookkeeping):
 
     def _short_slots(self, batch: Batch) -> list[int]:
         """Slots whose target this iteration needs more pages than are mapped."""
-        pages_for, mapped = self.policy.config.pages_for_tokens, self.policy.mapped
-        return [r.slot for r, t in batch if pages_for(r.computed + t) > mapped[r.slot]]
+        per_page, mapped = self.policy.config.tokens_per_page, self.policy.mapped   # pages_for_tokens, inlined
+        return [r.slot for r, t in batch if -(-(r.computed + t) // per_page) > mapped[r.slot]]
 
     def _preempt(self, victim: Request) -> None:
         """Preempt by swap (KV copied to host, kept) when enabled and the host has room, else by recompute."""
