@@ -435,3 +435,8 @@ def test_phase_timed_replay_runs_on_cpu(tmp_path):
     parts = phases[["sched_us", "stall_us", "pre_us", "launch_us", "after_launch_us", "wait_us", "post_us"]].sum(axis=1)
     assert (parts - phases["duration_us"]).abs().max() < 1.0
     assert (phases["sched_us"] >= -1.0).all()
+    # the replay records TBT as the simulator does: one gap per output token after each request's first
+    import json
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tbt_tokens"] == (5 - 1) + (3 - 1) + (6 - 1)
+    assert 0 < summary["tbt_p50_ms"] <= summary["tbt_p99_ms"] <= summary["tbt_max_ms"]

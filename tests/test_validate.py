@@ -89,6 +89,15 @@ def test_error_is_sim_over_hw_minus_one():
     table = error_table(Run(1.0), Run(1.1))
     assert row(table, "iteration latency", "p50")["error"] == pytest.approx(0.1)
     assert row(table, "TTFT", "p50")["error"] == pytest.approx(0.0)
+    assert "TBT" not in set(table["metric"])          # a hardware run from before TBT was recorded
+
+    hw, sim = Run(1.0), Run(1.0)
+    hw.summary = {**hw.summary, "tbt_p50_ms": 10.0, "tbt_p90_ms": 12.0, "tbt_p99_ms": 20.0}
+    sim.summary = {**sim.summary, "tbt_p50_ms": 10.6, "tbt_p90_ms": 12.0, "tbt_p99_ms": 23.0}
+    table = error_table(hw, sim)
+    assert row(table, "TBT", "p50")["error"] == pytest.approx(0.06) and row(table, "TBT", "p99")["error"] == pytest.approx(0.15)
+    missed = check_targets(table)
+    assert "TBT p99: +15.0% (target 10%)" in missed and not any(m.startswith("TBT p50") for m in missed)
 
 
 # ---- the replays with decode CUDA graphs (graphs-x1.5: second session; same-start: the profile's fit), in-loop fit

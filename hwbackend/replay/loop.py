@@ -29,7 +29,7 @@ import pandas as pd
 from hwbackend.replay.model import BatchInputs, SeqWork
 from sim.compute import attention_block_terms
 from sim.lifecycle import RequestBookkeeping
-from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS
+from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS, tbt_stats_us
 from sim.request import Request
 from sim.scheduler import SCHEDULERS, schedule_iteration
 
@@ -258,4 +258,5 @@ class ReplayLoop(RequestBookkeeping):
                 "bg_map_page_groups": metrics["background_page_groups"],
                 "bg_unmap_page_groups": unmaps - self._sync_unmaps, "mapper_busy_us": float("nan"),
                 "swap_out_bytes": 0, "swap_in_bytes": 0, "swap_total_us": 0.0,
-                "pool_page_groups": self.config.pool_page_groups, "end_at_us": self.now_us()}
+                "pool_page_groups": self.config.pool_page_groups, "end_at_us": self.now_us(),
+                **tbt_stats_us(self.tbt_us, [])}   # time between tokens, as the simulator reports it
