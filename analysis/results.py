@@ -106,6 +106,8 @@ def iteration_counts_of_file(path: str | Path) -> dict:
     as one column), so that a long run's summary never holds these columns together."""
     import pyarrow.parquet as pq
 
+    from sim.columns import column_sum
+
     figures = iteration_counts(pd.DataFrame())
     parquet = pq.ParquetFile(path)
     for group in range(parquet.num_row_groups):
@@ -119,8 +121,8 @@ def iteration_counts_of_file(path: str | Path) -> dict:
                    "mapped_max": max(figures["mapped_max"], part["mapped_max"]),
                    "waste_sum": figures["waste_sum"] + part["waste_sum"],
                    "waste_max": max(figures["waste_max"], part["waste_max"])}
-    for column in ("block_table_us", "clear_copy_us"):    # whole-column sums, one column at a time
-        figures[column.replace("_us", "_sum_us")] = float(pd.read_parquet(path, columns=[column])[column].sum())
+    for column in ("block_table_us", "clear_copy_us"):    # whole-column sums (pandas' bits), row group by row group
+        figures[column.replace("_us", "_sum_us")] = column_sum(path, column)
     return figures
 
 
@@ -248,8 +250,14 @@ def build_result(output, config: dict) -> RunResult:
         iterations = output.iterations_frame()
         return RunResult(requests, iterations, summarize(requests, iterations, output.counters, config), config,
                          tbt_samples=output.counters.get("tbt_samples"))
-    summary = summarize(requests, output.iterations_frame(SUMMARY_ITERATION_COLUMNS), output.counters, config,
-                        iteration_counts_of_file(streamed))
+    from sim.columns import read_column
+
+    output.recorder.close()
+    counts = iteration_counts_of_file(streamed)
+    # the two columns read into one array each (reading the table and converting it held them twice)
+    columns = pd.DataFrame({name: read_column(streamed, name) for name in SUMMARY_ITERATION_COLUMNS}, copy=False)
+    summary = summarize(requests, columns, output.counters, config, counts)
+    del columns
     return RunResult(requests, streamed, summary, config, tbt_samples=output.counters.get("tbt_samples"))
 
 

@@ -5,7 +5,9 @@ and hands back only its summary and the paths of its *parts* (:func:`save_replic
 
 * ``replica-R.parquet``: its iteration records (streamed by :class:`sim.recorder.IterationRecorder`);
 * ``replica-R.requests.parquet``: its per-request table;
-* ``replica-R.duration-sorted.npy``: its finite iteration durations, sorted;
+* ``replica-R.duration-values.npy`` / ``replica-R.duration-cum.npy``: its distinct finite iteration durations,
+  sorted, and the cumulative count up to each (a replica's tens of millions of iterations take a few
+  hundred thousand distinct durations);
 * ``replica-R.tbt-gaps.npy`` / ``replica-R.tbt-cum.npy``: its distinct TBT gaps, sorted, and the cumulative
   token count up to each (a gap of a fast-forwarded decode run stands for one token per request of its batch);
 * small figures: iteration counts and totals, finite durations, iterations with a stall, TBT tokens and the
@@ -39,145 +41,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sim.columns import (Concatenation, _key, _value, distinct_counts, kth_smallest,  # noqa: F401 (re-exported)
+                         linear_percentile, pairwise_sum, read_column, row_groups)
 from sim.units import US_PER_MS, US_PER_S
-
-_SIGN = 1 << 63
-_PAIRWISE_LEAF = 1 << 16
-
-
-# ---- exact order statistics across sorted arrays -------------------------------------------------------
-
-def _key(value: float) -> int:
-    """The float's position in the order of float64 values, as an integer (monotone; -0.0 just below 0.0)."""
-    bits = int(np.array([value], dtype=np.float64).view(np.int64)[0])
-    return bits if bits >= 0 else -(bits & (_SIGN - 1)) - 1
-
-
-def _value(key: int) -> float:
-    """Inverse of :func:`_key`."""
-    bits = key if key >= 0 else (-key - 1) | _SIGN
-    return float(np.array([bits], dtype=np.uint64).view(np.float64)[0])
-
-
-def kth_smallest(arrays: list, k: int, cumulative: list | None = None) -> float:
-    """The k-th smallest value (1-based) of the union of sorted float arrays, exactly.
-
-    Args:
-        arrays: ascending float64 arrays without NaN (memory-mapped ones are read only where searched); empty
-            ones allowed.
-        k: 1 <= k <= the total count.
-        cumulative: for weighted values, per array the cumulative weights (``cumulative[i][j]`` = weight of
-            ``arrays[i][:j + 1]``); the k-th smallest is then the smallest value whose cumulative weight over the
-            union reaches k (nearest rank).
-
-    Raises:
-        ValueError: k out of range, or a NaN among the values.
-    """
-    pairs = [(a, None if cumulative is None else c) for a, c in zip(arrays, cumulative or [None] * len(arrays))
-             if len(a)]
-    total = sum(len(a) if c is None else int(c[-1]) for a, c in pairs)
-    if not 1 <= k <= total:
-        raise ValueError(f"k={k} outside 1..{total}")
-    if any(np.isnan(a[-1]) for a, _ in pairs):
-        raise ValueError("NaN among the values")
-
-    def at_most(value: float) -> int:
-        count = 0
-        for a, c in pairs:
-            index = int(np.searchsorted(a, value, side="right"))
-            count += index if c is None else (int(c[index - 1]) if index else 0)
-        return count
-
-    low = min(_key(float(a[0])) for a, _ in pairs)
-    high = max(_key(float(a[-1])) for a, _ in pairs)
-    while low < high:               # smallest key whose value has at least k values at most it
-        middle = (low + high) // 2
-        if at_most(_value(middle)) >= k:
-            high = middle
-        else:
-            low = middle + 1
-    found = _value(low)
-    for a, _ in pairs:              # the value as stored (0.0 and -0.0 compare equal)
-        index = int(np.searchsorted(a, found, side="left"))
-        if index < len(a) and a[index] == found:
-            return float(a[index])
-    return found
-
-
-def linear_percentile(count: int, q: float, kth) -> float:
-    """``np.percentile(values, q)`` (linear interpolation) of ``count`` values, bit for bit, from
-    ``kth(i)``, the i-th smallest value (0-based): numpy's virtual index ``(count - 1) * q / 100``, its two
-    neighbours and its interpolation (``numpy.lib._function_base_impl._lerp``)."""
-    quantile = np.true_divide(q, 100)
-    virtual = (count - 1) * quantile
-    previous = np.floor(virtual)
-    if virtual >= count - 1:        # numpy takes the last value for both neighbours
-        low = high = count - 1
-        previous = np.float64(-1.0)
-    else:
-        low = int(previous)
-        high = low + 1
-    gamma = float(virtual - previous)
-    a = np.float64(kth(low))
-    b = a if high == low else np.float64(kth(high))
-    diff = b - a
-    result = a + diff * gamma
-    if gamma >= 0.5:
-        result = b - diff * (1 - gamma)
-    return float(result)
-
-
-# ---- numpy's pairwise summation over a concatenation ---------------------------------------------------
-
-def pairwise_sum(length: int, take, leaf: int = _PAIRWISE_LEAF) -> float:
-    """``np.sum`` of a float64 array of ``length`` values, bit for bit, without holding it: ``take(start, stop)``
-    returns the contiguous values ``[start, stop)`` (called with increasing ranges). numpy sums a contiguous
-    array pairwise (halves rounded down to a multiple of 8, blocks of at most 128 values unrolled by 8), so the
-    tree is walked here and every subtree of at most ``leaf`` values (at least 128, numpy's block) is summed by
-    ``np.add.reduce``."""
-    leaf = max(leaf, 128)
-
-    def subtree(start: int, n: int):
-        if n <= leaf:
-            return np.add.reduce(take(start, start + n))
-        half = n // 2
-        half -= half % 8
-        return subtree(start, half) + subtree(start + half, n - half)
-
-    return float(subtree(0, length)) if length else 0.0
-
-
-class Concatenation:
-    """Sequential reads of arrays laid end to end, loading one part at a time (``loaders[i]()`` returns part i,
-    ``lengths[i]`` long)."""
-
-    def __init__(self, loaders: list, lengths: list[int]):
-        self.loaders, self.lengths = loaders, [int(n) for n in lengths]
-        self.offsets = np.concatenate([[0], np.cumsum(self.lengths, dtype=np.int64)]).tolist()
-        self.length = self.offsets[-1]
-        self._part, self._values = -1, None
-
-    def _load(self, part: int) -> np.ndarray:
-        if part != self._part:
-            self._values = None
-            self._values = np.ascontiguousarray(self.loaders[part](), dtype=np.float64)
-            if len(self._values) != self.lengths[part]:
-                raise ValueError(f"part {part}: {len(self._values)} values, expected {self.lengths[part]}")
-            self._part = part
-        return self._values
-
-    def take(self, start: int, stop: int) -> np.ndarray:
-        pieces = []
-        part = int(np.searchsorted(self.offsets, start, side="right")) - 1
-        while start < stop:
-            while self.offsets[part + 1] <= start:
-                part += 1
-            end = min(stop, self.offsets[part + 1])
-            values = self._load(part)
-            pieces.append(values[start - self.offsets[part]:end - self.offsets[part]])
-            start = end
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-
 
 # ---- a replica's parts ---------------------------------------------------------------------------------
 
@@ -210,7 +76,8 @@ def save_replica_parts(result, prefix: str | Path) -> dict:
 
     prefix = str(prefix)
     parts = {"requests": f"{prefix}.requests.parquet", "iterations": str(result.iterations_file),
-             "durations_sorted": f"{prefix}.duration-sorted.npy", "tbt_gaps": f"{prefix}.tbt-gaps.npy",
+             "duration_values": f"{prefix}.duration-values.npy", "duration_cum": f"{prefix}.duration-cum.npy",
+             "tbt_gaps": f"{prefix}.tbt-gaps.npy",
              "tbt_cum": f"{prefix}.tbt-cum.npy", "requests_count": len(result.requests)}
     requests = result.requests
     if not requests["request_id"].is_monotonic_increasing:      # the merged table is read in request-id order
@@ -219,14 +86,17 @@ def save_replica_parts(result, prefix: str | Path) -> dict:
     del requests
     result.requests = None          # the caller keeps the light result only: memory back before the TBT sort
     parts["counts"] = iteration_counts_of_file(result.iterations_file)
-    durations = pd.read_parquet(result.iterations_file, columns=["duration_us"])["duration_us"].to_numpy(dtype=float)
-    finite = durations[np.isfinite(durations)]
+    durations = read_column(result.iterations_file, "duration_us")
+    finite = durations[np.isfinite(durations)] if not np.isfinite(durations).all() else durations
     del durations
     parts["durations_finite"] = len(finite)
     finite.sort()
-    np.save(parts["durations_sorted"], finite)
+    distinct, cumulative = distinct_counts(finite)
     del finite
-    stalls = pd.read_parquet(result.iterations_file, columns=["sync_stall_us"])["sync_stall_us"].to_numpy(dtype=float)
+    np.save(parts["duration_values"], distinct)
+    np.save(parts["duration_cum"], cumulative)
+    del distinct, cumulative
+    stalls = read_column(result.iterations_file, "sync_stall_us")
     parts["stall_positive"] = int((stalls > 0).sum())
     del stalls
     samples, result.tbt_samples = result.tbt_samples, None
@@ -242,12 +112,10 @@ def save_replica_parts(result, prefix: str | Path) -> dict:
         values = values[order]
         counts = counts[order]
         del order
-        starts = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]])) if len(values) else \
-            np.zeros(0, dtype=np.int64)
-        distinct = values[starts]
-        cumulative = np.cumsum(np.add.reduceat(counts, starts)) if len(starts) else np.zeros(0, dtype=np.int64)
+        distinct, cumulative = distinct_counts(values, counts)
+        del values, counts
         np.save(parts["tbt_gaps"], distinct)
-        np.save(parts["tbt_cum"], cumulative.astype(np.int64))
+        np.save(parts["tbt_cum"], cumulative)
     import json     # the parts, summary and config: a merge can be redone from the directory alone
     Path(f"{prefix}.parts.json").write_text(json.dumps({"parts": parts, "summary": result.summary,
                                                         "config": result.config}, allow_nan=True, default=str))
@@ -397,34 +265,35 @@ def _iteration_figures(parts: list[dict]) -> dict:
     out = {}
     finite = sum(p["durations_finite"] for p in parts)
     if finite:
-        sorted_parts = [np.load(p["durations_sorted"], mmap_mode="r") for p in parts]
-        kth = lambda index: kth_smallest(sorted_parts, index + 1)     # noqa: E731
+        values = [np.load(p["duration_values"], mmap_mode="r") for p in parts]
+        cumulative = [np.load(p["duration_cum"], mmap_mode="r") for p in parts]
+        kth = lambda index: kth_smallest(values, index + 1, cumulative)     # noqa: E731
         for q in (50, 90, 99):
             out[f"iteration_p{q}_ms"] = float(linear_percentile(finite, q, kth) / US_PER_MS)
-
-        def finite_durations(path):
-            def load():
-                values = pd.read_parquet(path, columns=["duration_us"])["duration_us"].to_numpy(dtype=float)
-                return values[np.isfinite(values)]
-            return load
-
-        durations = Concatenation([finite_durations(p["iterations"]) for p in parts],
-                                  [p["durations_finite"] for p in parts])
+        del values, cumulative
+        if all(p["durations_finite"] == p["counts"]["iterations"] for p in parts):     # row group by row group
+            durations = _chained([row_groups(p["iterations"], "duration_us") for p in parts])
+        else:
+            def finite_durations(path):
+                def load():
+                    values = read_column(path, "duration_us")
+                    return values[np.isfinite(values)]
+                return load
+            durations = Concatenation([finite_durations(p["iterations"]) for p in parts],
+                                      [p["durations_finite"] for p in parts])
         out["iteration_mean_ms"] = float(np.float64(pairwise_sum(finite, durations.take)) / finite / US_PER_MS)
-        del durations, sorted_parts
+        del durations
     else:
         out.update({f"iteration_{s}_ms": float("nan") for s in ("p50", "p90", "p99", "mean")})
-
-    def stalls(path):
-        def load():     # pandas' sum: NaN read as 0
-            values = pd.read_parquet(path, columns=["sync_stall_us"])["sync_stall_us"].to_numpy(dtype=float)
-            return np.where(np.isnan(values), 0.0, values)
-        return load
-
-    column = Concatenation([stalls(p["iterations"]) for p in parts], [p["counts"]["iterations"] for p in parts])
+    column = _chained([row_groups(p["iterations"], "sync_stall_us", nan_as_zero=True) for p in parts])
     out["sync_stall_total_ms"] = float(pairwise_sum(column.length, column.take) / US_PER_MS)
     out["iterations_with_stall"] = int(sum(p["stall_positive"] for p in parts))
     return out
+
+
+def _chained(columns: list[Concatenation]) -> Concatenation:
+    """Several concatenations laid end to end (the replicas' row groups, in replica order)."""
+    return Concatenation([loader for c in columns for loader in c.loaders], [n for c in columns for n in c.lengths])
 
 
 def _merged_tbt(parts: list[dict]) -> dict:

@@ -106,7 +106,7 @@ def test_replicas_streamed_to_files_merge_like_in_memory(workload, tmp_path):
     streamed = run_routed(SimConfig(), trace, 2, "round-robin", records_dir=str(tmp_path))
     pd.testing.assert_frame_equal(in_memory.requests, streamed.requests)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        f"replica-{r}{suffix}" for r in (0, 1) for suffix in (".parquet", ".requests.parquet", ".duration-sorted.npy",
+        f"replica-{r}{suffix}" for r in (0, 1) for suffix in (".parquet", ".requests.parquet", ".duration-values.npy", ".duration-cum.npy",
                                                              ".tbt-gaps.npy", ".tbt-cum.npy", ".parts.json"))
     assert in_memory.summary == streamed.summary
 
