@@ -127,6 +127,9 @@ def main() -> int:
     parser.add_argument("--records", help="keep the replicas' records in this directory (default: a temporary one)")
     parser.add_argument("--log-every", type=float, default=0.0, help="progress line every S seconds")
     parser.add_argument("--no-hash", action="store_true", help="skip hashing the per-request tables")
+    parser.add_argument("--summary-columns-only", action="store_true",
+                        help="keep of each replica's iteration records only the two columns the merge reads "
+                             "(a week-long replica: about 1 GB of records otherwise)")
     parser.add_argument("--merge-only", action="store_true",
                         help="merge the replicas already simulated into --records (no simulation)")
     args = parser.parse_args()
@@ -162,7 +165,8 @@ def main() -> int:
             held = [trace, assign(trace, args.replicas, "round-robin", config.seed)]
             del trace
             results = simulate_replicas(config, held.pop(0), held.pop(0), args.replicas, executor=args.executor,
-                                        workers=args.workers, records_dir=str(records))
+                                        workers=args.workers, records_dir=str(records),
+                                        keep_iterations=not args.summary_columns_only)
         simulated_s = time.perf_counter() - started
         print(f"simulated in {simulated_s:.1f} s", flush=True)
         started = time.perf_counter()

@@ -68,10 +68,11 @@ def merged_tbt_mean(sums: list[float], tokens: int) -> float:
     return math.fsum(sums) / tokens if tokens else float("nan")
 
 
-def save_replica_parts(result, prefix: str | Path) -> dict:
+def save_replica_parts(result, prefix: str | Path, keep_iterations: bool = True) -> dict:
     """Write a replica's parts next to its streamed iteration file (module docstring) and return their paths
     and figures. ``result``: the replica's :class:`analysis.results.RunResult` with ``iterations_file`` and
-    ``tbt_samples``."""
+    ``tbt_samples``; ``keep_iterations`` false: the iteration file is replaced by ``PREFIX.columns.parquet``
+    holding only the columns the merge reads (``duration_us``, ``sync_stall_us``)."""
     from analysis.results import iteration_counts_of_file
 
     prefix = str(prefix)
@@ -116,10 +117,33 @@ def save_replica_parts(result, prefix: str | Path) -> dict:
         del values, counts
         np.save(parts["tbt_gaps"], distinct)
         np.save(parts["tbt_cum"], cumulative)
+    if not keep_iterations:
+        parts["iterations"] = _keep_columns(result.iterations_file, f"{prefix}.columns.parquet",
+                                            ["duration_us", "sync_stall_us"])
     import json     # the parts, summary and config: a merge can be redone from the directory alone
     Path(f"{prefix}.parts.json").write_text(json.dumps({"parts": parts, "summary": result.summary,
                                                         "config": result.config}, allow_nan=True, default=str))
     return parts
+
+
+def _keep_columns(path: str | Path, target: str, columns: list[str]) -> str:
+    """Copy ``columns`` of a Parquet file to ``target`` row group by row group and remove the file."""
+    import pyarrow.parquet as pq
+
+    source = pq.ParquetFile(path)
+    writer = None
+    try:
+        for group in range(source.num_row_groups):
+            table = source.read_row_group(group, columns=columns)
+            writer = writer or pq.ParquetWriter(target, table.schema)
+            writer.write_table(table)
+        if writer is None:
+            source.schema_arrow.empty_table().select(columns).to_pandas().to_parquet(target, index=False)
+    finally:
+        if writer is not None:
+            writer.close()
+    Path(path).unlink()
+    return target
 
 
 # ---- the merge -----------------------------------------------------------------------------------------

@@ -146,10 +146,11 @@ def _replica_rows(trace: pd.DataFrame, assignment: np.ndarray, replica: int) -> 
 
 
 def _simulate_replica(job: tuple) -> RunResult | None:
-    """One replica's run (a process-pool or Ray task): ``(config, part, profile, records_path)``. With a
-    records path the replica's records stay on disk (:func:`sim.replica_merge.save_replica_parts`) and the
-    result holds its summary and their paths only."""
-    config, part, profile_path, records_path = job
+    """One replica's run (a process-pool or Ray task): ``(config, part, profile, records_path[,
+    keep_iterations])``. With a records path the replica's records stay on disk
+    (:func:`sim.replica_merge.save_replica_parts`; without ``keep_iterations`` only the iteration columns the
+    merge reads) and the result holds its summary and their paths only."""
+    config, part, profile_path, records_path, *rest = job
     if isinstance(part, tuple):         # (Parquet file of the replica's rows, trace attrs): read it here
         path, attrs = part
         part = pd.read_parquet(path)
@@ -160,7 +161,8 @@ def _simulate_replica(job: tuple) -> RunResult | None:
     result = runner.run_simulation(config, part, profile_path, records_path=records_path)
     if records_path is None:
         return result
-    parts = save_replica_parts(result, str(records_path).removesuffix(".parquet"))
+    parts = save_replica_parts(result, str(records_path).removesuffix(".parquet"),
+                               keep_iterations=rest[0] if rest else True)
     return light_result(parts, result.summary, result.config)
 
 
@@ -190,7 +192,8 @@ def load_replica_results(records_dir: str, num_replicas: int) -> list[RunResult 
 
 def simulate_replicas(config: SimConfig, trace: pd.DataFrame, assignment: np.ndarray, num_replicas: int,
                       profile_path: str | None = None, executor: str = "local", workers: int | None = None,
-                      records_dir: str | None = None, ray_address: str | None = None) -> list[RunResult | None]:
+                      records_dir: str | None = None, ray_address: str | None = None,
+                      keep_iterations: bool = True) -> list[RunResult | None]:
     """Simulate each replica's share of the trace (replica r uses seed ``config.seed + r``), in parallel.
 
     Args:
@@ -199,6 +202,9 @@ def simulate_replicas(config: SimConfig, trace: pd.DataFrame, assignment: np.nda
         records_dir: stream replica r's iteration records to ``records_dir/replica-r.parquet`` and leave its
             other records beside them (:mod:`sim.replica_merge`; memory stays flat however many replicas and
             requests); default: in memory.
+        keep_iterations: with ``records_dir``, false keeps of each replica's iteration records only the two
+            columns the merged summary reads (``replica-R.columns.parquet``; a week-long replica: 1 GB of
+            records otherwise); the merged iteration table cannot be written then.
 
     Raises:
         ValueError: for an unknown executor.
@@ -207,7 +213,7 @@ def simulate_replicas(config: SimConfig, trace: pd.DataFrame, assignment: np.nda
         raise ValueError(f"--executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
     # each replica's rows are split off when its job is handed out; the generator holds the trace, which is
     # freed once every job is out (if the caller holds no other reference)
-    jobs = _jobs(config, trace, assignment, num_replicas, profile_path, records_dir)
+    jobs = _jobs(config, trace, assignment, num_replicas, profile_path, records_dir, keep_iterations)
     del trace, assignment
     if executor == "ray":
         return _on_ray(jobs, workers, ray_address, fresh=records_dir is not None)
@@ -230,7 +236,7 @@ def simulate_replicas(config: SimConfig, trace: pd.DataFrame, assignment: np.nda
 
 
 def _jobs(config: SimConfig, trace: pd.DataFrame, assignment: np.ndarray, num_replicas: int,
-          profile_path: str | None, records_dir: str | None):
+          profile_path: str | None, records_dir: str | None, keep_iterations: bool = True):
     """Each replica's job. With a records directory and a trace of plain numeric columns, a replica's rows
     travel as a Parquet file there (``replica-R.trace.parquet``, read and removed by the task), so that
     neither this process nor an object store holds every replica's rows while the replicas run."""
@@ -244,7 +250,7 @@ def _jobs(config: SimConfig, trace: pd.DataFrame, assignment: np.ndarray, num_re
             part.to_parquet(path, index=False)
             part = (path, dict(part.attrs))
         yield (replace(config, seed=config.seed + replica), part, profile_path,
-               None if records_dir is None else f"{records_dir}/replica-{replica}.parquet")
+               None if records_dir is None else f"{records_dir}/replica-{replica}.parquet", keep_iterations)
 
 
 def _on_ray(jobs, workers: int | None, address: str | None, fresh: bool = False) -> list[RunResult | None]:

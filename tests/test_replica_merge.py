@@ -171,3 +171,17 @@ def test_a_streamed_runs_summary_equals_the_in_memory_runs(tmp_path, monkeypatch
     import pyarrow.parquet as pq
     assert pq.ParquetFile(streamed.iterations_file).num_row_groups > 10
     assert streamed.summary == in_memory and in_memory["iterations_with_stall"] > 0
+
+
+def test_keeping_only_the_merged_columns_gives_the_same_summary(tmp_path):
+    """``keep_iterations=False`` (bench_week.py --summary-columns-only) keeps two columns of each replica's
+    iteration records: the same merged summary."""
+    from sim.routing import assign, merged_summary, simulate_replicas
+
+    trace = traces.scale_rate(traces.synthetic_default(0, num_requests=120), 40.0)
+    config = SimConfig(memory_util_frac=0.2, sync_mapping=True)
+    expected = run_routed(config, trace, 3, "round-robin").summary
+    results = simulate_replicas(config, trace, assign(trace, 3, "round-robin"), 3, records_dir=str(tmp_path),
+                                keep_iterations=False)
+    assert merged_summary(results, config) == expected
+    assert sorted(p.name for p in tmp_path.glob("*.parquet") if "columns" not in p.name and "requests" not in p.name) == []
