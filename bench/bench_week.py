@@ -9,9 +9,11 @@ Prints the generation, simulation and merge wall times, the CPU seconds of the w
 process, pool or Ray processes), iterations/s, the peak RSS and PSS of the whole process tree (sampled every
 second from /proc; PSS splits shared pages such as Ray's object store between the processes mapping them),
 and a hash of the merged summary and of the per-request tables (equal for any --workers / --executor).
-``--log-every S`` prints a progress line (replicas done, tree RSS) every S seconds.
+``--log-every S`` prints a progress line (replicas done, tree RSS) every S seconds. The week's records take
+about 104 GB with every iteration record kept; ``--summary-columns-only`` keeps the two columns the merge reads
+(about 11 GB).
 
-    python bench/bench_week.py --requests 27000000 --replicas 100 --executor ray --workers 2
+    python bench/bench_week.py --requests 27000000 --replicas 100 --executor ray --workers 2 --summary-columns-only
     python bench/bench_week.py --requests 2700000 --replicas 10 --executor local --workers 1   # a 10% slice
 """
 from __future__ import annotations
