@@ -58,16 +58,32 @@ def test_measure_points_on_cpu_writes_one_row_per_point():
     assert not any(r["graphed"] for r in rows)
 
 
-def test_every_h200_grid_point_maps_under_the_vattention_policy():
-    """The grid's sequence of points on the policy the H200 run uses (Llama-3.1-8B, 64K slots, 891 page
+def test_long_points_cover_long_batches_within_the_slot_and_pool():
+    pool_tokens, per_group = 891 * 1024 * 95 // 100, 1024
+    points = grid_points(131072, pool_tokens, per_group, max_batch=256, point_set="long")
+    for p in points:
+        assert sum(-(-(c + t) // per_group) for t, c in p["seqs"]) * per_group <= pool_tokens
+        assert max(c + t for t, c in p["seqs"]) <= 131072
+    decodes = {(len(p["seqs"]), p["seqs"][0][1]) for p in points if p["family"] == "decode"}
+    # 24 x 32K = 786K tokens fit the 866K-token pool, 32 x 32K do not; one decode at the slot length less one
+    assert (24, 32768) in decodes and (32, 32768) not in decodes and (1, 131071) in decodes
+    assert min(c for _, c in decodes) == 16384
+    with pytest.raises(ValueError, match="point set 'huge'"):
+        grid_points(131072, pool_tokens, per_group, point_set="huge")
+
+
+@pytest.mark.parametrize("max_context, point_set", [(65536, "base"), (131072, "long")])
+def test_every_h200_grid_point_maps_under_the_vattention_policy(max_context, point_set):
+    """The grid's sequence of points on the policy the H200 run uses (Llama-3.1-8B, 64K or 128K slots, 891 page
     groups): each point maps, reclaiming idle slots' deferred pages when a point finds them held (the first
     H200 attempt stopped at point 54: the slots best fit picked kept pages the next point needed)."""
     from sim.config import SimConfig
     from sim.memory import build_policy
 
-    config = SimConfig(model="llama-3.1-8b", sync_mapping=True, max_context_tokens=65536, allow_long_context=True)
+    config = SimConfig(model="llama-3.1-8b", sync_mapping=True, max_context_tokens=max_context, allow_long_context=True)
     policy = build_policy(config)
-    points = grid_points(65536, int(config.pool_page_groups * config.tokens_per_page * 0.95), config.tokens_per_page)
+    points = grid_points(max_context, int(config.pool_page_groups * config.tokens_per_page * 0.95),
+                         config.tokens_per_page, point_set=point_set)
     iteration, reclaims = 0, 0
 
     def map_point(seqs):

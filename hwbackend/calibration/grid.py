@@ -38,16 +38,30 @@ its batch shape (:class:`sim.compute.BatchShape` fields), whether it ran as a CU
 
 DECODE_BATCHES = (1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128, 160, 192, 256)
 DECODE_CONTEXTS = (128, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+LONG_BATCHES = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+LONG_CONTEXTS = (16384, 24576, 32768, 49152, 65536, 98304, 131072)
+POINT_SETS = ("base", "long")
+"""``base``: the first grid of issue 19 (contexts to 64K, batches beyond 8 only to 16K). ``long``: the second
+round (docs/validation/cross-workload/PLAN.md, round 2): batches of 1-64 decodes at 16K-128K contexts, spread and
+skewed long batches, prefill chunks after 64K-127K cached tokens, and chunks beside long decodes, which the
+Mooncake held-out replay met (batches of 17-64 with a longest context of 32K+) and the base grid left out."""
 
 
-def grid_points(max_context: int, pool_tokens: int, tokens_per_group: int, max_batch: int = 256) -> list[dict]:
+def grid_points(max_context: int, pool_tokens: int, tokens_per_group: int, max_batch: int = 256,
+                point_set: str = "base") -> list[dict]:
     """The grid: a list of ``{"family", "seqs": [(tokens, context), ...]}``, decodes first then chunks.
 
     Args:
         max_context: longest context measured (the slot length, L_max). pool_tokens: K/V tokens the pool holds.
         tokens_per_group: tokens per page group (a sequence occupies ``ceil((context + tokens) / it)`` groups).
         max_batch: most sequences in one point (the decode graphs' largest batch).
+        point_set: one of :data:`POINT_SETS`.
+
+    Raises:
+        ValueError: an unknown ``point_set``.
     """
+    if point_set not in POINT_SETS:
+        raise ValueError(f"point set {point_set!r}: choose one of {', '.join(POINT_SETS)}")
     def fits(seqs: list[tuple[int, int]]) -> bool:
         groups = sum(-(-(c + t) // tokens_per_group) for t, c in seqs)
         return (groups * tokens_per_group <= pool_tokens and len(seqs) <= max_batch
@@ -59,6 +73,9 @@ def grid_points(max_context: int, pool_tokens: int, tokens_per_group: int, max_b
         if seqs and fits(seqs):
             points.append({"family": family, "seqs": seqs})
 
+    if point_set == "long":
+        _long_points(add, max_context)
+        return points
     for b in DECODE_BATCHES:
         for c in DECODE_CONTEXTS:
             add("decode", [(1, c)] * b)
@@ -75,6 +92,30 @@ def grid_points(max_context: int, pool_tokens: int, tokens_per_group: int, max_b
         for t, c in ((64, 0), (512, 0), (2048 - d, 0), (512, 4096), (1024, 16384)):
             add("mixed", [(1, dc)] * d + [(t, c)])
     return points
+
+
+def _long_points(add: Any, max_context: int) -> None:
+    """The ``long`` point set (see :data:`POINT_SETS`), passed to ``add(family, seqs)``; a decode's context is
+    kept one token under the slot length (its new token must fit)."""
+    def ctx(c: int) -> int:
+        return min(c, max_context - 1)
+
+    for b in LONG_BATCHES:
+        for c in LONG_CONTEXTS:
+            add("decode", [(1, ctx(c))] * b)
+    for b in (8, 16, 24, 32, 48, 64):
+        for c_max in (32768, 65536, 98304, 131072):
+            add("decode-spread", [(1, int(c)) for c in np.linspace(1024, ctx(c_max), b).round()])
+    for b in (16, 32, 64):
+        for c_max in (65536, 131072):
+            add("decode-skew", [(1, ctx(c_max))] + [(1, 4096)] * (b - 1))
+    for t in (512, 1024, 2048):
+        for c in (65536, 98304, 126976):
+            add("prefill", [(t, min(c, max_context - t))])
+    for d, dc in ((8, 32768), (16, 32768), (32, 16384), (16, 65536)):
+        for c in (0, 32768, 98304):
+            t = 2048 - d
+            add("mixed", [(1, dc)] * d + [(t, min(c, max_context - t))])
 
 
 def shape_row(seqs: list[tuple[int, int]]) -> dict:
@@ -159,7 +200,7 @@ def _wait_completed(executor: Any, iteration: int, timeout_s: float = 10.0) -> N
 
 
 def run_grid(model_name: str, out_dir: str | Path, device: str = "cuda:0", max_context: int = 65536,
-             warmup_s: float = 10.0, command: str = "") -> Path:
+             warmup_s: float = 10.0, command: str = "", point_set: str = "base") -> Path:
     """Measure the grid on ``device`` and write ``grid.parquet`` and ``grid.json`` (model, configuration,
     GPU, torch, timings) into ``out_dir`` (created; refused if it already holds a ``grid.parquet``).
 
@@ -198,8 +239,9 @@ def run_grid(model_name: str, out_dir: str | Path, device: str = "cuda:0", max_c
         policy_config = kv.executor.policy.config
         tokens_per_group = policy_config.tokens_per_page
         pool_tokens = int(policy_config.pool_page_groups * tokens_per_group * 0.95)
-        points = grid_points(max_context, pool_tokens, tokens_per_group, config.max_batch_slots)
-        meta.update(pool_tokens=pool_tokens, tokens_per_group=tokens_per_group, points=len(points))
+        points = grid_points(max_context, pool_tokens, tokens_per_group, config.max_batch_slots, point_set)
+        meta.update(pool_tokens=pool_tokens, tokens_per_group=tokens_per_group, points=len(points),
+                    point_set=point_set)
         gc.collect()
         gc.disable()
         try:
@@ -228,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-context", type=int, default=65536, help="slot length and longest context measured")
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--warmup-s", type=float, default=10.0)
+    parser.add_argument("--points", choices=POINT_SETS, default="base",
+                        help="point set: base (the first grid) or long (16K-128K contexts, large long batches)")
     args = parser.parse_args(argv)
     try:
         import torch
@@ -238,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         out = run_grid(args.model, args.out, args.device, args.max_context, args.warmup_s,
-                       command=" ".join(["python -m hwbackend.calibration.grid", *(argv or sys.argv[1:])]))
+                       command=" ".join(["python -m hwbackend.calibration.grid", *(argv or sys.argv[1:])]),
+                       point_set=args.points)
     except FileExistsError as exc:
         print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 2

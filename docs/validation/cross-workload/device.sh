@@ -8,6 +8,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 CODE=shared/traces/azure_llm_2023/AzureLLMInferenceTrace_code.csv
 ARXIV=shared/traces/vidur_processed_traces/arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv
 MOON=shared/traces/mooncake_fast25/conversation_trace.jsonl
+CONV=shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv
 R=/tmp/runs; mkdir -p "$R/logs" "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site
@@ -41,5 +42,25 @@ case "$1" in
     replay test-arxiv-async --trace $ARXIV --arrival poisson:8 --num-requests 600
     replay test-mooncake-async --trace $MOON --model llama-3.1-8b --max-context 131072 --num-requests 100 --rate-scale 0.3
     replay test-arxiv-sync --trace $ARXIV --arrival poisson:8 --num-requests 600 --sync-mapping
+    ;;
+  4)  # round 2 (PLAN.md): the long grid (training), then held out: Mooncake first 100 sync
+    ident | tee "$OUT/machine-call4.txt"
+    ident > "$R/logs/grid-long.machine"
+    { time python3 -m hwbackend.calibration.grid --model llama-3.1-8b --max-context 131072 --points long \
+        --out "$R/grid-long"; } > "$R/logs/grid-long.log" 2>&1
+    echo "grid-long rc=$?"; tail -3 "$R/logs/grid-long.log"
+    tar czf "$OUT/grid-long.tgz" -C "$R" grid-long logs/grid-long.log logs/grid-long.machine
+    replay test-mooncake-sync --trace $MOON --model llama-3.1-8b --max-context 131072 --num-requests 100 \
+        --rate-scale 0.3 --sync-mapping
+    ;;
+  5)  # round 2, held out: arXiv sync, the conversation trace's first 1,000 at trace times (async)
+    ident | tee "$OUT/machine-call5.txt"
+    replay test-arxiv-sync --trace $ARXIV --arrival poisson:8 --num-requests 600 --sync-mapping
+    replay test-conv-async --trace $CONV --num-requests 1000
+    ;;
+  6)  # round 2, held out: a fresh Mooncake slice (requests 200-299, x0.3, async)
+    ident | tee "$OUT/machine-call6.txt"
+    replay test-mooncake-b-async --trace $MOON --model llama-3.1-8b --max-context 131072 --skip-requests 200 \
+        --num-requests 100 --rate-scale 0.3
     ;;
 esac
