@@ -39,11 +39,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "needed) and add compute_in_loop / vmm_in_loop to the profile --out")
     parser.add_argument("--grid", action="append", default=None, metavar="GRID_DIR",
                         help="with --from-run: also fit on a calibration grid (python -m hwbackend.calibration.grid; "
-                             "repeatable); each run and grid carries equal weight")
-    parser.add_argument("--form", default="A", choices=("A", "B", "C", "auto"),
+                             "repeatable); each run carries equal weight, and the grids together as much as one run")
+    parser.add_argument("--form", default="A", choices=("A", "B", "C", "D", "auto"),
                         help="with --from-run: compute-model form to fit: A (roofline attention + longest-sequence "
                              "term), B (attention by thread blocks), C (B with FlashAttention-2's split-KV decodes), "
-                             "auto (all three; the lowest weighted median training error ships) (default: A)")
+                             "D (C with the longest block's own time per key), auto (all four; the lowest weighted "
+                             "median training error ships) (default: A)")
     parser.set_defaults(func=_run)
     val = subparsers.add_parser("validate", help="error of the simulator against a hardware replay",
                                 description="Simulate the configuration and trace slice of a hardware replay "

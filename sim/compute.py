@@ -73,6 +73,7 @@ SCALAR_FIELDS: dict[str, str] = {
     "decode_overhead_us": ">= 0", "attention_bytes_factor": "> 0", "wave_us_per_token": ">= 0",
     "attention_block_us": ">= 0", "attention_key_us": ">= 0", "attention_prefill_key_us": ">= 0",
     "attention_slots": "> 0", "split_kv_slot_tokens": ">= 0", "split_kv_sms": "> 0",
+    "attention_tail_key_us": ">= 0", "attention_prefill_tail_key_us": ">= 0",
 }
 """The scalar fields of :class:`RooflineComputeModel` with their physical range (times in us and rows
 ``>= 0``, efficiencies and factors ``> 0``, ``decode_graphs`` a flag); every value must be finite."""
@@ -242,6 +243,8 @@ class RooflineComputeModel:
     attention_slots: float = 264.0
     split_kv_slot_tokens: float = 0.0
     split_kv_sms: float = 132.0
+    attention_tail_key_us: float = 0.0
+    attention_prefill_tail_key_us: float = 0.0
 
     def __post_init__(self) -> None:
         """Check every field's type and range (:func:`check_compute_field`), the two decode tables' lengths,
@@ -386,12 +389,16 @@ class RooflineComputeModel:
 
             decode-only (split-KV, q heads packed per KV head):  H' heads, s = fa2_num_splits(b H', ...)
                 A = b if s == 1 else max(b, (kv_read + b) / chunk + b / 2)    active blocks per head
-                attn = max(H' (tau0 A + kappa (kv_read + b)) / P,  tau0 + kappa min(chunk, longest))
+                attn = max(H' (tau0 A + kappa (kv_read + b)) / P,  tau0 + kappa_t min(chunk, longest))
             with a prefill chunk (one block per 128 query rows and query head, keys never split):
-                attn = max(Hq' (tau0 N + kappa_p K) / P,  tau0 + kappa_p longest)
+                attn = max(Hq' (tau0 N + kappa_p K) / P,  tau0 + kappa_pt longest)
 
         ``tau0 = attention_block_us``, ``kappa = attention_key_us``, ``kappa_p = attention_prefill_key_us`` (0:
-        ``kappa``), ``P = attention_slots``; ``N``, ``K``: :func:`attention_block_terms` summed (0 = unknown:
+        ``kappa``), ``P = attention_slots``; the longest block's own time per key (form D,
+        ``docs/validation/cross-workload/PLAN.md`` round 2: a lone block runs slower per key than the blocks'
+        throughput ``kappa / P`` suggests, e.g. 32 decodes with one at 128K take 130 ms on the H200)
+        ``kappa_t = attention_tail_key_us`` (0: ``kappa``), ``kappa_pt = attention_prefill_tail_key_us`` (0:
+        ``kappa_p``); ``N``, ``K``: :func:`attention_block_terms` summed (0 = unknown:
         one block per decode and per 128 chunk tokens, ``K = kv_read + new``). Attention is multiplied by
         ``paged_attention_factor`` and ``layout_attention_factor`` as in the roofline. Decode-only iterations add
         ``decode_overhead_us`` and the batch correction with graphs; mixed ones ``overhead_us`` and the launch
@@ -402,14 +409,15 @@ class RooflineComputeModel:
         base = self._time_us(new, 0.0, kv_read, logits, np.maximum, 0.0, attention=False)
         tau0, kappa = self.attention_block_us, self.attention_key_us
         kappa_p = self.attention_prefill_key_us or kappa
+        kappa_t, kappa_pt = self.attention_tail_key_us or kappa, self.attention_prefill_tail_key_us or kappa_p
         chunk = self._split_chunk_tokens(logits, heads_kv)
         decode_blocks = np.where(np.isfinite(chunk), np.maximum(logits, (kv_read + logits) / chunk + logits / 2), logits)
         decode_attn = np.maximum(heads_kv * (tau0 * decode_blocks + kappa * (kv_read + logits)) / self.attention_slots,
-                                 tau0 + kappa * np.minimum(chunk, longest))
+                                 tau0 + kappa_t * np.minimum(chunk, longest))
         known = blocks > 0
         n = np.where(known, blocks, logits + np.ceil(np.maximum(new - logits, 0) / ATTENTION_TILE_ROWS))
         k = np.where(known, block_keys, kv_read + new)
-        mixed_attn = np.maximum(heads_q * (tau0 * n + kappa_p * k) / self.attention_slots, tau0 + kappa_p * longest)
+        mixed_attn = np.maximum(heads_q * (tau0 * n + kappa_p * k) / self.attention_slots, tau0 + kappa_pt * longest)
         attn = (layers * np.where(mixed, mixed_attn, decode_attn)   # measured with vAttention's per-layer tensors
                 * self.paged_attention_factor * self.layout_attention_factor)
         eager = np.maximum(self.launch_floor_us, base + attn + self.overhead_us)
@@ -431,14 +439,16 @@ class RooflineComputeModel:
                 n, k = batch.attention_blocks, batch.block_keys
             else:
                 n, k = logits + math.ceil(max(new - logits, 0) / ATTENTION_TILE_ROWS), kv_read + new
-            attn = max((m.num_q_heads // tp) * (tau0 * n + kappa_p * k) / slots, tau0 + kappa_p * longest)
+            attn = max((m.num_q_heads // tp) * (tau0 * n + kappa_p * k) / slots,
+                       tau0 + (self.attention_prefill_tail_key_us or kappa_p) * longest)
         else:
             heads_kv = max(m.num_kv_heads // tp, 1)
             chunk = self._split_chunks.get(logits)
             if chunk is None:
                 chunk = float(self._split_chunk_tokens(np.array([logits]), heads_kv)[0])
             active = logits if chunk == math.inf else max(logits, (kv_read + logits) / chunk + logits / 2)
-            attn = max(heads_kv * (tau0 * active + kappa * (kv_read + logits)) / slots, tau0 + kappa * min(chunk, longest))
+            attn = max(heads_kv * (tau0 * active + kappa * (kv_read + logits)) / slots,
+                       tau0 + (self.attention_tail_key_us or kappa) * min(chunk, longest))
         attn *= m.num_layers * self.paged_attention_factor * self.layout_attention_factor
         if new > logits or not self.decode_graphs:
             return max(self.launch_floor_us, base + attn + self.overhead_us)

@@ -44,6 +44,19 @@ def test_graphed_decodes_plateau_past_the_split_chunk():
         32 * 0.02 * 16384)
 
 
+def test_form_d_tail_keys_set_the_longest_blocks_time():
+    """Form D: the longest block's time per key is its own field (decode-only and mixed); 0 keeps form C."""
+    plain = _model(attention_key_us=0.02, attention_prefill_key_us=0.03, attention_slots=1e9, split_kv_slot_tokens=8192)
+    tail = replace(plain, attention_tail_key_us=0.05, attention_prefill_tail_key_us=0.07)
+    # 32 decodes fill the GPU (no split) and the slots are unlimited: the longest block bounds attention
+    decodes = decode_batch(32, 4000)
+    assert tail.iteration_us(decodes) - plain.iteration_us(decodes) == pytest.approx(32 * (0.05 - 0.02) * 4001)
+    blocks, keys = attention_block_terms(512, 3000)
+    mixed = BatchShape(512, 512 * (3000 + 513 / 2), 3000, 1, 3512, blocks, keys)
+    assert tail.iteration_us(mixed) - plain.iteration_us(mixed) == pytest.approx(32 * (0.07 - 0.03) * 3512)
+    assert replace(tail, attention_tail_key_us=0.0, attention_prefill_tail_key_us=0.0) == plain
+
+
 def test_block_sum_term_by_hand():
     """32 decodes fill the GPU (no split): attention per layer = H' (tau0 b + kappa (kv + b)) / P."""
     tau0, kappa, slots = 3.0, 0.01, 100.0
@@ -149,6 +162,7 @@ def test_one_iteration_and_the_array_form_agree():
     rng = np.random.default_rng(3)
     model = _model(attention_key_us=0.02, attention_prefill_key_us=0.03, attention_block_us=0.5, attention_slots=90.0,
                    split_kv_slot_tokens=8192, overhead_us=5000.0, launch_floor_us=8000.0,
+                   attention_tail_key_us=0.025, attention_prefill_tail_key_us=0.045,
                    decode_batch_knots=(1.0, 64.0), decode_batch_correction_us=(-100.0, 300.0))
     shapes = []
     for _ in range(200):

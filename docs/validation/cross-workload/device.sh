@@ -63,4 +63,7 @@ case "$1" in
     replay test-mooncake-b-async --trace $MOON --model llama-3.1-8b --max-context 131072 --skip-requests 200 \
         --num-requests 100 --rate-scale 0.3
     ;;
+  7)  # round 2, the device time left after calls 4-6: held out code trace, first 1,000 at trace times, sync
+    replay test-code-sync --trace $CODE --num-requests 1000 --sync-mapping
+    ;;
 esac
