@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--grid", action="append", default=None, metavar="GRID_DIR",
                         help="with --from-run: also fit on a calibration grid (python -m hwbackend.calibration.grid; "
                              "repeatable); each run carries equal weight, and the grids together as much as one run")
-    parser.add_argument("--form", default="A", choices=("A", "B", "C", "D", "auto"),
+    parser.add_argument("--form", default="A", choices=("A", "B", "C", "D", "E", "auto"),
                         help="with --from-run: compute-model form to fit: A (roofline attention + longest-sequence "
                              "term), B (attention by thread blocks), C (B with FlashAttention-2's split-KV decodes), "
                              "D (C with the longest block's own time per key), auto (all four; the lowest weighted "

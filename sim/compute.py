@@ -73,7 +73,7 @@ SCALAR_FIELDS: dict[str, str] = {
     "decode_overhead_us": ">= 0", "attention_bytes_factor": "> 0", "wave_us_per_token": ">= 0",
     "attention_block_us": ">= 0", "attention_key_us": ">= 0", "attention_prefill_key_us": ">= 0",
     "attention_slots": "> 0", "split_kv_slot_tokens": ">= 0", "split_kv_sms": "> 0",
-    "attention_tail_key_us": ">= 0", "attention_prefill_tail_key_us": ">= 0",
+    "attention_tail_key_us": ">= 0", "attention_prefill_tail_key_us": ">= 0", "attention_tail_serial": ">= 0",
 }
 """The scalar fields of :class:`RooflineComputeModel` with their physical range (times in us and rows
 ``>= 0``, efficiencies and factors ``> 0``, ``decode_graphs`` a flag); every value must be finite."""
@@ -245,6 +245,7 @@ class RooflineComputeModel:
     split_kv_sms: float = 132.0
     attention_tail_key_us: float = 0.0
     attention_prefill_tail_key_us: float = 0.0
+    attention_tail_serial: float = 0.0
 
     def __post_init__(self) -> None:
         """Check every field's type and range (:func:`check_compute_field`), the two decode tables' lengths,
@@ -398,7 +399,8 @@ class RooflineComputeModel:
         ``docs/validation/cross-workload/PLAN.md`` round 2: a lone block runs slower per key than the blocks'
         throughput ``kappa / P`` suggests, e.g. 32 decodes with one at 128K take 130 ms on the H200)
         ``kappa_t = attention_tail_key_us`` (0: ``kappa``), ``kappa_pt = attention_prefill_tail_key_us`` (0:
-        ``kappa_p``); ``N``, ``K``: :func:`attention_block_terms` summed (0 = unknown:
+        ``kappa_p``); form E replaces each ``max(a, b)`` by ``max(a, b) + attention_tail_serial * min(a, b)``
+        (:func:`_overlap`); ``N``, ``K``: :func:`attention_block_terms` summed (0 = unknown:
         one block per decode and per 128 chunk tokens, ``K = kv_read + new``). Attention is multiplied by
         ``paged_attention_factor`` and ``layout_attention_factor`` as in the roofline. Decode-only iterations add
         ``decode_overhead_us`` and the batch correction with graphs; mixed ones ``overhead_us`` and the launch
@@ -412,12 +414,13 @@ class RooflineComputeModel:
         kappa_t, kappa_pt = self.attention_tail_key_us or kappa, self.attention_prefill_tail_key_us or kappa_p
         chunk = self._split_chunk_tokens(logits, heads_kv)
         decode_blocks = np.where(np.isfinite(chunk), np.maximum(logits, (kv_read + logits) / chunk + logits / 2), logits)
-        decode_attn = np.maximum(heads_kv * (tau0 * decode_blocks + kappa * (kv_read + logits)) / self.attention_slots,
-                                 tau0 + kappa_t * np.minimum(chunk, longest))
+        decode_attn = _overlap(heads_kv * (tau0 * decode_blocks + kappa * (kv_read + logits)) / self.attention_slots,
+                               tau0 + kappa_t * np.minimum(chunk, longest), self.attention_tail_serial, np.maximum, np.minimum)
         known = blocks > 0
         n = np.where(known, blocks, logits + np.ceil(np.maximum(new - logits, 0) / ATTENTION_TILE_ROWS))
         k = np.where(known, block_keys, kv_read + new)
-        mixed_attn = np.maximum(heads_q * (tau0 * n + kappa_p * k) / self.attention_slots, tau0 + kappa_pt * longest)
+        mixed_attn = _overlap(heads_q * (tau0 * n + kappa_p * k) / self.attention_slots, tau0 + kappa_pt * longest,
+                              self.attention_tail_serial, np.maximum, np.minimum)
         attn = (layers * np.where(mixed, mixed_attn, decode_attn)   # measured with vAttention's per-layer tensors
                 * self.paged_attention_factor * self.layout_attention_factor)
         eager = np.maximum(self.launch_floor_us, base + attn + self.overhead_us)
@@ -439,16 +442,18 @@ class RooflineComputeModel:
                 n, k = batch.attention_blocks, batch.block_keys
             else:
                 n, k = logits + math.ceil(max(new - logits, 0) / ATTENTION_TILE_ROWS), kv_read + new
-            attn = max((m.num_q_heads // tp) * (tau0 * n + kappa_p * k) / slots,
-                       tau0 + (self.attention_prefill_tail_key_us or kappa_p) * longest)
+            attn = _overlap((m.num_q_heads // tp) * (tau0 * n + kappa_p * k) / slots,
+                            tau0 + (self.attention_prefill_tail_key_us or kappa_p) * longest, self.attention_tail_serial,
+                            max, min)
         else:
             heads_kv = max(m.num_kv_heads // tp, 1)
             chunk = self._split_chunks.get(logits)
             if chunk is None:
                 chunk = float(self._split_chunk_tokens(np.array([logits]), heads_kv)[0])
             active = logits if chunk == math.inf else max(logits, (kv_read + logits) / chunk + logits / 2)
-            attn = max(heads_kv * (tau0 * active + kappa * (kv_read + logits)) / slots,
-                       tau0 + (self.attention_tail_key_us or kappa) * min(chunk, longest))
+            attn = _overlap(heads_kv * (tau0 * active + kappa * (kv_read + logits)) / slots,
+                            tau0 + (self.attention_tail_key_us or kappa) * min(chunk, longest), self.attention_tail_serial,
+                            max, min)
         attn *= m.num_layers * self.paged_attention_factor * self.layout_attention_factor
         if new > logits or not self.decode_graphs:
             return max(self.launch_floor_us, base + attn + self.overhead_us)
@@ -532,6 +537,15 @@ class RooflineComputeModel:
         if unknown:
             raise _unknown_fields(unknown)
         return replace(self, **{name: check_compute_field(name, value) for name, value in overrides.items()})
+
+
+def _overlap(throughput, tail, serial: float, maximum, minimum):
+    """Attention time of blocks whose throughput time is ``throughput`` and whose longest block alone takes
+    ``tail`` (us): ``max(throughput, tail) + serial * min(throughput, tail)``; ``serial`` 0 (forms B-D): the
+    longest block overlaps the rest; 1: it runs after them (form E fits it, PLAN.md round 2)."""
+    if not serial:
+        return maximum(throughput, tail)
+    return maximum(throughput, tail) + serial * minimum(throughput, tail)
 
 
 def fa2_num_splits(blocks: int, block_slots: int, n_blocks: int, max_splits: int = 128) -> int:

@@ -57,6 +57,17 @@ def test_form_d_tail_keys_set_the_longest_blocks_time():
     assert replace(tail, attention_tail_key_us=0.0, attention_prefill_tail_key_us=0.0) == plain
 
 
+def test_form_e_serial_tail_adds_part_of_the_shorter_term():
+    """Form E: attention = max(throughput, tail) + s * min(throughput, tail) per layer; s = 0 is form D."""
+    d = _model(attention_key_us=0.02, attention_block_us=3.0, attention_slots=100.0, split_kv_slot_tokens=8192,
+               attention_tail_key_us=0.05)
+    e = replace(d, attention_tail_serial=0.5)
+    shape = decode_batch(32, 1000)   # 32 x 8 blocks fill the GPU: no split
+    throughput = 8 * (3.0 * 32 + 0.02 * (32 * 1000 + 32)) / 100.0
+    tail = 3.0 + 0.05 * 1001
+    assert e.iteration_us(shape) - d.iteration_us(shape) == pytest.approx(32 * 0.5 * min(throughput, tail))
+
+
 def test_block_sum_term_by_hand():
     """32 decodes fill the GPU (no split): attention per layer = H' (tau0 b + kappa (kv + b)) / P."""
     tau0, kappa, slots = 3.0, 0.01, 100.0
@@ -162,7 +173,7 @@ def test_one_iteration_and_the_array_form_agree():
     rng = np.random.default_rng(3)
     model = _model(attention_key_us=0.02, attention_prefill_key_us=0.03, attention_block_us=0.5, attention_slots=90.0,
                    split_kv_slot_tokens=8192, overhead_us=5000.0, launch_floor_us=8000.0,
-                   attention_tail_key_us=0.025, attention_prefill_tail_key_us=0.045,
+                   attention_tail_key_us=0.025, attention_prefill_tail_key_us=0.045, attention_tail_serial=0.4,
                    decode_batch_knots=(1.0, 64.0), decode_batch_correction_us=(-100.0, 300.0))
     shapes = []
     for _ in range(200):

@@ -48,18 +48,18 @@ BLOCK_FIELDS = ("flops_efficiency", "bw_efficiency", "overhead_us", "launch_floo
 TAIL_FIELDS = ("attention_tail_key_us", "attention_prefill_tail_key_us")
 """Form D's fields beside :data:`BLOCK_FIELDS`: the longest block's own time per key, decode-only and mixed
 (PLAN.md, round 2)."""
-FORMS = ("A", "B", "C", "D")
+FORMS = ("A", "B", "C", "D", "E")
 _BOUNDS = {"flops_efficiency": (0.05, 1.0), "bw_efficiency": (0.05, 1.0), "attention_flops_efficiency": (0.01, 1.0),
            "overhead_us": (0.0, 50_000.0), "mixed_tile_rows": (0.0, 512.0), "launch_floor_us": (0.0, 50_000.0),
            "decode_overhead_us": (0.0, 20_000.0), "attention_bytes_factor": (0.25, 8.0), "wave_us_per_token": (0.0, 10.0),
            "attention_block_us": (0.0, 100.0), "attention_key_us": (1e-5, 1.0), "attention_prefill_key_us": (1e-5, 1.0),
            "attention_slots": (8.0, 4096.0), "attention_tail_key_us": (1e-5, 1.0),
-           "attention_prefill_tail_key_us": (1e-5, 1.0)}
+           "attention_prefill_tail_key_us": (1e-5, 1.0), "attention_tail_serial": (0.0, 1.0)}
 _SCALES = {"flops_efficiency": 0.1, "bw_efficiency": 0.1, "attention_flops_efficiency": 0.1, "overhead_us": 1000.0,
            "mixed_tile_rows": 50.0, "launch_floor_us": 1000.0, "decode_overhead_us": 500.0,
            "attention_bytes_factor": 0.5, "wave_us_per_token": 0.1,
            "attention_block_us": 2.0, "attention_key_us": 0.01, "attention_prefill_key_us": 0.01, "attention_slots": 100.0,
-           "attention_tail_key_us": 0.01, "attention_prefill_tail_key_us": 0.01}
+           "attention_tail_key_us": 0.01, "attention_prefill_tail_key_us": 0.01, "attention_tail_serial": 0.2}
 _STARTS = ({"flops_efficiency": 0.6, "bw_efficiency": 0.8, "attention_flops_efficiency": 0.5, "overhead_us": 5000.0,
             "mixed_tile_rows": 64.0, "launch_floor_us": 10_000.0, "decode_overhead_us": 2000.0,
             "attention_bytes_factor": 1.0, "wave_us_per_token": 0.0},
@@ -70,11 +70,14 @@ _STARTS = ({"flops_efficiency": 0.6, "bw_efficiency": 0.8, "attention_flops_effi
             "mixed_tile_rows": 16.0, "launch_floor_us": 5000.0, "decode_overhead_us": 500.0,
             "attention_bytes_factor": 2.0, "wave_us_per_token": 0.2})
 _BLOCK_STARTS = ({"attention_block_us": 2.0, "attention_key_us": 0.02, "attention_prefill_key_us": 0.02,
-                  "attention_slots": 264.0, "attention_tail_key_us": 0.03, "attention_prefill_tail_key_us": 0.03},
+                  "attention_slots": 264.0, "attention_tail_key_us": 0.03, "attention_prefill_tail_key_us": 0.03,
+                  "attention_tail_serial": 0.5},
                  {"attention_block_us": 10.0, "attention_key_us": 0.005, "attention_prefill_key_us": 0.05,
-                  "attention_slots": 132.0, "attention_tail_key_us": 0.01, "attention_prefill_tail_key_us": 0.05},
+                  "attention_slots": 132.0, "attention_tail_key_us": 0.01, "attention_prefill_tail_key_us": 0.05,
+                  "attention_tail_serial": 0.1},
                  {"attention_block_us": 0.5, "attention_key_us": 0.05, "attention_prefill_key_us": 0.01,
-                  "attention_slots": 528.0, "attention_tail_key_us": 0.06, "attention_prefill_tail_key_us": 0.02})
+                  "attention_slots": 528.0, "attention_tail_key_us": 0.06, "attention_prefill_tail_key_us": 0.02,
+                  "attention_tail_serial": 0.9})
 
 
 class InLoopError(ValueError):
@@ -175,9 +178,10 @@ def fit_compute(base: RooflineComputeModel, rows: pd.DataFrame, form: str = "A")
         fields = [f for f in INLOOP_FIELDS if f != "wave_us_per_token" or rows["max_context_tokens"].notna().all()]
         starts = [[start[f] for f in fields] for start in _STARTS]
     else:
-        fields = list(BLOCK_FIELDS) + (list(TAIL_FIELDS) if form == "D" else [])
+        fields = (list(BLOCK_FIELDS) + (list(TAIL_FIELDS) if form in ("D", "E") else [])
+                  + (["attention_tail_serial"] if form == "E" else []))
         starts = [[{**s, **b}[f] for f in fields] for s in _STARTS for b in _BLOCK_STARTS]
-        base = replace(base, split_kv_slot_tokens=1.0 if form in ("C", "D") else 0.0)
+        base = replace(base, split_kv_slot_tokens=1.0 if form in ("C", "D", "E") else 0.0)
     measured = rows["target_us"].to_numpy(dtype=float)
     weights = row_weights(rows)
     scale = np.sqrt(weights)
@@ -201,7 +205,7 @@ def fit_compute(base: RooflineComputeModel, rows: pd.DataFrame, form: str = "A")
         if mask.any():
             report[name] = fit_error(errors[mask])
     params = {k: round(float(v), 6) for k, v in zip(fields, best.x)}
-    if form in ("C", "D"):
+    if form in ("C", "D", "E"):
         params["split_kv_sms"] = base.split_kv_sms   # marks the split-KV form; the slot length comes from the run
     return params, report
 
@@ -337,7 +341,7 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "", g
     for name in (FORMS if form == "auto" else (form,)):
         params, errors = fit_compute(base, rows, name)
         fitted = base.with_overrides(params)
-        if name in ("C", "D"):
+        if name in ("C", "D", "E"):
             fitted = replace(fitted, split_kv_slot_tokens=1.0)   # per row: its run's slot (predict_rows)
         correction, decode_errors = fit_decode_correction(fitted, rows)
         predicted = predict_rows(fitted.with_overrides(correction) if correction else fitted, rows)
