@@ -11,7 +11,8 @@ second from /proc; PSS splits shared pages such as Ray's object store between th
 and a hash of the merged summary and of the per-request tables (equal for any --workers / --executor).
 ``--log-every S`` prints a progress line (replicas done, tree RSS) every S seconds. The week's records take
 about 104 GB with every iteration record kept; ``--summary-columns-only`` keeps the two columns the merge reads
-(about 11 GB).
+(about 11 GB). ``--records DIR --resume`` goes on after a stop: replicas complete in DIR are read back, the rest
+simulated (the week's wall time is then the sum of the runs' simulation times, each printed).
 
     python bench/bench_week.py --requests 27000000 --replicas 100 --executor ray --workers 2 --summary-columns-only
     python bench/bench_week.py --requests 2700000 --replicas 10 --executor local --workers 1   # a 10% slice
@@ -134,6 +135,9 @@ def main() -> int:
                              "(a week-long replica: about 1 GB of records otherwise)")
     parser.add_argument("--merge-only", action="store_true",
                         help="merge the replicas already simulated into --records (no simulation)")
+    parser.add_argument("--resume", action="store_true",
+                        help="with --records: read back the replicas already complete there and simulate the rest "
+                             "(a run stopped part-way goes on; same --requests, --replicas and --seed)")
     args = parser.parse_args()
     import traces
     from sim.config import SimConfig
@@ -163,12 +167,15 @@ def main() -> int:
             from sim.routing import load_replica_results
             results = load_replica_results(str(records), args.replicas)
         else:
+            if args.resume:
+                before = len(list(records.glob("replica-*.parts.json")))
+                print(f"resume: {before} of {args.replicas} replicas already complete in {records}", flush=True)
             # hand the trace over: simulate_replicas frees it once every replica's rows are split off
             held = [trace, assign(trace, args.replicas, "round-robin", config.seed)]
             del trace
             results = simulate_replicas(config, held.pop(0), held.pop(0), args.replicas, executor=args.executor,
                                         workers=args.workers, records_dir=str(records),
-                                        keep_iterations=not args.summary_columns_only)
+                                        keep_iterations=not args.summary_columns_only, resume=args.resume)
         simulated_s = time.perf_counter() - started
         print(f"simulated in {simulated_s:.1f} s", flush=True)
         started = time.perf_counter()

@@ -121,8 +121,11 @@ def save_replica_parts(result, prefix: str | Path, keep_iterations: bool = True)
         parts["iterations"] = _keep_columns(result.iterations_file, f"{prefix}.columns.parquet",
                                             ["duration_us", "sync_stall_us"])
     import json     # the parts, summary and config: a merge can be redone from the directory alone
-    Path(f"{prefix}.parts.json").write_text(json.dumps({"parts": parts, "summary": result.summary,
-                                                        "config": result.config}, allow_nan=True, default=str))
+    # written last, and whole or not at all: a run resumed after a stop (sim.routing) trusts a record that has it
+    partial = Path(f"{prefix}.parts.json.partial")
+    partial.write_text(json.dumps({"parts": parts, "summary": result.summary, "config": result.config},
+                                  allow_nan=True, default=str))
+    partial.replace(f"{prefix}.parts.json")
     return parts
 
 

@@ -150,6 +150,8 @@ def _simulate_replica(job: tuple) -> RunResult | None:
     keep_iterations])``. With a records path the replica's records stay on disk
     (:func:`sim.replica_merge.save_replica_parts`; without ``keep_iterations`` only the iteration columns the
     merge reads) and the result holds its summary and their paths only."""
+    if job is None:     # a replica already simulated into the records directory (resume)
+        return None
     config, part, profile_path, records_path, *rest = job
     if isinstance(part, tuple):         # (Parquet file of the replica's rows, trace attrs): read it here
         path, attrs = part
@@ -193,7 +195,7 @@ def load_replica_results(records_dir: str, num_replicas: int) -> list[RunResult 
 def simulate_replicas(config: SimConfig, trace: pd.DataFrame, assignment: np.ndarray, num_replicas: int,
                       profile_path: str | None = None, executor: str = "local", workers: int | None = None,
                       records_dir: str | None = None, ray_address: str | None = None,
-                      keep_iterations: bool = True) -> list[RunResult | None]:
+                      keep_iterations: bool = True, resume: bool = False) -> list[RunResult | None]:
     """Simulate each replica's share of the trace (replica r uses seed ``config.seed + r``), in parallel.
 
     Args:
@@ -205,18 +207,54 @@ def simulate_replicas(config: SimConfig, trace: pd.DataFrame, assignment: np.nda
         keep_iterations: with ``records_dir``, false keeps of each replica's iteration records only the two
             columns the merged summary reads (``replica-R.columns.parquet``; a week-long replica: 1 GB of
             records otherwise); the merged iteration table cannot be written then.
+        resume: with ``records_dir``, replicas that already left a complete record there
+            (``replica-R.parts.json``, written last) are read back instead of simulated again, so that a run
+            stopped part-way (a week over 100 replicas takes hours) goes on where it stopped.
 
     Raises:
-        ValueError: for an unknown executor.
+        ValueError: for an unknown executor, or (resume) a record that does not belong to this run: another
+            seed, or another number of requests for its replica (the message names the file).
     """
     if executor not in EXECUTORS:
         raise ValueError(f"--executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
+    done = _records_done(records_dir, config, assignment, num_replicas) if resume and records_dir else {}
     # each replica's rows are split off when its job is handed out; the generator holds the trace, which is
     # freed once every job is out (if the caller holds no other reference)
-    jobs = _jobs(config, trace, assignment, num_replicas, profile_path, records_dir, keep_iterations)
+    jobs = _jobs(config, trace, assignment, num_replicas, profile_path, records_dir, keep_iterations, set(done))
     del trace, assignment
+    results = _run_jobs(jobs, num_replicas, executor, workers, ray_address, records_dir is not None)
+    for replica, result in done.items():
+        results[replica] = result
+    return results
+
+
+def _records_done(records_dir: str, config: SimConfig, assignment: np.ndarray,
+                  num_replicas: int) -> dict[int, RunResult]:
+    """The replicas with a complete record in ``records_dir`` (see :func:`simulate_replicas`' ``resume``).
+
+    Raises:
+        ValueError: a record of another run (seed or request count), naming its file.
+    """
+    counts = np.bincount(np.asarray(assignment, dtype=np.int64), minlength=num_replicas)
+    done = {}
+    for replica, result in enumerate(load_replica_results(records_dir, num_replicas)):
+        if result is None:
+            continue
+        path = f"{records_dir}/replica-{replica}.parts.json"
+        seed = int((result.config or {}).get("seed", -1))
+        if seed != config.seed + replica or int(result.parts["requests_count"]) != counts[replica]:
+            raise ValueError(f"{path}: a record of another run (seed {seed}, {result.parts['requests_count']} "
+                             f"requests; this run: seed {config.seed + replica}, {counts[replica]} requests); "
+                             "use another --records directory")
+        done[replica] = result
+    return done
+
+
+def _run_jobs(jobs, num_replicas: int, executor: str, workers: int | None, ray_address: str | None,
+              fresh: bool) -> list[RunResult | None]:
+    """The jobs' results in replica order (a None job: None) on the chosen executor."""
     if executor == "ray":
-        return _on_ray(jobs, workers, ray_address, fresh=records_dir is not None)
+        return _on_ray(jobs, workers, ray_address, fresh=fresh)
     workers = min(workers or 1, num_replicas)
     if workers <= 1:
         return [_simulate_replica(job) for job in jobs]
@@ -224,6 +262,8 @@ def simulate_replicas(config: SimConfig, trace: pd.DataFrame, assignment: np.nda
     results, pending = [None] * num_replicas, {}
     with ProcessPoolExecutor(max_workers=workers) as pool:
         for replica, job in enumerate(jobs):       # at most two jobs queued per worker
+            if job is None:
+                continue
             while len(pending) >= 2 * workers:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
@@ -236,14 +276,18 @@ def simulate_replicas(config: SimConfig, trace: pd.DataFrame, assignment: np.nda
 
 
 def _jobs(config: SimConfig, trace: pd.DataFrame, assignment: np.ndarray, num_replicas: int,
-          profile_path: str | None, records_dir: str | None, keep_iterations: bool = True):
-    """Each replica's job. With a records directory and a trace of plain numeric columns, a replica's rows
+          profile_path: str | None, records_dir: str | None, keep_iterations: bool = True,
+          skip: set[int] = frozenset()):
+    """Each replica's job (None for a replica in ``skip``). With a records directory and a trace of plain numeric columns, a replica's rows
     travel as a Parquet file there (``replica-R.trace.parquet``, read and removed by the task), so that
     neither this process nor an object store holds every replica's rows while the replicas run."""
     to_files = records_dir is not None and all(dtype.kind in "iuf" for dtype in trace.dtypes)
     if records_dir is not None:
         Path(records_dir).mkdir(parents=True, exist_ok=True)
     for replica in range(num_replicas):
+        if replica in skip:
+            yield None
+            continue
         part = _replica_rows(trace, assignment, replica)
         if to_files and len(part):
             path = f"{records_dir}/replica-{replica}.trace.parquet"
@@ -268,9 +312,10 @@ def _on_ray(jobs, workers: int | None, address: str | None, fresh: bool = False)
         task = ray.remote(num_cpus=1, max_calls=1 if fresh else 0)(_simulate_replica)
         refs = []
         for job in jobs:            # each job's rows (or their file) go to the object store as it is submitted
-            refs.append(task.remote(job))
+            refs.append(None if job is None else task.remote(job))
             del job
-        return ray.get(refs)
+        results = ray.get([ref for ref in refs if ref is not None])[::-1]
+        return [None if ref is None else results.pop() for ref in refs]
     finally:
         if started:
             ray.shutdown()

@@ -185,3 +185,27 @@ def test_keeping_only_the_merged_columns_gives_the_same_summary(tmp_path):
                                 keep_iterations=False)
     assert merged_summary(results, config) == expected
     assert sorted(p.name for p in tmp_path.glob("*.parquet") if "columns" not in p.name and "requests" not in p.name) == []
+
+
+def test_a_stopped_run_resumes_from_its_records(tmp_path, monkeypatch):
+    """``resume``: replicas with a complete record (``parts.json``) are read back, the others simulated; the
+    merged summary equals one uninterrupted run. A record of another seed is refused, naming its file."""
+    from sim import routing
+    from sim.routing import assign, merged_summary, simulate_replicas
+
+    trace = traces.scale_rate(traces.synthetic_default(0, num_requests=90), 40.0)
+    config = SimConfig(memory_util_frac=0.2)
+    assignment = assign(trace, 3, "round-robin")
+    expected = merged_summary(simulate_replicas(config, trace, assignment, 3, records_dir=str(tmp_path / "a")), config)
+    records = tmp_path / "b"
+    simulate_replicas(config, trace, assignment, 3, records_dir=str(records))
+    (records / "replica-1.parts.json").unlink()        # replica 1 was stopped before its record was complete
+    simulated = []
+    original = routing._simulate_replica
+    monkeypatch.setattr(routing, "_simulate_replica", lambda job: simulated.append(job) or original(job))
+    results = simulate_replicas(config, trace, assignment, 3, records_dir=str(records), resume=True)
+    assert [job is None for job in simulated] == [True, False, True]
+    assert merged_summary(results, config) == expected
+    with pytest.raises(ValueError, match=r"replica-0\.parts\.json: a record of another run \(seed 0"):
+        simulate_replicas(SimConfig(memory_util_frac=0.2, seed=5), trace, assignment, 3, records_dir=str(records),
+                          resume=True)
