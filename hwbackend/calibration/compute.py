@@ -27,7 +27,7 @@ import numpy as np
 from hwbackend.calibration.compute_tiled import fit_tiled
 from hwbackend.calibration.fitting import best_fit, fit_error
 from hwbackend.replay.model import BatchInputs, SeqWork
-from sim.compute import BatchShape, RooflineComputeModel
+from sim.compute import BatchShape, RooflineComputeModel, attention_block_terms
 
 FIT_FIELDS = ("flops_efficiency", "bw_efficiency", "attention_flops_efficiency", "overhead_us")
 FIT_BOUNDS = ((0.05, 0.05, 0.01, 0.0), (1.0, 1.0, 1.0, 50_000.0))
@@ -53,11 +53,14 @@ class GridPoint:
 
 
 def batch_shape(work: list[SeqWork]) -> BatchShape:
-    """BatchShape of a list of sequences (pairs: ``t * (context + (t + 1) / 2)``, as ``sim.engine._shape``)."""
+    """BatchShape of a list of sequences (pairs: ``t * (context + (t + 1) / 2)``, as ``sim.engine._shape``),
+    with FlashAttention-2's thread blocks and the keys they read (:func:`sim.compute.attention_block_terms`)."""
+    blocks = [attention_block_terms(w.tokens, w.computed) for w in work]
     return BatchShape(new_tokens=sum(w.tokens for w in work),
                       attention_pairs=sum(w.tokens * (w.computed + (w.tokens + 1) / 2) for w in work),
                       kv_read_tokens=sum(w.computed for w in work), logit_sequences=sum(w.emits for w in work),
-                      max_context_tokens=max((w.computed + w.tokens for w in work), default=0))
+                      max_context_tokens=max((w.computed + w.tokens for w in work), default=0),
+                      attention_blocks=sum(n for n, _ in blocks), block_keys=float(sum(k for _, k in blocks)))
 
 
 def default_grid() -> list[GridPoint]:

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sim.compute import attention_block_terms
 
 GRID_COLUMNS = ("family", "point", "decodes", "chunk_tokens", "chunk_context", "new_tokens", "attention_pairs",
                 "kv_read_tokens", "logit_sequences", "max_context_tokens", "attention_blocks", "block_keys",
@@ -121,11 +121,10 @@ def _long_points(add: Any, max_context: int) -> None:
 def shape_row(seqs: list[tuple[int, int]]) -> dict:
     """:class:`sim.compute.BatchShape` fields of a point (``seqs``: ``(new tokens, cached)`` per sequence; each
     sequence's chunk emits a token, as a decode or a prompt's last chunk does)."""
-    blocks = [attention_block_terms(t, c) for t, c in seqs]
-    return {"new_tokens": sum(t for t, _ in seqs), "attention_pairs": float(sum(t * (c + (t + 1) / 2) for t, c in seqs)),
-            "kv_read_tokens": sum(c for _, c in seqs), "logit_sequences": len(seqs),
-            "max_context_tokens": max(t + c for t, c in seqs), "attention_blocks": sum(b for b, _ in blocks),
-            "block_keys": float(sum(k for _, k in blocks))}
+    from hwbackend.calibration.compute import batch_shape
+    from hwbackend.replay.model import SeqWork
+
+    return asdict(batch_shape([SeqWork(-1, c, t, True) for t, c in seqs]))
 
 
 def measure_points(model: Any, kv: Any, points: list[dict], warmup: int = 2, repeats: int = 7,
