@@ -73,7 +73,7 @@ SCALAR_FIELDS: dict[str, str] = {
     "decode_overhead_us": ">= 0", "attention_bytes_factor": "> 0", "wave_us_per_token": ">= 0",
     "attention_block_us": ">= 0", "attention_key_us": ">= 0", "attention_prefill_key_us": ">= 0",
     "attention_slots": "> 0", "split_kv_slot_tokens": ">= 0", "split_kv_sms": "> 0",
-    "attention_tail_key_us": ">= 0", "attention_prefill_tail_key_us": ">= 0", "attention_tail_serial": ">= 0",
+    "attention_tail_key_us": ">= 0", "attention_prefill_tail_key_us": ">= 0", "attention_tail_serial": "0 to 1",
 }
 """The scalar fields of :class:`RooflineComputeModel` with their physical range (times in us and rows
 ``>= 0``, efficiencies and factors ``> 0``, ``decode_graphs`` a flag); every value must be finite."""
@@ -159,7 +159,7 @@ def check_compute_field(name: str, value) -> float | tuple[float, ...]:
             raise ComputeFieldError(name, f"must be 0 or 1 (decodes as CUDA graphs), got {show_value(value)}")
         return number
     number = finite_number(value)
-    bad = number is None or (number <= 0 if rule == "> 0" else number < 0)
+    bad = number is None or (number <= 0 if rule == "> 0" else number < 0 or (rule == "0 to 1" and number > 1))
     if bad:
         unit = " (us)" if name.endswith("_us") else " (us per token)" if name == "wave_us_per_token" else ""
         raise ComputeFieldError(name, f"must be a finite number {rule}{unit}, got {show_value(value)}")

@@ -66,6 +66,9 @@ def test_form_e_serial_tail_adds_part_of_the_shorter_term():
     throughput = 8 * (3.0 * 32 + 0.02 * (32 * 1000 + 32)) / 100.0
     tail = 3.0 + 0.05 * 1001
     assert e.iteration_us(shape) - d.iteration_us(shape) == pytest.approx(32 * 0.5 * min(throughput, tail))
+    from sim.compute import ComputeFieldError
+    with pytest.raises(ComputeFieldError, match="attention_tail_serial must be a finite number 0 to 1, got 1.5"):
+        d.with_overrides({"attention_tail_serial": 1.5})
 
 
 def test_block_sum_term_by_hand():
