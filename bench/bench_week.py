@@ -205,4 +205,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except ValueError as exc:   # a records directory of another run, an unreadable record: one line, exit 2
+        print(f"bench_week.py: {exc}", file=sys.stderr)
+        sys.exit(2)

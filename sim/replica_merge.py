@@ -68,18 +68,19 @@ def merged_tbt_mean(sums: list[float], tokens: int) -> float:
     return math.fsum(sums) / tokens if tokens else float("nan")
 
 
-def save_replica_parts(result, prefix: str | Path, keep_iterations: bool = True) -> dict:
+def save_replica_parts(result, prefix: str | Path, keep_iterations: bool = True, trace_digest: str | None = None) -> dict:
     """Write a replica's parts next to its streamed iteration file (module docstring) and return their paths
     and figures. ``result``: the replica's :class:`analysis.results.RunResult` with ``iterations_file`` and
     ``tbt_samples``; ``keep_iterations`` false: the iteration file is replaced by ``PREFIX.columns.parquet``
-    holding only the columns the merge reads (``duration_us``, ``sync_stall_us``)."""
+    holding only the columns the merge reads (``duration_us``, ``sync_stall_us``); ``trace_digest``
+    (:func:`sim.routing.trace_digest` of the replica's rows) is kept so that a resumed run can tell its own records."""
     from analysis.results import iteration_counts_of_file
 
     prefix = str(prefix)
     parts = {"requests": f"{prefix}.requests.parquet", "iterations": str(result.iterations_file),
              "duration_values": f"{prefix}.duration-values.npy", "duration_cum": f"{prefix}.duration-cum.npy",
              "tbt_gaps": f"{prefix}.tbt-gaps.npy",
-             "tbt_cum": f"{prefix}.tbt-cum.npy", "requests_count": len(result.requests)}
+             "tbt_cum": f"{prefix}.tbt-cum.npy", "requests_count": len(result.requests), "trace_digest": trace_digest}
     requests = result.requests
     if not requests["request_id"].is_monotonic_increasing:      # the merged table is read in request-id order
         requests = requests.sort_values("request_id", kind="stable", ignore_index=True)

@@ -153,6 +153,7 @@ def _simulate_replica(job: tuple) -> RunResult | None:
     if job is None:     # a replica already simulated into the records directory (resume)
         return None
     config, part, profile_path, records_path, *rest = job
+    digest = rest[1] if len(rest) > 1 else None
     if isinstance(part, tuple):         # (Parquet file of the replica's rows, trace attrs): read it here
         path, attrs = part
         part = pd.read_parquet(path)
@@ -164,7 +165,7 @@ def _simulate_replica(job: tuple) -> RunResult | None:
     if records_path is None:
         return result
     parts = save_replica_parts(result, str(records_path).removesuffix(".parquet"),
-                               keep_iterations=rest[0] if rest else True)
+                               keep_iterations=rest[0] if rest else True, trace_digest=digest)
     return light_result(parts, result.summary, result.config)
 
 
@@ -177,7 +178,11 @@ def light_result(parts: dict, summary: dict, config: dict) -> RunResult:
 
 def load_replica_results(records_dir: str, num_replicas: int) -> list[RunResult | None]:
     """The replicas' light results from a records directory (``replica-R.parts.json``; None for a replica
-    without one, which received no request): a merge redone without simulating again."""
+    without one, which received no request): a merge redone without simulating again.
+
+    Raises:
+        ValueError: a record that is not valid JSON or lacks its parts, summary or config (names the file).
+    """
     import json
     from pathlib import Path
 
@@ -187,8 +192,12 @@ def load_replica_results(records_dir: str, num_replicas: int) -> list[RunResult 
         if not path.exists():
             results.append(None)
             continue
-        saved = json.loads(path.read_text())
-        results.append(light_result(saved["parts"], saved["summary"], saved["config"]))
+        try:
+            saved = json.loads(path.read_text())
+            results.append(light_result(saved["parts"], saved["summary"], saved["config"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: not a complete replica record ({type(exc).__name__}: {exc}); delete it to "
+                             "simulate that replica again") from None
     return results
 
 
@@ -208,16 +217,16 @@ def simulate_replicas(config: SimConfig, trace: pd.DataFrame, assignment: np.nda
             columns the merged summary reads (``replica-R.columns.parquet``; a week-long replica: 1 GB of
             records otherwise); the merged iteration table cannot be written then.
         resume: with ``records_dir``, replicas that already left a complete record there
-            (``replica-R.parts.json``, written last) are read back instead of simulated again, so that a run
-            stopped part-way (a week over 100 replicas takes hours) goes on where it stopped.
+            (``replica-R.parts.json``, written last, with the same seed and trace rows) are read back instead of
+            simulated again, so that a run stopped part-way (a week over 100 replicas takes hours) goes on.
 
     Raises:
         ValueError: for an unknown executor, or (resume) a record that does not belong to this run: another
-            seed, or another number of requests for its replica (the message names the file).
+            seed, or other trace rows for its replica (the message names the file).
     """
     if executor not in EXECUTORS:
         raise ValueError(f"--executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
-    done = _records_done(records_dir, config, assignment, num_replicas) if resume and records_dir else {}
+    done = _records_done(records_dir, config, trace, assignment, num_replicas) if resume and records_dir else {}
     # each replica's rows are split off when its job is handed out; the generator holds the trace, which is
     # freed once every job is out (if the caller holds no other reference)
     jobs = _jobs(config, trace, assignment, num_replicas, profile_path, records_dir, keep_iterations, set(done))
@@ -228,26 +237,34 @@ def simulate_replicas(config: SimConfig, trace: pd.DataFrame, assignment: np.nda
     return results
 
 
-def _records_done(records_dir: str, config: SimConfig, assignment: np.ndarray,
+def _records_done(records_dir: str, config: SimConfig, trace: pd.DataFrame, assignment: np.ndarray,
                   num_replicas: int) -> dict[int, RunResult]:
     """The replicas with a complete record in ``records_dir`` (see :func:`simulate_replicas`' ``resume``).
 
     Raises:
-        ValueError: a record of another run (seed or request count), naming its file.
+        ValueError: a record of another run (seed, or trace rows by :func:`trace_digest`), naming its file.
     """
-    counts = np.bincount(np.asarray(assignment, dtype=np.int64), minlength=num_replicas)
     done = {}
     for replica, result in enumerate(load_replica_results(records_dir, num_replicas)):
         if result is None:
             continue
         path = f"{records_dir}/replica-{replica}.parts.json"
         seed = int((result.config or {}).get("seed", -1))
-        if seed != config.seed + replica or int(result.parts["requests_count"]) != counts[replica]:
-            raise ValueError(f"{path}: a record of another run (seed {seed}, {result.parts['requests_count']} "
-                             f"requests; this run: seed {config.seed + replica}, {counts[replica]} requests); "
-                             "use another --records directory")
+        recorded = result.parts.get("trace_digest")
+        expected = trace_digest(_replica_rows(trace, assignment, replica))
+        if seed != config.seed + replica or recorded != expected:
+            raise ValueError(f"{path}: a record of another run (seed {seed}, trace rows {recorded}; this run: seed "
+                             f"{config.seed + replica}, trace rows {expected}); use another --records directory")
         done[replica] = result
     return done
+
+
+def trace_digest(rows: pd.DataFrame) -> str:
+    """A digest of a replica's trace rows (values and column names, not the index): 16 hex digits."""
+    import hashlib
+
+    hashed = pd.util.hash_pandas_object(rows, index=False).to_numpy()
+    return hashlib.sha1(hashed.tobytes() + ",".join(map(str, rows.columns)).encode()).hexdigest()[:16]
 
 
 def _run_jobs(jobs, num_replicas: int, executor: str, workers: int | None, ray_address: str | None,
@@ -289,12 +306,13 @@ def _jobs(config: SimConfig, trace: pd.DataFrame, assignment: np.ndarray, num_re
             yield None
             continue
         part = _replica_rows(trace, assignment, replica)
+        digest = trace_digest(part) if records_dir is not None else None
         if to_files and len(part):
             path = f"{records_dir}/replica-{replica}.trace.parquet"
             part.to_parquet(path, index=False)
             part = (path, dict(part.attrs))
         yield (replace(config, seed=config.seed + replica), part, profile_path,
-               None if records_dir is None else f"{records_dir}/replica-{replica}.parquet", keep_iterations)
+               None if records_dir is None else f"{records_dir}/replica-{replica}.parquet", keep_iterations, digest)
 
 
 def _on_ray(jobs, workers: int | None, address: str | None, fresh: bool = False) -> list[RunResult | None]:

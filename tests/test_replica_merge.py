@@ -209,3 +209,9 @@ def test_a_stopped_run_resumes_from_its_records(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"replica-0\.parts\.json: a record of another run \(seed 0"):
         simulate_replicas(SimConfig(memory_util_frac=0.2, seed=5), trace, assignment, 3, records_dir=str(records),
                           resume=True)
+    other = trace.assign(prompt_tokens=trace["prompt_tokens"] + 1)    # same seed and counts, other rows
+    with pytest.raises(ValueError, match=r"replica-0\.parts\.json: a record of another run \(seed 0, trace rows"):
+        simulate_replicas(config, other, assignment, 3, records_dir=str(records), resume=True)
+    (records / "replica-2.parts.json").write_text('{"parts": ')     # cut short: refused, naming the file
+    with pytest.raises(ValueError, match=r"replica-2\.parts\.json: not a complete replica record"):
+        simulate_replicas(config, trace, assignment, 3, records_dir=str(records), resume=True)
