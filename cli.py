@@ -46,7 +46,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"kvsim: warning: {note}", file=sys.stderr)
     _note_long_context(base)
-    print_config_notes(base)
+    print_config_notes(base, args.profile)
     started = time.perf_counter()
     runs = run_policies(base, args.policy, trace, args.profile, workers=args.workers, keep_tables=args.save_runs)
     table = comparison_table({label: run.summary for label, run in runs.items()})
@@ -62,10 +62,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_config_notes(config) -> None:
+def print_config_notes(config, profile_path: str | None = None) -> None:
     """Print the configuration's notes (:attr:`sim.config.SimConfig.notes`: a borrowed VMM profile, sliding
-    windows) as ``kvsim: note:`` lines on stderr."""
-    for note in config.notes:
+    windows; a profile whose compute fits were measured on another GPU) as ``kvsim: note:`` lines on stderr."""
+    from sim.runner import compute_gpu_note
+
+    for note in config.notes + compute_gpu_note(config, profile_path):
         print(f"kvsim: note: {note}", file=sys.stderr)
 
 
@@ -93,7 +95,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"kvsim: warning: {note}", file=sys.stderr)
     _note_long_context(config)
-    print_config_notes(config)
+    print_config_notes(config, args.profile)
     if config.needs_modified_driver:
         from sim.units import format_bytes
         print(f"kvsim: note: page size {format_bytes(config.page_size_bytes)} is below the 2 MiB VMM granularity: "

@@ -43,8 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--form", default="A", choices=("A", "B", "C", "D", "E", "auto"),
                         help="with --from-run: compute-model form to fit: A (roofline attention + longest-sequence "
                              "term), B (attention by thread blocks), C (B with FlashAttention-2's split-KV decodes), "
-                             "D (C with the longest block's own time per key), auto (all four; the lowest weighted "
-                             "median training error ships) (default: A)")
+                             "D (C with the longest block's own time per key), E (D with that block partly after "
+                             "the others), auto (all five; the lowest weighted median training error ships) "
+                             "(default: A)")
     parser.set_defaults(func=_run)
     val = subparsers.add_parser("validate", help="error of the simulator against a hardware replay",
                                 description="Simulate the configuration and trace slice of a hardware replay "

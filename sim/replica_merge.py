@@ -68,6 +68,43 @@ def merged_tbt_mean(sums: list[float], tokens: int) -> float:
     return math.fsum(sums) / tokens if tokens else float("nan")
 
 
+RECORD_FILE_KEYS = ("requests", "iterations", "duration_values", "duration_cum", "tbt_gaps", "tbt_cum")
+"""The entries of a replica's parts that are files (written into ``parts.json`` relative to its directory)."""
+
+
+def check_replica_parts(parts: dict, directory: str | Path, label: str) -> dict:
+    """A replica's parts as read from ``parts.json`` with its files resolved against ``directory`` (absolute
+    paths, from records written before names were relative, are kept) and checked readable: every figure the
+    merge needs present, the Parquet files' footers and the ``.npy`` headers read.
+
+    Raises:
+        ValueError: a missing entry or file, or an unreadable one; the message names ``label`` and the file.
+    """
+    import pyarrow.parquet as pq
+
+    required = RECORD_FILE_KEYS + ("requests_count", "counts", "durations_finite", "stall_positive", "tbt")
+    missing = [key for key in required if key not in parts]
+    if missing:
+        raise ValueError(f"{label}: not a complete replica record (no {', '.join(missing)}); delete it to simulate "
+                         "that replica again")
+    resolved = dict(parts)
+    for key in RECORD_FILE_KEYS:
+        if key.startswith("tbt_") and not parts["tbt"]:
+            continue
+        path = Path(parts[key])
+        path = path if path.is_absolute() else Path(directory) / path
+        resolved[key] = str(path)
+        try:
+            if path.suffix == ".npy":
+                np.load(path, mmap_mode="r")
+            else:
+                pq.read_metadata(path)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{label}: its file {path} cannot be read ({type(exc).__name__}: {exc}); delete "
+                             f"{label} to simulate that replica again") from None
+    return resolved
+
+
 def save_replica_parts(result, prefix: str | Path, keep_iterations: bool = True, trace_digest: str | None = None) -> dict:
     """Write a replica's parts next to its streamed iteration file (module docstring) and return their paths
     and figures. ``result``: the replica's :class:`analysis.results.RunResult` with ``iterations_file`` and
@@ -124,7 +161,9 @@ def save_replica_parts(result, prefix: str | Path, keep_iterations: bool = True,
     import json     # the parts, summary and config: a merge can be redone from the directory alone
     # written last, and whole or not at all: a run resumed after a stop (sim.routing) trusts a record that has it
     partial = Path(f"{prefix}.parts.json.partial")
-    partial.write_text(json.dumps({"parts": parts, "summary": result.summary, "config": result.config},
+    # file names relative to the records directory: the directory can be moved or copied and resumed
+    saved = {key: (Path(value).name if key in RECORD_FILE_KEYS else value) for key, value in parts.items()}
+    partial.write_text(json.dumps({"parts": saved, "summary": result.summary, "config": result.config},
                                   allow_nan=True, default=str))
     partial.replace(f"{prefix}.parts.json")
     return parts

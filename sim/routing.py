@@ -33,8 +33,8 @@ from analysis.results import (SUMMARY_ITERATION_COLUMNS, RunResult, build_result
 from sim.config import SimConfig
 from sim.engine import ARRIVAL_TICK_US, ARRIVAL_TICKS_PER_S, Simulator
 from sim.records import tbt_stats_us
-from sim.replica_merge import (merge_replica_parts, merged_counts as _merged_counts, merged_tbt_mean,
-                               save_replica_parts, tbt_token_sum)
+from sim.replica_merge import (check_replica_parts, merge_replica_parts, merged_counts as _merged_counts,
+                               merged_tbt_mean, save_replica_parts, tbt_token_sum)
 
 from sim.routers import EXECUTORS, ROUTERS, STATE_FREE_ROUTERS  # noqa: E402  (names shared with the CLI)
 # summary keys that add up over replicas (the rest is recomputed from the merged records)
@@ -181,7 +181,8 @@ def load_replica_results(records_dir: str, num_replicas: int) -> list[RunResult 
     without one, which received no request): a merge redone without simulating again.
 
     Raises:
-        ValueError: a record that is not valid JSON or lacks its parts, summary or config (names the file).
+        ValueError: a record that is not valid JSON, lacks its parts, summary or config, or whose files are
+            missing or unreadable (:func:`sim.replica_merge.check_replica_parts`; names the file).
     """
     import json
     from pathlib import Path
@@ -194,10 +195,14 @@ def load_replica_results(records_dir: str, num_replicas: int) -> list[RunResult 
             continue
         try:
             saved = json.loads(path.read_text())
-            results.append(light_result(saved["parts"], saved["summary"], saved["config"]))
+            parts, summary, config = saved["parts"], saved["summary"], saved["config"]
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}: not a complete replica record ({type(exc).__name__}: {exc}); delete it to "
                              "simulate that replica again") from None
+        if not isinstance(parts, dict):
+            raise ValueError(f"{path}: not a complete replica record (parts is not an object); delete it to "
+                             "simulate that replica again")
+        results.append(light_result(check_replica_parts(parts, records_dir, str(path)), summary, config))
     return results
 
 

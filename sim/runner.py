@@ -67,17 +67,55 @@ COMPUTE_SECTIONS = {"in-loop": "compute_in_loop.params", "tiled": "compute.tiled
 """Where in a profile each resolved compute model's fields are (for messages)."""
 
 
+def _gpu_token(name: str) -> str:
+    """``NVIDIA H200`` / ``H200 141GB`` -> ``h200``; ``NVIDIA A100-SXM4-80GB`` / ``A100-SXM 80GB`` -> ``a100``."""
+    words = name.lower().replace("nvidia", " ").split()
+    return words[0].split("-")[0] if words else ""
+
+
+def profile_compute_gpu(profile: dict) -> str | None:
+    """The GPU a profile's compute sections were measured on (``compute.gpu_name``, else
+    ``environment.gpu_name``), or None when the profile does not say."""
+    name = (profile.get("compute") or {}).get("gpu_name") or (profile.get("environment") or {}).get("gpu_name")
+    return str(name) if name else None
+
+
+def measured_on_other_gpu(profile: dict, config: SimConfig | None) -> str | None:
+    """The GPU name when ``profile``'s compute sections were measured on another GPU than ``config``'s, else None."""
+    measured = profile_compute_gpu(profile)
+    if config is None or not measured or _gpu_token(measured) == _gpu_token(config.gpu_spec.full_name):
+        return None
+    return measured
+
+
+def compute_gpu_note(config: SimConfig, profile_path: str | None) -> list[str]:
+    """A note (list of one line, or empty) when ``profile_path``'s compute fits were measured on another GPU than
+    ``config``'s and so are not used (an unreadable profile gives none: it is refused elsewhere)."""
+    if not profile_path:
+        return []
+    try:
+        other = measured_on_other_gpu(read_profile(profile_path), config)
+    except Exception:  # noqa: BLE001 - the profile's own errors are reported by its loader
+        return []
+    return [f"{profile_path}'s compute fits were measured on {other}: {config.gpu} uses the built-in roofline "
+            "(config.json compute_model)"] if other else []
+
+
 def resolve_compute_model(profile: dict, compute_model: str, config: SimConfig | None = None) -> str:
     """The compute model ``compute_model`` stands for with this profile (``auto`` resolved; ``roofline`` when
     the profile has no fitted section, meaning the built-in defaults). ``profile`` as :func:`read_profile`
     returns it (its fields checked).
 
+    A profile whose compute sections were measured on another GPU (:func:`measured_on_other_gpu`) gives its
+    tiled and roofline fits to no other GPU: ``auto`` resolves to the built-in roofline.
+
     Raises:
         ValueError: ``in-loop`` or ``tiled`` asked for and absent (or, for ``in-loop``, fitted for another
-            model or tensor-parallel degree).
+            model, GPU or tensor-parallel degree; for ``tiled``, measured on another GPU).
     """
     if compute_model not in COMPUTE_MODELS:
         raise ValueError(f"compute model {compute_model!r}: choose one of {', '.join(COMPUTE_MODELS)}")
+    other_gpu = measured_on_other_gpu(profile, config)
     in_loop = profile.get("compute_in_loop") or {}
     fitted_for = (in_loop.get("model"), in_loop.get("gpu", config.gpu if config else None), int(in_loop.get("tp", 1)))
     models = in_loop.get("models") or [fitted_for[0]]   # a fit over runs of one decoder shape lists their models
@@ -87,6 +125,10 @@ def resolve_compute_model(profile: dict, compute_model: str, config: SimConfig |
                              f"{fitted_for[2]}, not {config.model} on {config.gpu} at tp {config.tp}")
         in_loop = {}
     tiled = ((profile.get("compute") or {}).get("tiled_roofline") or {}).get("params")
+    if other_gpu and compute_model == "tiled":
+        raise ValueError(f"the profile's compute.tiled_roofline was measured on {other_gpu}, not on {config.gpu}")
+    if other_gpu:
+        tiled = None
     if compute_model == "in-loop" and not in_loop.get("params"):
         raise ValueError("the profile has no compute_in_loop (kvsim calibrate --from-run RUN_DIR)")
     if compute_model == "tiled" and not tiled:
@@ -110,6 +152,8 @@ def compute_overrides(profile: dict, compute_model: str = "auto", config: SimCon
         fields = dict(profile["compute"]["tiled_roofline"]["params"])
         fields["mixed_tile_rows"] = fields.pop("tile_rows", 0.0)
         return fields
+    if measured_on_other_gpu(profile, config):
+        return {}
     return dict((profile.get("compute") or {}).get("roofline") or {})
 
 
@@ -150,9 +194,12 @@ def run_simulation(config: SimConfig, trace: pd.DataFrame, profile_path: str | N
     streams the per-iteration records into that Parquet file as the run goes (memory stays flat)."""
     config = profile_config_overrides(config, profile_path)
     if profile_path:
-        chosen = resolve_compute_model(read_profile(profile_path), compute_model, config)
+        profile = read_profile(profile_path)
+        chosen = resolve_compute_model(profile, compute_model, config)
         section = {"in-loop": "compute_in_loop", "tiled": "compute.tiled_roofline", "roofline": "compute.roofline"}
-        resolved = f"{chosen} ({section[chosen]} of {profile_path})"
+        other_gpu = measured_on_other_gpu(profile, config)
+        resolved = (f"roofline (built-in defaults: {profile_path}'s compute fits were measured on {other_gpu})"
+                    if other_gpu and chosen == "roofline" else f"{chosen} ({section[chosen]} of {profile_path})")
     else:
         chosen, resolved = compute_model, "roofline (built-in defaults)"
     vmm, compute = load_models(config, profile_path, chosen)

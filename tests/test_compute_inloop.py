@@ -219,7 +219,7 @@ def test_in_loop_fit_is_used_only_for_its_model():
     assert resolve_compute_model(profile, "auto", CONFIG) == "in-loop"
     other = SimConfig(model="llama-2-7b")
     assert resolve_compute_model(profile, "auto", other) == "tiled"
-    assert resolve_compute_model(profile, "auto", SimConfig(gpu="a100")) == "tiled"  # fitted on the H200
+    assert resolve_compute_model(profile, "auto", SimConfig(gpu="a100")) == "roofline"  # both fits measured on the H200
     with pytest.raises(ValueError, match="must be a list"):
         BASE.with_overrides({"decode_batch_knots": 3.0, "decode_batch_correction_us": [1.0]})
     with pytest.raises(ValueError, match="fitted for llama-3-8b"):

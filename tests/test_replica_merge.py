@@ -215,3 +215,27 @@ def test_a_stopped_run_resumes_from_its_records(tmp_path, monkeypatch):
     (records / "replica-2.parts.json").write_text('{"parts": ')     # cut short: refused, naming the file
     with pytest.raises(ValueError, match=r"replica-2\.parts\.json: not a complete replica record"):
         simulate_replicas(config, trace, assignment, 3, records_dir=str(records), resume=True)
+
+
+def test_a_records_directory_moves_and_damaged_records_are_named(tmp_path):
+    """Records name their files relative to their directory (a moved directory resumes); a missing or cut file
+    is refused with the record and file named."""
+    import shutil
+
+    from sim.routing import assign, merged_summary, simulate_replicas
+
+    trace = traces.scale_rate(traces.synthetic_default(0, num_requests=60), 40.0)
+    config = SimConfig(memory_util_frac=0.2)
+    assignment = assign(trace, 2, "round-robin")
+    first = tmp_path / "first"
+    expected = merged_summary(simulate_replicas(config, trace, assignment, 2, records_dir=str(first)), config)
+    moved = tmp_path / "moved"
+    shutil.move(first, moved)
+    results = simulate_replicas(config, trace, assignment, 2, records_dir=str(moved), resume=True)
+    assert merged_summary(results, config) == expected
+    (moved / "replica-1.duration-values.npy").write_bytes(b"\x93NUMPY")          # cut short
+    with pytest.raises(ValueError, match=r"replica-1\.parts\.json: its file .*replica-1\.duration-values\.npy cannot"):
+        simulate_replicas(config, trace, assignment, 2, records_dir=str(moved), resume=True)
+    (moved / "replica-0.requests.parquet").unlink()
+    with pytest.raises(ValueError, match=r"replica-0\.parts\.json: its file .*replica-0\.requests\.parquet cannot"):
+        simulate_replicas(config, trace, assignment, 2, records_dir=str(moved), resume=True)

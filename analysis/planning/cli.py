@@ -127,7 +127,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                          "offline workload has not; use kvsim simulate for its throughput")
     check_servable(config, trace, args.allow_rejected)        # refuse before printing anything else
     started = time.perf_counter()
-    for note in config.notes:         # a borrowed VMM profile, sliding windows (sim.config.SimConfig.notes)
+    from sim.runner import compute_gpu_note
+    # a borrowed VMM profile, sliding windows (sim.config.SimConfig.notes), compute fits of another GPU
+    for note in config.notes + compute_gpu_note(config, getattr(args, "profile", None)):
         print(f"kvsim: note: {note}", file=sys.stderr)
     print(f"capacity search: {config.model} on {config.gpu} (tp={config.tp}{f', pp={config.pp}' if config.pp > 1 else ''}), {config.label}, "
           f"{len(trace):,} requests of {trace.attrs.get('source', 'trace')}")

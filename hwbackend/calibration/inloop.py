@@ -226,7 +226,7 @@ def load_grid_rows(grid_dir: str | Path) -> pd.DataFrame:
     rows: target = the point's median time, no mapping, ``decode_only`` where the point ran as a CUDA graph.
 
     Raises:
-        InLoopError: no ``grid.parquet`` or missing columns.
+        InLoopError: no ``grid.parquet``, missing columns, or no ``grid.json`` with the grid's slot length.
     """
     path = Path(grid_dir) / "grid.parquet"
     if not path.is_file():
@@ -235,10 +235,13 @@ def load_grid_rows(grid_dir: str | Path) -> pd.DataFrame:
     missing = [c for c in SHAPE_FIELDS + ("measured_us", "graphed") if c not in grid.columns]
     if missing:
         raise InLoopError(f"{path}: missing column(s) {missing}")
-    try:
-        slot = float(json.loads((Path(grid_dir) / "grid.json").read_text()).get("max_context_tokens", 0))
-    except (OSError, ValueError, AttributeError):
-        slot = 0.0
+    try:   # the slot length sets FlashAttention-2's key splits of the grid's graphed decodes (forms C-E)
+        slot = float(json.loads((Path(grid_dir) / "grid.json").read_text())["max_context_tokens"])
+        if not slot > 0:
+            raise ValueError(slot)
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        raise InLoopError(f"{Path(grid_dir) / 'grid.json'}: missing or without a positive max_context_tokens (the "
+                          "grid's slot length; python -m hwbackend.calibration.grid writes it)") from None
     rows = grid.assign(iteration=np.arange(len(grid)), slot_tokens=slot, duration_us=grid["measured_us"], sync_stall_us=0.0,
                        sync_map_page_groups=0, mapping_us=0.0, target_us=grid["measured_us"],
                        decode_only=grid["new_tokens"] == grid["logit_sequences"], run=str(grid_dir),
@@ -360,7 +363,8 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "", g
                          "trace_source": m.get("trace_source"), "sync_mapping": bool(m.get("sync_mapping")),
                          "gpu_name": m.get("gpu_name"), "torch_version": m.get("torch_version"),
                          "max_context_logged": bool(r["max_context_tokens"].notna().all()),
-                         "block_terms_logged": bool("attention_blocks" in r and (r["attention_blocks"] > 0).all())}
+                         "block_terms_logged": bool(all(c in r for c in BLOCK_SHAPE_FIELDS)
+                                                    and (r["attention_blocks"] > 0).all())}
                         for d, (r, m) in zip(run_dirs, loaded)],
                "grids": [{"dir": str(d), "points": len(g)} for d, g in zip(grid_dirs, grids)],
                "models": sorted({c.model for c in configs}),
