@@ -115,3 +115,23 @@ def test_every_h200_grid_point_maps_under_the_vattention_policy(max_context, poi
         iteration += 1
         assert policy.conservation_error() == 0
     assert 0 < reclaims < len(points)
+
+
+def test_a_grid_without_its_slot_length_is_refused(tmp_path):
+    """Forms C-E split a graphed decode's keys by the grid's slot length (grid.json max_context_tokens): a grid
+    without it is refused, naming the file (it used to fit silently with slot 0)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from hwbackend.calibration.inloop import InLoopError, load_grid_rows
+
+    source = Path(__file__).resolve().parents[1] / "docs" / "validation" / "cross-workload" / "grid"
+    shutil.copy(source / "grid.parquet", tmp_path / "grid.parquet")
+    with pytest.raises(InLoopError, match=r"grid\.json: missing or without a positive max_context_tokens"):
+        load_grid_rows(tmp_path)
+    (tmp_path / "grid.json").write_text(json.dumps({"model": "llama-3.1-8b"}))
+    with pytest.raises(InLoopError, match="max_context_tokens"):
+        load_grid_rows(tmp_path)
+    (tmp_path / "grid.json").write_text(json.dumps({"max_context_tokens": 65536}))
+    assert (load_grid_rows(tmp_path)["slot_tokens"] == 65536).all()
