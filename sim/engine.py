@@ -544,7 +544,12 @@ class Simulator(RequestBookkeeping):
         """PagedAttention's CPU time to build this iteration's block tables (0 for other policies)."""
         if self.config.policy != "paged":
             return 0.0
-        blocks = sum(self.policy.mapped[r.slot] for r, _ in batch)
+        return self._block_table_us_of(sum(self.policy.mapped[r.slot] for r, _ in batch))
+
+    def _block_table_us_of(self, blocks: int) -> float:
+        """PagedAttention's CPU time (us) to build block tables of ``blocks`` blocks (0 for other policies)."""
+        if self.config.policy != "paged":
+            return 0.0
         return self.config.block_table_base_us + self.config.block_table_per_block_us * blocks
 
     def _short_slots(self, batch: Batch) -> list[int]:
@@ -617,13 +622,15 @@ class Simulator(RequestBookkeeping):
     def _decode_run(self, batch: Batch, iteration: int):
         """Fast-forward k >= 2 pure-decode iterations in one event when nothing can change inside them:
         no arrival before the last one starts, no completion, every step and look-ahead target already
-        mapped, the mapper idle with no background work. Returns k (0 when not eligible)."""
+        mapped, the mapper idle with no background work. The steps are computed one at a time up to the next
+        arrival (none after it). Returns k (0 when not eligible)."""
         if (len(batch) != len(self.running) or self._pending_plans or self._pending_zero_groups or self._pending_copy_bytes or
-                (self.mapper and not self.mapper.idle) or any(t != 1 or r.generated == 0 for r, t in batch)):
-            return 0   # (generated == 0: the 1-token last chunk of a prefill emits the first token)
-        steps = self._run_length(batch)
-        if steps < 2:
+                (self.mapper and not self.mapper.idle)):
             return 0
+        shape = self._run_shape(batch)
+        if shape is None:
+            return 0
+        steps, kv_read, longest, active_mapped, used, crossings = shape
         if self.mapper and self.policy.has_background_work():
             # look-ahead targets are within the mapped pages (run length >= 2), so only eager or
             # low-watermark work can come back
@@ -631,57 +638,102 @@ class Simulator(RequestBookkeeping):
             if background:
                 self.mapper.submit(background)  # the mapper has work: step normally this time
                 return 0
-        computed = np.fromiter((r.computed for r, _ in batch), dtype=np.int64, count=len(batch))
         size = len(batch)
-        compute_us = self.compute.decode_run_us(size, int(computed.sum()), float(computed.sum() + size), steps,
-                                                int(computed.max()) + 1)
-        block_table_us = self._block_table_us(batch)   # constant: no block is added inside the run
-        durations_us = compute_us + block_table_us
-        starts_us = np.cumsum(np.concatenate(([self.env.now], durations_us)))
-        next_arrival_us = (self.requests[self._next_arrival].arrival_at_us
-                           if self._next_arrival < len(self.requests) else float("inf"))
-        if self._open:                    # requests not submitted yet may arrive: stop at the router's next one
-            next_arrival_us = min(next_arrival_us, self.arrival_horizon_us)
-        if next_arrival_us < float("inf"):
-            steps = min(steps, int(np.searchsorted(starts_us[:steps], next_arrival_us, side="left")))
-            if steps < 2:
-                return 0
+        block_table_us = self._block_table_us_of(active_mapped)   # constant: no block is added inside the run
+        starts_us, compute_us, gaps_us = self._run_steps(size, kv_read, longest, steps, block_table_us)
+        steps = len(compute_us)
+        if steps < 2:
+            return 0
         yield self.env.timeout(starts_us[steps] - self.env.now)
-        self._record_decode_run(batch, iteration, computed, starts_us[: steps + 1], compute_us[:steps], block_table_us)
-        first_done_us, last_done_us = float(starts_us[1]), float(starts_us[steps])
+        self._record_decode_run(iteration, starts_us, compute_us, used, crossings, kv_read, active_mapped,
+                                block_table_us)
+        first_done_us, last_done_us = starts_us[1], starts_us[steps]
         tbt = self.tbt_us
         for request, _ in batch:
             request.computed += steps
             request.generated += steps
             tbt.append(first_done_us - request.last_token_at_us)
             request.last_token_at_us = last_done_us
-        self.tbt_run_gaps_us.extend(np.diff(starts_us[1: steps + 1]))
+        self.tbt_run_gaps_us.extend(gaps_us[1:])
         self.tbt_run_weights.extend([size] * (steps - 1))
         self.policy.iteration_completed(iteration + steps - 1)
         return steps
 
-    def _run_length(self, batch: Batch) -> int:
-        """Iterations before a completion, a page map or (async) a look-ahead map would be needed."""
-        tokens_per_page = self.config.tokens_per_page
+    def _run_shape(self, batch: Batch) -> tuple | None:
+        """One pass over a pure-decode batch: ``None`` if a request is not a plain decode (a chunk, or the
+        1-token last chunk of a prefill that emits the first token) or the run would be shorter than 2 steps;
+        else ``(steps, kv_read_tokens, longest_context, active_mapped_page_groups, used_page_groups,
+        crossings)``: the iterations before a completion, a page map or (async) a look-ahead map would be
+        needed, the cached tokens read by the first step, the longest context, the page groups the batch
+        holds and uses in the first step, and ``crossings`` (step % tokens_per_page -> requests whose used
+        pages grow by one at such a step)."""
+        tokens_per_page, mapped = self.config.tokens_per_page, self.policy.mapped
         ahead = self.config.eager_lookahead_steps if self.mapper else 0
-        steps = min(r.output_tokens - r.generated - 1 for r, _ in batch)
-        for request, _ in batch:
-            mapped_tokens = self.policy.mapped[request.slot] * tokens_per_page
-            if request.final_kv_tokens > mapped_tokens:
-                steps = min(steps, mapped_tokens - request.computed - ahead)
-        return steps
+        steps, kv_read, longest, active_mapped, used = None, 0, 0, 0, 0
+        crossings: dict[int, int] = {}
+        for request, tokens in batch:
+            generated, computed = request.generated, request.computed
+            if tokens != 1 or generated == 0:
+                return None
+            left = request.output_tokens - generated - 1
+            if steps is None or left < steps:
+                steps = left
+            pages = mapped[request.slot]
+            mapped_tokens = pages * tokens_per_page
+            if request.final_kv_tokens > mapped_tokens and mapped_tokens - computed - ahead < steps:
+                steps = mapped_tokens - computed - ahead
+            kv_read += computed
+            if computed > longest:
+                longest = computed
+            active_mapped += pages
+            used += -(-(computed + 1) // tokens_per_page)
+            residue = -computed % tokens_per_page     # its used pages grow at steps j with j % per_page == residue
+            crossings[residue] = crossings.get(residue, 0) + 1
+        if steps is None or steps < 2:
+            return None
+        return steps, kv_read, longest, active_mapped, used, crossings
 
-    def _record_decode_run(self, batch: Batch, iteration: int, computed: np.ndarray, starts_us: np.ndarray,
-                           compute_us: np.ndarray, block_table_us: float) -> None:
-        steps, size, policy = len(compute_us), len(batch), self.policy
-        tokens_per_page = self.config.tokens_per_page
-        held = computed[:, None] + 1 + np.arange(steps)[None, :]
-        used = (-(-held // tokens_per_page)).sum(axis=0)
-        active_mapped = sum(policy.mapped[r.slot] for r, _ in batch)
-        waste = (active_mapped * tokens_per_page - held.sum(axis=0)) * self._kv_bytes_per_token
-        self.recorder.add_block((iteration, starts_us, compute_us, used, waste, (
+    def _run_steps(self, size: int, kv_read: int, longest: int, steps: int, block_table_us: float):
+        """The steps of a decode run of at most ``steps`` iterations that start before the next arrival.
+        Returns ``(starts_us, compute_us, gaps_us)``: k + 1 start times (the last one the run's end), k
+        compute times and k durations (lists of floats)."""
+        next_arrival_us = (self.requests[self._next_arrival].arrival_at_us
+                           if self._next_arrival < len(self.requests) else float("inf"))
+        if self._open:                    # requests not submitted yet may arrive: stop at the router's next one
+            next_arrival_us = min(next_arrival_us, self.arrival_horizon_us)
+        compute = self.compute
+        pairs = float(kv_read + size)
+        if hasattr(compute, "decode_run_iter"):
+            durations = compute.decode_run_iter(size, kv_read, pairs, steps, longest + 1)
+        else:
+            durations = compute.decode_run_us(size, kv_read, pairs, steps, longest + 1).tolist()
+        start_us = self.env.now
+        starts_us, compute_us, gaps_us = [start_us], [], []
+        for duration_us in durations:
+            if start_us >= next_arrival_us:
+                break
+            end_us = start_us + (duration_us + block_table_us)
+            compute_us.append(duration_us)
+            gaps_us.append(end_us - start_us)
+            starts_us.append(end_us)
+            start_us = end_us
+        return starts_us, compute_us, gaps_us
+
+    def _record_decode_run(self, iteration: int, starts_us: list, compute_us: list, used: int, crossings: dict,
+                           kv_read: int, active_mapped: int, block_table_us: float) -> None:
+        """One block of iteration records for a decode run (:meth:`IterationRecorder.add_run`): the used page
+        groups and tail waste bytes step by step, from the first step's and the page crossings."""
+        steps, size, policy = len(compute_us), len(self.running), self.policy   # the batch is every running request
+        tokens_per_page, kv_bytes_per_token = self.config.tokens_per_page, self._kv_bytes_per_token
+        mapped_tokens = active_mapped * tokens_per_page
+        used_per_step, waste_per_step = [used], [(mapped_tokens - (kv_read + size)) * kv_bytes_per_token]
+        for step in range(1, steps):
+            used += crossings.get(step % tokens_per_page, 0)
+            used_per_step.append(used)
+            waste_per_step.append((mapped_tokens - (kv_read + size * (1 + step))) * kv_bytes_per_token)
+        self.recorder.add_run(iteration, starts_us, compute_us, used_per_step, waste_per_step, (
             size, len(self.running), len(self.waiting), policy.physical_page_groups, policy.free_page_groups,
-            policy.deferred_page_groups), block_table_us))
+            policy.deferred_page_groups), block_table_us)
 
     def _after_compute(self, request: Request) -> None:
         if self.prefix and request.hash_ids is not None and request.computed <= request.prompt_tokens:

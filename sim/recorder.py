@@ -1,7 +1,8 @@
 """Per-iteration records kept in columnar chunks (and optionally streamed to Parquet) as a run goes.
 
 The serving loop appends one tuple per stepped iteration (:data:`sim.records.ITERATION_COLUMNS` order) and one
-*block* per fast-forwarded decode run (see :func:`expand_blocks`). Every ``chunk_iterations`` iterations the
+*block* per fast-forwarded decode run, appended to flat columnar buffers (:class:`RunBuffer`, expanded by
+:func:`expand_blocks`). Every ``chunk_iterations`` iterations the
 buffer becomes one columnar chunk: a pandas DataFrame in iteration order (numpy columns, ~180 B per iteration
 instead of ~770 B as Python tuples), or, with ``path``, one row group appended to a Parquet file, so that
 memory stays flat however long the trace. Chunks are cut between iterations, so sorting each chunk by
@@ -9,6 +10,7 @@ iteration number gives the same table as sorting the whole run.
 """
 from __future__ import annotations
 
+from array import array
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,38 @@ import pandas as pd
 from sim.records import ITERATION_COLUMNS
 
 DEFAULT_CHUNK_ITERATIONS = 1 << 16   # ~50 MB of buffered tuples at most; row groups of ~11 MB
+
+RUN_CONSTANTS = ("batch_size", "num_running", "num_waiting", "mapped_page_groups", "free_page_groups",
+                 "deferred_page_groups")
+"""The iteration columns that stay constant over a fast-forwarded decode run, in a run's ``constants`` order."""
+
+
+class RunBuffer:
+    """Fast-forwarded decode runs in flat columns (``array`` buffers, no per-run objects).
+
+    Per run: ``first`` iteration, ``lengths`` k, ``constants`` (:data:`RUN_CONSTANTS`, 6 ints per run) and
+    ``block_table_us``; per step: ``starts_us`` (k + 1 per run: each step's start, then the run's end),
+    ``compute_us``, ``used`` page groups and ``waste`` bytes (k per run)."""
+
+    def __init__(self):
+        self.first, self.lengths, self.constants = array("q"), array("q"), array("q")
+        self.block_table_us, self.starts_us, self.compute_us = array("d"), array("d"), array("d")
+        self.used, self.waste = array("q"), array("q")
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+    def add(self, first_iteration: int, starts_us, compute_us, used, waste, constants: tuple,
+            block_table_us: float) -> None:
+        """One run of ``k = len(compute_us)`` steps (``starts_us``: k + 1 floats, us; ``used``, ``waste``: k ints)."""
+        self.first.append(first_iteration)
+        self.lengths.append(len(compute_us))
+        self.constants.extend(constants)
+        self.block_table_us.append(block_table_us)
+        self.starts_us.extend(starts_us)
+        self.compute_us.extend(compute_us)
+        self.used.extend(used)
+        self.waste.extend(waste)
 
 
 class IterationRecorder:
@@ -32,7 +66,7 @@ class IterationRecorder:
         self.path = Path(path) if path is not None else None
         self.chunk_iterations = chunk_iterations
         self.singles: list[tuple] = []
-        self.blocks: list[tuple] = []
+        self.blocks = RunBuffer()
         self.buffered = 0
         self.chunks: list[pd.DataFrame] = []
         self.rows = 0
@@ -47,11 +81,15 @@ class IterationRecorder:
         if self.buffered >= self.chunk_iterations:
             self.flush()
 
-    def add_block(self, block: tuple) -> None:
-        """One fast-forwarded decode run (layout in :func:`expand_blocks`)."""
-        self.blocks.append(block)
+    def add_run(self, first_iteration: int, starts_us, compute_us, used, waste, constants: tuple,
+                block_table_us: float) -> None:
+        """One fast-forwarded decode run of ``k = len(compute_us)`` iterations from ``first_iteration``:
+        ``starts_us`` k + 1 floats (us; the last one the run's end), ``compute_us`` k floats (us), ``used``
+        page groups and tail ``waste`` bytes k ints, ``constants`` as :data:`RUN_CONSTANTS`, ``block_table_us``
+        each iteration's block-table time (us)."""
+        self.blocks.add(first_iteration, starts_us, compute_us, used, waste, constants, block_table_us)
         self.blocks_recorded += 1
-        self.buffered += len(block[2])
+        self.buffered += len(compute_us)
         if self.buffered >= self.chunk_iterations:
             self.flush()
 
@@ -66,7 +104,7 @@ class IterationRecorder:
         if self._closed:
             raise RuntimeError(f"{self.path}: iteration records added after the file was closed")
         chunk = records_frame(self.singles, self.blocks)
-        self.singles, self.blocks, self.buffered = [], [], 0
+        self.singles, self.blocks, self.buffered = [], RunBuffer(), 0
         self.rows += len(chunk)
         if self.path is None:
             self.chunks.append(chunk)
@@ -87,7 +125,7 @@ class IterationRecorder:
             return
         self._closed = True
         if self._writer is None:
-            empty = records_frame([], [])
+            empty = records_frame([], RunBuffer())
             empty.to_parquet(self.path, index=False)
         else:
             self._writer.close()
@@ -100,17 +138,17 @@ class IterationRecorder:
             self.close()
             return pd.read_parquet(self.path, columns=columns)
         if not self.chunks:
-            frame = records_frame([], [])
+            frame = records_frame([], RunBuffer())
         else:
             frame = self.chunks[0] if len(self.chunks) == 1 else pd.concat(self.chunks, ignore_index=True)
         return frame[columns] if columns is not None else frame
 
 
-def records_frame(singles: list[tuple], blocks: list[tuple]) -> pd.DataFrame:
+def records_frame(singles: list[tuple], blocks: RunBuffer) -> pd.DataFrame:
     """Stepped iterations and decode-run blocks as one DataFrame (columns :data:`ITERATION_COLUMNS`, ``*_us``
     as float, the rest int64), sorted by iteration; built column by column with numpy."""
     columns_of_singles = list(zip(*singles)) if singles else [()] * len(ITERATION_COLUMNS)
-    expanded = expand_blocks(blocks) if blocks else {}
+    expanded = expand_blocks(blocks) if len(blocks) else {}
     columns = {}
     for index, name in enumerate(ITERATION_COLUMNS):
         single = np.asarray(columns_of_singles[index], dtype=float if name.endswith("_us") else np.int64)
@@ -119,30 +157,29 @@ def records_frame(singles: list[tuple], blocks: list[tuple]) -> pd.DataFrame:
     return pd.DataFrame({name: values[order] for name, values in columns.items()})
 
 
-def expand_blocks(blocks: list[tuple]) -> dict[str, np.ndarray]:
-    """Iteration records of coalesced decode runs. A block is ``(first_iteration, starts_us[k+1],
-    compute_us[k], used_page_groups[k], tail_waste_bytes[k], (batch, running, waiting, mapped, free,
-    deferred), block_table_us)``; everything not listed is zero for a pure-decode run without mapping."""
-    lengths = np.array([len(b[2]) for b in blocks])
+def expand_blocks(blocks: RunBuffer) -> dict[str, np.ndarray]:
+    """Iteration records of coalesced decode runs (:class:`RunBuffer`); everything not in the buffer is zero
+    for a pure-decode run without mapping."""
+    lengths = np.frombuffer(blocks.lengths, dtype=np.int64)
     total = int(lengths.sum())
-    consts = np.repeat(np.array([b[5] for b in blocks], dtype=np.int64), lengths, axis=0)
+    consts = np.repeat(np.frombuffer(blocks.constants, dtype=np.int64).reshape(-1, len(RUN_CONSTANTS)), lengths,
+                       axis=0)
     offsets = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     zeros = np.zeros(total, dtype=np.int64)
-    compute_us = np.concatenate([b[2] for b in blocks])
-    # each block's starts hold k + 1 entries (the last is the end of its run): one diff over all of them, then
-    # drop the differences that straddle two blocks
-    all_starts = np.concatenate([b[1] for b in blocks])
+    # each run's starts hold k + 1 entries (the last is the end of its run): one diff over all of them, then
+    # drop the differences that straddle two runs
+    all_starts = np.frombuffer(blocks.starts_us, dtype=float)
     within = np.ones(len(all_starts) - 1, dtype=bool)
     within[np.cumsum(lengths + 1)[:-1] - 1] = False
     return {
-        "iteration": np.repeat([b[0] for b in blocks], lengths) + offsets,
+        "iteration": np.repeat(np.frombuffer(blocks.first, dtype=np.int64), lengths) + offsets,
         "start_at_us": np.delete(all_starts, np.cumsum(lengths + 1) - 1),
-        "duration_us": np.diff(all_starts)[within], "compute_us": compute_us,
+        "duration_us": np.diff(all_starts)[within], "compute_us": np.frombuffer(blocks.compute_us, dtype=float),
         "sync_stall_us": np.zeros(total), "sync_map_page_groups": zeros, "bg_map_page_groups": zeros,
         "unmap_page_groups": zeros, "prefill_tokens": zeros, "decode_tokens": consts[:, 0],
         "batch_size": consts[:, 0], "num_running": consts[:, 1], "num_waiting": consts[:, 2],
-        "mapped_page_groups": consts[:, 3], "used_page_groups": np.concatenate([b[3] for b in blocks]),
+        "mapped_page_groups": consts[:, 3], "used_page_groups": np.frombuffer(blocks.used, dtype=np.int64),
         "free_page_groups": consts[:, 4], "deferred_page_groups": consts[:, 5],
-        "tail_waste_bytes": np.concatenate([b[4] for b in blocks]), "preemptions": zeros,
-        "block_table_us": np.repeat([b[6] for b in blocks], lengths).astype(float), "swap_us": np.zeros(total),
-        "clear_copy_us": np.zeros(total)}
+        "tail_waste_bytes": np.frombuffer(blocks.waste, dtype=np.int64), "preemptions": zeros,
+        "block_table_us": np.repeat(np.frombuffer(blocks.block_table_us, dtype=float), lengths),
+        "swap_us": np.zeros(total), "clear_copy_us": np.zeros(total)}
