@@ -409,17 +409,22 @@ class RooflineComputeModel:
         graphs, floor_us, overhead_us = self.decode_graphs, self.launch_floor_us, self.overhead_us
         graph_overhead_us = self.decode_overhead_us
         correction_us = float(self._decode_correction_us(batch_size)) if graphs else 0.0
+        # pairs and keys read grow by batch_size a step: integer-valued floats far below 2**53, so adding the
+        # step's growth (the array form) or one batch_size a step gives the same floats
+        pairs, kv_tokens = float(attention_pairs), kv_read_tokens + 0.0 + batch_size
         for step in range(steps):
-            growth = float(step) * batch_size
-            attn_flops = flops_per_pair * (attention_pairs + growth) * heads_q * pair_dim * layers
-            kv_bytes = (kv_read_tokens + growth + batch_size) * kv_bytes_per_token * bytes_factor
-            attn_us = maximum(attn_flops / attention_flops_per_us, kv_bytes / bytes_per_us) * attention_factor * layout_factor
+            compute_us = flops_per_pair * pairs * heads_q * pair_dim * layers / attention_flops_per_us
+            memory_us = kv_tokens * kv_bytes_per_token * bytes_factor / bytes_per_us
+            attn_us = (compute_us if compute_us >= memory_us else memory_us) * attention_factor * layout_factor
             roofline = head + attn_us + comm_us + 0.0
             wave_us = wave_per_token * (max_context_tokens + float(step)) if wave_per_token else 0.0
             if graphs:
                 yield roofline + graph_overhead_us + correction_us + wave_us
             else:
-                yield maximum(floor_us, roofline + overhead_us + wave_us)
+                eager_us = roofline + overhead_us + wave_us
+                yield eager_us if eager_us >= floor_us else floor_us
+            pairs += batch_size
+            kv_tokens += batch_size
 
     def _blocks_iteration_us(self, new, kv_read, logits, longest, blocks, block_keys) -> np.ndarray:
         """Iterations (us, arrays of one length) with attention as FlashAttention-2 thread blocks (the block

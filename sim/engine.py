@@ -511,11 +511,12 @@ class Simulator(RequestBookkeeping):
         """Map what the batch needs; preempt (recompute) the most recently admitted request while the
         pool cannot cover it. Returns the (possibly smaller) batch and the applied plan."""
         while True:
+            targets, short = self._step_targets(batch)
             if self.mapper:
-                in_progress = self.mapper.take_over(self._short_slots(batch))
+                in_progress = self.mapper.take_over(short)
                 if in_progress is not None:
                     yield in_progress
-            plan = self.policy.step({r.slot: r.computed + t for r, t in batch})
+            plan = self.policy.step(targets)
             if plan is not None:
                 return batch, plan
             if (yield from self._settle_mapper()):
@@ -552,10 +553,21 @@ class Simulator(RequestBookkeeping):
             return 0.0
         return self.config.block_table_base_us + self.config.block_table_per_block_us * blocks
 
-    def _short_slots(self, batch: Batch) -> list[int]:
-        """Slots whose target this iteration needs more pages than are mapped."""
+    def _step_targets(self, batch: Batch) -> tuple[dict[int, int], list[int]]:
+        """One pass over the batch: slot -> tokens it holds after this iteration (the policy's step targets),
+        and (with the asynchronous mapper) the slots whose target needs more pages than are mapped."""
+        targets, short = {}, []
+        if not self.mapper:
+            for request, tokens in batch:
+                targets[request.slot] = request.computed + tokens
+            return targets, short
         per_page, mapped = self.policy.config.tokens_per_page, self.policy.mapped   # pages_for_tokens, inlined
-        return [r.slot for r, t in batch if -(-(r.computed + t) // per_page) > mapped[r.slot]]
+        for request, tokens in batch:
+            slot, target = request.slot, request.computed + tokens
+            targets[slot] = target
+            if -(-target // per_page) > mapped[slot]:
+                short.append(slot)
+        return targets, short
 
     def _preempt(self, victim: Request) -> None:
         """Preempt by swap (KV copied to host, kept) when enabled and the host has room, else by recompute."""
@@ -660,37 +672,41 @@ class Simulator(RequestBookkeeping):
         return steps
 
     def _run_shape(self, batch: Batch) -> tuple | None:
-        """One pass over a pure-decode batch: ``None`` if a request is not a plain decode (a chunk, or the
-        1-token last chunk of a prefill that emits the first token) or the run would be shorter than 2 steps;
-        else ``(steps, kv_read_tokens, longest_context, active_mapped_page_groups, used_page_groups,
-        crossings)``: the iterations before a completion, a page map or (async) a look-ahead map would be
-        needed, the cached tokens read by the first step, the longest context, the page groups the batch
-        holds and uses in the first step, and ``crossings`` (step % tokens_per_page -> requests whose used
-        pages grow by one at such a step)."""
+        """Two passes over a pure-decode batch. ``None`` if a request is not a plain decode (a chunk, or the
+        1-token last chunk of a prefill that emits the first token) or the run would be shorter than 2 steps
+        (the first pass stops there); else ``(steps, kv_read_tokens, longest_context, active_mapped_page_groups,
+        used_page_groups, crossings)``: the iterations before a completion, a page map or (async) a look-ahead
+        map would be needed, the cached tokens read by the first step, the longest context, the page groups the
+        batch holds and uses in the first step, and ``crossings`` (step % tokens_per_page -> requests whose
+        used pages grow by one at such a step)."""
         tokens_per_page, mapped = self.config.tokens_per_page, self.policy.mapped
         ahead = self.config.eager_lookahead_steps if self.mapper else 0
-        steps, kv_read, longest, active_mapped, used = None, 0, 0, 0, 0
-        crossings: dict[int, int] = {}
+        if batch[-1][1] != 1:        # a prefill chunk (they come last): not a run
+            return None
+        steps = batch[0][0].output_tokens
         for request, tokens in batch:
-            generated, computed = request.generated, request.computed
+            generated = request.generated
             if tokens != 1 or generated == 0:
                 return None
             left = request.output_tokens - generated - 1
-            if steps is None or left < steps:
+            if left < steps:
                 steps = left
-            pages = mapped[request.slot]
-            mapped_tokens = pages * tokens_per_page
-            if request.final_kv_tokens > mapped_tokens and mapped_tokens - computed - ahead < steps:
-                steps = mapped_tokens - computed - ahead
+            mapped_tokens = mapped[request.slot] * tokens_per_page
+            if request.final_kv_tokens > mapped_tokens and mapped_tokens - request.computed - ahead < steps:
+                steps = mapped_tokens - request.computed - ahead
+            if steps < 2:
+                return None
+        kv_read = longest = active_mapped = used = 0
+        crossings: dict[int, int] = {}
+        for request, _ in batch:
+            computed = request.computed
             kv_read += computed
             if computed > longest:
                 longest = computed
-            active_mapped += pages
+            active_mapped += mapped[request.slot]
             used += -(-(computed + 1) // tokens_per_page)
             residue = -computed % tokens_per_page     # its used pages grow at steps j with j % per_page == residue
             crossings[residue] = crossings.get(residue, 0) + 1
-        if steps is None or steps < 2:
-            return None
         return steps, kv_read, longest, active_mapped, used, crossings
 
     def _run_steps(self, size: int, kv_read: int, longest: int, steps: int, block_table_us: float):

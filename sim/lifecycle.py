@@ -77,26 +77,37 @@ class RequestBookkeeping:
         rows, block_terms = ATTENTION_TILE_ROWS, self._block_terms
         for request, tokens in batch:
             context = request.computed
-            seq_len = request.prompt_tokens + request.generated
+            generated = request.generated
             after = context + tokens
             new += tokens
+            kv_read += context
+            if after > longest:
+                longest = after
+            held += after
+            used += -(-after // tokens_per_page)
+            active_mapped += mapped[request.slot]
+            if tokens == 1 and generated and after == request.prompt_tokens + generated:   # a decode
+                pairs += context + 1.0        # tokens * (context + (tokens + 1) / 2), same float
+                logits += 1
+                if block_terms:
+                    blocks += 1
+                    block_keys += context + 1
+                if lookahead and generated + 1 < request.output_tokens:
+                    final = request.final_kv_tokens
+                    targets[request.slot] = after + steps if after + steps < final else final
+                continue
+            seq_len = request.prompt_tokens + generated
             pairs += tokens * (context + (tokens + 1) / 2)
             if block_terms:                         # sim.compute.attention_block_terms, inlined
                 tiles = -(-tokens // rows)
                 blocks += tiles
                 block_keys += tiles * context + rows * tiles * (tiles - 1) // 2 + tokens
-            kv_read += context
             logits += after == seq_len
-            if after > longest:
-                longest = after
-            if request.generated == 0 or seq_len - context > 1:
+            if generated == 0 or seq_len - context > 1:
                 prefill += tokens
-            held += after
-            used += -(-after // tokens_per_page)
-            active_mapped += mapped[request.slot]
             if lookahead:
                 if after == seq_len:
-                    if request.generated + 1 < request.output_tokens:
+                    if generated + 1 < request.output_tokens:
                         targets[request.slot] = min(after + steps, request.final_kv_tokens)
                 else:
                     targets[request.slot] = min(seq_len, after + budget)
@@ -155,20 +166,23 @@ class RequestBookkeeping:
     def _finish_iteration(self, batch: list, done_us: float, iteration: int | None = None) -> None:
         """Apply an iteration's tokens: KV grows; a chunk that completes the sequence emits a token; the
         request finishes at its last output token (its slot is freed through ``_drop``)."""
-        donates = self._donates
+        donates, tbt_append = self._donates, self.tbt_us.append
         for request, tokens in batch:
-            request.computed += tokens
+            computed = request.computed + tokens
+            request.computed = computed
             if donates:
                 self._after_compute(request)
-            if request.computed != request.prompt_tokens + request.generated:
+            generated = request.generated
+            if computed != request.prompt_tokens + generated:
                 continue
-            request.generated += 1
-            if request.generated == 1:
+            generated += 1
+            request.generated = generated
+            if generated == 1:
                 request.first_token_at_us = done_us
             else:
-                self.tbt_us.append(done_us - request.last_token_at_us)
+                tbt_append(done_us - request.last_token_at_us)
             request.last_token_at_us = done_us
-            if request.generated == request.output_tokens:
+            if generated == request.output_tokens:
                 request.completion_at_us = done_us
                 self._drop(request, status="finished")
 
