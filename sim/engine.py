@@ -10,6 +10,7 @@ A second process (:class:`sim.mapper.AsyncMapper`) maps in the background while 
 """
 from __future__ import annotations
 
+import itertools
 from array import array
 from collections import deque
 from collections.abc import Callable
@@ -27,13 +28,16 @@ from sim.mapper import AsyncMapper
 from sim.memory import build_policy
 from sim.plan import MapOp, Plan, UnmapOp
 from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS, tbt_stats_us
-from sim.recorder import IterationRecorder
+from sim.recorder import IterationRecorder, extend_array
 from sim.request import Request
 from sim.scheduler import SCHEDULERS, Batch
 from sim.units import US_PER_S
 
 ARRIVAL_TICKS_PER_S = 10_000_000
 ARRIVAL_TICK_US = US_PER_S / ARRIVAL_TICKS_PER_S
+PLAIN_RUN_STEPS = 64
+"""A fast-forwarded decode run expected to be at most this long is computed one step at a time in plain floats
+(cheaper than numpy's per-call overhead); a longer one as arrays, with the same floats."""
 
 
 
@@ -666,8 +670,8 @@ class Simulator(RequestBookkeeping):
             request.generated += steps
             tbt.append(first_done_us - request.last_token_at_us)
             request.last_token_at_us = last_done_us
-        self.tbt_run_gaps_us.extend(gaps_us[1:])
-        self.tbt_run_weights.extend([size] * (steps - 1))
+        extend_array(self.tbt_run_gaps_us, gaps_us[1:])
+        self.tbt_run_weights.extend(array("l", [size]) * (steps - 1))
         self.policy.iteration_completed(iteration + steps - 1)
         return steps
 
@@ -710,22 +714,29 @@ class Simulator(RequestBookkeeping):
         return steps, kv_read, longest, active_mapped, used, crossings
 
     def _run_steps(self, size: int, kv_read: int, longest: int, steps: int, block_table_us: float):
-        """The steps of a decode run of at most ``steps`` iterations that start before the next arrival.
-        Returns ``(starts_us, compute_us, gaps_us)``: k + 1 start times (the last one the run's end), k
-        compute times and k durations (lists of floats)."""
+        """The steps of a decode run of at most ``steps`` iterations that start before the next arrival:
+        computed one at a time in plain floats while the run looks short (the next arrival within
+        :data:`PLAIN_RUN_STEPS` steps of the first step's length), else all ``steps`` as arrays and cut there
+        (the same floats). Returns ``(starts_us, compute_us, gaps_us)``: k + 1 start times (the last one the
+        run's end), k compute times and k durations (us; lists of floats, or float arrays for a long run)."""
         next_arrival_us = (self.requests[self._next_arrival].arrival_at_us
                            if self._next_arrival < len(self.requests) else float("inf"))
         if self._open:                    # requests not submitted yet may arrive: stop at the router's next one
             next_arrival_us = min(next_arrival_us, self.arrival_horizon_us)
-        compute = self.compute
+        compute, start_us = self.compute, self.env.now
         pairs = float(kv_read + size)
         if hasattr(compute, "decode_run_iter"):
             durations = compute.decode_run_iter(size, kv_read, pairs, steps, longest + 1)
         else:
-            durations = compute.decode_run_us(size, kv_read, pairs, steps, longest + 1).tolist()
-        start_us = self.env.now
+            durations = iter(compute.decode_run_us(size, kv_read, pairs, steps, longest + 1).tolist())
+        first_us = next(durations)
+        if steps > PLAIN_RUN_STEPS and next_arrival_us - start_us > PLAIN_RUN_STEPS * (first_us + block_table_us):
+            all_us = compute.decode_run_us(size, kv_read, pairs, steps, longest + 1)
+            ends_us = np.cumsum(np.concatenate(([start_us], all_us + block_table_us)))
+            k = int(np.searchsorted(ends_us[:-1], next_arrival_us, side="left"))
+            return ends_us[: k + 1], all_us[:k], np.diff(ends_us[: k + 1])
         starts_us, compute_us, gaps_us = [start_us], [], []
-        for duration_us in durations:
+        for duration_us in itertools.chain((first_us,), durations):
             if start_us >= next_arrival_us:
                 break
             end_us = start_us + (duration_us + block_table_us)
@@ -738,15 +749,24 @@ class Simulator(RequestBookkeeping):
     def _record_decode_run(self, iteration: int, starts_us: list, compute_us: list, used: int, crossings: dict,
                            kv_read: int, active_mapped: int, block_table_us: float) -> None:
         """One block of iteration records for a decode run (:meth:`IterationRecorder.add_run`): the used page
-        groups and tail waste bytes step by step, from the first step's and the page crossings."""
+        groups and tail waste bytes step by step, from the first step's and the page crossings (as arrays for a
+        long run, :meth:`_run_steps`)."""
         steps, size, policy = len(compute_us), len(self.running), self.policy   # the batch is every running request
         tokens_per_page, kv_bytes_per_token = self.config.tokens_per_page, self._kv_bytes_per_token
         mapped_tokens = active_mapped * tokens_per_page
-        used_per_step, waste_per_step = [used], [(mapped_tokens - (kv_read + size)) * kv_bytes_per_token]
-        for step in range(1, steps):
-            used += crossings.get(step % tokens_per_page, 0)
-            used_per_step.append(used)
-            waste_per_step.append((mapped_tokens - (kv_read + size * (1 + step))) * kv_bytes_per_token)
+        if not isinstance(compute_us, list):       # a long run (see _run_steps): its records as arrays
+            held = kv_read + size * np.arange(1, steps + 1, dtype=np.int64)
+            waste_per_step = (mapped_tokens - held) * kv_bytes_per_token
+            grows = np.zeros(steps, dtype=np.int64)
+            for residue, count in crossings.items():
+                grows[residue or tokens_per_page::tokens_per_page] += count
+            used_per_step = used + np.cumsum(grows)
+        else:
+            used_per_step, waste_per_step = [used], [(mapped_tokens - (kv_read + size)) * kv_bytes_per_token]
+            for step in range(1, steps):
+                used += crossings.get(step % tokens_per_page, 0)
+                used_per_step.append(used)
+                waste_per_step.append((mapped_tokens - (kv_read + size * (1 + step))) * kv_bytes_per_token)
         self.recorder.add_run(iteration, starts_us, compute_us, used_per_step, waste_per_step, (
             size, len(self.running), len(self.waiting), policy.physical_page_groups, policy.free_page_groups,
             policy.deferred_page_groups), block_table_us)

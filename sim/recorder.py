@@ -42,15 +42,27 @@ class RunBuffer:
 
     def add(self, first_iteration: int, starts_us, compute_us, used, waste, constants: tuple,
             block_table_us: float) -> None:
-        """One run of ``k = len(compute_us)`` steps (``starts_us``: k + 1 floats, us; ``used``, ``waste``: k ints)."""
+        """One run of ``k = len(compute_us)`` steps (``starts_us``: k + 1 floats, us; ``used``, ``waste``: k ints;
+        lists or numpy arrays)."""
         self.first.append(first_iteration)
         self.lengths.append(len(compute_us))
         self.constants.extend(constants)
         self.block_table_us.append(block_table_us)
-        self.starts_us.extend(starts_us)
-        self.compute_us.extend(compute_us)
-        self.used.extend(used)
-        self.waste.extend(waste)
+        for buffer, values in ((self.starts_us, starts_us), (self.compute_us, compute_us), (self.used, used),
+                               (self.waste, waste)):
+            extend_array(buffer, values)
+
+
+def extend_array(buffer: array, values) -> None:
+    """Append ``values`` (a list, or a numpy array copied as its bytes) to an ``array`` buffer."""
+    if isinstance(values, np.ndarray):
+        buffer.frombytes(values.astype(DTYPES[buffer.typecode], copy=False).tobytes())
+    else:
+        buffer.extend(values)
+
+
+DTYPES = {"d": np.float64, "q": np.int64, "l": np.dtype("l")}
+"""numpy dtype of each ``array`` type code used by the buffers."""
 
 
 class IterationRecorder:
