@@ -10,6 +10,8 @@ the request's slot back to its memory manager).
 """
 from __future__ import annotations
 
+from functools import cached_property
+
 from sim.compute import ATTENTION_TILE_ROWS
 from sim.request import Request
 
@@ -45,7 +47,7 @@ class RequestBookkeeping:
         tokens, on top of the prompt pages that running requests still in their prefill have not mapped
         (mapped or in flight) yet; ``chunk`` only the first chunk."""
         first = request.computed + first_tokens
-        if self.config.admission_rule != "whole-prompt":
+        if not self._whole_prompt_admission:
             return first, None, 0
         policy = self.policy
         pages_for, mapped, in_flight = policy.config.pages_for_tokens, policy.mapped, policy.in_flight_maps
@@ -55,6 +57,11 @@ class RequestBookkeeping:
                 committed += max(0, pages_for(other.prompt_tokens + other.generated) - mapped[other.slot]
                                  - in_flight[other.slot])
         return first, request.seq_len, committed
+
+    @cached_property
+    def _whole_prompt_admission(self) -> bool:
+        """Whether the run admits under the ``whole-prompt`` rule (``config.admission_rule``, fixed for a run)."""
+        return self.config.admission_rule == "whole-prompt"
 
     def _iteration_pass(self, batch: list, lookahead: bool = True) -> tuple:
         """Everything one iteration needs from its batch, in one pass over it (and over running requests left
@@ -72,7 +79,7 @@ class RequestBookkeeping:
         policy, tokens_per_page = self.policy, self.config.tokens_per_page
         mapped = policy.mapped
         steps, budget = self.config.eager_lookahead_steps, self.config.token_budget
-        new = pairs = kv_read = logits = longest = prefill = held = used = active_mapped = blocks = block_keys = 0
+        new = pairs = kv_read = logits = longest = prefill = idle_held = used = active_mapped = blocks = block_keys = 0
         targets = {}
         rows, block_terms = ATTENTION_TILE_ROWS, self._block_terms
         for request, tokens in batch:
@@ -83,7 +90,6 @@ class RequestBookkeeping:
             kv_read += context
             if after > longest:
                 longest = after
-            held += after
             used += -(-after // tokens_per_page)
             active_mapped += mapped[request.slot]
             if tokens == 1 and generated and after == request.prompt_tokens + generated:   # a decode
@@ -115,9 +121,10 @@ class RequestBookkeeping:
             scheduled = {request.slot for request, _ in batch}
             for request in self.running:
                 if request.slot not in scheduled:
-                    held += request.computed
+                    idle_held += request.computed
                     used += -(-request.computed // tokens_per_page)
                     active_mapped += mapped[request.slot]
+        held = kv_read + new + idle_held         # every request's computed + scheduled tokens
         waste = (active_mapped * tokens_per_page - held) * self._kv_bytes_per_token
         snapshot = (policy.physical_page_groups, used, policy.free_page_groups, policy.deferred_page_groups, waste)
         return new, pairs, kv_read, logits, longest, prefill, targets, snapshot, blocks, block_keys

@@ -16,6 +16,7 @@ Errors follow three tiers: running out of pages is a return value (``None``), ca
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -154,7 +155,7 @@ class VAttentionPolicy:
         buckets = self._idle_buckets
         need = min(need, len(buckets) - 1)
         allocatable = self._allocatable
-        for mapped in [*range(need, len(buckets)), *range(need - 1, -1, -1)]:
+        for mapped in itertools.chain(range(need, len(buckets)), range(need - 1, -1, -1)):
             bucket = buckets[mapped]
             if bucket:
                 lowest = min(bucket)                  # usually allocatable: one check instead of a scan
