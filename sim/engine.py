@@ -746,30 +746,17 @@ class Simulator(RequestBookkeeping):
             start_us = end_us
         return starts_us, compute_us, gaps_us
 
-    def _record_decode_run(self, iteration: int, starts_us: list, compute_us: list, used: int, crossings: dict,
+    def _record_decode_run(self, iteration: int, starts_us, compute_us, used: int, crossings: dict,
                            kv_read: int, active_mapped: int, block_table_us: float) -> None:
-        """One block of iteration records for a decode run (:meth:`IterationRecorder.add_run`): the used page
-        groups and tail waste bytes step by step, from the first step's and the page crossings (as arrays for a
-        long run, :meth:`_run_steps`)."""
-        steps, size, policy = len(compute_us), len(self.running), self.policy   # the batch is every running request
+        """One block of iteration records for a decode run (:meth:`IterationRecorder.add_run`); its used page
+        groups and tail waste bytes step by step follow from the first step's and the page crossings."""
+        size, policy = len(self.running), self.policy   # the batch is every running request
         tokens_per_page, kv_bytes_per_token = self.config.tokens_per_page, self._kv_bytes_per_token
-        mapped_tokens = active_mapped * tokens_per_page
-        if not isinstance(compute_us, list):       # a long run (see _run_steps): its records as arrays
-            held = kv_read + size * np.arange(1, steps + 1, dtype=np.int64)
-            waste_per_step = (mapped_tokens - held) * kv_bytes_per_token
-            grows = np.zeros(steps, dtype=np.int64)
-            for residue, count in crossings.items():
-                grows[residue or tokens_per_page::tokens_per_page] += count
-            used_per_step = used + np.cumsum(grows)
-        else:
-            used_per_step, waste_per_step = [used], [(mapped_tokens - (kv_read + size)) * kv_bytes_per_token]
-            for step in range(1, steps):
-                used += crossings.get(step % tokens_per_page, 0)
-                used_per_step.append(used)
-                waste_per_step.append((mapped_tokens - (kv_read + size * (1 + step))) * kv_bytes_per_token)
-        self.recorder.add_run(iteration, starts_us, compute_us, used_per_step, waste_per_step, (
+        waste = (active_mapped * tokens_per_page - (kv_read + size)) * kv_bytes_per_token
+        self.recorder.add_run(iteration, starts_us, compute_us, (
             size, len(self.running), len(self.waiting), policy.physical_page_groups, policy.free_page_groups,
-            policy.deferred_page_groups), block_table_us)
+            policy.deferred_page_groups), block_table_us,
+            (used, waste, size * kv_bytes_per_token, tokens_per_page, crossings))
 
     def _after_compute(self, request: Request) -> None:
         if self.prefix and request.hash_ids is not None and request.computed <= request.prompt_tokens:

@@ -28,29 +28,42 @@ RUN_CONSTANTS = ("batch_size", "num_running", "num_waiting", "mapped_page_groups
 class RunBuffer:
     """Fast-forwarded decode runs in flat columns (``array`` buffers, no per-run objects).
 
-    Per run: ``first`` iteration, ``lengths`` k, ``constants`` (:data:`RUN_CONSTANTS`, 6 ints per run) and
-    ``block_table_us``; per step: ``starts_us`` (k + 1 per run: each step's start, then the run's end),
-    ``compute_us``, ``used`` page groups and ``waste`` bytes (k per run)."""
+    Per run: ``first`` iteration, ``lengths`` k, ``constants`` (:data:`RUN_CONSTANTS`, 6 ints per run),
+    ``block_table_us``, and what the used page groups and tail waste of its steps follow from (expanded by
+    :func:`expand_blocks`): ``used`` and ``waste`` bytes in its first step, ``waste_step`` (bytes less each
+    step), ``period`` (tokens per page) and its page crossings, ``crossings`` entries of ``(residue, requests)``
+    in ``crossing_residues`` / ``crossing_requests`` (``requests`` more used page groups at every step ``j >= 1``
+    with ``j % period == residue``). Per step: ``starts_us`` (k + 1 per run: each step's start, then the run's
+    end) and ``compute_us``."""
 
     def __init__(self):
         self.first, self.lengths, self.constants = array("q"), array("q"), array("q")
         self.block_table_us, self.starts_us, self.compute_us = array("d"), array("d"), array("d")
-        self.used, self.waste = array("q"), array("q")
+        self.used, self.waste, self.waste_step, self.period = array("q"), array("q"), array("q"), array("q")
+        self.crossings, self.crossing_residues, self.crossing_requests = array("q"), array("q"), array("q")
 
     def __len__(self) -> int:
         return len(self.first)
 
-    def add(self, first_iteration: int, starts_us, compute_us, used, waste, constants: tuple,
-            block_table_us: float) -> None:
-        """One run of ``k = len(compute_us)`` steps (``starts_us``: k + 1 floats, us; ``used``, ``waste``: k ints;
-        lists or numpy arrays)."""
+    def add(self, first_iteration: int, starts_us, compute_us, constants: tuple, block_table_us: float,
+            pages: tuple) -> None:
+        """One run of ``k = len(compute_us)`` steps: ``starts_us`` k + 1 floats (us), ``compute_us`` k floats (us)
+        (lists or numpy arrays); ``pages``: ``(used, waste, waste_step, period, crossings)`` with
+        ``crossings`` a dict residue -> requests (class docstring)."""
+        used, waste, waste_step, period, crossings = pages
         self.first.append(first_iteration)
         self.lengths.append(len(compute_us))
         self.constants.extend(constants)
         self.block_table_us.append(block_table_us)
-        for buffer, values in ((self.starts_us, starts_us), (self.compute_us, compute_us), (self.used, used),
-                               (self.waste, waste)):
-            extend_array(buffer, values)
+        self.used.append(used)
+        self.waste.append(waste)
+        self.waste_step.append(waste_step)
+        self.period.append(period)
+        self.crossings.append(len(crossings))
+        self.crossing_residues.extend(crossings.keys())
+        self.crossing_requests.extend(crossings.values())
+        extend_array(self.starts_us, starts_us)
+        extend_array(self.compute_us, compute_us)
 
 
 def extend_array(buffer: array, values) -> None:
@@ -93,13 +106,13 @@ class IterationRecorder:
         if self.buffered >= self.chunk_iterations:
             self.flush()
 
-    def add_run(self, first_iteration: int, starts_us, compute_us, used, waste, constants: tuple,
-                block_table_us: float) -> None:
+    def add_run(self, first_iteration: int, starts_us, compute_us, constants: tuple, block_table_us: float,
+                pages: tuple) -> None:
         """One fast-forwarded decode run of ``k = len(compute_us)`` iterations from ``first_iteration``:
-        ``starts_us`` k + 1 floats (us; the last one the run's end), ``compute_us`` k floats (us), ``used``
-        page groups and tail ``waste`` bytes k ints, ``constants`` as :data:`RUN_CONSTANTS`, ``block_table_us``
-        each iteration's block-table time (us)."""
-        self.blocks.add(first_iteration, starts_us, compute_us, used, waste, constants, block_table_us)
+        ``starts_us`` k + 1 floats (us; the last one the run's end), ``compute_us`` k floats (us), ``constants``
+        as :data:`RUN_CONSTANTS`, ``block_table_us`` each iteration's block-table time (us), ``pages`` what the
+        used page groups and tail waste of its steps follow from (:meth:`RunBuffer.add`)."""
+        self.blocks.add(first_iteration, starts_us, compute_us, constants, block_table_us, pages)
         self.blocks_recorded += 1
         self.buffered += len(compute_us)
         if self.buffered >= self.chunk_iterations:
@@ -190,8 +203,32 @@ def expand_blocks(blocks: RunBuffer) -> dict[str, np.ndarray]:
         "sync_stall_us": np.zeros(total), "sync_map_page_groups": zeros, "bg_map_page_groups": zeros,
         "unmap_page_groups": zeros, "prefill_tokens": zeros, "decode_tokens": consts[:, 0],
         "batch_size": consts[:, 0], "num_running": consts[:, 1], "num_waiting": consts[:, 2],
-        "mapped_page_groups": consts[:, 3], "used_page_groups": np.frombuffer(blocks.used, dtype=np.int64),
+        "mapped_page_groups": consts[:, 3], "used_page_groups": _used_page_groups(blocks, lengths, offsets),
         "free_page_groups": consts[:, 4], "deferred_page_groups": consts[:, 5],
-        "tail_waste_bytes": np.frombuffer(blocks.waste, dtype=np.int64), "preemptions": zeros,
+        "tail_waste_bytes": (np.repeat(np.frombuffer(blocks.waste, dtype=np.int64), lengths)
+                             - offsets * np.repeat(np.frombuffer(blocks.waste_step, dtype=np.int64), lengths)),
+        "preemptions": zeros,
         "block_table_us": np.repeat(np.frombuffer(blocks.block_table_us, dtype=float), lengths),
         "swap_us": np.zeros(total), "clear_copy_us": np.zeros(total)}
+
+
+def _used_page_groups(blocks: RunBuffer, lengths: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Used page groups at every step of the runs: the first step's, plus the requests whose page count grew
+    at each later step (a crossing of residue ``r`` hits steps ``j >= 1`` with ``j % period == r``: the first
+    at ``r``, or at ``period`` for ``r == 0``, then every ``period`` steps while ``j < k``)."""
+    starts = np.cumsum(lengths) - lengths
+    per_run = np.frombuffer(blocks.crossings, dtype=np.int64)
+    run = np.repeat(np.arange(len(lengths)), per_run)          # the run of each crossing entry
+    period = np.frombuffer(blocks.period, dtype=np.int64)[run]
+    residues = np.frombuffer(blocks.crossing_residues, dtype=np.int64)
+    first = np.where(residues == 0, period, residues)
+    hits = np.maximum(0, -(-(lengths[run] - first) // period))  # steps first, first + period, ... below k
+    entry = np.repeat(np.arange(len(run)), hits)
+    nth = np.arange(len(entry)) - np.repeat(np.cumsum(hits) - hits, hits)
+    grows = np.zeros(int(lengths.sum()), dtype=np.int64)
+    # distinct residues of one run never hit the same step, and runs do not overlap: positions are unique
+    grows[starts[run[entry]] + first[entry] + nth * period[entry]] = \
+        np.frombuffer(blocks.crossing_requests, dtype=np.int64)[entry]
+    grown = np.cumsum(grows)
+    # grows is 0 at every run's first step, so grown there is what the earlier runs added
+    return np.repeat(np.frombuffer(blocks.used, dtype=np.int64) - grown[starts], lengths) + grown
