@@ -26,7 +26,7 @@ from sim.latency import VmmLatencyModel
 from sim.lifecycle import RequestBookkeeping
 from sim.mapper import AsyncMapper
 from sim.memory import build_policy
-from sim.plan import MapOp, Plan, UnmapOp
+from sim.plan import EMPTY_PLAN, MapOp, Plan, UnmapOp
 from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS, tbt_stats_us
 from sim.recorder import IterationRecorder, extend_array
 from sim.request import Request
@@ -437,14 +437,14 @@ class Simulator(RequestBookkeeping):
         if scheduler.prefill_first:
             admitted = scheduler.admit_part(self.waiting, budget, self._admit)
             if admitted:
-                return admitted, Plan(), False
+                return admitted, EMPTY_PLAN, False
             batch, _ = scheduler.running_part(self.running, budget)
             if not batch:
-                return batch, Plan(), False
+                return batch, EMPTY_PLAN, False
             batch, plan = yield from self._step(batch)
             return batch, plan, self._iteration_preemptions > 0
         batch, budget = scheduler.running_part(self.running, budget)
-        plan = Plan()
+        plan = EMPTY_PLAN
         if batch:
             batch, plan = yield from self._step(batch)
         preempted = self._iteration_preemptions > 0
@@ -530,11 +530,11 @@ class Simulator(RequestBookkeeping):
                 victim.reject_reason = "pages"       # alone, and the pool still cannot hold its next step
                 self._drop(victim, status="rejected")
                 self._iteration_rejections += 1
-                return [], Plan()
+                return [], EMPTY_PLAN
             self._preempt(victim)
             batch = [(r, t) for r, t in batch if r is not victim]
             if not batch:
-                return [], Plan()
+                return [], EMPTY_PLAN
 
     def _background_since_last_record(self) -> tuple[int, int]:
         """Page groups the mapper mapped / unmapped since the previous iteration record."""

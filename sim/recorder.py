@@ -179,7 +179,7 @@ def records_frame(singles: list[tuple], blocks: RunBuffer) -> pd.DataFrame:
         single = np.asarray(columns_of_singles[index], dtype=float if name.endswith("_us") else np.int64)
         columns[name] = np.concatenate([single, expanded[name]]) if expanded else single
     order = np.argsort(columns["iteration"], kind="stable")
-    return pd.DataFrame({name: values[order] for name, values in columns.items()})
+    return pd.DataFrame({name: values[order] for name, values in columns.items()}, copy=False)   # fresh arrays: no copy
 
 
 def expand_blocks(blocks: RunBuffer) -> dict[str, np.ndarray]:

@@ -20,7 +20,7 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sim.plan import MapOp, Plan, UnmapOp
+from sim.plan import EMPTY_PLAN, MapOp, Plan, UnmapOp
 
 
 @dataclass(frozen=True)
@@ -280,7 +280,7 @@ class VAttentionPolicy:
             self._add_mapped(slot, num_pages)
             self._take_free(num_pages)
             maps.append(MapOp(slot, first_page, num_pages))
-        return Plan(maps=tuple(maps), unmaps=tuple(unmaps))
+        return Plan(maps=tuple(maps), unmaps=tuple(unmaps)) if maps or unmaps else EMPTY_PLAN
 
     def _needs(self, target_tokens: Mapping[int, int]) -> list[tuple[int, int, int]]:
         needs = []
@@ -331,7 +331,7 @@ class VAttentionPolicy:
             maps += self._eager_idle_maps()
             self._eager_dirty = False
         unmaps = self._low_watermark_unmaps() if self.free_page_groups < self._low_groups else []
-        return Plan(maps=tuple(maps), unmaps=tuple(unmaps))
+        return Plan(maps=tuple(maps), unmaps=tuple(unmaps)) if maps or unmaps else EMPTY_PLAN
 
     def has_background_work(self) -> bool:
         """Whether :meth:`background_plan` could return eager or low-watermark work (look-ahead aside)."""
