@@ -178,8 +178,24 @@ def records_frame(singles: list[tuple], blocks: RunBuffer) -> pd.DataFrame:
     for index, name in enumerate(ITERATION_COLUMNS):
         single = np.asarray(columns_of_singles[index], dtype=float if name.endswith("_us") else np.int64)
         columns[name] = np.concatenate([single, expanded[name]]) if expanded else single
-    order = np.argsort(columns["iteration"], kind="stable")
+    order = iteration_order(columns["iteration"])
     return pd.DataFrame({name: values[order] for name, values in columns.items()}, copy=False)   # fresh arrays: no copy
+
+
+def iteration_order(iteration: np.ndarray) -> np.ndarray:
+    """The permutation that sorts a chunk's iteration numbers (``np.argsort(iteration, kind="stable")``): a chunk
+    holds consecutive iterations, each once, so it is their positions inverted, in linear time; anything else
+    (never in a run) falls back to the stable argsort."""
+    count = len(iteration)
+    if count:
+        first = iteration.min()
+        positions = iteration - first
+        if positions.max() == count - 1:
+            order = np.zeros(count, dtype=np.intp)
+            order[positions] = np.arange(count)
+            if np.array_equal(iteration[order], np.arange(first, first + count)):   # each iteration exactly once
+                return order
+    return np.argsort(iteration, kind="stable")
 
 
 def expand_blocks(blocks: RunBuffer) -> dict[str, np.ndarray]:
