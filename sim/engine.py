@@ -350,8 +350,9 @@ class Simulator(RequestBookkeeping):
             waited_us = env.now - start_at_us          # waiting for the mapper's op in progress
             block_table_us = self._block_table_us(batch)
             swap_us = self.swap.take_pending_us()
-            plans, self._pending_plans = [*self._pending_plans, plan], []
-            mapping_us = sum(self.cost.plan_us(p) for p in plans)
+            plans = [p for p in (*self._pending_plans, plan) if p]     # an empty plan costs nothing (0.0)
+            self._pending_plans = []
+            mapping_us = sum(self.cost.plan_us(p) for p in plans) if plans else 0.0
             clear_copy_us = self._take_clear_copy_us()
             sync_us = mapping_us + block_table_us + swap_us + clear_copy_us
             mapped_sync = sum(p.num_page_groups_mapped for p in plans)

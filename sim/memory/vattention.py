@@ -453,6 +453,8 @@ class VAttentionPolicy:
     def take_settled_unmaps(self) -> Plan:
         """Unmaps of freed slots (deferred reclamation off) whose in-flight background maps have now
         settled; already applied to the accounting, the executor must perform them."""
+        if not self._settled_unmaps:
+            return EMPTY_PLAN
         unmaps, self._settled_unmaps = tuple(self._settled_unmaps), []
         return Plan(unmaps=unmaps)
 
