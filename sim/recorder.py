@@ -171,31 +171,45 @@ class IterationRecorder:
 
 def records_frame(singles: list[tuple], blocks: RunBuffer) -> pd.DataFrame:
     """Stepped iterations and decode-run blocks as one DataFrame (columns :data:`ITERATION_COLUMNS`, ``*_us``
-    as float, the rest int64), sorted by iteration; built column by column with numpy."""
+    as float, the rest int64), sorted by iteration; built column by column with numpy, each value written
+    straight to its row (:func:`iteration_rows`)."""
     columns_of_singles = list(zip(*singles)) if singles else [()] * len(ITERATION_COLUMNS)
     expanded = expand_blocks(blocks) if len(blocks) else {}
+    parts = [[np.asarray(values, dtype=float if name.endswith("_us") else np.int64)]
+             for name, values in zip(ITERATION_COLUMNS, columns_of_singles)]
+    if expanded:
+        for name, column in zip(ITERATION_COLUMNS, parts):
+            column.append(expanded[name])
+    rows = iteration_rows(parts[0])
     columns = {}
-    for index, name in enumerate(ITERATION_COLUMNS):
-        single = np.asarray(columns_of_singles[index], dtype=float if name.endswith("_us") else np.int64)
-        columns[name] = np.concatenate([single, expanded[name]]) if expanded else single
-    order = iteration_order(columns["iteration"])
-    return pd.DataFrame({name: values[order] for name, values in columns.items()}, copy=False)   # fresh arrays: no copy
+    for name, column in zip(ITERATION_COLUMNS, parts):
+        values = np.empty(sum(len(part) for part in column), dtype=column[0].dtype)
+        for part, places in zip(column, rows):
+            values[places] = part
+        columns[name] = values
+    return pd.DataFrame(columns, copy=False)   # fresh arrays: no copy
 
 
-def iteration_order(iteration: np.ndarray) -> np.ndarray:
-    """The permutation that sorts a chunk's iteration numbers (``np.argsort(iteration, kind="stable")``): a chunk
-    holds consecutive iterations, each once, so it is their positions inverted, in linear time; anything else
-    (never in a run) falls back to the stable argsort."""
-    count = len(iteration)
+def iteration_rows(iterations: list[np.ndarray]) -> list[np.ndarray]:
+    """Where each value of several arrays of iteration numbers goes in the table sorted by iteration (the rows a
+    stable argsort of their concatenation gives): a chunk holds consecutive iterations, each once, so a value's
+    row is its iteration minus the first (linear time); anything else (never in a run) falls back to the
+    stable argsort."""
+    joined = np.concatenate(iterations) if len(iterations) > 1 else iterations[0]
+    count = len(joined)
     if count:
-        first = iteration.min()
-        positions = iteration - first
-        if positions.max() == count - 1:
-            order = np.zeros(count, dtype=np.intp)
-            order[positions] = np.arange(count)
-            if np.array_equal(iteration[order], np.arange(first, first + count)):   # each iteration exactly once
-                return order
-    return np.argsort(iteration, kind="stable")
+        rows = [part - joined.min() for part in iterations]
+        if all(len(part) == 0 or part.max() < count for part in rows):
+            covered = np.zeros(count, dtype=bool)
+            for part in rows:
+                covered[part] = True
+            if covered.all():        # count values on count rows: each iteration exactly once
+                return rows
+    order = np.argsort(joined, kind="stable")
+    places = np.empty(count, dtype=np.intp)
+    places[order] = np.arange(count)
+    bounds = np.cumsum([0] + [len(part) for part in iterations])
+    return [places[start:stop] for start, stop in zip(bounds[:-1], bounds[1:])]
 
 
 def expand_blocks(blocks: RunBuffer) -> dict[str, np.ndarray]:

@@ -2,13 +2,18 @@
 import numpy as np
 import pytest
 
-from sim.recorder import RunBuffer, expand_blocks, iteration_order
+from sim.recorder import RunBuffer, expand_blocks, iteration_rows
 
 
-@pytest.mark.parametrize("iteration", [[], [7], [4, 5, 0, 1, 2, 3], [3, 1, 2, 2, 5], [0, 2, 2], [9, 8, 8, 7]])
-def test_iteration_order_is_the_stable_argsort(iteration):
-    iteration = np.array(iteration, dtype=np.int64)
-    assert np.array_equal(iteration_order(iteration), np.argsort(iteration, kind="stable"))
+@pytest.mark.parametrize("parts", [[[]], [[7]], [[4, 5], [0, 1, 2, 3]], [[3, 1], [2, 2, 5]], [[0, 2, 2], []],
+                                   [[9, 8], [8, 7]], [[10, 12], [11, 13, 14]]])
+def test_iteration_rows_are_the_stable_sort_positions(parts):
+    """Each value's row in the table sorted by iteration, as a stable argsort of the concatenation places it."""
+    parts = [np.array(part, dtype=np.int64) for part in parts]
+    joined = np.concatenate(parts)
+    expected = np.empty(len(joined), dtype=np.intp)
+    expected[np.argsort(joined, kind="stable")] = np.arange(len(joined))
+    assert np.array_equal(np.concatenate(iteration_rows(parts)), expected)
 
 
 @pytest.mark.parametrize("tokens_per_page", [1, 3, 16, 1024])
