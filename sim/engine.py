@@ -639,8 +639,8 @@ class Simulator(RequestBookkeeping):
     def _decode_run(self, batch: Batch, iteration: int):
         """Fast-forward k >= 2 pure-decode iterations in one event when nothing can change inside them:
         no arrival before the last one starts, no completion, every step and look-ahead target already
-        mapped, the mapper idle with no background work. The steps are computed one at a time up to the next
-        arrival (none after it). Returns k (0 when not eligible)."""
+        mapped, the mapper idle with no background work. The steps are cut at the next arrival
+        (:meth:`_run_steps`). Returns k (0 when not eligible)."""
         if (len(batch) != len(self.running) or self._pending_plans or self._pending_zero_groups or self._pending_copy_bytes or
                 (self.mapper and not self.mapper.idle)):
             return 0

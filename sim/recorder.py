@@ -74,7 +74,7 @@ def extend_array(buffer: array, values) -> None:
         buffer.extend(values)
 
 
-DTYPES = {"d": np.float64, "q": np.int64, "l": np.dtype("l")}
+DTYPES = {"d": np.float64, "q": np.int64}
 """numpy dtype of each ``array`` type code used by the buffers."""
 
 
