@@ -10,6 +10,7 @@ A second process (:class:`sim.mapper.AsyncMapper`) maps in the background while 
 """
 from __future__ import annotations
 
+import itertools
 from array import array
 from collections import deque
 from collections.abc import Callable
@@ -25,15 +26,18 @@ from sim.latency import VmmLatencyModel
 from sim.lifecycle import RequestBookkeeping
 from sim.mapper import AsyncMapper
 from sim.memory import build_policy
-from sim.plan import MapOp, Plan, UnmapOp
+from sim.plan import EMPTY_PLAN, MapOp, Plan, UnmapOp
 from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS, tbt_stats_us
-from sim.recorder import IterationRecorder
+from sim.recorder import IterationRecorder, extend_array
 from sim.request import Request
 from sim.scheduler import SCHEDULERS, Batch
 from sim.units import US_PER_S
 
 ARRIVAL_TICKS_PER_S = 10_000_000
 ARRIVAL_TICK_US = US_PER_S / ARRIVAL_TICKS_PER_S
+PLAIN_RUN_STEPS = 64
+"""A fast-forwarded decode run expected to be at most this long is computed one step at a time in plain floats
+(cheaper than numpy's per-call overhead); a longer one as arrays, with the same floats."""
 
 
 
@@ -346,8 +350,9 @@ class Simulator(RequestBookkeeping):
             waited_us = env.now - start_at_us          # waiting for the mapper's op in progress
             block_table_us = self._block_table_us(batch)
             swap_us = self.swap.take_pending_us()
-            plans, self._pending_plans = [*self._pending_plans, plan], []
-            mapping_us = sum(self.cost.plan_us(p) for p in plans)
+            plans = [p for p in (*self._pending_plans, plan) if p]     # an empty plan costs nothing (0.0)
+            self._pending_plans = []
+            mapping_us = sum(self.cost.plan_us(p) for p in plans) if plans else 0.0
             clear_copy_us = self._take_clear_copy_us()
             sync_us = mapping_us + block_table_us + swap_us + clear_copy_us
             mapped_sync = sum(p.num_page_groups_mapped for p in plans)
@@ -433,14 +438,14 @@ class Simulator(RequestBookkeeping):
         if scheduler.prefill_first:
             admitted = scheduler.admit_part(self.waiting, budget, self._admit)
             if admitted:
-                return admitted, Plan(), False
+                return admitted, EMPTY_PLAN, False
             batch, _ = scheduler.running_part(self.running, budget)
             if not batch:
-                return batch, Plan(), False
+                return batch, EMPTY_PLAN, False
             batch, plan = yield from self._step(batch)
             return batch, plan, self._iteration_preemptions > 0
         batch, budget = scheduler.running_part(self.running, budget)
-        plan = Plan()
+        plan = EMPTY_PLAN
         if batch:
             batch, plan = yield from self._step(batch)
         preempted = self._iteration_preemptions > 0
@@ -511,11 +516,12 @@ class Simulator(RequestBookkeeping):
         """Map what the batch needs; preempt (recompute) the most recently admitted request while the
         pool cannot cover it. Returns the (possibly smaller) batch and the applied plan."""
         while True:
+            targets, short = self._step_targets(batch)
             if self.mapper:
-                in_progress = self.mapper.take_over(self._short_slots(batch))
+                in_progress = self.mapper.take_over(short)
                 if in_progress is not None:
                     yield in_progress
-            plan = self.policy.step({r.slot: r.computed + t for r, t in batch})
+            plan = self.policy.step(targets)
             if plan is not None:
                 return batch, plan
             if (yield from self._settle_mapper()):
@@ -525,11 +531,11 @@ class Simulator(RequestBookkeeping):
                 victim.reject_reason = "pages"       # alone, and the pool still cannot hold its next step
                 self._drop(victim, status="rejected")
                 self._iteration_rejections += 1
-                return [], Plan()
+                return [], EMPTY_PLAN
             self._preempt(victim)
             batch = [(r, t) for r, t in batch if r is not victim]
             if not batch:
-                return [], Plan()
+                return [], EMPTY_PLAN
 
     def _background_since_last_record(self) -> tuple[int, int]:
         """Page groups the mapper mapped / unmapped since the previous iteration record."""
@@ -544,13 +550,29 @@ class Simulator(RequestBookkeeping):
         """PagedAttention's CPU time to build this iteration's block tables (0 for other policies)."""
         if self.config.policy != "paged":
             return 0.0
-        blocks = sum(self.policy.mapped[r.slot] for r, _ in batch)
+        return self._block_table_us_of(sum(self.policy.mapped[r.slot] for r, _ in batch))
+
+    def _block_table_us_of(self, blocks: int) -> float:
+        """PagedAttention's CPU time (us) to build block tables of ``blocks`` blocks (0 for other policies)."""
+        if self.config.policy != "paged":
+            return 0.0
         return self.config.block_table_base_us + self.config.block_table_per_block_us * blocks
 
-    def _short_slots(self, batch: Batch) -> list[int]:
-        """Slots whose target this iteration needs more pages than are mapped."""
+    def _step_targets(self, batch: Batch) -> tuple[dict[int, int], list[int]]:
+        """One pass over the batch: slot -> tokens it holds after this iteration (the policy's step targets),
+        and (with the asynchronous mapper) the slots whose target needs more pages than are mapped."""
+        targets, short = {}, []
+        if not self.mapper:
+            for request, tokens in batch:
+                targets[request.slot] = request.computed + tokens
+            return targets, short
         per_page, mapped = self.policy.config.tokens_per_page, self.policy.mapped   # pages_for_tokens, inlined
-        return [r.slot for r, t in batch if -(-(r.computed + t) // per_page) > mapped[r.slot]]
+        for request, tokens in batch:
+            slot, target = request.slot, request.computed + tokens
+            targets[slot] = target
+            if -(-target // per_page) > mapped[slot]:
+                short.append(slot)
+        return targets, short
 
     def _preempt(self, victim: Request) -> None:
         """Preempt by swap (KV copied to host, kept) when enabled and the host has room, else by recompute."""
@@ -617,13 +639,15 @@ class Simulator(RequestBookkeeping):
     def _decode_run(self, batch: Batch, iteration: int):
         """Fast-forward k >= 2 pure-decode iterations in one event when nothing can change inside them:
         no arrival before the last one starts, no completion, every step and look-ahead target already
-        mapped, the mapper idle with no background work. Returns k (0 when not eligible)."""
+        mapped, the mapper idle with no background work. The steps are cut at the next arrival
+        (:meth:`_run_steps`). Returns k (0 when not eligible)."""
         if (len(batch) != len(self.running) or self._pending_plans or self._pending_zero_groups or self._pending_copy_bytes or
-                (self.mapper and not self.mapper.idle) or any(t != 1 or r.generated == 0 for r, t in batch)):
-            return 0   # (generated == 0: the 1-token last chunk of a prefill emits the first token)
-        steps = self._run_length(batch)
-        if steps < 2:
+                (self.mapper and not self.mapper.idle)):
             return 0
+        shape = self._run_shape(batch)
+        if shape is None:
+            return 0
+        steps, kv_read, longest, active_mapped, used, crossings = shape
         if self.mapper and self.policy.has_background_work():
             # look-ahead targets are within the mapped pages (run length >= 2), so only eager or
             # low-watermark work can come back
@@ -631,57 +655,109 @@ class Simulator(RequestBookkeeping):
             if background:
                 self.mapper.submit(background)  # the mapper has work: step normally this time
                 return 0
-        computed = np.fromiter((r.computed for r, _ in batch), dtype=np.int64, count=len(batch))
         size = len(batch)
-        compute_us = self.compute.decode_run_us(size, int(computed.sum()), float(computed.sum() + size), steps,
-                                                int(computed.max()) + 1)
-        block_table_us = self._block_table_us(batch)   # constant: no block is added inside the run
-        durations_us = compute_us + block_table_us
-        starts_us = np.cumsum(np.concatenate(([self.env.now], durations_us)))
-        next_arrival_us = (self.requests[self._next_arrival].arrival_at_us
-                           if self._next_arrival < len(self.requests) else float("inf"))
-        if self._open:                    # requests not submitted yet may arrive: stop at the router's next one
-            next_arrival_us = min(next_arrival_us, self.arrival_horizon_us)
-        if next_arrival_us < float("inf"):
-            steps = min(steps, int(np.searchsorted(starts_us[:steps], next_arrival_us, side="left")))
-            if steps < 2:
-                return 0
+        block_table_us = self._block_table_us_of(active_mapped)   # constant: no block is added inside the run
+        starts_us, compute_us, gaps_us = self._run_steps(size, kv_read, longest, steps, block_table_us)
+        steps = len(compute_us)
+        if steps < 2:
+            return 0
         yield self.env.timeout(starts_us[steps] - self.env.now)
-        self._record_decode_run(batch, iteration, computed, starts_us[: steps + 1], compute_us[:steps], block_table_us)
-        first_done_us, last_done_us = float(starts_us[1]), float(starts_us[steps])
+        self._record_decode_run(iteration, starts_us, compute_us, used, crossings, kv_read, active_mapped,
+                                block_table_us)
+        first_done_us, last_done_us = starts_us[1], starts_us[steps]
         tbt = self.tbt_us
         for request, _ in batch:
             request.computed += steps
             request.generated += steps
             tbt.append(first_done_us - request.last_token_at_us)
             request.last_token_at_us = last_done_us
-        self.tbt_run_gaps_us.extend(np.diff(starts_us[1: steps + 1]))
-        self.tbt_run_weights.extend([size] * (steps - 1))
+        extend_array(self.tbt_run_gaps_us, gaps_us[1:])
+        self.tbt_run_weights.extend(array("l", [size]) * (steps - 1))
         self.policy.iteration_completed(iteration + steps - 1)
         return steps
 
-    def _run_length(self, batch: Batch) -> int:
-        """Iterations before a completion, a page map or (async) a look-ahead map would be needed."""
-        tokens_per_page = self.config.tokens_per_page
+    def _run_shape(self, batch: Batch) -> tuple | None:
+        """Two passes over a pure-decode batch. ``None`` if a request is not a plain decode (a chunk, or the
+        1-token last chunk of a prefill that emits the first token) or the run would be shorter than 2 steps
+        (the first pass stops there); else ``(steps, kv_read_tokens, longest_context, active_mapped_page_groups,
+        used_page_groups, crossings)``: the iterations before a completion, a page map or (async) a look-ahead
+        map would be needed, the cached tokens read by the first step, the longest context, the page groups the
+        batch holds and uses in the first step, and ``crossings`` (step % tokens_per_page -> requests whose
+        used pages grow by one at such a step)."""
+        tokens_per_page, mapped = self.config.tokens_per_page, self.policy.mapped
         ahead = self.config.eager_lookahead_steps if self.mapper else 0
-        steps = min(r.output_tokens - r.generated - 1 for r, _ in batch)
+        if batch[-1][1] != 1:        # a prefill chunk (they come last): not a run
+            return None
+        steps = batch[0][0].output_tokens
+        for request, tokens in batch:
+            generated = request.generated
+            if tokens != 1 or generated == 0:
+                return None
+            left = request.output_tokens - generated - 1
+            if left < steps:
+                steps = left
+            mapped_tokens = mapped[request.slot] * tokens_per_page
+            if request.final_kv_tokens > mapped_tokens and mapped_tokens - request.computed - ahead < steps:
+                steps = mapped_tokens - request.computed - ahead
+            if steps < 2:
+                return None
+        kv_read = longest = active_mapped = used = 0
+        crossings: dict[int, int] = {}
         for request, _ in batch:
-            mapped_tokens = self.policy.mapped[request.slot] * tokens_per_page
-            if request.final_kv_tokens > mapped_tokens:
-                steps = min(steps, mapped_tokens - request.computed - ahead)
-        return steps
+            computed = request.computed
+            kv_read += computed
+            if computed > longest:
+                longest = computed
+            active_mapped += mapped[request.slot]
+            used += -(-(computed + 1) // tokens_per_page)
+            residue = -computed % tokens_per_page     # its used pages grow at steps j with j % per_page == residue
+            crossings[residue] = crossings.get(residue, 0) + 1
+        return steps, kv_read, longest, active_mapped, used, crossings
 
-    def _record_decode_run(self, batch: Batch, iteration: int, computed: np.ndarray, starts_us: np.ndarray,
-                           compute_us: np.ndarray, block_table_us: float) -> None:
-        steps, size, policy = len(compute_us), len(batch), self.policy
-        tokens_per_page = self.config.tokens_per_page
-        held = computed[:, None] + 1 + np.arange(steps)[None, :]
-        used = (-(-held // tokens_per_page)).sum(axis=0)
-        active_mapped = sum(policy.mapped[r.slot] for r, _ in batch)
-        waste = (active_mapped * tokens_per_page - held.sum(axis=0)) * self._kv_bytes_per_token
-        self.recorder.add_block((iteration, starts_us, compute_us, used, waste, (
+    def _run_steps(self, size: int, kv_read: int, longest: int, steps: int, block_table_us: float):
+        """The steps of a decode run of at most ``steps`` iterations that start before the next arrival:
+        computed one at a time in plain floats while the run looks short (the next arrival within
+        :data:`PLAIN_RUN_STEPS` steps of the first step's length), else all ``steps`` as arrays and cut there
+        (the same floats). Returns ``(starts_us, compute_us, gaps_us)``: k + 1 start times (the last one the
+        run's end), k compute times and k durations (us; lists of floats, or float arrays for a long run)."""
+        next_arrival_us = (self.requests[self._next_arrival].arrival_at_us
+                           if self._next_arrival < len(self.requests) else float("inf"))
+        if self._open:                    # requests not submitted yet may arrive: stop at the router's next one
+            next_arrival_us = min(next_arrival_us, self.arrival_horizon_us)
+        compute, start_us = self.compute, self.env.now
+        pairs = float(kv_read + size)
+        if hasattr(compute, "decode_run_iter"):
+            durations = compute.decode_run_iter(size, kv_read, pairs, steps, longest + 1)
+        else:
+            durations = iter(compute.decode_run_us(size, kv_read, pairs, steps, longest + 1).tolist())
+        first_us = next(durations)
+        if steps > PLAIN_RUN_STEPS and next_arrival_us - start_us > PLAIN_RUN_STEPS * (first_us + block_table_us):
+            all_us = compute.decode_run_us(size, kv_read, pairs, steps, longest + 1)
+            ends_us = np.cumsum(np.concatenate(([start_us], all_us + block_table_us)))
+            k = int(np.searchsorted(ends_us[:-1], next_arrival_us, side="left"))
+            return ends_us[: k + 1], all_us[:k], np.diff(ends_us[: k + 1])
+        starts_us, compute_us, gaps_us = [start_us], [], []
+        for duration_us in itertools.chain((first_us,), durations):
+            if start_us >= next_arrival_us:
+                break
+            end_us = start_us + (duration_us + block_table_us)
+            compute_us.append(duration_us)
+            gaps_us.append(end_us - start_us)
+            starts_us.append(end_us)
+            start_us = end_us
+        return starts_us, compute_us, gaps_us
+
+    def _record_decode_run(self, iteration: int, starts_us, compute_us, used: int, crossings: dict,
+                           kv_read: int, active_mapped: int, block_table_us: float) -> None:
+        """One block of iteration records for a decode run (:meth:`IterationRecorder.add_run`); its used page
+        groups and tail waste bytes step by step follow from the first step's and the page crossings."""
+        size, policy = len(self.running), self.policy   # the batch is every running request
+        tokens_per_page, kv_bytes_per_token = self.config.tokens_per_page, self._kv_bytes_per_token
+        waste = (active_mapped * tokens_per_page - (kv_read + size)) * kv_bytes_per_token
+        self.recorder.add_run(iteration, starts_us, compute_us, (
             size, len(self.running), len(self.waiting), policy.physical_page_groups, policy.free_page_groups,
-            policy.deferred_page_groups), block_table_us))
+            policy.deferred_page_groups), block_table_us,
+            (used, waste, size * kv_bytes_per_token, tokens_per_page, crossings))
 
     def _after_compute(self, request: Request) -> None:
         if self.prefix and request.hash_ids is not None and request.computed <= request.prompt_tokens:

@@ -10,6 +10,8 @@ the request's slot back to its memory manager).
 """
 from __future__ import annotations
 
+from functools import cached_property
+
 from sim.compute import ATTENTION_TILE_ROWS
 from sim.request import Request
 
@@ -45,7 +47,7 @@ class RequestBookkeeping:
         tokens, on top of the prompt pages that running requests still in their prefill have not mapped
         (mapped or in flight) yet; ``chunk`` only the first chunk."""
         first = request.computed + first_tokens
-        if self.config.admission_rule != "whole-prompt":
+        if not self._whole_prompt_admission:
             return first, None, 0
         policy = self.policy
         pages_for, mapped, in_flight = policy.config.pages_for_tokens, policy.mapped, policy.in_flight_maps
@@ -55,6 +57,11 @@ class RequestBookkeeping:
                 committed += max(0, pages_for(other.prompt_tokens + other.generated) - mapped[other.slot]
                                  - in_flight[other.slot])
         return first, request.seq_len, committed
+
+    @cached_property
+    def _whole_prompt_admission(self) -> bool:
+        """Whether the run admits under the ``whole-prompt`` rule (``config.admission_rule``, fixed for a run)."""
+        return self.config.admission_rule == "whole-prompt"
 
     def _iteration_pass(self, batch: list, lookahead: bool = True) -> tuple:
         """Everything one iteration needs from its batch, in one pass over it (and over running requests left
@@ -72,31 +79,41 @@ class RequestBookkeeping:
         policy, tokens_per_page = self.policy, self.config.tokens_per_page
         mapped = policy.mapped
         steps, budget = self.config.eager_lookahead_steps, self.config.token_budget
-        new = pairs = kv_read = logits = longest = prefill = held = used = active_mapped = blocks = block_keys = 0
+        new = pairs = kv_read = logits = longest = prefill = idle_held = used = active_mapped = blocks = block_keys = 0
         targets = {}
         rows, block_terms = ATTENTION_TILE_ROWS, self._block_terms
         for request, tokens in batch:
             context = request.computed
-            seq_len = request.prompt_tokens + request.generated
+            generated = request.generated
             after = context + tokens
             new += tokens
+            kv_read += context
+            if after > longest:
+                longest = after
+            used += -(-after // tokens_per_page)
+            active_mapped += mapped[request.slot]
+            if tokens == 1 and generated and after == request.prompt_tokens + generated:   # a decode
+                pairs += context + 1.0        # tokens * (context + (tokens + 1) / 2), same float
+                logits += 1
+                if block_terms:
+                    blocks += 1
+                    block_keys += context + 1
+                if lookahead and generated + 1 < request.output_tokens:
+                    final = request.final_kv_tokens
+                    targets[request.slot] = after + steps if after + steps < final else final
+                continue
+            seq_len = request.prompt_tokens + generated
             pairs += tokens * (context + (tokens + 1) / 2)
             if block_terms:                         # sim.compute.attention_block_terms, inlined
                 tiles = -(-tokens // rows)
                 blocks += tiles
                 block_keys += tiles * context + rows * tiles * (tiles - 1) // 2 + tokens
-            kv_read += context
             logits += after == seq_len
-            if after > longest:
-                longest = after
-            if request.generated == 0 or seq_len - context > 1:
+            if generated == 0 or seq_len - context > 1:
                 prefill += tokens
-            held += after
-            used += -(-after // tokens_per_page)
-            active_mapped += mapped[request.slot]
             if lookahead:
                 if after == seq_len:
-                    if request.generated + 1 < request.output_tokens:
+                    if generated + 1 < request.output_tokens:
                         targets[request.slot] = min(after + steps, request.final_kv_tokens)
                 else:
                     targets[request.slot] = min(seq_len, after + budget)
@@ -104,9 +121,10 @@ class RequestBookkeeping:
             scheduled = {request.slot for request, _ in batch}
             for request in self.running:
                 if request.slot not in scheduled:
-                    held += request.computed
+                    idle_held += request.computed
                     used += -(-request.computed // tokens_per_page)
                     active_mapped += mapped[request.slot]
+        held = kv_read + new + idle_held         # every request's computed + scheduled tokens
         waste = (active_mapped * tokens_per_page - held) * self._kv_bytes_per_token
         snapshot = (policy.physical_page_groups, used, policy.free_page_groups, policy.deferred_page_groups, waste)
         return new, pairs, kv_read, logits, longest, prefill, targets, snapshot, blocks, block_keys
@@ -155,20 +173,23 @@ class RequestBookkeeping:
     def _finish_iteration(self, batch: list, done_us: float, iteration: int | None = None) -> None:
         """Apply an iteration's tokens: KV grows; a chunk that completes the sequence emits a token; the
         request finishes at its last output token (its slot is freed through ``_drop``)."""
-        donates = self._donates
+        donates, tbt_append = self._donates, self.tbt_us.append
         for request, tokens in batch:
-            request.computed += tokens
+            computed = request.computed + tokens
+            request.computed = computed
             if donates:
                 self._after_compute(request)
-            if request.computed != request.prompt_tokens + request.generated:
+            generated = request.generated
+            if computed != request.prompt_tokens + generated:
                 continue
-            request.generated += 1
-            if request.generated == 1:
+            generated += 1
+            request.generated = generated
+            if generated == 1:
                 request.first_token_at_us = done_us
             else:
-                self.tbt_us.append(done_us - request.last_token_at_us)
+                tbt_append(done_us - request.last_token_at_us)
             request.last_token_at_us = done_us
-            if request.generated == request.output_tokens:
+            if generated == request.output_tokens:
                 request.completion_at_us = done_us
                 self._drop(request, status="finished")
 

@@ -119,6 +119,11 @@ class PipelineComputeModel(RooflineComputeModel):
         return self.iteration_us_array(size, attention_pairs + growth, kv_read_tokens + growth, size,
                                        max_context_tokens + np.arange(steps, dtype=float))
 
+    def decode_run_iter(self, batch_size: int, kv_read_tokens: int, attention_pairs: float, steps: int,
+                        max_context_tokens: int = 0):
+        """:meth:`decode_run_us` one step at a time (the array's values; us per round)."""
+        yield from self.decode_run_us(batch_size, kv_read_tokens, attention_pairs, steps, max_context_tokens).tolist()
+
 
 def compute_model_for(config, **fields_) -> RooflineComputeModel:
     """The compute model of a :class:`sim.config.SimConfig`: the roofline of the whole model at ``config.tp``,

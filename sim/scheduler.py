@@ -80,8 +80,13 @@ def vllm_running(running: list[Request], token_budget: int) -> tuple[Batch, int]
     """vLLM v0 (no chunked prefill), running part: one token for every decode; a running request with more
     than one token to compute (a swapped-in or prefix-hit request resuming mid-prompt) computes the rest
     at once. Returns the batch and the budget left (unused: this scheduler admits before decoding)."""
-    batch = [(request, request.remaining) for request in running]
-    return batch, token_budget - sum(tokens for _, tokens in batch)
+    batch: Batch = []
+    budget = token_budget
+    for request in running:
+        tokens = request.prompt_tokens + request.generated - request.computed   # Request.remaining, inlined
+        batch.append((request, tokens))
+        budget -= tokens
+    return batch, budget
 
 
 def vllm_admit(waiting: deque, token_budget: int, admit: Admit) -> Batch:

@@ -3,6 +3,7 @@ synchronous mapping, preemption under a small budget."""
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from sim.config import SimConfig
@@ -70,6 +71,27 @@ def test_coalesced_runs_equal_step_by_step(policy):
     np.testing.assert_allclose(a[2].to_numpy(float), b[2].to_numpy(float), rtol=1e-12, atol=1e-6)
     cols = ["ttft_us", "tpot_us", "e2e_us"]
     np.testing.assert_allclose(a[1][cols].to_numpy(float), b[1][cols].to_numpy(float), rtol=1e-12, atol=1e-6)
+
+
+@pytest.mark.parametrize("policy", ["vattention", "paged"])
+def test_decode_runs_as_arrays_equal_plain_steps(policy, monkeypatch):
+    """A decode run's steps past sim.engine.PLAIN_RUN_STEPS are computed as arrays: the same records, bit for
+    bit, as computing every step in plain floats (long outputs, sparse arrivals: runs of hundreds of steps)."""
+    import sim.engine
+
+    rng = np.random.default_rng(3)
+    rows = [(float(t), int(p), int(o)) for t, p, o in zip(np.cumsum(rng.exponential(2.0, 25)),
+                                                          rng.integers(1, 3000, 25), rng.integers(1, 1500, 25))]
+    outputs = []
+    for plain_steps in (0, 5, 10**9):
+        monkeypatch.setattr(sim.engine, "PLAIN_RUN_STEPS", plain_steps)
+        out, requests, iterations = run(rows, vmm=VmmLatencyModel.h200_defaults(), compute=_roofline(), policy=policy)
+        outputs.append((requests, iterations, {k: v for k, v in out.counters.items() if k != "tbt_samples"}))
+    assert (outputs[0][1]["batch_size"] > 0).all() and len(outputs[0][1]) > 5 * out.decode_runs
+    for requests, iterations, counters in outputs[1:]:
+        pd.testing.assert_frame_equal(requests, outputs[0][0], check_exact=True)
+        pd.testing.assert_frame_equal(iterations, outputs[0][1], check_exact=True)
+        assert counters == outputs[0][2]
 
 
 def _roofline():

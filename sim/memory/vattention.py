@@ -16,10 +16,11 @@ Errors follow three tiers: running out of pages is a return value (``None``), ca
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sim.plan import MapOp, Plan, UnmapOp
+from sim.plan import EMPTY_PLAN, MapOp, Plan, UnmapOp
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ class VAttentionPolicy:
         buckets = self._idle_buckets
         need = min(need, len(buckets) - 1)
         allocatable = self._allocatable
-        for mapped in [*range(need, len(buckets)), *range(need - 1, -1, -1)]:
+        for mapped in itertools.chain(range(need, len(buckets)), range(need - 1, -1, -1)):
             bucket = buckets[mapped]
             if bucket:
                 lowest = min(bucket)                  # usually allocatable: one check instead of a scan
@@ -279,7 +280,7 @@ class VAttentionPolicy:
             self._add_mapped(slot, num_pages)
             self._take_free(num_pages)
             maps.append(MapOp(slot, first_page, num_pages))
-        return Plan(maps=tuple(maps), unmaps=tuple(unmaps))
+        return Plan(maps=tuple(maps), unmaps=tuple(unmaps)) if maps or unmaps else EMPTY_PLAN
 
     def _needs(self, target_tokens: Mapping[int, int]) -> list[tuple[int, int, int]]:
         needs = []
@@ -330,7 +331,7 @@ class VAttentionPolicy:
             maps += self._eager_idle_maps()
             self._eager_dirty = False
         unmaps = self._low_watermark_unmaps() if self.free_page_groups < self._low_groups else []
-        return Plan(maps=tuple(maps), unmaps=tuple(unmaps))
+        return Plan(maps=tuple(maps), unmaps=tuple(unmaps)) if maps or unmaps else EMPTY_PLAN
 
     def has_background_work(self) -> bool:
         """Whether :meth:`background_plan` could return eager or low-watermark work (look-ahead aside)."""
@@ -452,6 +453,8 @@ class VAttentionPolicy:
     def take_settled_unmaps(self) -> Plan:
         """Unmaps of freed slots (deferred reclamation off) whose in-flight background maps have now
         settled; already applied to the accounting, the executor must perform them."""
+        if not self._settled_unmaps:
+            return EMPTY_PLAN
         unmaps, self._settled_unmaps = tuple(self._settled_unmaps), []
         return Plan(unmaps=unmaps)
 

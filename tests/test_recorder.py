@@ -1,0 +1,41 @@
+"""The iteration recorder's columnar pieces: the chunk order and the expansion of decode runs' page columns."""
+import numpy as np
+import pytest
+
+from sim.recorder import RunBuffer, expand_blocks, iteration_rows
+
+
+@pytest.mark.parametrize("parts", [[[]], [[7]], [[4, 5], [0, 1, 2, 3]], [[3, 1], [2, 2, 5]], [[0, 2, 2], []],
+                                   [[9, 8], [8, 7]], [[10, 12], [11, 13, 14]]])
+def test_iteration_rows_are_the_stable_sort_positions(parts):
+    """Each value's row in the table sorted by iteration, as a stable argsort of the concatenation places it."""
+    parts = [np.array(part, dtype=np.int64) for part in parts]
+    joined = np.concatenate(parts)
+    expected = np.empty(len(joined), dtype=np.intp)
+    expected[np.argsort(joined, kind="stable")] = np.arange(len(joined))
+    assert np.array_equal(np.concatenate(iteration_rows(parts)), expected)
+
+
+@pytest.mark.parametrize("tokens_per_page", [1, 3, 16, 1024])
+def test_run_pages_expand_to_the_per_step_counts(tokens_per_page):
+    """Used page groups and tail waste of every step, from each run's first step and crossings, equal the
+    direct count: sum over requests of ceil((computed + 1 + j) / per_page), and mapped minus held tokens."""
+    rng = np.random.default_rng(5)
+    buffer, expected_used, expected_waste, first = RunBuffer(), [], [], 0
+    for _ in range(30):
+        computed = rng.integers(1, 5000, rng.integers(1, 9))
+        steps, mapped_tokens, bytes_per_token = int(rng.integers(2, 80)), 10**6, 7
+        held = computed[:, None] + 1 + np.arange(steps)[None, :]
+        expected_used.append((-(-held // tokens_per_page)).sum(axis=0))
+        expected_waste.append((mapped_tokens - held.sum(axis=0)) * bytes_per_token)
+        crossings = {}
+        for c in computed.tolist():
+            crossings[-c % tokens_per_page] = crossings.get(-c % tokens_per_page, 0) + 1
+        used = int(expected_used[-1][0])
+        waste = (mapped_tokens - int(computed.sum()) - len(computed)) * bytes_per_token
+        buffer.add(first, [0.0] * (steps + 1), [1.0] * steps, (len(computed), 0, 0, 0, 0, 0), 0.0,
+                   (used, waste, len(computed) * bytes_per_token, tokens_per_page, crossings))
+        first += steps
+    expanded = expand_blocks(buffer)
+    assert np.array_equal(expanded["used_page_groups"], np.concatenate(expected_used))
+    assert np.array_equal(expanded["tail_waste_bytes"], np.concatenate(expected_waste))
