@@ -33,13 +33,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from analysis.summary import print_comparison
 
     base = config_from_args(args)
-    from sim.policy_spec import parse_policy
+    from sim.policy_spec import parse_policy, policy_config_error
     from sim.config import ConfigError
     for spec in args.policy:          # every spec is checked before the trace is read
         try:
             base.with_overrides(parse_policy(spec))
         except ConfigError as exc:
-            raise ConfigError(f"policy {spec!r}: {exc}" if spec not in str(exc) else str(exc)) from None
+            raise policy_config_error(spec, exc) from None
     out = OutputDir(args.out if args.out is not None else default_out_dir("compare"), args.force)
     _check_profile_first(args.profile)
     trace, notes = load_workload(args, base.seed, base.slot_max_tokens)

@@ -53,7 +53,8 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace, **overrides):
     """Build the :class:`SimConfig` from parsed options (raises ConfigError / CatalogError on bad values)."""
-    from sim.config import SimConfig
+    from sim.config import ConfigError, SimConfig
+    from sim.policy_spec import policy_config_error
     values = dict(model=args.model, gpu=args.gpu, tp=args.tp, page_size_bytes=args.page_size,
                   max_batch_slots=args.max_batch, scheduler=args.scheduler, token_budget=args.token_budget,
                   max_context_tokens=args.max_context, sync_mapping=args.sync_mapping,
@@ -63,8 +64,13 @@ def config_from_args(args: argparse.Namespace, **overrides):
                   pp=getattr(args, "pp", 1), weight_dtype=getattr(args, "weight_dtype", None),
                   kv_dtype=getattr(args, "kv_dtype", None), usd_per_gpu_hour=getattr(args, "usd_per_gpu_hour", None))
     values.update(overrides)
-    if isinstance(getattr(args, "policy", None), str):   # simulate --policy (compare takes a list)
-        values.update(policy_overrides(args.policy, values))
+    spec = getattr(args, "policy", None)
+    if isinstance(spec, str):   # simulate --policy (compare takes a list)
+        values.update(policy_overrides(spec, values))
+        try:
+            return SimConfig(**values)
+        except ConfigError as exc:   # a value the spec set: name the spec and its key, not the flag
+            raise policy_config_error(spec, exc) from None
     return SimConfig(**values)
 
 

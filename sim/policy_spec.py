@@ -60,6 +60,17 @@ POLICY_KEYS: dict[str, dict] = {
 }
 
 
+def policy_config_error(spec: str, exc: Exception) -> ConfigError:
+    """``exc`` (a configuration error met while applying ``spec``) as one error that names the spec; a page
+    size the spec set is named by its key (``page=``), not by the ``--page-size`` flag the user did not pass."""
+    message = str(exc)
+    if spec in message:
+        return ConfigError(message)
+    if "page=" in spec:
+        message = message.replace("--page-size ", "page=")
+    return ConfigError(f"policy {spec!r}: {message}")
+
+
 def parse_policy(spec: str) -> dict:
     """``"vattention:page=256KiB,sync"`` -> SimConfig overrides ``{"policy": ..., "page_size_bytes": ...}``.
 

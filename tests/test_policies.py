@@ -153,6 +153,16 @@ def test_bad_policy_specs(spec, message):
         SimConfig().with_overrides(parse_policy(spec))
 
 
+def test_a_bad_value_a_spec_set_is_named_by_the_spec(capsys):
+    """``simulate --policy vattention:page=3MiB`` names the spec and its key, not the --page-size flag."""
+    from cli import main
+
+    for command in (["simulate", "--policy", "vattention:page=3MiB"],
+                    ["compare", "--policy", "vattention:page=3MiB", "--policy", "paged"]):
+        assert main(command + ["--num-requests", "5"]) == 2
+        assert "policy 'vattention:page=3MiB': page=3145728 B: must be a power of two" in capsys.readouterr().err
+
+
 def test_tensor_parallel_mapping_waits_for_the_slowest_worker():
     """TP=2: each worker draws its own latencies; every operation costs the slower worker's time, so the
     critical path is at least each worker's total and, with random latencies, strictly more than their
