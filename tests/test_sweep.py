@@ -118,3 +118,22 @@ def test_cli_sweep_refuses_a_folder_that_is_not_a_kvsim_result_even_with_force(t
         with pytest.raises(FileExistsError, match="--out .*notes.txt"):
             args.func(args)
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"] and (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_bad_profile_stops_the_sweep_before_any_point(tmp_path, capsys):
+    """A profile with a field out of range is one error before any point runs (it used to fail every point
+    and report that no point met the SLOs)."""
+    import json
+    from pathlib import Path
+
+    from cli import main
+
+    profile = json.loads((Path(__file__).resolve().parents[1] / "profiles" / "h200.json").read_text())
+    profile["compute_in_loop"]["params"]["attention_tail_serial"] = 2
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(profile))
+    out = tmp_path / "sweep"
+    assert main(["sweep", "--grid", "gpu=h100,h200", "--profile", str(bad), "--num-requests", "20",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "attention_tail_serial must be a finite number 0 to 1, got 2" in err and not out.exists()

@@ -263,6 +263,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         parse_slos(args.slo or "")
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if getattr(args, "profile", None) is not None:   # a bad profile is refused once, before any point runs
+        from sim.latency import read_profile
+        read_profile(args.profile)
     jobs = make_jobs(grid, base_settings(args), args.job)
     _check_long_context(jobs)
     from analysis.planning.sweep import point_args
