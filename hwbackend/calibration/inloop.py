@@ -49,6 +49,11 @@ TAIL_FIELDS = ("attention_tail_key_us", "attention_prefill_tail_key_us")
 """Form D's fields beside :data:`BLOCK_FIELDS`: the longest block's own time per key, decode-only and mixed
 (PLAN.md, round 2)."""
 FORMS = ("A", "B", "C", "D", "E")
+FORM_FIELDS = {"A": INLOOP_FIELDS, "B": BLOCK_FIELDS, "C": BLOCK_FIELDS, "D": BLOCK_FIELDS + TAIL_FIELDS,
+               "E": BLOCK_FIELDS + TAIL_FIELDS + ("attention_tail_serial",)}
+"""The fields each form fits (A without ``wave_us_per_token`` when a run lacks the longest context)."""
+SPLIT_KV_FORMS = ("C", "D", "E")
+"""Forms that split graphed decodes' keys as FlashAttention-2 does (each row by its run's slot length)."""
 _BOUNDS = {"flops_efficiency": (0.05, 1.0), "bw_efficiency": (0.05, 1.0), "attention_flops_efficiency": (0.01, 1.0),
            "overhead_us": (0.0, 50_000.0), "mixed_tile_rows": (0.0, 512.0), "launch_floor_us": (0.0, 50_000.0),
            "decode_overhead_us": (0.0, 20_000.0), "attention_bytes_factor": (0.25, 8.0), "wave_us_per_token": (0.0, 10.0),
@@ -175,13 +180,13 @@ def fit_compute(base: RooflineComputeModel, rows: pd.DataFrame, form: str = "A")
     ``max_context_tokens``); returns ``(params, errors)`` (errors: ``all``, ``decode_only``, ``mixed``, each
     median / p90 / max / n of the absolute relative error)."""
     if form == "A":
-        fields = [f for f in INLOOP_FIELDS if f != "wave_us_per_token" or rows["max_context_tokens"].notna().all()]
+        fields = [f for f in FORM_FIELDS[form]
+                  if f != "wave_us_per_token" or rows["max_context_tokens"].notna().all()]
         starts = [[start[f] for f in fields] for start in _STARTS]
     else:
-        fields = (list(BLOCK_FIELDS) + (list(TAIL_FIELDS) if form in ("D", "E") else [])
-                  + (["attention_tail_serial"] if form == "E" else []))
+        fields = list(FORM_FIELDS[form])
         starts = [[{**s, **b}[f] for f in fields] for s in _STARTS for b in _BLOCK_STARTS]
-        base = replace(base, split_kv_slot_tokens=1.0 if form in ("C", "D", "E") else 0.0)
+        base = replace(base, split_kv_slot_tokens=1.0 if form in SPLIT_KV_FORMS else 0.0)
     measured = rows["target_us"].to_numpy(dtype=float)
     weights = row_weights(rows)
     scale = np.sqrt(weights)
@@ -205,7 +210,7 @@ def fit_compute(base: RooflineComputeModel, rows: pd.DataFrame, form: str = "A")
         if mask.any():
             report[name] = fit_error(errors[mask])
     params = {k: round(float(v), 6) for k, v in zip(fields, best.x)}
-    if form in ("C", "D", "E"):
+    if form in SPLIT_KV_FORMS:
         params["split_kv_sms"] = base.split_kv_sms   # marks the split-KV form; the slot length comes from the run
     return params, report
 
@@ -344,7 +349,7 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "", g
     for name in (FORMS if form == "auto" else (form,)):
         params, errors = fit_compute(base, rows, name)
         fitted = base.with_overrides(params)
-        if name in ("C", "D", "E"):
+        if name in SPLIT_KV_FORMS:
             fitted = replace(fitted, split_kv_slot_tokens=1.0)   # per row: its run's slot (predict_rows)
         correction, decode_errors = fit_decode_correction(fitted, rows)
         predicted = predict_rows(fitted.with_overrides(correction) if correction else fitted, rows)
