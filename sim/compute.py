@@ -462,7 +462,8 @@ class RooflineComputeModel:
         chunk = self._split_chunk_tokens(logits, heads_kv)
         decode_blocks = np.where(np.isfinite(chunk), np.maximum(logits, (kv_read + logits) / chunk + logits / 2), logits)
         decode_attn = _overlap(heads_kv * (tau0 * decode_blocks + kappa * (kv_read + logits)) / self.attention_slots,
-                               tau0 + kappa_t * np.minimum(chunk, longest), self.attention_tail_serial, np.maximum, np.minimum)
+                               tau0 + kappa_t * np.minimum(chunk, longest), self.attention_tail_serial,
+                               np.maximum, np.minimum)
         known = blocks > 0
         n = np.where(known, blocks, logits + np.ceil(np.maximum(new - logits, 0) / ATTENTION_TILE_ROWS))
         k = np.where(known, block_keys, kv_read + new)
@@ -489,18 +490,18 @@ class RooflineComputeModel:
                 n, k = batch.attention_blocks, batch.block_keys
             else:
                 n, k = logits + math.ceil(max(new - logits, 0) / ATTENTION_TILE_ROWS), kv_read + new
-            attn = _overlap((m.num_q_heads // tp) * (tau0 * n + kappa_p * k) / slots,
-                            tau0 + (self.attention_prefill_tail_key_us or kappa_p) * longest, self.attention_tail_serial,
-                            max, min)
+            kappa_pt = self.attention_prefill_tail_key_us or kappa_p
+            attn = _overlap((m.num_q_heads // tp) * (tau0 * n + kappa_p * k) / slots, tau0 + kappa_pt * longest,
+                            self.attention_tail_serial, max, min)
         else:
             heads_kv = max(m.num_kv_heads // tp, 1)
             chunk = self._split_chunks.get(logits)
             if chunk is None:
                 chunk = float(self._split_chunk_tokens(np.array([logits]), heads_kv)[0])
             active = logits if chunk == math.inf else max(logits, (kv_read + logits) / chunk + logits / 2)
+            kappa_t = self.attention_tail_key_us or kappa
             attn = _overlap(heads_kv * (tau0 * active + kappa * (kv_read + logits)) / slots,
-                            tau0 + (self.attention_tail_key_us or kappa) * min(chunk, longest), self.attention_tail_serial,
-                            max, min)
+                            tau0 + kappa_t * min(chunk, longest), self.attention_tail_serial, max, min)
         attn *= m.num_layers * self.paged_attention_factor * self.layout_attention_factor
         if new > logits or not self.decode_graphs:
             return max(self.launch_floor_us, base + attn + self.overhead_us)

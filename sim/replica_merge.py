@@ -105,7 +105,8 @@ def check_replica_parts(parts: dict, directory: str | Path, label: str) -> dict:
     return resolved
 
 
-def save_replica_parts(result, prefix: str | Path, keep_iterations: bool = True, trace_digest: str | None = None) -> dict:
+def save_replica_parts(result, prefix: str | Path, keep_iterations: bool = True,
+                       trace_digest: str | None = None) -> dict:
     """Write a replica's parts next to its streamed iteration file (module docstring) and return their paths
     and figures. ``result``: the replica's :class:`analysis.results.RunResult` with ``iterations_file`` and
     ``tbt_samples``; ``keep_iterations`` false: the iteration file is replaced by ``PREFIX.columns.parquet``

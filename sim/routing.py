@@ -146,14 +146,13 @@ def _replica_rows(trace: pd.DataFrame, assignment: np.ndarray, replica: int) -> 
 
 
 def _simulate_replica(job: tuple) -> RunResult | None:
-    """One replica's run (a process-pool or Ray task): ``(config, part, profile, records_path[,
-    keep_iterations])``. With a records path the replica's records stay on disk
+    """One replica's run (a process-pool or Ray task): ``(config, part, profile, records_path, keep_iterations,
+    trace_digest)`` as :func:`_jobs` makes it. With a records path the replica's records stay on disk
     (:func:`sim.replica_merge.save_replica_parts`; without ``keep_iterations`` only the iteration columns the
     merge reads) and the result holds its summary and their paths only."""
     if job is None:     # a replica already simulated into the records directory (resume)
         return None
-    config, part, profile_path, records_path, *rest = job
-    digest = rest[1] if len(rest) > 1 else None
+    config, part, profile_path, records_path, keep_iterations, digest = job
     if isinstance(part, tuple):         # (Parquet file of the replica's rows, trace attrs): read it here
         path, attrs = part
         part = pd.read_parquet(path)
@@ -165,7 +164,7 @@ def _simulate_replica(job: tuple) -> RunResult | None:
     if records_path is None:
         return result
     parts = save_replica_parts(result, str(records_path).removesuffix(".parquet"),
-                               keep_iterations=rest[0] if rest else True, trace_digest=digest)
+                               keep_iterations=keep_iterations, trace_digest=digest)
     return light_result(parts, result.summary, result.config)
 
 
@@ -300,9 +299,10 @@ def _run_jobs(jobs, num_replicas: int, executor: str, workers: int | None, ray_a
 def _jobs(config: SimConfig, trace: pd.DataFrame, assignment: np.ndarray, num_replicas: int,
           profile_path: str | None, records_dir: str | None, keep_iterations: bool = True,
           skip: set[int] = frozenset()):
-    """Each replica's job (None for a replica in ``skip``). With a records directory and a trace of plain numeric columns, a replica's rows
-    travel as a Parquet file there (``replica-R.trace.parquet``, read and removed by the task), so that
-    neither this process nor an object store holds every replica's rows while the replicas run."""
+    """Each replica's job (None for a replica in ``skip``). With a records directory and a trace of plain
+    numeric columns, a replica's rows travel as a Parquet file there (``replica-R.trace.parquet``, read and
+    removed by the task), so that neither this process nor an object store holds every replica's rows while the
+    replicas run."""
     to_files = records_dir is not None and all(dtype.kind in "iuf" for dtype in trace.dtypes)
     if records_dir is not None:
         Path(records_dir).mkdir(parents=True, exist_ok=True)
