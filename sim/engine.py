@@ -204,6 +204,8 @@ class Simulator(RequestBookkeeping):
         ValueError: if a request does not fit a slot.
     """
 
+    _lookahead_only_short = True    # the policies' background_plan skips covered look-ahead targets
+
     def __init__(self, config: SimConfig, trace: pd.DataFrame, vmm: VmmLatencyModel | None = None,
                  compute: RooflineComputeModel | None = None, progress: Callable[[int, int], None] | None = None,
                  coalesce: bool = True, env: simpy.Environment | None = None, max_iterations: int | None = None,
@@ -559,18 +561,25 @@ class Simulator(RequestBookkeeping):
         return self.config.block_table_base_us + self.config.block_table_per_block_us * blocks
 
     def _step_targets(self, batch: Batch) -> tuple[dict[int, int], list[int]]:
-        """One pass over the batch: slot -> tokens it holds after this iteration (the policy's step targets),
-        and (with the asynchronous mapper) the slots whose target needs more pages than are mapped."""
-        targets, short = {}, []
-        if not self.mapper:
-            for request, tokens in batch:
-                targets[request.slot] = request.computed + tokens
-            return targets, short
+        """One pass over the batch: the policy's step targets (slot -> tokens it holds after this iteration)
+        and the slots whose target needs more pages than are mapped (``short``, in batch order).
+
+        Only the short slots' targets are passed on (``VAttentionPolicy.step`` maps nothing for a slot whose
+        target is within its mapped pages, and a running slot is active and within its capacity, so the plan
+        is the same), except under prefix caching, whose ``step`` checks every slot of the batch."""
         per_page, mapped = self.policy.config.tokens_per_page, self.policy.mapped   # pages_for_tokens, inlined
+        targets, short = {}, []
+        if self.prefix:
+            for request, tokens in batch:
+                slot, target = request.slot, request.computed + tokens
+                targets[slot] = target
+                if -(-target // per_page) > mapped[slot]:
+                    short.append(slot)
+            return targets, short
         for request, tokens in batch:
             slot, target = request.slot, request.computed + tokens
-            targets[slot] = target
-            if -(-target // per_page) > mapped[slot]:
+            if target > mapped[slot] * per_page:          # -(-target // per_page) > mapped[slot]
+                targets[slot] = target
                 short.append(slot)
         return targets, short
 

@@ -21,6 +21,7 @@ class RequestBookkeeping:
 
     _donates = False   # whether _after_compute does anything (set by a loop that overrides it)
     _block_terms = False   # whether _iteration_pass counts attention thread blocks (a block-form compute model)
+    _lookahead_only_short = False   # whether _iteration_pass leaves out look-ahead targets already covered
 
     def _accept_arrivals(self, now_us: float) -> None:
         """Move requests that arrived by ``now_us`` to the waiting queue (or reject one that can never fit)."""
@@ -73,11 +74,14 @@ class RequestBookkeeping:
             ``_block_terms``) (:class:`sim.compute.BatchShape` fields), the tokens of chunks
             that are not single decode tokens, the look-ahead targets (slot -> tokens a few iterations ahead:
             decodes ``eager_lookahead_steps`` more tokens, prefills the next chunk; empty unless
-            ``lookahead``), and the pool snapshot ``(physical, used, free, deferred page groups, tail waste
+            ``lookahead``; with ``_lookahead_only_short``, only the slots whose target is beyond their mapped and
+            in-flight pages, the only ones ``VAttentionPolicy.background_plan`` maps for), and the pool snapshot ``(physical, used, free, deferred page groups, tail waste
             bytes)`` during the iteration.
         """
         policy, tokens_per_page = self.policy, self.config.tokens_per_page
         mapped = policy.mapped
+        # look-ahead targets the policy would skip (already mapped or in flight that far) can be left out
+        ahead_of = policy.in_flight_maps if lookahead and self._lookahead_only_short else None
         steps, budget = self.config.eager_lookahead_steps, self.config.token_budget
         new = pairs = kv_read = logits = longest = prefill = idle_held = used = active_mapped = blocks = block_keys = 0
         targets = {}
@@ -91,7 +95,9 @@ class RequestBookkeeping:
             if after > longest:
                 longest = after
             used += -(-after // tokens_per_page)
-            active_mapped += mapped[request.slot]
+            slot = request.slot
+            slot_mapped = mapped[slot]
+            active_mapped += slot_mapped
             if tokens == 1 and generated and after == request.prompt_tokens + generated:   # a decode
                 pairs += context + 1.0        # tokens * (context + (tokens + 1) / 2), same float
                 logits += 1
@@ -100,7 +106,9 @@ class RequestBookkeeping:
                     block_keys += context + 1
                 if lookahead and generated + 1 < request.output_tokens:
                     final = request.final_kv_tokens
-                    targets[request.slot] = after + steps if after + steps < final else final
+                    target = after + steps if after + steps < final else final
+                    if ahead_of is None or target > (slot_mapped + ahead_of[slot]) * tokens_per_page:
+                        targets[slot] = target
                 continue
             seq_len = request.prompt_tokens + generated
             pairs += tokens * (context + (tokens + 1) / 2)
@@ -114,9 +122,13 @@ class RequestBookkeeping:
             if lookahead:
                 if after == seq_len:
                     if generated + 1 < request.output_tokens:
-                        targets[request.slot] = min(after + steps, request.final_kv_tokens)
+                        target = min(after + steps, request.final_kv_tokens)
+                    else:
+                        continue
                 else:
-                    targets[request.slot] = min(seq_len, after + budget)
+                    target = min(seq_len, after + budget)
+                if ahead_of is None or target > (slot_mapped + ahead_of[slot]) * tokens_per_page:
+                    targets[slot] = target
         if len(batch) != len(self.running):        # running requests without tokens this iteration
             scheduled = {request.slot for request, _ in batch}
             for request in self.running:
