@@ -523,6 +523,8 @@ class Simulator(RequestBookkeeping):
                 in_progress = self.mapper.take_over(short)
                 if in_progress is not None:
                     yield in_progress
+            if not targets:                 # every slot within its mapped pages: step() would map nothing
+                return batch, EMPTY_PLAN
             plan = self.policy.step(targets)
             if plan is not None:
                 return batch, plan

@@ -58,10 +58,10 @@ class AsyncMapper:
     def take_over(self, slots: Iterable[int]) -> simpy.Event | None:
         """Cancel queued reserved maps for ``slots`` (newest first, keeping each slot's pages a prefix);
         return the event of the op in progress if it maps one of these slots, else ``None``."""
-        if not self.queue and self.current is None:     # idle: nothing to cancel or wait for
+        wanted = set(slots)
+        if not wanted or (not self.queue and self.current is None):   # nothing to cancel or wait for
             self._queue_settled_unmaps()
             return None
-        wanted = set(slots)
         kept: deque = deque()
         while self.queue:
             op, reserved = self.queue.pop()

@@ -34,21 +34,10 @@ ITERATION_COLUMNS = (
     "deferred_page_groups", "tail_waste_bytes", "preemptions", "block_table_us", "swap_us", "clear_copy_us")
 
 
-def tbt_stats_us(single_gaps_us, runs) -> dict:
-    """Time between tokens (TBT, inter-token latency) over *all* output tokens after each request's first.
-
-    Args:
-        single_gaps_us: one gap (us) per token, in any order (a sequence or an ``array('d')``).
-        runs: ``(gaps_us, weights)`` pairs: ``gaps_us[i]`` stands for ``weights[i]`` tokens (a step of a
-            fast-forwarded decode run emits one token for each of its batch's requests); ``weights`` an int
-            per gap, or one int for all.
-
-    Returns:
-        ``tbt_p50_us``, ``tbt_p90_us``, ``tbt_p99_us``, ``tbt_max_us``, ``tbt_mean_us`` and ``tbt_tokens``.
-        Percentiles are nearest-rank over the token multiset (numpy's ``inverted_cdf``: the smallest gap
-        whose cumulative token share reaches q), computed on (gap, weight) pairs without expanding them;
-        NaN when no request emitted a second token.
-    """
+def tbt_distinct_us(single_gaps_us, runs):
+    """The TBT token multiset as ``(gaps_us, tokens)``: its distinct gaps (us, ascending) and the tokens with
+    each gap. Arguments as :func:`tbt_stats_us`; the result depends only on the multiset, not on how it was
+    recorded (one gap per token, or a gap standing for a batch's tokens)."""
     import numpy as np
 
     values = [np.frombuffer(single_gaps_us, dtype=float) if isinstance(single_gaps_us, array)
@@ -61,16 +50,50 @@ def tbt_stats_us(single_gaps_us, runs) -> dict:
                        else np.asarray(weight, dtype=np.int64))
     gaps, counts = np.concatenate(values), np.concatenate(weights)
     del values, weights
-    keys = ("tbt_p50_us", "tbt_p90_us", "tbt_p99_us", "tbt_max_us", "tbt_mean_us")
-    total = int(counts.sum())
-    if not total:
-        return {**dict.fromkeys(keys, float("nan")), "tbt_tokens": 0}
-    mean_us = float(np.dot(gaps, counts) / total)
     order = np.argsort(gaps, kind="stable")       # few temporaries at a time: this runs on millions of tokens
     gaps = gaps[order]
-    cumulative = counts[order]
-    del order, counts
-    np.cumsum(cumulative, out=cumulative)
+    counts = counts[order]
+    del order
+    if not len(gaps):
+        return gaps, counts
+    starts = np.flatnonzero(np.concatenate([[True], gaps[1:] != gaps[:-1]]))
+    return gaps[starts], np.add.reduceat(counts, starts)
+
+
+def tbt_gap_token_sum_us(gaps_us, tokens) -> float:
+    """Exactly rounded sum of gap x tokens over distinct gaps (:func:`tbt_distinct_us`): each product is rounded
+    once and ``math.fsum`` adds them, so the sum (and the TBT mean) does not depend on the recording order or
+    grouping, nor on the BLAS thread count."""
+    import math
+
+    return math.fsum((gaps_us * tokens).tolist())
+
+
+def tbt_stats_us(single_gaps_us, runs) -> dict:
+    """Time between tokens (TBT, inter-token latency) over *all* output tokens after each request's first.
+
+    Args:
+        single_gaps_us: one gap (us) per token, in any order (a sequence or an ``array('d')``).
+        runs: ``(gaps_us, weights)`` pairs: ``gaps_us[i]`` stands for ``weights[i]`` tokens (a step of a
+            fast-forwarded decode run emits one token for each of its batch's requests); ``weights`` an int
+            per gap, or one int for all.
+
+    Returns:
+        ``tbt_p50_us``, ``tbt_p90_us``, ``tbt_p99_us``, ``tbt_max_us``, ``tbt_mean_us`` and ``tbt_tokens``.
+        Percentiles are nearest-rank over the token multiset (numpy's ``inverted_cdf``: the smallest gap
+        whose cumulative token share reaches q), computed on (gap, tokens) pairs without expanding them; the
+        mean is :func:`tbt_gap_token_sum_us` over the tokens. All depend only on the multiset
+        (:func:`tbt_distinct_us`). NaN when no request emitted a second token.
+    """
+    import numpy as np
+
+    gaps, tokens = tbt_distinct_us(single_gaps_us, runs)
+    keys = ("tbt_p50_us", "tbt_p90_us", "tbt_p99_us", "tbt_max_us", "tbt_mean_us")
+    total = int(tokens.sum())
+    if not total:
+        return {**dict.fromkeys(keys, float("nan")), "tbt_tokens": 0}
+    mean_us = tbt_gap_token_sum_us(gaps, tokens) / total
+    cumulative = np.cumsum(tokens)
     out = {f"tbt_p{q}_us": float(gaps[np.searchsorted(cumulative, q / 100 * total, side="left")])
            for q in (50, 90, 99)}
     out.update(tbt_max_us=float(gaps[-1]), tbt_mean_us=mean_us, tbt_tokens=total)

@@ -29,12 +29,12 @@ tables, and gives exactly the numbers of :func:`sim.routing.merge_replicas` on t
   the merged table is sorted), never the whole table;
 * counts, totals and maxima add up or take the largest.
 
-The merged TBT mean is ``fsum over replicas of (fsum over the replica's gaps of gap x tokens) / tokens`` in both
-merges (the dot product over the concatenated gaps it replaced rounded differently with the BLAS thread count).
+The merged TBT mean is ``fsum over replicas of (fsum over the replica's distinct gaps of gap x tokens) / tokens``
+in both merges (:func:`sim.records.tbt_gap_token_sum_us`; the dot product over the concatenated gaps it replaced
+rounded differently with the BLAS thread count).
 """
 from __future__ import annotations
 
-import itertools
 import math
 from pathlib import Path
 
@@ -43,24 +43,16 @@ import pandas as pd
 
 from sim.columns import (Concatenation, _key, _value, distinct_counts, kth_smallest,  # noqa: F401 (re-exported)
                          linear_percentile, pairwise_sum, read_column, row_groups)
+from sim.records import tbt_distinct_us, tbt_gap_token_sum_us
 from sim.units import US_PER_MS, US_PER_S
 
 # ---- a replica's parts ---------------------------------------------------------------------------------
 
 def tbt_token_sum(samples) -> float:
-    """Exactly rounded sum over a replica's TBT tokens of their gaps (us): ``(single gaps, run gaps, run
-    weights)`` as :attr:`analysis.results.RunResult.tbt_samples`."""
-    singles, gaps, weights = (np.asarray(s, dtype=float) if i < 2 else np.asarray(s, dtype=np.int64)
-                              for i, s in enumerate(samples))
-    chunk = 1 << 20
-
-    def products():
-        for start in range(0, len(singles), chunk):
-            yield singles[start:start + chunk].tolist()
-        for start in range(0, len(gaps), chunk):
-            yield (gaps[start:start + chunk] * weights[start:start + chunk]).tolist()
-
-    return math.fsum(itertools.chain.from_iterable(products()))
+    """Sum over a replica's TBT tokens of their gaps (us), :func:`sim.records.tbt_gap_token_sum_us` over its
+    distinct gaps: ``(single gaps, run gaps, run weights)`` as :attr:`analysis.results.RunResult.tbt_samples`."""
+    singles, gaps, weights = samples
+    return tbt_gap_token_sum_us(*tbt_distinct_us(singles, [(gaps, weights)]))
 
 
 def merged_tbt_mean(sums: list[float], tokens: int) -> float:
