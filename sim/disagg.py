@@ -225,6 +225,8 @@ class PrefillInstance(Simulator):
             layer-wise streaming.
     """
 
+    _cohort_ok = False    # the request lifecycle differs here (sim.cohort assumes the plain one)
+
     role = "prefill"
 
     def __init__(self, index: int, config: SimConfig, env: simpy.Environment, vmm, compute,
@@ -310,6 +312,8 @@ class DecodeInstance(Simulator):
     """A decode instance: requests are handed over with their prompt KV computed elsewhere
     (:meth:`hand_over`); admission maps their pages; they join the running set when their KV lands
     (:meth:`land`). No fast-forwarding of decode runs (hand-overs arrive at times no router knows ahead)."""
+
+    _cohort_ok = False    # the request lifecycle differs here (sim.cohort assumes the plain one)
 
     role = "decode"
 

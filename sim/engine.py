@@ -10,6 +10,7 @@ A second process (:class:`sim.mapper.AsyncMapper`) maps in the background while 
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 from array import array
 from collections import deque
@@ -21,6 +22,7 @@ import pandas as pd
 import simpy
 
 from sim.compute import BatchShape, RooflineComputeModel
+from sim.cohort import DecodeCohort
 from sim.config import SimConfig
 from sim.latency import VmmLatencyModel
 from sim.lifecycle import RequestBookkeeping
@@ -205,6 +207,7 @@ class Simulator(RequestBookkeeping):
     """
 
     _lookahead_only_short = True    # the policies' background_plan skips covered look-ahead targets
+    _cohort_ok = True               # subclasses that change the request lifecycle (sim.disagg) turn the cohort off
 
     def __init__(self, config: SimConfig, trace: pd.DataFrame, vmm: VmmLatencyModel | None = None,
                  compute: RooflineComputeModel | None = None, progress: Callable[[int, int], None] | None = None,
@@ -256,6 +259,12 @@ class Simulator(RequestBookkeeping):
         self._bg_recorded = (0, 0)
         self._sync_maps = self._sync_unmaps = 0
         self._kv_bytes_per_token = config.model_spec.kv_bytes_per_token(config.tp)
+        # plain decodes advanced in aggregate (sim.cohort): with fast-forwarding, when every decode always fits
+        # the token budget (so the scheduler's order among decodes cannot matter), without a prefix cache
+        self.cohort = (DecodeCohort(config.tokens_per_page) if coalesce and self._cohort_ok
+                       and config.max_batch_slots <= config.token_budget and not config.prefix_caching else None)
+        self._solo: list[Request] = []       # with a cohort: the running requests outside it, in running order
+        self._cohort_scheduled = False       # whether the iteration being scheduled runs the cohort's decodes
 
     # ---- driver ----------------------------------------------------------------------------------------
     def run(self) -> SimOutput:
@@ -302,6 +311,7 @@ class Simulator(RequestBookkeeping):
 
     def output(self) -> SimOutput:
         """The raw records of a finished run."""
+        self._dissolve_cohort()
         for plan in self._pending_plans:    # unmaps of the last frees: performed, but after the last iteration
             self._sync_unmaps += plan.num_page_groups_unmapped
         self._pending_plans = []
@@ -338,7 +348,8 @@ class Simulator(RequestBookkeeping):
             start_at_us = env.now
             self._iteration_preemptions = self._iteration_rejections = 0
             batch, plan, preempted = yield from self._schedule()
-            if not batch:
+            members = self.cohort.size if self._cohort_scheduled else 0
+            if not batch and not members:
                 if not preempted and not self._iteration_rejections and env.now == start_at_us:
                     yield from self._unblock_admission()     # scheduling changed nothing: unblock it
                 self._check_progress("scheduling")
@@ -350,7 +361,7 @@ class Simulator(RequestBookkeeping):
                     iteration += steps
                     continue
             waited_us = env.now - start_at_us          # waiting for the mapper's op in progress
-            block_table_us = self._block_table_us(batch)
+            block_table_us = self._block_table_us(batch, members)
             swap_us = self.swap.take_pending_us()
             plans = [p for p in (*self._pending_plans, plan) if p]     # an empty plan costs nothing (0.0)
             self._pending_plans = []
@@ -365,7 +376,7 @@ class Simulator(RequestBookkeeping):
                 yield env.timeout(sync_us)
             stall_us = waited_us + mapping_us
             new, pairs, kv_read, logits, longest, prefill, targets, snapshot, blocks, block_keys = self._iteration_pass(
-                batch, lookahead=self.mapper is not None)
+                batch, lookahead=self.mapper is not None, **self._cohort_pass_args())
             compute_us = self.compute.iteration_us(BatchShape(new, pairs, kv_read, logits, longest, blocks, block_keys))
             if self.mapper:
                 self.mapper.submit(self.policy.background_plan(targets))
@@ -375,9 +386,11 @@ class Simulator(RequestBookkeeping):
             self.recorder.add((
                 iteration, start_at_us, env.now - start_at_us, compute_us, stall_us,
                 mapped_sync, bg_maps, unmapped_sync + bg_unmaps, prefill,
-                new - prefill, len(batch), len(self.running), len(self.waiting),
+                new - prefill, len(batch) + members, len(self.running), len(self.waiting),
                 *snapshot, self._iteration_preemptions, block_table_us, swap_us, clear_copy_us))
             self._finish_iteration(batch, env.now, iteration)
+            if self.cohort is not None:
+                self._cohort_iteration_done(env.now, members)
             iteration += 1
             if self.max_iterations is not None and iteration > self.max_iterations:
                 raise RuntimeError(f"internal error: more than {self.max_iterations} iterations at "
@@ -437,18 +450,24 @@ class Simulator(RequestBookkeeping):
         (preempting while the pool is short), then waiting requests are admitted unless that preempted.
         Returns ``(batch, plan of the running part, preempted)``; admissions' plans are pending."""
         scheduler, budget = self.scheduler, self.config.token_budget
+        cohort = self.cohort
+        running, members = (self._solo, cohort.size) if cohort is not None else (self.running, 0)
+        self._cohort_scheduled = False
         if scheduler.prefill_first:
             admitted = scheduler.admit_part(self.waiting, budget, self._admit)
             if admitted:
                 return admitted, EMPTY_PLAN, False
-            batch, _ = scheduler.running_part(self.running, budget)
-            if not batch:
+            batch, _ = scheduler.running_part(running, budget)
+            if not batch and not members:
                 return batch, EMPTY_PLAN, False
+            self._cohort_scheduled = members > 0
             batch, plan = yield from self._step(batch)
             return batch, plan, self._iteration_preemptions > 0
-        batch, budget = scheduler.running_part(self.running, budget)
+        # the cohort's decodes come first (every decode fits the budget when there is a cohort)
+        batch, budget = scheduler.running_part(running, budget - members)
         plan = EMPTY_PLAN
-        if batch:
+        self._cohort_scheduled = members > 0
+        if batch or members:
             batch, plan = yield from self._step(batch)
         preempted = self._iteration_preemptions > 0
         if not preempted:
@@ -486,8 +505,10 @@ class Simulator(RequestBookkeeping):
     def _fingerprint(self) -> tuple:
         """What a pass of the serving loop must change when it runs no iteration (liveness invariant)."""
         mapper = self.mapper
+        kv_tokens = (sum(r.computed for r in self._solo) + self.cohort.kv_tokens() if self.cohort is not None
+                     else sum(r.computed for r in self.running))
         return (self.env.now, self.num_done, self._next_arrival, self._admissions, len(self.waiting),
-                len(self.running), sum(r.computed for r in self.running), self.policy.free_page_groups,
+                len(self.running), kv_tokens, self.policy.free_page_groups,
                 self.policy.mapped_page_groups, len(mapper.queue) if mapper else 0,
                 mapper.current is not None if mapper else False)
 
@@ -509,10 +530,17 @@ class Simulator(RequestBookkeeping):
         """The serving state in one line, for internal-error messages."""
         policy = self.policy
         return (f"{len(self.running)} running (slot, computed, target): "
-                f"{[(r.slot, r.computed, r.seq_len) for r in self.running][:8]}, {len(self.waiting)} waiting, "
+                f"{[(r.slot, *self._tokens_of(r)) for r in self.running][:8]}, {len(self.waiting)} waiting, "
                 f"{self.num_done} done of {len(self.requests)}, free page groups {policy.free_page_groups}, "
                 f"mapped {policy.mapped_page_groups}, deferred {policy.deferred_page_groups}, mapper "
                 f"{'idle' if not self.mapper or self.mapper.idle else f'{len(self.mapper.queue)} queued'}")
+
+    def _tokens_of(self, request: Request) -> tuple[int, int]:
+        """A running request's (computed, seq_len) now (a cohort member's attributes lag while it is one)."""
+        if self.cohort is not None and request in self.cohort:
+            computed = self.cohort.computed_of(request)
+            return computed, computed + 1
+        return request.computed, request.seq_len
 
     def _step(self, batch: Batch):
         """Map what the batch needs; preempt (recompute) the most recently admitted request while the
@@ -538,7 +566,7 @@ class Simulator(RequestBookkeeping):
                 return [], EMPTY_PLAN
             self._preempt(victim)
             batch = [(r, t) for r, t in batch if r is not victim]
-            if not batch:
+            if not batch and not (self._cohort_scheduled and self.cohort.size):
                 return [], EMPTY_PLAN
 
     def _background_since_last_record(self) -> tuple[int, int]:
@@ -550,11 +578,13 @@ class Simulator(RequestBookkeeping):
         self._bg_recorded = done
         return delta
 
-    def _block_table_us(self, batch: Batch) -> float:
-        """PagedAttention's CPU time to build this iteration's block tables (0 for other policies)."""
+    def _block_table_us(self, batch: Batch, members: int = 0) -> float:
+        """PagedAttention's CPU time to build this iteration's block tables (0 for other policies); ``members``:
+        the decode cohort runs too (its blocks counted)."""
         if self.config.policy != "paged":
             return 0.0
-        return self._block_table_us_of(sum(self.policy.mapped[r.slot] for r, _ in batch))
+        cohort_blocks = self.cohort.mapped_sum if members else 0
+        return self._block_table_us_of(sum(self.policy.mapped[r.slot] for r, _ in batch) + cohort_blocks)
 
     def _block_table_us_of(self, blocks: int) -> float:
         """PagedAttention's CPU time (us) to build block tables of ``blocks`` blocks (0 for other policies)."""
@@ -596,6 +626,11 @@ class Simulator(RequestBookkeeping):
 
     def _release(self, request: Request) -> None:
         self.running.remove(request)
+        if self.cohort is not None:
+            if request in self.cohort:
+                self.cohort.leave(request)
+            else:
+                self._solo.remove(request)
         self._free_slot(request)
 
     def _free_slot(self, request: Request) -> None:
@@ -647,11 +682,117 @@ class Simulator(RequestBookkeeping):
         elif plan:
             self._pending_plans.append(plan)
 
+    # ---- the decode cohort (sim.cohort) ---------------------------------------------------------------
+    def _start_running(self, request: Request, slot: int, now_us: float) -> None:
+        super()._start_running(request, slot, now_us)
+        if self.cohort is not None:
+            self._solo.append(request)
+
+    def _admission_pool(self) -> list:
+        return self._solo if self.cohort is not None else self.running
+
+    def _cohort_pass_args(self) -> dict:
+        """Keyword arguments of :meth:`_iteration_pass` for the cohort (none without one)."""
+        if self.cohort is None:
+            return {}
+        if not self.cohort.size:
+            return {"running": self._solo}
+        return {"running": self._solo, "cohort": (self._cohort_scheduled, self.cohort)}
+
+    def _cohort_tokens(self, done_us: float) -> None:
+        """TBT of one cohort iteration ending at ``done_us``: members that joined since the last one from their
+        own last token, the others (one gap for all of them) from the cohort's last emission."""
+        cohort, tbt = self.cohort, self.tbt_us
+        for request in cohort.joiners:
+            tbt.append(done_us - request.last_token_at_us)
+        rest = cohort.size - len(cohort.joiners)
+        if rest:
+            self.tbt_run_gaps_us.append(done_us - cohort.last_emit_us)
+            self.tbt_run_weights.append(rest)
+
+    def _cohort_iteration_done(self, done_us: float, members: int) -> None:
+        """After a stepped iteration: the cohort's tokens (when it ran), then members in and out."""
+        if members:
+            self._cohort_tokens(done_us)
+            self.cohort.advance(1)
+            self.cohort.last_emit_us = done_us
+        self._cohort_regroup()
+
+    def _cohort_regroup(self) -> None:
+        """Members due to be handled alone go back to :attr:`_solo` (in running order); running requests in
+        plain decode that can run >= 2 iterations without finishing or needing a page (mapped, and with the
+        asynchronous mapper ``eager_lookahead_steps`` ahead: the :meth:`_run_shape` bound), with no background
+        map in flight for their slot, join."""
+        cohort, solo = self.cohort, self._solo
+        for request in cohort.due():
+            cohort.leave(request)
+            bisect.insort(solo, request, key=_admitted_order)
+        tokens_per_page, mapped, in_flight = self.config.tokens_per_page, self.policy.mapped, self.policy.in_flight_maps
+        ahead = self.config.eager_lookahead_steps if self.mapper else 0
+        keep = []
+        for request in solo:
+            generated, slot = request.generated, request.slot
+            if generated and request.prompt_tokens + generated - request.computed == 1 and not in_flight[slot]:
+                steps = request.output_tokens - generated - 1
+                mapped_tokens = mapped[slot] * tokens_per_page
+                if request.final_kv_tokens > mapped_tokens and mapped_tokens - request.computed - ahead < steps:
+                    steps = mapped_tokens - request.computed - ahead
+                if steps >= 2:
+                    cohort.join(request, steps, mapped[slot])
+                    continue
+            keep.append(request)
+        if len(keep) != len(solo):
+            self._solo = keep
+
+    def _dissolve_cohort(self) -> None:
+        """Write every member back and hand it to :attr:`_solo` (end of run)."""
+        if self.cohort is None:
+            return
+        for request in [r for r in self.running if r in self.cohort]:
+            self.cohort.leave(request)
+            bisect.insort(self._solo, request, key=_admitted_order)
+
+    def _cohort_run(self, batch: Batch, iteration: int):
+        """:meth:`_decode_run` when every running request is in the cohort: k >= 2 iterations up to the first
+        member due to leave, cut at the next arrival; the shape and page crossings come from the cohort's
+        totals. Returns k (0 when not eligible)."""
+        cohort = self.cohort
+        if (batch or not self._cohort_scheduled or cohort.size != len(self.running) or self._pending_plans
+                or self._pending_zero_groups or self._pending_copy_bytes or (self.mapper and not self.mapper.idle)):
+            return 0
+        steps = cohort.steps_left()
+        if steps < 2:
+            return 0
+        if self.mapper and self.policy.has_background_work():
+            background = self.policy.background_plan({})
+            if background:
+                self.mapper.submit(background)  # the mapper has work: step normally this time
+                return 0
+        size, kv_read, longest, active_mapped = cohort.size, cohort.kv_tokens(), cohort.longest(), cohort.mapped_sum
+        block_table_us = self._block_table_us_of(active_mapped)
+        starts_us, compute_us, gaps_us = self._run_steps(size, kv_read, longest, steps, block_table_us)
+        steps = len(compute_us)
+        if steps < 2:
+            return 0
+        yield self.env.timeout(starts_us[steps] - self.env.now)
+        self._record_decode_run(iteration, starts_us, compute_us, cohort.used_now + cohort.crossing_now(),
+                                cohort.crossings(), kv_read, active_mapped, block_table_us)
+        self._cohort_tokens(starts_us[1])
+        extend_array(self.tbt_run_gaps_us, gaps_us[1:])
+        self.tbt_run_weights.extend(array("l", [size]) * (steps - 1))
+        cohort.advance(steps)
+        cohort.last_emit_us = starts_us[steps]
+        self.policy.iteration_completed(iteration + steps - 1)
+        self._cohort_regroup()
+        return steps
+
     def _decode_run(self, batch: Batch, iteration: int):
         """Fast-forward k >= 2 pure-decode iterations in one event when nothing can change inside them:
         no arrival before the last one starts, no completion, every step and look-ahead target already
         mapped, the mapper idle with no background work. The steps are cut at the next arrival
         (:meth:`_run_steps`). Returns k (0 when not eligible)."""
+        if self.cohort is not None:
+            return (yield from self._cohort_run(batch, iteration))
         if (len(batch) != len(self.running) or self._pending_plans or self._pending_zero_groups or self._pending_copy_bytes or
                 (self.mapper and not self.mapper.idle)):
             return 0
@@ -773,6 +914,10 @@ class Simulator(RequestBookkeeping):
     def _after_compute(self, request: Request) -> None:
         if self.prefix and request.hash_ids is not None and request.computed <= request.prompt_tokens:
             self.policy.donate(request.slot, request.hash_ids, request.prompt_tokens, request.computed)
+
+
+def _admitted_order(request: Request) -> int:
+    return request.admitted_order
 
 
 def _requests_from_trace(trace: pd.DataFrame, slot_max_tokens: int) -> list[Request]:

@@ -53,18 +53,24 @@ class RequestBookkeeping:
         policy = self.policy
         pages_for, mapped, in_flight = policy.config.pages_for_tokens, policy.mapped, policy.in_flight_maps
         committed = 0
-        for other in self.running:
+        for other in self._admission_pool():
             if other.prompt_tokens + other.generated - other.computed > 1:      # still in its (re-)prefill
                 committed += max(0, pages_for(other.prompt_tokens + other.generated) - mapped[other.slot]
                                  - in_flight[other.slot])
         return first, request.seq_len, committed
+
+    def _admission_pool(self) -> list:
+        """Running requests that may still be in their (re-)prefill (all of them here; the simulator leaves
+        out its decode cohort, :mod:`sim.cohort`)."""
+        return self.running
 
     @cached_property
     def _whole_prompt_admission(self) -> bool:
         """Whether the run admits under the ``whole-prompt`` rule (``config.admission_rule``, fixed for a run)."""
         return self.config.admission_rule == "whole-prompt"
 
-    def _iteration_pass(self, batch: list, lookahead: bool = True) -> tuple:
+    def _iteration_pass(self, batch: list, lookahead: bool = True, running: list | None = None,
+                        cohort=None) -> tuple:
         """Everything one iteration needs from its batch, in one pass over it (and over running requests left
         out of it, if any).
 
@@ -76,7 +82,9 @@ class RequestBookkeeping:
             decodes ``eager_lookahead_steps`` more tokens, prefills the next chunk; empty unless
             ``lookahead``; with ``_lookahead_only_short``, only the slots whose target is beyond their mapped and
             in-flight pages, the only ones ``VAttentionPolicy.background_plan`` maps for), and the pool snapshot ``(physical, used, free, deferred page groups, tail waste
-            bytes)`` during the iteration.
+            bytes)`` during the iteration. ``running``: the running requests ``batch`` is drawn from (default
+            :attr:`running`); ``cohort``: ``(scheduled, DecodeCohort)``, running requests held apart
+            (:mod:`sim.cohort`), counted as decodes of this iteration when ``scheduled``, else as idle.
         """
         policy, tokens_per_page = self.policy, self.config.tokens_per_page
         mapped = policy.mapped
@@ -129,9 +137,29 @@ class RequestBookkeeping:
                     target = min(seq_len, after + budget)
                 if ahead_of is None or target > (slot_mapped + ahead_of[slot]) * tokens_per_page:
                     targets[slot] = target
-        if len(batch) != len(self.running):        # running requests without tokens this iteration
+        if cohort is not None:
+            scheduled, members = cohort
+            kv_tokens = members.kv_tokens()
+            active_mapped += members.mapped_sum
+            if scheduled:
+                size = members.size
+                new += size
+                kv_read += kv_tokens
+                pairs += float(kv_tokens + size)       # each member: context + 1.0 (exact integers)
+                logits += size
+                if members.longest() + 1 > longest:
+                    longest = members.longest() + 1
+                used += members.used_now + members.crossing_now()
+                if block_terms:
+                    blocks += size
+                    block_keys += kv_tokens + size
+            else:
+                idle_held += kv_tokens
+                used += members.used_now
+        running = self.running if running is None else running
+        if len(batch) != len(running):        # running requests without tokens this iteration
             scheduled = {request.slot for request, _ in batch}
-            for request in self.running:
+            for request in running:
                 if request.slot not in scheduled:
                     idle_held += request.computed
                     used += -(-request.computed // tokens_per_page)
