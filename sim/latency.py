@@ -170,8 +170,9 @@ class VmmLatencyModel:
             return 0.0
         if page_size_bytes in self.growth:
             measured_tensors, distribution = self.growth[page_size_bytes]
-            return (float(distribution.sample_us(page_groups, rng).sum()) * num_sub_tensors / measured_tensors
-                    * self.in_loop_scale)
+            draws = distribution.sample_us(page_groups, rng)
+            total = float(draws[0]) if page_groups == 1 else float(draws.sum())   # the same float, without a reduction
+            return total * num_sub_tensors / measured_tensors * self.in_loop_scale
         calls = page_groups * num_sub_tensors
         per_call_us = (self.total_us("cuMemMap", page_size_bytes, calls, rng)
                        + self.total_us("cuMemSetAccess", page_size_bytes, calls, rng))
@@ -203,7 +204,8 @@ class VmmLatencyModel:
         """Sum of ``count`` independent latencies of ``call`` (us); 0 for ``count == 0``."""
         if count <= 0:
             return 0.0
-        return float(self.distribution(call, page_size_bytes).sample_us(count, rng).sum())
+        draws = self.distribution(call, page_size_bytes).sample_us(count, rng)
+        return float(draws[0]) if count == 1 else float(draws.sum())
 
 
 def read_profile(path: str | Path) -> dict:

@@ -306,8 +306,8 @@ class VAttentionPolicy:
     def _reclaim_idle(self, page_groups: int) -> list[UnmapOp]:
         """Unmap whole idle slots, most-mapped first, until ``page_groups`` are freed."""
         unmaps = []
-        for slot in sorted(self._idle, key=lambda s: (-self.mapped[s], s)):
-            if page_groups <= 0 or not self.mapped[slot]:
+        for slot in self._idle_most_mapped_first():
+            if page_groups <= 0:
                 break
             if self.in_flight_maps[slot]:
                 continue
@@ -400,13 +400,29 @@ class VAttentionPolicy:
         high = 2 * self._low_groups
         if self.free_page_groups + self.in_flight_unmaps >= high or not self._deferred_total:
             return unmaps
-        for slot in sorted(self._idle, key=lambda s: (-self.mapped[s], s)):
+        for slot in self._idle_most_mapped_first():
             while self.mapped[slot] and self.free_page_groups + self.in_flight_unmaps < high and not self.in_flight_maps[slot]:
                 self._add_mapped(slot, -1)
                 self.in_flight_unmaps += 1
                 self.in_flight_unmaps_slot[slot] += 1
                 unmaps.append(UnmapOp(slot, self.mapped[slot], 1))
+            if self.free_page_groups + self.in_flight_unmaps >= high:
+                break                     # the watermark is restored: no later slot is touched
         return unmaps
+
+    def _idle_most_mapped_first(self):
+        """Idle slots that map page groups, most mapped first (ties: lowest slot id), the order fixed when each
+        slot is reached. A caller may unmap the slot it was handed (all of its pages, or stop the walk): a
+        slot only ever moves to the empty bucket, so none is handed out twice. Walks the idle buckets from
+        the top, or sorts the idle slots when the buckets far outnumber them (long slots, small pages)."""
+        buckets = self._idle_buckets
+        if len(buckets) > 4 * len(self._idle) + 64:
+            mapped = self.mapped
+            yield from (s for s in sorted(self._idle, key=lambda s: (-mapped[s], s)) if mapped[s])
+            return
+        for count in range(len(buckets) - 1, 0, -1):
+            if buckets[count]:
+                yield from sorted(buckets[count])
 
     def commit(self, op: MapOp | UnmapOp) -> None:
         """The executor finished a reserved background op."""
