@@ -326,8 +326,9 @@ class RooflineComputeModel:
         wave_us = self.wave_us_per_token * batch.max_context_tokens
         if self.decode_graphs and not mixed:
             size = batch.logit_sequences
+            correction_us = float(self._decode_correction_us(size)) if self.decode_batch_knots else 0.0
             return (self._time_us(size, pairs, batch.kv_read_tokens, size, max, 0.0) + self.decode_overhead_us
-                    + float(self._decode_correction_us(size)) + wave_us)
+                    + correction_us + wave_us)
         roofline = self._time_us(batch.new_tokens, pairs, batch.kv_read_tokens, batch.logit_sequences, max, 0.0)
         return max(self.launch_floor_us, roofline + self.overhead_us + wave_us)
 

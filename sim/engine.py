@@ -363,13 +363,16 @@ class Simulator(RequestBookkeeping):
             waited_us = env.now - start_at_us          # waiting for the mapper's op in progress
             block_table_us = self._block_table_us(batch, members)
             swap_us = self.swap.take_pending_us()
-            plans = [p for p in (*self._pending_plans, plan) if p]     # an empty plan costs nothing (0.0)
-            self._pending_plans = []
-            mapping_us = sum(self.cost.plan_us(p) for p in plans) if plans else 0.0
+            if self._pending_plans or plan:
+                plans = [p for p in (*self._pending_plans, plan) if p]     # an empty plan costs nothing (0.0)
+                self._pending_plans = []
+                mapping_us = sum(self.cost.plan_us(p) for p in plans) if plans else 0.0
+                mapped_sync = sum(p.num_page_groups_mapped for p in plans)
+                unmapped_sync = sum(p.num_page_groups_unmapped for p in plans)
+            else:
+                mapping_us, mapped_sync, unmapped_sync = 0.0, 0, 0
             clear_copy_us = self._take_clear_copy_us()
             sync_us = mapping_us + block_table_us + swap_us + clear_copy_us
-            mapped_sync = sum(p.num_page_groups_mapped for p in plans)
-            unmapped_sync = sum(p.num_page_groups_unmapped for p in plans)
             self._sync_maps += mapped_sync
             self._sync_unmaps += unmapped_sync
             if sync_us > 0:
