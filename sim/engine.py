@@ -381,7 +381,7 @@ class Simulator(RequestBookkeeping):
             new, pairs, kv_read, logits, longest, prefill, targets, snapshot, blocks, block_keys = self._iteration_pass(
                 batch, lookahead=self.mapper is not None, **self._cohort_pass_args())
             compute_us = self.compute.iteration_us(BatchShape(new, pairs, kv_read, logits, longest, blocks, block_keys))
-            if self.mapper:
+            if self.mapper and (targets or self.policy.has_background_work()):   # else the plan is empty
                 self.mapper.submit(self.policy.background_plan(targets))
             yield env.timeout(compute_us)
             self.policy.iteration_completed(iteration)
