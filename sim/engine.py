@@ -29,7 +29,7 @@ from sim.lifecycle import RequestBookkeeping
 from sim.mapper import AsyncMapper
 from sim.memory import build_policy
 from sim.plan import EMPTY_PLAN, MapOp, Plan, UnmapOp
-from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS, tbt_stats_us
+from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS, tbt_distinct_us, tbt_stats_us
 from sim.recorder import IterationRecorder, extend_array
 from sim.request import Request
 from sim.scheduler import SCHEDULERS, Batch
@@ -40,6 +40,11 @@ ARRIVAL_TICK_US = US_PER_S / ARRIVAL_TICKS_PER_S
 PLAIN_RUN_STEPS = 64
 """A fast-forwarded decode run expected to be at most this long is computed one step at a time in plain floats
 (cheaper than numpy's per-call overhead); a longer one as arrays, with the same floats."""
+TBT_FOLD_ENTRIES = 1 << 21
+"""With the decode cohort, the TBT buffers are folded into (distinct gap, tokens) pairs whenever they hold this
+many entries (or twice the distinct gaps of the last fold): a week-long replica's 47 M gaps take ~300,000
+pairs instead of 750 MB, and every TBT figure depends only on the token multiset
+(:func:`sim.records.tbt_distinct_us`)."""
 
 
 
@@ -250,7 +255,8 @@ class Simulator(RequestBookkeeping):
         self.recorder = IterationRecorder(records_path)
         self.tbt_us = array("d")             # gaps (us) of stepped iterations, one per token
         self.tbt_run_gaps_us = array("d")    # decode runs: each step's duration after the first ...
-        self.tbt_run_weights = array("l")    # ... and the tokens it stands for (the batch size)
+        self.tbt_run_weights = array("q")    # ... and the tokens it stands for (the batch size)
+        self._tbt_fold_at = TBT_FOLD_ENTRIES
         self.num_done = 0
         self._next_arrival = 0
         self._admissions = 0
@@ -394,6 +400,8 @@ class Simulator(RequestBookkeeping):
             self._finish_iteration(batch, env.now, iteration)
             if self.cohort is not None:
                 self._cohort_iteration_done(env.now, members)
+                if len(self.tbt_us) + len(self.tbt_run_gaps_us) >= self._tbt_fold_at:
+                    self._fold_tbt()
             iteration += 1
             if self.max_iterations is not None and iteration > self.max_iterations:
                 raise RuntimeError(f"internal error: more than {self.max_iterations} iterations at "
@@ -782,12 +790,24 @@ class Simulator(RequestBookkeeping):
                                 cohort.crossings(), kv_read, active_mapped, block_table_us)
         self._cohort_tokens(starts_us[1])
         extend_array(self.tbt_run_gaps_us, gaps_us[1:])
-        self.tbt_run_weights.extend(array("l", [size]) * (steps - 1))
+        self.tbt_run_weights.extend(array("q", [size]) * (steps - 1))
         cohort.advance(steps)
         cohort.last_emit_us = starts_us[steps]
         self.policy.iteration_completed(iteration + steps - 1)
         self._cohort_regroup()
+        if len(self.tbt_us) + len(self.tbt_run_gaps_us) >= self._tbt_fold_at:
+            self._fold_tbt()
         return steps
+
+    def _fold_tbt(self) -> None:
+        """Replace the TBT buffers by their (distinct gap, tokens) pairs (:data:`TBT_FOLD_ENTRIES`)."""
+        gaps_us, tokens = tbt_distinct_us(self.tbt_us, [(self.tbt_run_gaps_us, self.tbt_run_weights)])
+        self.tbt_us = array("d")
+        self.tbt_run_gaps_us = array("d")
+        self.tbt_run_gaps_us.frombytes(gaps_us.tobytes())
+        self.tbt_run_weights = array("q")
+        self.tbt_run_weights.frombytes(tokens.astype(np.int64).tobytes())
+        self._tbt_fold_at = max(TBT_FOLD_ENTRIES, 2 * len(gaps_us))
 
     def _decode_run(self, batch: Batch, iteration: int):
         """Fast-forward k >= 2 pure-decode iterations in one event when nothing can change inside them:
@@ -827,7 +847,7 @@ class Simulator(RequestBookkeeping):
             tbt.append(first_done_us - request.last_token_at_us)
             request.last_token_at_us = last_done_us
         extend_array(self.tbt_run_gaps_us, gaps_us[1:])
-        self.tbt_run_weights.extend(array("l", [size]) * (steps - 1))
+        self.tbt_run_weights.extend(array("q", [size]) * (steps - 1))
         self.policy.iteration_completed(iteration + steps - 1)
         return steps
 

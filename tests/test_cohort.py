@@ -136,3 +136,22 @@ def test_cohort_gives_the_same_tables_with_the_roofline(settings_):
     assert sim.cohort is not None and sim.cohort.clock > 0      # the cohort did run
     _assert_same(config, trace(rows), vmm=VmmLatencyModel.h200_defaults(),
                  compute=Simulator(config, trace(rows)).compute)
+
+
+def test_folded_tbt_buffers_give_the_same_figures(monkeypatch):
+    """Folding the TBT buffers into (distinct gap, tokens) pairs every few entries leaves every TBT figure,
+    the mean included, as it was (they depend only on the token multiset)."""
+    import sim.engine
+
+    rng = np.random.default_rng(5)
+    rows = [(float(t), int(p), int(o)) for t, p, o in zip(np.cumsum(rng.exponential(0.02, 80)),
+                                                          rng.integers(1, 2000, 80), rng.integers(1, 300, 80))]
+    config = SimConfig()
+    whole = Simulator(config, trace(rows), vmm=VmmLatencyModel.h200_defaults()).run().counters
+    monkeypatch.setattr(sim.engine, "TBT_FOLD_ENTRIES", 64)
+    folded_sim = Simulator(config, trace(rows), vmm=VmmLatencyModel.h200_defaults())
+    folded = folded_sim.run().counters
+    assert folded_sim._tbt_fold_at >= 64 and len(folded["tbt_samples"][0]) < 64     # it did fold
+    keys = ["tbt_p50_us", "tbt_p90_us", "tbt_p99_us", "tbt_max_us", "tbt_mean_us", "tbt_tokens"]
+    assert [folded[k] for k in keys] == [whole[k] for k in keys]
+    assert whole["tbt_tokens"] > 1000
