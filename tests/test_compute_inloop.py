@@ -257,3 +257,18 @@ def test_in_loop_growth_scale_applies_at_its_own_tp_only(tmp_path):
     path = tmp_path / "tp2.json"
     path.write_text(json.dumps(profile))
     assert load_models(CONFIG, str(path))[0].in_loop_scale == 1.0
+
+
+def test_calibrate_form_choices_are_the_fitted_forms():
+    """``kvsim calibrate --form`` lists its choices literally (its --help imports no numpy); they must be the
+    forms the fit knows, plus ``auto``."""
+    import argparse
+
+    from hwbackend import cli
+    from hwbackend.calibration.inloop import FORMS
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    calibrate = parser._subparsers._group_actions[0].choices["calibrate"]
+    form = next(action for action in calibrate._actions if action.dest == "form")
+    assert tuple(form.choices) == (*FORMS, "auto")
