@@ -200,7 +200,9 @@ class Simulator(RequestBookkeeping):
         progress: called as ``progress(done_requests, total_requests)`` every 2,000 iterations.
         coalesce: fast-forward runs of identical pure-decode iterations (no arrival, completion, page map or
             mapper activity inside the run) in one SimPy event; records are identical to stepping them one
-            by one (``tests/test_engine.py`` checks this), only faster.
+            by one (``tests/test_engine.py`` checks this), only faster. With it, requests in plain decode are
+            also advanced together as a :class:`sim.cohort.DecodeCohort` (when every decode fits the token
+            budget and there is no prefix cache), with the same records (``tests/test_cohort.py``).
         env: a shared SimPy environment (several replicas behind a router); default: a new one.
         records_path: stream the iteration records into this Parquet file as the run goes (memory stays flat);
             default: columnar chunks in memory (:class:`sim.recorder.IterationRecorder`).
