@@ -1,7 +1,7 @@
 """Hashes of the request and iteration tables (and the summary) of engine runs that the README's runs do not
 reach: memory pressure with preemption (recompute and swap), synchronous mapping, no deferred reclamation,
 small pages, the paged and static baselines, prefix caching on vAttention, the vLLM scheduler, chunk
-admission, a block-form compute profile. To prove that an engine change altered no output::
+admission, a block-form compute profile, and a least-outstanding co-simulation of three replicas. To prove that an engine change altered no output::
 
     python bench/engine_hashes.py > before.txt   (after the change)   python bench/engine_hashes.py | diff before.txt -
 
@@ -75,6 +75,15 @@ def main() -> int:
         summary = json.dumps(result.summary, sort_keys=True, default=str)
         print(label, _hash(result.requests), _hash(result.iterations),
               hashlib.sha256(summary.encode()).hexdigest()[:16], flush=True)
+    if not args.only or args.only in "cosim-least-outstanding":
+        # three open-arrival replicas in one environment behind a least-outstanding router
+        from sim.routing import co_simulate_least_outstanding
+        config = SimConfig()
+        trace = traces.first_n(traces.load_trace(str(ARXIV), arrival="poisson:24", seed=2), 1500)
+        trace, _ = traces.clip_context(trace, config.slot_max_tokens)
+        assignment, results = co_simulate_least_outstanding(config, trace, 3)
+        print("cosim-least-outstanding", hashlib.sha256(assignment.tobytes()).hexdigest()[:16],
+              *(f"{_hash(r.requests)}/{_hash(r.iterations)}" for r in results), flush=True)
     return 0
 
 
