@@ -2,7 +2,9 @@
 
 Rules (:data:`OUT_RULE`): an output directory must be new or empty; ``--force`` replaces one that holds only a
 kvsim result (run, comparison or sweep), atomically (written beside it, then renamed over it); a directory
-holding anything else is refused even with ``--force``. Files are written to a temporary file and renamed.
+holding anything else is refused even with ``--force``. A kvsim result is recognised by the marker file kvsim
+writes into it (:data:`RESULT_MARKER`), not by its file names alone: a user's own ``config.json`` or
+``summary.json`` is never replaced. Files are written to a temporary file and renamed.
 """
 from __future__ import annotations
 
@@ -28,9 +30,14 @@ def default_out_dir(kind: str = "sim") -> Path:
 RESULT_FILES = frozenset({"requests.parquet", "iterations.parquet", "summary.json", "config.json", "report.html",
                           "compare.csv", "compare.parquet", "sweep.parquet", "sweep.csv", "sweep.html"})
 _RUN_FILES = frozenset({"requests.parquet", "iterations.parquet", "summary.json", "config.json", "report.html"})
+RESULT_MARKER = ".kvsim-result"
+"""Written by kvsim into every result directory it writes (:meth:`OutputDir.writing`, :meth:`OutputDir.mark`);
+``--force`` replaces only a directory that has it (results written before 2026-12-01 lack it and are refused:
+remove such a directory yourself)."""
 OUT_RULE = ("--out must be a new or empty directory; --force replaces one that holds only a kvsim result (run, "
-            "comparison or sweep) as a whole, atomically (written beside it, then renamed over it); a directory "
-            "holding anything else is refused even with --force")
+            "comparison or sweep, marked by the .kvsim-result file kvsim writes into it) as a whole, atomically "
+            "(written beside it, then renamed over it); a directory holding anything else is refused even with "
+            "--force")
 
 
 def _is_result_entry(entry: Path) -> bool:
@@ -39,7 +46,7 @@ def _is_result_entry(entry: Path) -> bool:
     if entry.is_symlink():
         return False
     if entry.is_file():
-        return entry.name in RESULT_FILES
+        return entry.name in RESULT_FILES or entry.name == RESULT_MARKER
     if not entry.is_dir():
         return False
     if entry.name == "points":               # sweep points: <key>.json (and <key>.tmp while being written)
@@ -104,6 +111,13 @@ class OutputDir:
                 listed = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
                 raise FileExistsError(f"{flag} {shown} is not empty and is not a kvsim result (it holds {listed}); "
                                       f"choose a new or empty directory (--force replaces only a kvsim result)")
+            if not (self.path / RESULT_MARKER).is_file() and (force or not resumable):
+                names = sorted(e.name for e in self.path.iterdir())
+                listed = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+                raise FileExistsError(f"{flag} {shown} holds files named like a kvsim result ({listed}) but not the "
+                                      f"{RESULT_MARKER} file kvsim writes into its results, so they may be yours: "
+                                      f"kvsim does not replace them, even with --force; choose another {flag} (or "
+                                      "remove the directory yourself if it is an old kvsim result)")
             if not force and not resumable:
                 raise FileExistsError(f"{flag} {shown} already holds a kvsim result; choose another {flag} or pass "
                                       "--force to replace it")
@@ -127,6 +141,7 @@ class OutputDir:
             stage = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.kvsim-new-"))
             try:
                 yield stage
+                _write_marker(stage)
             except BaseException:
                 shutil.rmtree(stage, ignore_errors=True)
                 raise
@@ -141,6 +156,16 @@ class OutputDir:
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
         return staged()
+
+
+    def mark(self) -> None:
+        """Mark :attr:`path` as a kvsim result (for a command that writes into it in place, such as a resumed
+        sweep; :meth:`writing` marks what it writes)."""
+        _write_marker(self.path)
+
+
+def _write_marker(directory: Path) -> None:
+    (Path(directory) / RESULT_MARKER).write_text('{"format": "kvsim-result/1"}\n')
 
 
 def _umask() -> int:

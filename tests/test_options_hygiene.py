@@ -146,8 +146,8 @@ def test_force_leaves_no_stale_report(tmp_path, capsys):
     assert main(["simulate", "--num-requests", "50", "--out", str(run), "--quiet"]) == 2
     one_error_line(capsys, f"--out {run}", "--force")
     assert main(["simulate", "--num-requests", "50", "--out", str(run), "--force", "--quiet"]) == 0
-    assert sorted(p.name for p in run.iterdir()) == ["config.json", "iterations.parquet", "requests.parquet",
-                                                     "summary.json"]
+    assert sorted(p.name for p in run.iterdir()) == [".kvsim-result", "config.json", "iterations.parquet",
+                                                     "requests.parquet", "summary.json"]
     assert json.loads((run / "summary.json").read_text())["requests"] == 50
     assert leftovers(run) == []
 
@@ -158,7 +158,7 @@ def test_force_on_compare_drops_the_saved_runs_of_the_old_comparison(tmp_path):
     assert main([*base, "--policy", "vattention", "--policy", "paged", "--policy", "static", "--save-runs"]) == 0
     assert {p.name for p in out.iterdir()} >= {"run0", "run1", "run2"}
     assert main([*base, "--policy", "paged", "--force"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["compare.csv", "compare.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == [".kvsim-result", "compare.csv", "compare.parquet"]
     assert list(pd.read_csv(out / "compare.csv")["policy"]) == ["paged"]
     assert leftovers(out) == []
 
@@ -186,6 +186,23 @@ def test_force_never_replaces_a_folder_that_holds_anything_but_a_kvsim_result(tm
         assert main(["simulate", "--num-requests", "10", "--out", str(run), "--quiet", *extra]) == 2
         one_error_line(capsys, f"--out {run}", foreign)
     assert sorted(p.name for p in run.iterdir()) == before
+
+
+@pytest.mark.parametrize("files", [{"config.json": '{"my": "own config"}'},
+                                   {"summary.json": "{}", "compare.csv": "a,b\n1,2\n"},
+                                   {"report.html": "<html>my notes</html>"}])
+def test_force_never_replaces_a_users_files_named_like_kvsims(tmp_path, files, capsys):
+    """A folder whose files merely carry kvsim's names (a user's own config.json) is not a kvsim result: without
+    kvsim's marker it is refused, with or without --force, and left as it was."""
+    run = tmp_path / "mine"
+    run.mkdir()
+    for name, text in files.items():
+        (run / name).write_text(text)
+    for extra in ([], ["--force"]):
+        assert main(["simulate", "--num-requests", "10", "--out", str(run), "--quiet", *extra]) == 2
+        line = one_error_line(capsys, f"--out {run}", ".kvsim-result")
+        assert "even with --force" in line
+    assert {p.name: p.read_text() for p in run.iterdir()} == files
 
 
 def test_a_new_or_empty_out_is_written(tmp_path):

@@ -287,6 +287,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             files = [out_dir / f.name for f in write_table(table, stage)]
             write_figure(table, list(grid), stage / "sweep.html", args.job)
     else:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        out.mark()                    # a sweep written in place (and resumable) is a kvsim result from its start
         records, ran = run_sweep(jobs, out_dir, args.executor, args.workers, args.ray_address, args.quiet)
         table = sweep_table(jobs, records)
         write_table(table, out_dir)
