@@ -68,6 +68,10 @@ def policy_config_error(spec: str, exc: Exception) -> ConfigError:
         return ConfigError(message)
     if "page=" in spec:
         message = message.replace("--page-size ", "page=")
+    name = spec.partition(":")[0].strip().lower()
+    for key, (field_name, *_) in POLICY_KEYS.get(name, {}).items():   # SimConfig's field=... as the spec's key=...
+        if f"{key}=" in spec:
+            message = message.replace(f"{field_name}=", f"{key}=")
     return ConfigError(f"policy {spec!r}: {message}")
 
 

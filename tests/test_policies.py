@@ -163,6 +163,18 @@ def test_a_bad_value_a_spec_set_is_named_by_the_spec(capsys):
         assert "policy 'vattention:page=3MiB': page=3145728 B: must be a power of two" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("spec, named", [("vattention:watermark=2", "watermark=2.0: must lie in [0, 0.5)"),
+                                         ("vattention:lookahead=-1", "lookahead=-1: must be >= 0"),
+                                         ("vattention:eager_slots=-3", "eager_slots=-3: must be >= 0")])
+def test_a_policy_knob_out_of_range_is_named_by_its_key(spec, named, capsys):
+    """Watermark and eager-allocation values out of range are refused before any run, naming the spec and its
+    key (they were refused only when the policy was built, in the policy's own words)."""
+    from cli import main
+
+    assert main(["simulate", "--num-requests", "5", "--quiet", "--policy", spec]) == 2
+    assert f"policy '{spec}': {named}" in capsys.readouterr().err
+
+
 def test_tensor_parallel_mapping_waits_for_the_slowest_worker():
     """TP=2: each worker draws its own latencies; every operation costs the slower worker's time, so the
     critical path is at least each worker's total and, with random latencies, strictly more than their
