@@ -358,3 +358,17 @@ def test_synthetic_default_matches_azure_conv_statistics():
     assert df["output_tokens"].mean() == pytest.approx(211.1, rel=0.20)
     rate_per_s = (len(df) - 1) / df["arrival_s"].iloc[-1]
     assert rate_per_s == pytest.approx(5.53, rel=0.03)
+
+
+@pytest.mark.parametrize("spec, says", [("poisson:-1", "arrival rate must be > 0 req/s (got -1.0)"),
+                                        ("poisson:0", "arrival rate must be > 0 req/s (got 0.0)"),
+                                        ("gamma:5,-1", "arrival CV must be > 0 (got -1.0)"),
+                                        ("gamma:5", "expected 'poisson:RATE' or 'gamma:RATE,CV'"),
+                                        ("poisson:abc", "expected 'poisson:RATE' or 'gamma:RATE,CV'")])
+def test_a_bad_arrival_spec_says_what_is_wrong(spec, says):
+    """The arrival spec is named, and a rate or CV out of range is said to be (not only the expected form)."""
+    from traces.generators import parse_arrival
+
+    with pytest.raises(TraceError) as raised:
+        parse_arrival(spec)
+    assert str(raised.value).startswith(f"arrival {spec!r}: ") and says in str(raised.value)

@@ -57,14 +57,16 @@ def parse_arrival(spec: str) -> ArrivalSpec:
         return OFFLINE
     m = _SPEC_RE.match(spec.strip().lower())
     try:
-        if m and m[1]:
-            return ArrivalSpec("poisson", float(m[2]))
-        if m and m[3]:
-            return ArrivalSpec("gamma", float(m[4]), float(m[5]))
+        numbers = [float(x) for x in ((m[2],) if m[1] else (m[4], m[5]))] if m else None
     except ValueError:
-        pass
-    raise TraceError(f"arrival: expected 'poisson:RATE' or 'gamma:RATE,CV' with RATE in "
-                     f"req/s, or 'offline' (got {spec!r})")
+        numbers = None
+    if numbers is None:
+        raise TraceError(f"arrival {spec!r}: expected 'poisson:RATE' or 'gamma:RATE,CV' with RATE in req/s and "
+                         "CV a number, or 'offline'")
+    try:
+        return ArrivalSpec("poisson", *numbers) if m[1] else ArrivalSpec("gamma", *numbers)
+    except TraceError as exc:            # a rate or CV out of range: say which
+        raise TraceError(f"arrival {spec!r}: {exc}") from None
 
 
 def gamma_arrivals(n: int, rate_per_s: float, cv: float,
