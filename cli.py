@@ -299,6 +299,12 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
 
+    def error(self, message: str):
+        """A bad argument: one line naming it (and where the usage is), exit status 2; argparse's usage dump
+        of every option would bury it."""
+        self.exit(2, f"kvsim: error: {self.prog.removeprefix('kvsim ')}: {message} (see {self.prog} --help)\n"
+                     if self.prog != "kvsim" else f"kvsim: error: {message} (see kvsim --help)\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(

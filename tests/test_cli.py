@@ -109,3 +109,14 @@ def test_trace_options_without_a_trace_are_refused(tmp_path, capsys):
                       "kvsim: error: --arrival applies to a --trace; the built-in synthetic workload has its own "
                       "arrivals and lengths"]
     assert not (tmp_path / "r").exists()
+
+
+def test_a_bad_argument_is_one_line_without_the_usage_dump(capsys):
+    """argparse would print every option's usage first; the error is one line naming the argument."""
+    import pytest
+
+    with pytest.raises(SystemExit) as raised:
+        main(["simulate", "--max-batch", "0"])
+    assert raised.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "kvsim: error: simulate: argument --max-batch: must be >= 1, got 0 (see kvsim simulate --help)\n"
