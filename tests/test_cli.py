@@ -120,3 +120,13 @@ def test_a_bad_argument_is_one_line_without_the_usage_dump(capsys):
     assert raised.value.code == 2
     err = capsys.readouterr().err
     assert err == "kvsim: error: simulate: argument --max-batch: must be >= 1, got 0 (see kvsim simulate --help)\n"
+
+
+def test_more_requests_asked_than_the_trace_has_is_said(tmp_path, capsys):
+    """--num-requests beyond the trace keeps every request, with a warning (a planner may expect that many)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:46.{i:06d},{10 + i},{3}\n" for i in range(5)))
+    assert main(["simulate", "--trace", str(trace), "--num-requests", "1000", "--quiet",
+                 "--out", str(tmp_path / "run")]) == 0
+    assert "--num-requests 1,000: the trace has only 5 requests; all of them are simulated" in capsys.readouterr().err

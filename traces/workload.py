@@ -64,6 +64,10 @@ def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int):
             raise traces.TraceError(f"--skip-requests {args.skip_requests}: the trace has only {len(trace)} requests")
         trace = traces.skip_n(trace, args.skip_requests)
     if args.num_requests:
+        if args.num_requests > len(trace):       # kept, but said: a capacity planner may expect that many
+            notes.append(f"--num-requests {args.num_requests:,}: the trace has only {len(trace):,} requests"
+                         + (" after --skip-requests" if getattr(args, "skip_requests", 0) else "")
+                         + "; all of them are simulated")
         trace = traces.first_n(trace, args.num_requests)
     if args.rate_scale != 1.0:
         trace = traces.scale_rate(trace, args.rate_scale)
