@@ -372,3 +372,12 @@ def test_a_bad_arrival_spec_says_what_is_wrong(spec, says):
     with pytest.raises(TraceError) as raised:
         parse_arrival(spec)
     assert str(raised.value).startswith(f"arrival {spec!r}: ") and says in str(raised.value)
+
+
+def test_a_parquet_named_text_file_is_named_as_such(tmp_path):
+    """A file named .parquet without Parquet's magic bytes is said to be that, not an unknown CSV header."""
+    fake = tmp_path / "trace.parquet"
+    fake.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6,10,3\n")
+    with pytest.raises(TraceError, match="named .parquet but not a Parquet file"):
+        load_trace(fake)
+    assert len(load_trace(fake, fmt="azure")) == 1       # --format reads it as what it is

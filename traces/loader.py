@@ -32,6 +32,9 @@ def detect_format(path: str | Path) -> str:
         with open(path, "rb") as fh:
             if fh.read(4) == b"PAR1":
                 return "parquet"
+    if path.suffix.lower() == ".parquet" and path.is_file():
+        raise TraceError(f"{path}: named .parquet but not a Parquet file (it does not start with the PAR1 magic "
+                         "bytes); pass --format for a text trace, or name the file after its content")
     head = csvread.read_head(path)
     if head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{"):
         return "mooncake"
