@@ -6,8 +6,8 @@ to finish, or its next step (or, with the asynchronous mapper, its look-ahead) n
 nothing else about it can change, so the serving loop need not visit it. The cohort holds such requests
 lazily: a member's ``computed`` is ``offset + clock``, where ``clock`` counts the iterations that scheduled
 the cohort, and the loop reads only the cohort's totals (tokens, longest context, used and mapped page
-groups, page crossings), each kept up to date in O(1) per iteration (O(distinct page residues) for a run of
-k iterations). A member is written back (``leave``) before the iteration in which it must be handled alone,
+groups, page crossings), each kept up to date in amortised O(log members) per iteration and per join or
+leave (O(distinct page residues) for a run of k iterations). A member is written back (``leave``) before the iteration in which it must be handled alone,
 so the records are those of visiting every request each iteration (``bench/engine_hashes.py``,
 ``bench/readme_hashes.py``).
 
@@ -78,7 +78,11 @@ class DecodeCohort:
         self.joiners[request] = None
 
     def leave(self, request: Request) -> None:
-        """Remove a member, writing its ``computed``, ``generated`` and ``last_token_at_us`` back."""
+        """Remove a member, writing its ``computed``, ``generated`` and ``last_token_at_us`` back.
+
+        Raises:
+            KeyError: if ``request`` is not a member.
+        """
         seq, offset, generated_offset, mapped = self._members.pop(request)
         del self._by_seq[seq]
         request.computed = offset + self.clock
