@@ -402,8 +402,6 @@ class Simulator(RequestBookkeeping):
             self._finish_iteration(batch, env.now, iteration)
             if self.cohort is not None:
                 self._cohort_iteration_done(env.now, members)
-                if len(self.tbt_us) + len(self.tbt_run_gaps_us) >= self._tbt_fold_at:
-                    self._fold_tbt()
             iteration += 1
             if self.max_iterations is not None and iteration > self.max_iterations:
                 raise RuntimeError(f"internal error: more than {self.max_iterations} iterations at "
@@ -612,15 +610,17 @@ class Simulator(RequestBookkeeping):
         Only the short slots' targets are passed on (``VAttentionPolicy.step`` maps nothing for a slot whose
         target is within its mapped pages, and a running slot is active and within its capacity, so the plan
         is the same), except under prefix caching, whose ``step`` checks every slot of the batch."""
-        per_page, mapped = self.policy.config.tokens_per_page, self.policy.mapped   # pages_for_tokens, inlined
+        per_page, mapped = self.policy.config.tokens_per_page, self.policy.mapped
+        every_target = self.prefix
         targets, short = {}, []
-        if self.prefix:
-            for request, tokens in batch:
-                slot, target = request.slot, request.computed + tokens
+        for request, tokens in batch:
+            slot, target = request.slot, request.computed + tokens
+            if target > mapped[slot] * per_page:          # pages_for_tokens(target) > mapped[slot]
                 targets[slot] = target
-                if -(-target // per_page) > mapped[slot]:
-                    short.append(slot)
-            return targets, short
+                short.append(slot)
+            elif every_target:
+                targets[slot] = target
+        return targets, short
         for request, tokens in batch:
             slot, target = request.slot, request.computed + tokens
             if target > mapped[slot] * per_page:          # -(-target // per_page) > mapped[slot]
@@ -734,8 +734,8 @@ class Simulator(RequestBookkeeping):
     def _cohort_regroup(self) -> None:
         """Members due to be handled alone go back to :attr:`_solo` (in running order); running requests in
         plain decode that can run >= 2 iterations without finishing or needing a page (mapped, and with the
-        asynchronous mapper ``eager_lookahead_steps`` ahead: the :meth:`_run_shape` bound), with no background
-        map in flight for their slot, join."""
+        asynchronous mapper ``eager_lookahead_steps`` ahead: :func:`_decode_steps_left`), with no background
+        map in flight for their slot, join. Then the TBT buffers are folded if they are full (:meth:`_fold_tbt`)."""
         cohort, solo = self.cohort, self._solo
         for request in cohort.due():
             cohort.leave(request)
@@ -746,16 +746,15 @@ class Simulator(RequestBookkeeping):
         for request in solo:
             generated, slot = request.generated, request.slot
             if generated and request.prompt_tokens + generated - request.computed == 1 and not in_flight[slot]:
-                steps = request.output_tokens - generated - 1
-                mapped_tokens = mapped[slot] * tokens_per_page
-                if request.final_kv_tokens > mapped_tokens and mapped_tokens - request.computed - ahead < steps:
-                    steps = mapped_tokens - request.computed - ahead
+                steps = _decode_steps_left(request, mapped[slot] * tokens_per_page, ahead)
                 if steps >= 2:
                     cohort.join(request, steps, mapped[slot])
                     continue
             keep.append(request)
         if len(keep) != len(solo):
             self._solo = keep
+        if len(self.tbt_us) + len(self.tbt_run_gaps_us) >= self._tbt_fold_at:
+            self._fold_tbt()
 
     def _dissolve_cohort(self) -> None:
         """Write every member back and hand it to :attr:`_solo` (end of run)."""
@@ -764,42 +763,6 @@ class Simulator(RequestBookkeeping):
         for request in [r for r in self.running if r in self.cohort]:
             self.cohort.leave(request)
             bisect.insort(self._solo, request, key=_admitted_order)
-
-    def _cohort_run(self, batch: Batch, iteration: int):
-        """:meth:`_decode_run` when every running request is in the cohort: k >= 2 iterations up to the first
-        member due to leave, cut at the next arrival; the shape and page crossings come from the cohort's
-        totals. Returns k (0 when not eligible)."""
-        cohort = self.cohort
-        if (batch or not self._cohort_scheduled or cohort.size != len(self.running) or self._pending_plans
-                or self._pending_zero_groups or self._pending_copy_bytes or (self.mapper and not self.mapper.idle)):
-            return 0
-        steps = cohort.steps_left()
-        if steps < 2:
-            return 0
-        if self.mapper and self.policy.has_background_work():
-            background = self.policy.background_plan({})
-            if background:
-                self.mapper.submit(background)  # the mapper has work: step normally this time
-                return 0
-        size, kv_read, longest, active_mapped = cohort.size, cohort.kv_tokens(), cohort.longest(), cohort.mapped_sum
-        block_table_us = self._block_table_us_of(active_mapped)
-        starts_us, compute_us, gaps_us = self._run_steps(size, kv_read, longest, steps, block_table_us)
-        steps = len(compute_us)
-        if steps < 2:
-            return 0
-        yield self.env.timeout(starts_us[steps] - self.env.now)
-        self._record_decode_run(iteration, starts_us, compute_us, cohort.used_now + cohort.crossing_now(),
-                                cohort.crossings(), kv_read, active_mapped, block_table_us)
-        self._cohort_tokens(starts_us[1])
-        extend_array(self.tbt_run_gaps_us, gaps_us[1:])
-        self.tbt_run_weights.extend(array("q", [size]) * (steps - 1))
-        cohort.advance(steps)
-        cohort.last_emit_us = starts_us[steps]
-        self.policy.iteration_completed(iteration + steps - 1)
-        self._cohort_regroup()
-        if len(self.tbt_us) + len(self.tbt_run_gaps_us) >= self._tbt_fold_at:
-            self._fold_tbt()
-        return steps
 
     def _fold_tbt(self) -> None:
         """Replace the TBT buffers by their (distinct gap, tokens) pairs (:data:`TBT_FOLD_ENTRIES`)."""
@@ -815,16 +778,24 @@ class Simulator(RequestBookkeeping):
         """Fast-forward k >= 2 pure-decode iterations in one event when nothing can change inside them:
         no arrival before the last one starts, no completion, every step and look-ahead target already
         mapped, the mapper idle with no background work. The steps are cut at the next arrival
-        (:meth:`_run_steps`). Returns k (0 when not eligible)."""
-        if self.cohort is not None:
-            return (yield from self._cohort_run(batch, iteration))
-        if (len(batch) != len(self.running) or self._pending_plans or self._pending_zero_groups or self._pending_copy_bytes or
-                (self.mapper and not self.mapper.idle)):
+        (:meth:`_run_steps`). With a decode cohort the run is the whole cohort's (every running request in it),
+        up to the first member due to leave, its shape and page crossings from the cohort's totals; without
+        one, from two passes over the batch (:meth:`_run_shape`). Returns k (0 when not eligible)."""
+        cohort = self.cohort
+        if (self._pending_plans or self._pending_zero_groups or self._pending_copy_bytes
+                or (self.mapper and not self.mapper.idle)):
             return 0
-        shape = self._run_shape(batch)
-        if shape is None:
+        if cohort is not None:
+            if batch or not self._cohort_scheduled or cohort.size != len(self.running):
+                return 0
+            steps, shape = cohort.steps_left(), None
+        else:
+            if len(batch) != len(self.running):
+                return 0
+            shape = self._run_shape(batch)
+            steps = shape[0] if shape is not None else 0
+        if steps < 2:
             return 0
-        steps, kv_read, longest, active_mapped, used, crossings = shape
         if self.mapper and self.policy.has_background_work():
             # look-ahead targets are within the mapped pages (run length >= 2), so only eager or
             # low-watermark work can come back
@@ -832,25 +803,38 @@ class Simulator(RequestBookkeeping):
             if background:
                 self.mapper.submit(background)  # the mapper has work: step normally this time
                 return 0
-        size = len(batch)
+        if cohort is not None:
+            kv_read, longest, active_mapped = cohort.kv_tokens(), cohort.longest(), cohort.mapped_sum
+        else:
+            _, kv_read, longest, active_mapped, used, crossings = shape
+        size = len(self.running)
         block_table_us = self._block_table_us_of(active_mapped)   # constant: no block is added inside the run
         starts_us, compute_us, gaps_us = self._run_steps(size, kv_read, longest, steps, block_table_us)
         steps = len(compute_us)
         if steps < 2:
             return 0
         yield self.env.timeout(starts_us[steps] - self.env.now)
+        if cohort is not None:
+            used, crossings = cohort.used_now + cohort.crossing_now(), cohort.crossings()
         self._record_decode_run(iteration, starts_us, compute_us, used, crossings, kv_read, active_mapped,
                                 block_table_us)
-        first_done_us, last_done_us = starts_us[1], starts_us[steps]
-        tbt = self.tbt_us
-        for request, _ in batch:
-            request.computed += steps
-            request.generated += steps
-            tbt.append(first_done_us - request.last_token_at_us)
-            request.last_token_at_us = last_done_us
         extend_array(self.tbt_run_gaps_us, gaps_us[1:])
         self.tbt_run_weights.extend(array("q", [size]) * (steps - 1))
+        if cohort is not None:
+            self._cohort_tokens(starts_us[1])
+            cohort.advance(steps)
+            cohort.last_emit_us = starts_us[steps]
+        else:
+            first_done_us, last_done_us = starts_us[1], starts_us[steps]
+            tbt = self.tbt_us
+            for request, _ in batch:
+                request.computed += steps
+                request.generated += steps
+                tbt.append(first_done_us - request.last_token_at_us)
+                request.last_token_at_us = last_done_us
         self.policy.iteration_completed(iteration + steps - 1)
+        if cohort is not None:
+            self._cohort_regroup()
         return steps
 
     def _run_shape(self, batch: Batch) -> tuple | None:
@@ -867,15 +851,9 @@ class Simulator(RequestBookkeeping):
             return None
         steps = batch[0][0].output_tokens
         for request, tokens in batch:
-            generated = request.generated
-            if tokens != 1 or generated == 0:
+            if tokens != 1 or request.generated == 0:
                 return None
-            left = request.output_tokens - generated - 1
-            if left < steps:
-                steps = left
-            mapped_tokens = mapped[request.slot] * tokens_per_page
-            if request.final_kv_tokens > mapped_tokens and mapped_tokens - request.computed - ahead < steps:
-                steps = mapped_tokens - request.computed - ahead
+            steps = _decode_steps_left(request, mapped[request.slot] * tokens_per_page, ahead, steps)
             if steps < 2:
                 return None
         kv_read = longest = active_mapped = used = 0
@@ -943,6 +921,18 @@ class Simulator(RequestBookkeeping):
 
 def _admitted_order(request: Request) -> int:
     return request.admitted_order
+
+
+def _decode_steps_left(request: Request, mapped_tokens: int, ahead: int, bound: int | None = None) -> int:
+    """Iterations a request in plain decode can run (at most ``bound``) before the one that emits its last token,
+    or before its step or its look-ahead (``ahead`` tokens past it, with the asynchronous mapper) needs a page
+    beyond ``mapped_tokens``: the length of a fast-forwarded run, and a cohort member's stay."""
+    steps = request.output_tokens - request.generated - 1
+    if bound is not None and bound < steps:
+        steps = bound
+    if request.final_kv_tokens > mapped_tokens and mapped_tokens - request.computed - ahead < steps:
+        steps = mapped_tokens - request.computed - ahead
+    return steps
 
 
 def _requests_from_trace(trace: pd.DataFrame, slot_max_tokens: int) -> list[Request]:
