@@ -213,7 +213,6 @@ class Simulator(RequestBookkeeping):
         ValueError: if a request does not fit a slot.
     """
 
-    _lookahead_only_short = True    # the policies' background_plan skips covered look-ahead targets
     _cohort_ok = True               # subclasses that change the request lifecycle (sim.disagg) turn the cohort off
 
     def __init__(self, config: SimConfig, trace: pd.DataFrame, vmm: VmmLatencyModel | None = None,

@@ -21,7 +21,6 @@ class RequestBookkeeping:
 
     _donates = False   # whether _after_compute does anything (set by a loop that overrides it)
     _block_terms = False   # whether _iteration_pass counts attention thread blocks (a block-form compute model)
-    _lookahead_only_short = False   # whether _iteration_pass leaves out look-ahead targets already covered
 
     def _accept_arrivals(self, now_us: float) -> None:
         """Move requests that arrived by ``now_us`` to the waiting queue (or reject one that can never fit)."""
@@ -79,17 +78,16 @@ class RequestBookkeeping:
             targets, snapshot, attention_blocks, block_keys)``: the batch shape (the block terms 0 unless
             ``_block_terms``) (:class:`sim.compute.BatchShape` fields), the tokens of chunks
             that are not single decode tokens, the look-ahead targets (slot -> tokens a few iterations ahead:
-            decodes ``eager_lookahead_steps`` more tokens, prefills the next chunk; empty unless
-            ``lookahead``; with ``_lookahead_only_short``, only the slots whose target is beyond their mapped and
-            in-flight pages, the only ones ``VAttentionPolicy.background_plan`` maps for), and the pool snapshot ``(physical, used, free, deferred page groups, tail waste
-            bytes)`` during the iteration. ``running``: the running requests ``batch`` is drawn from (default
+            decodes ``eager_lookahead_steps`` more tokens, prefills the next chunk; only the slots whose target
+            is beyond their mapped and in-flight pages, the only ones ``VAttentionPolicy.background_plan`` maps
+            for; empty unless ``lookahead``), and the pool snapshot ``(physical, used, free, deferred page
+            groups, tail waste bytes)`` during the iteration. ``running``: the running requests ``batch`` is drawn from (default
             :attr:`running`); ``cohort``: ``(scheduled, DecodeCohort)``, running requests held apart
             (:mod:`sim.cohort`), counted as decodes of this iteration when ``scheduled``, else as idle.
         """
         policy, tokens_per_page = self.policy, self.config.tokens_per_page
         mapped = policy.mapped
-        # look-ahead targets the policy would skip (already mapped or in flight that far) can be left out
-        ahead_of = policy.in_flight_maps if lookahead and self._lookahead_only_short else None
+        in_flight = policy.in_flight_maps   # look-ahead targets already mapped or in flight that far are left out
         steps, budget = self.config.eager_lookahead_steps, self.config.token_budget
         new = pairs = kv_read = logits = longest = prefill = idle_held = used = active_mapped = blocks = block_keys = 0
         targets = {}
@@ -115,7 +113,7 @@ class RequestBookkeeping:
                 if lookahead and generated + 1 < request.output_tokens:
                     final = request.final_kv_tokens
                     target = after + steps if after + steps < final else final
-                    if ahead_of is None or target > (slot_mapped + ahead_of[slot]) * tokens_per_page:
+                    if target > (slot_mapped + in_flight[slot]) * tokens_per_page:
                         targets[slot] = target
                 continue
             seq_len = request.prompt_tokens + generated
@@ -135,7 +133,7 @@ class RequestBookkeeping:
                         continue
                 else:
                     target = min(seq_len, after + budget)
-                if ahead_of is None or target > (slot_mapped + ahead_of[slot]) * tokens_per_page:
+                if target > (slot_mapped + in_flight[slot]) * tokens_per_page:
                     targets[slot] = target
         if cohort is not None:
             scheduled, members = cohort
@@ -147,8 +145,7 @@ class RequestBookkeeping:
                 kv_read += kv_tokens
                 pairs += float(kv_tokens + size)       # each member: context + 1.0 (exact integers)
                 logits += size
-                if members.longest() + 1 > longest:
-                    longest = members.longest() + 1
+                longest = max(longest, members.longest() + 1)
                 used += members.used_now + members.crossing_now()
                 if block_terms:
                     blocks += size
@@ -170,8 +167,8 @@ class RequestBookkeeping:
         return new, pairs, kv_read, logits, longest, prefill, targets, snapshot, blocks, block_keys
 
     def _lookahead(self, batch: list) -> dict[int, int]:
-        """Slot -> tokens each running request is predicted to hold a few iterations ahead
-        (:meth:`_iteration_pass`)."""
+        """Slot -> tokens each running request is predicted to hold a few iterations ahead, for the slots whose
+        mapped and in-flight pages do not cover that yet (:meth:`_iteration_pass`)."""
         return self._iteration_pass(batch)[6]
 
     def _pool_snapshot(self, batch: list) -> tuple[int, int, int, int, int]:
