@@ -134,20 +134,14 @@ def save_replica_parts(result, prefix: str | Path, keep_iterations: bool = True,
     samples, result.tbt_samples = result.tbt_samples, None
     parts["tbt"] = samples is not None
     if samples is not None:
-        parts["tbt_sum_us"] = tbt_token_sum(samples)
         singles, gaps, weights = samples
-        values = np.concatenate([np.asarray(singles, dtype=float), np.asarray(gaps, dtype=float)])
-        counts = np.concatenate([np.ones(len(singles), dtype=np.int64), np.asarray(weights, dtype=np.int64)])
+        distinct, tokens = tbt_distinct_us(singles, [(gaps, weights)])    # one sort for the sum and the files
         del samples, singles, gaps, weights
-        parts["tbt_tokens"] = int(counts.sum())
-        order = np.argsort(values)          # equal values are merged below: any order of ties will do
-        values = values[order]
-        counts = counts[order]
-        del order
-        distinct, cumulative = distinct_counts(values, counts)
-        del values, counts
+        parts["tbt_sum_us"] = tbt_gap_token_sum_us(distinct, tokens)
+        parts["tbt_tokens"] = int(tokens.sum())
         np.save(parts["tbt_gaps"], distinct)
-        np.save(parts["tbt_cum"], cumulative)
+        np.save(parts["tbt_cum"], np.cumsum(tokens))
+        del distinct, tokens
     if not keep_iterations:
         parts["iterations"] = _keep_columns(result.iterations_file, f"{prefix}.columns.parquet",
                                             ["duration_us", "sync_stall_us"])
