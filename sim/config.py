@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 
 from sim.catalog import DTYPE_BYTES, GPUSpec, ModelSpec, get_gpu, get_model
+from sim.memory.vattention import knob_range_error
 from sim.units import MIB, format_bytes
 
 SCHEDULERS = ("sarathi", "vllm")
@@ -137,12 +138,9 @@ class SimConfig:
         self.full_model_spec.pipeline_layers(self.pp)      # raises CatalogError for more stages than layers
         if self.prefix_caching and self.policy == "static":
             raise ConfigError("prefix caching needs the vattention or paged policy, not static reservation")
-        for name in ("low_watermark_frac", "admission_watermark_frac"):
-            if not 0 <= getattr(self, name) < 0.5:      # VAttentionConfig's range, refused before any run
-                raise ConfigError(f"{name}={getattr(self, name)}: must lie in [0, 0.5)")
-        for name in ("eager_lookahead_steps", "eager_page_groups", "eager_idle_slots"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name}={getattr(self, name)}: must be >= 0")
+        knob_error = knob_range_error(self)            # the policy's own ranges, refused before any run
+        if knob_error:
+            raise ConfigError(knob_error)
         if self.prefix_block_tokens < 1:
             raise ConfigError(f"prefix block size must be >= 1 token, got {self.prefix_block_tokens}")
         if self.kv_layout not in KV_LAYOUTS:

@@ -23,6 +23,19 @@ from dataclasses import dataclass
 from sim.plan import EMPTY_PLAN, MapOp, Plan, UnmapOp
 
 
+def knob_range_error(knobs) -> str:
+    """Why the watermark and eager-allocation knobs of ``knobs`` (an object with :class:`VAttentionConfig`'s field
+    names, such as a :class:`sim.config.SimConfig`) are out of range (``"field=value: ..."``), or ``""``:
+    watermark fractions lie in [0, 0.5), eager settings are >= 0."""
+    for name in ("low_watermark_frac", "admission_watermark_frac"):
+        if not 0 <= getattr(knobs, name) < 0.5:
+            return f"{name}={getattr(knobs, name)}: must lie in [0, 0.5)"
+    for name in ("eager_lookahead_steps", "eager_page_groups", "eager_idle_slots"):
+        if getattr(knobs, name) < 0:
+            return f"{name}={getattr(knobs, name)}: must be >= 0"
+    return ""
+
+
 @dataclass(frozen=True)
 class VAttentionConfig:
     """Sizes and knobs of one worker's vAttention cache.
@@ -58,10 +71,9 @@ class VAttentionConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.pool_page_groups < 1:
             raise ValueError(f"the memory budget holds no page group (pool_page_groups={self.pool_page_groups})")
-        if not 0 <= self.low_watermark_frac < 0.5 or not 0 <= self.admission_watermark_frac < 0.5:
-            raise ValueError("watermark fractions must lie in [0, 0.5)")
-        if min(self.eager_lookahead_steps, self.eager_page_groups, self.eager_idle_slots) < 0:
-            raise ValueError("eager allocation settings must be >= 0")
+        message = knob_range_error(self)
+        if message:
+            raise ValueError(message)
 
     def pages_for_tokens(self, tokens: int) -> int:
         """Page groups needed for ``tokens`` tokens: ``ceil(tokens / tokens_per_page)``."""
