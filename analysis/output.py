@@ -108,12 +108,11 @@ class OutputDir:
         if self.existing:
             foreign = sorted(e.name for e in self.path.iterdir() if not _is_result_entry(e))
             if foreign:
-                listed = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
-                raise FileExistsError(f"{flag} {shown} is not empty and is not a kvsim result (it holds {listed}); "
+                raise FileExistsError(f"{flag} {shown} is not empty and is not a kvsim result (it holds "
+                                      f"{_listed(foreign)}); "
                                       f"choose a new or empty directory (--force replaces only a kvsim result)")
             if not (self.path / RESULT_MARKER).is_file() and (force or not resumable):
-                names = sorted(e.name for e in self.path.iterdir())
-                listed = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+                listed = _listed(sorted(e.name for e in self.path.iterdir()))
                 raise FileExistsError(f"{flag} {shown} holds files named like a kvsim result ({listed}) but not the "
                                       f"{RESULT_MARKER} file kvsim writes into its results, so they may be yours: "
                                       f"kvsim does not replace them, even with --force; choose another {flag} (or "
@@ -157,11 +156,15 @@ class OutputDir:
                 shutil.rmtree(old, ignore_errors=True)
         return staged()
 
-
     def mark(self) -> None:
         """Mark :attr:`path` as a kvsim result (for a command that writes into it in place, such as a resumed
         sweep; :meth:`writing` marks what it writes)."""
         _write_marker(self.path)
+
+
+def _listed(names: list[str]) -> str:
+    """The first four names, and how many more."""
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
 def _write_marker(directory: Path) -> None:
