@@ -235,6 +235,7 @@ class Simulator(RequestBookkeeping):
         self.policy = build_policy(config)
         self.mapper = AsyncMapper(self.env, self.policy, self._background_op_us) if config.has_async_mapper else None
         self.prefix = self._donates = config.prefix_caching
+        self._admission_refused = False        # set by _admit when the policy refused a slot
         self._pending_copy_bytes = 0          # copy-on-write of partially shared pages, owed by the next iteration
         self.zero_mode = config.zero_on_reuse
         default_bw = config.gpu_spec.mem_bw_bytes_per_s * (4.3 / 4.8)
@@ -416,8 +417,15 @@ class Simulator(RequestBookkeeping):
         round cannot promise the same free pages (vLLM allocates blocks at admission the same way). With a
         prefix cache, the cached prefix is mapped first and its tokens are skipped. Returns the tokens
         scheduled for the request (0: not admitted)."""
-        slot = self.policy.alloc_slot(*self._admission_args(request, first_tokens))
+        first, reserve, committed = self._admission_args(request, first_tokens)
+        cached = (0, 0)
+        if self.prefix and request.hash_ids is not None and not request.computed:
+            # look the cache up first, then ask only for the pages beyond the hit (vLLM v1)
+            hit_tokens, *cached = self.policy.admission_credit(request.hash_ids, request.prompt_tokens)
+            first = hit_tokens + min(first_tokens, request.remaining - hit_tokens)
+        slot = self.policy.alloc_slot(first, reserve, committed, tuple(cached))
         if slot is None:
+            self._admission_refused = True
             return 0
         stale_groups = self.policy.mapped[slot]      # deferred pages: hold the previous request's KV
         hit_tokens = self._map_prefix(request, slot)
@@ -464,7 +472,7 @@ class Simulator(RequestBookkeeping):
         running, members = (self._solo, cohort.size) if cohort is not None else (self.running, 0)
         self._cohort_scheduled = False
         if scheduler.prefill_first:
-            admitted = scheduler.admit_part(self.waiting, budget, self._admit)
+            admitted = yield from self._admit_waiting(budget)
             if admitted:
                 return admitted, EMPTY_PLAN, False
             batch, _ = scheduler.running_part(running, budget)
@@ -481,8 +489,33 @@ class Simulator(RequestBookkeeping):
             batch, plan = yield from self._step(batch)
         preempted = self._iteration_preemptions > 0
         if not preempted:
-            batch = batch + scheduler.admit_part(self.waiting, budget, self._admit)
+            batch = batch + (yield from self._admit_waiting(budget))
         return batch, plan, preempted
+
+    def _admit_waiting(self, budget: int):
+        """The scheduler's waiting part; when an admission was refused while the mapper holds maps on idle
+        slots (eager allocation), those maps are taken over - queued ones cancelled, one in progress waited
+        for (a synchronous stall) - and admission is tried again with the budget left: eager allocation
+        never delays an admission that a free slot and free pages allow (issue 28, ``eager_admit.csv``)."""
+        self._admission_refused = False
+        admitted = self.scheduler.admit_part(self.waiting, budget, self._admit)
+        if self._admission_refused and self.mapper and (yield from self._take_over_idle_maps()):
+            self._admission_refused = False
+            left = budget - sum(tokens for _, tokens in admitted)
+            if left > 0:
+                admitted = admitted + self.scheduler.admit_part(self.waiting, left, self._admit)
+        return admitted
+
+    def _take_over_idle_maps(self):
+        """Cancel the mapper's queued maps on idle slots and wait for its op in progress if it maps one;
+        returns whether there were any (so that retrying an admission can succeed)."""
+        idle = self.policy.idle_slots_mapping()
+        if not idle:
+            return False
+        in_progress = self.mapper.take_over(idle)
+        if in_progress is not None:
+            yield in_progress
+        return True
 
     def _unblock_admission(self):
         """Nothing could be scheduled: let the mapper's reserved work settle (it holds pages), else reject

@@ -106,3 +106,29 @@ def test_static_reserves_one_unit_and_rejects_what_cannot_fit_it(tmp_path, case)
     assert rows.loc[1, "status"] == "finished"
     assert summary["rejected_by_reason"] == {"slot": 1}
     assert int(iterations["mapped_page_groups"].max()) == 1
+
+
+def test_evict_tail_keeps_the_cached_chain_reachable(tmp_path, case):
+    """A pool of 3 blocks of 512 tokens. Request 0 caches blocks [1, 2, 3]; request 1 (100 tokens) needs one
+    block and evicts the least recently used one: the chain's *last* block (vLLM ``KVCacheManager.free`` frees
+    a request's blocks in reverse order). Right value: request 2 hits 1,024 tokens (blocks 1 and 2; its
+    last block is recomputed under the prompt - 1 cap), not 0."""
+    summary, requests, _ = simulate(tmp_path, "--trace", case("evict_tail.jsonl"),
+                                    "--policy", "paged:block=512,prefix=on", "--memory-util", "0.10809208959039027")
+    hits = requests.set_index("request_id")["prefix_hit_tokens"]
+    assert list(hits) == [0, 0, 1024]
+    assert summary["prefill_tokens_saved"] == 1024
+
+
+def test_eager_allocation_never_delays_an_admission(tmp_path, case):
+    """Two slots, budget 100: iteration 0 is request 0's 100-token prefill; the mapper then pre-maps the idle
+    slot (eager allocation). Right value: iteration 1 holds request 0's decode and a 99-token chunk of request
+    1 (batch 2), as with eager allocation off: the idle slot's queued eager maps are cancelled and the one in
+    progress is waited for inside iteration 1 (a synchronous stall), instead of admitting one iteration late."""
+    for policy in ("vattention", "vattention:eager=0"):
+        _, requests, iterations = simulate(tmp_path / policy, "--trace", case("eager_admit.csv"),
+                                           "--max-batch", "2", "--token-budget", "100", "--policy", policy)
+        second = iterations.iloc[1]
+        assert (second["batch_size"], second["prefill_tokens"], second["decode_tokens"]) == (2, 99, 1), policy
+        scheduled_at_us = requests.set_index("request_id").loc[1, "first_scheduled_at_us"]
+        assert second["start_at_us"] <= scheduled_at_us <= second["start_at_us"] + second["sync_stall_us"]

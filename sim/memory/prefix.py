@@ -173,8 +173,8 @@ class PrefixCachingPolicy(VAttentionPolicy):
         if count <= 0:
             return None
         shared_dropped = max(0, self.shared[slot] - first_page)
-        for key in self.slot_keys[slot][first_page:]:
-            self._unref(key, slot)
+        for key in reversed(self.slot_keys[slot][first_page:]):
+            self._unref(key, slot)        # tail first: the chain's last page is the least recently used
         del self.slot_keys[slot][first_page:]
         self.shared[slot] -= shared_dropped
         self._add_mapped(slot, -count)
@@ -196,34 +196,63 @@ class PrefixCachingPolicy(VAttentionPolicy):
 
     # ---- admission ---------------------------------------------------------------------------------------
     def alloc_slot(self, first_target_tokens: int, reserve_tokens: int | None = None,
-                   committed_page_groups: int = 0) -> int | None:
-        """As :meth:`VAttentionPolicy.alloc_slot`; the slot must then be prepared by :meth:`admit_prefix`
-        (with no ids to only drop its stale shared pages) before it is stepped."""
-        slot = super().alloc_slot(first_target_tokens, reserve_tokens, committed_page_groups)
+                   committed_page_groups: int = 0, cached: tuple[int, int] = (0, 0)) -> int | None:
+        """As :meth:`VAttentionPolicy.alloc_slot` (``cached`` from :meth:`admission_credit`); the slot must
+        then be prepared by :meth:`admit_prefix` (with no ids to only drop its stale shared pages) before it
+        is stepped."""
+        slot = super().alloc_slot(first_target_tokens, reserve_tokens, committed_page_groups, cached)
         if slot is not None:
             self._unprepared.add(slot)
         return slot
 
     def lookup(self, hash_ids: Sequence[int], prompt_tokens: int) -> tuple[list[tuple], int]:
-        """Longest cached run of full pages for these blocks, and the tokens of a partial match inside the
-        next page (0 unless ``cow_partial``). At least one prompt token is always left to compute."""
-        full_blocks = min(len(hash_ids), (prompt_tokens - 1) // self.block_tokens)
+        """The cached prefix of a prompt: the longest contiguous run of cached full pages, and the tokens of
+        a partial match inside the *next* page (0 unless ``cow_partial``).
+
+        The hit follows vLLM v1 (``KVCacheManager.get_computed_blocks``, vllm/v1/core/kv_cache_manager.py):
+        at most ``prompt_tokens - 1`` tokens are served from the cache, in whole cache pages (blocks), so a
+        fully matched prompt recomputes only its last token's page remainder, not a whole trace hash block.
+        Only pages inside the prompt's full hash blocks can match (a block's id names its 512 tokens).
+        A partial match extends the contiguous pages into the next page only, by at most one page's tokens
+        minus one, and only from a cached entry *at that page index* (never content of a later page).
+
+        Returns:
+            ``(keys, partial_tokens)``: the cache keys of the matched pages (page order) and the partial tokens.
+        """
+        per_page, block = self.config.tokens_per_page, self.block_tokens
+        full_blocks = min(len(hash_ids), prompt_tokens // block)
+        cap_tokens = min(full_blocks * block, prompt_tokens - 1)    # vLLM v1: max_cache_hit_length = n - 1
+        if cap_tokens < per_page and not self.cow_partial:
+            return [], 0
         chain = self.block_chain(hash_ids[:full_blocks])
-        pages = full_blocks * self.block_tokens // self.config.tokens_per_page
         keys = []
-        for page in range(pages):
+        for page in range(cap_tokens // per_page):
             key = self.page_key(chain, page)
             if key not in self.cache:
                 break
             keys.append(key)
         partial = 0
         if self.cow_partial:
-            start = len(keys) * self.config.tokens_per_page
-            for blocks in range(full_blocks, start // self.block_tokens, -1):
-                if chain[blocks - 1] in self._partial_index:
-                    partial = blocks * self.block_tokens - start
+            start = len(keys) * per_page
+            if (len(keys) + 1) * per_page <= full_blocks * block and self.page_key(chain, len(keys)) in self.cache:
+                return keys, cap_tokens - start        # the next page matches whole: all the cap leaves of it
+            for blocks in range(min(full_blocks, -(-cap_tokens // block)), start // block, -1):
+                entry = self._partial_index.get(chain[blocks - 1])
+                if entry is not None and entry[0] == len(keys):      # the next page, nothing later
+                    partial = min(blocks * block, cap_tokens) - start
                     break
-        return keys, partial
+        return keys, max(0, min(partial, per_page - 1))
+
+    def admission_credit(self, hash_ids: Sequence[int], prompt_tokens: int) -> tuple[int, int, int]:
+        """What a lookup would serve from the cache now, for admission: ``(hit_tokens, cached_page_groups,
+        pinned_page_groups)`` - the tokens skipped (full pages only: a copy-on-write page needs a fresh page
+        group), the leading pages served by cache entries, and of those the entries no active slot maps
+        (evictable today, pinned once this request maps them). Changes nothing."""
+        if not hash_ids:
+            return 0, 0, 0
+        keys, _ = self.lookup(hash_ids, prompt_tokens)
+        pinned = sum(1 for key in keys if self._active_refs[key] == 0)
+        return len(keys) * self.config.tokens_per_page, len(keys), pinned
 
     def admit_prefix(self, slot: int, hash_ids: Sequence[int], prompt_tokens: int) -> PrefixHit:
         """After :meth:`alloc_slot`: map the cached prefix into ``slot`` and copy a partial page (COW).

@@ -179,37 +179,45 @@ class VAttentionPolicy:
         return None
 
     def can_admit(self, first_target_tokens: int, reserve_tokens: int | None = None,
-                  committed_page_groups: int = 0) -> bool:
+                  committed_page_groups: int = 0, cached: tuple[int, int] = (0, 0)) -> bool:
         """Whether a request whose first iteration targets ``first_target_tokens`` tokens can take a slot
         now while the admission watermark of free page groups stays free (reclaimable deferred pages count);
-        ``reserve_tokens`` and ``committed_page_groups`` as for :meth:`alloc_slot`."""
-        return self._pick_slot(first_target_tokens, reserve_tokens, committed_page_groups) is not None
+        ``reserve_tokens``, ``committed_page_groups`` and ``cached`` as for :meth:`alloc_slot`."""
+        return self._pick_slot(first_target_tokens, reserve_tokens, committed_page_groups, cached) is not None
+
+    def idle_slots_mapping(self) -> list[int]:
+        """Idle slots with background maps in flight (eager allocation, or maps of a freed slot), ascending."""
+        return sorted(s for s in self._in_flight_slots if not self.active[s])
 
     def _reclaimable_page_groups(self) -> int:
         """Page groups on idle slots without background maps in flight (those could be unmapped now)."""
         return self._deferred_total - sum(self.mapped[s] for s in self._in_flight_slots if not self.active[s])
 
     def _pick_slot(self, first_target_tokens: int, reserve_tokens: int | None = None,
-                   committed_page_groups: int = 0) -> int | None:
+                   committed_page_groups: int = 0, cached: tuple[int, int] = (0, 0)) -> int | None:
         need = self.config.pages_for_tokens(max(first_target_tokens, reserve_tokens or 0))
+        cached_groups, pinned_groups = cached
         spare = self.free_page_groups - self._admission_groups
-        if need + committed_page_groups > spare and not any(self._idle_buckets[need:]):
+        fresh = max(0, need - cached_groups)          # a cached prefix page needs no fresh page group
+        if fresh + committed_page_groups > spare and not any(self._idle_buckets[need:]):
             # every idle slot maps fewer than `need` page groups, so every slot needs the same
             # need - mapped + committed new ones against spare + reclaimable - mapped: decided without a slot
-            if need + committed_page_groups > spare + self._reclaimable_page_groups():
+            if fresh + committed_page_groups > spare + self._reclaimable_page_groups() - pinned_groups:
                 return None
         slot = self._best_fit(need)
         if slot is None:
             return None
-        new_groups = max(0, need - self.mapped[slot]) + committed_page_groups
-        spare = self.free_page_groups - self._admission_groups
-        if new_groups > spare and new_groups > spare + self._reclaimable_page_groups() - self.mapped[slot]:
+        # the slot's own pages beyond the cached prefix stay mapped (they are not reclaimable for this
+        # request); pages under the prefix are the cached entries themselves (pinned) or are replaced by them
+        kept = max(0, self.mapped[slot] - cached_groups)
+        new_groups = max(0, need - max(self.mapped[slot], cached_groups)) + committed_page_groups
+        if new_groups > spare and (new_groups > spare + self._reclaimable_page_groups() - kept - pinned_groups):
             return None
         return slot
 
     # ---- slot lifecycle ------------------------------------------------------------------------------
     def alloc_slot(self, first_target_tokens: int, reserve_tokens: int | None = None,
-                   committed_page_groups: int = 0) -> int | None:
+                   committed_page_groups: int = 0, cached: tuple[int, int] = (0, 0)) -> int | None:
         """Take a slot for a new request (``alloc_reqid``); ``None`` when no slot or memory is available.
 
         Args:
@@ -219,6 +227,11 @@ class VAttentionPolicy:
                 pages are still mapped chunk by chunk); ``None``: the first target.
             committed_page_groups: page groups already promised to running requests (whole-prompt admission:
                 the prompt pages they have not mapped yet), counted as taken.
+            cached: ``(cached_page_groups, pinned_page_groups)`` of a prefix-cache hit: the leading pages of
+                the request that cached entries serve (they need no fresh page group), and how many of those
+                are evictable now (no active slot maps them: they stop counting as reclaimable). vLLM v1 looks
+                the cache up first and allocates only the blocks beyond the hit
+                (``Scheduler.schedule`` -> ``KVCacheManager.allocate_slots``, vllm/v1/core/sched/scheduler.py).
 
         Raises:
             ValueError: if ``first_target_tokens`` exceeds one slot's capacity.
@@ -226,7 +239,7 @@ class VAttentionPolicy:
         if self.config.pages_for_tokens(first_target_tokens) > self.config.max_pages_per_slot:
             raise ValueError(f"first_target_tokens={first_target_tokens} exceeds the slot capacity "
                              f"({self.config.max_pages_per_slot * self.config.tokens_per_page} tokens)")
-        slot = self._pick_slot(first_target_tokens, reserve_tokens, committed_page_groups)
+        slot = self._pick_slot(first_target_tokens, reserve_tokens, committed_page_groups, cached)
         if slot is not None:
             self._set_active(slot, True)
         return slot
