@@ -9,8 +9,15 @@ Hugging Face ``config.json`` fields read (docs/models.md has the table):
   its own ``moe_intermediate_size``); ``tie_word_embeddings`` (default: false for the Llama-family
   ``model_type`` values of :data:`UNTIED_BY_DEFAULT`, else transformers' ``PretrainedConfig`` default, true);
   ``attention_bias`` (Qwen2: true).
-* dtype: ``torch_dtype`` (or ``dtype``; default bfloat16); ``quantization_config.quant_method = "fp8"``
-  makes the linear weights 1 byte (other methods are refused: pass a TOML instead).
+* dtype: ``torch_dtype`` (or ``dtype``; default bfloat16; float32 is served as 16 bits, as vLLM's ``auto``
+  does); ``quantization_config.quant_method = "fp8"`` makes the linear weights 1 byte (other methods are refused:
+  pass a TOML instead).
+* other families' names (:data:`FIELD_ALIASES`): ``n_layer``, ``n_embd``/``n_embed``, ``n_head``,
+  ``ffn_dim`` (OPT), ``n_inner``/``ffn_hidden_size`` (default ``4 x hidden`` for GPT-2, GPT-J, Falcon),
+  ``n_positions``, ``num_kv_heads``, ``activation_function``; Falcon's ``multi_query`` (one KV head) and
+  ``new_decoder_architecture``.
+* biases, norms, learned positions (:func:`family_structure`): by ``model_type`` with ``enable_bias`` (OPT),
+  ``bias`` (Falcon), ``attention_bias``, ``mlp_bias``, ``parallel_attn``.
 * sliding window: ``sliding_window`` (null = none) on every layer, unless ``use_sliding_window`` is false
   (Qwen2) or ``layer_types`` lists which layers slide.
 * MoE: ``num_local_experts`` (Mixtral), ``n_routed_experts`` (DeepSeek) or ``num_experts`` (Qwen-MoE);
@@ -311,7 +318,8 @@ def model_from_hf_config(data: dict, shown: str, name: str = "model") -> ModelSp
     dtype_field = "torch_dtype" if "torch_dtype" in data else "dtype"
     if not isinstance(dtype_name, str) or dtype_name.replace("torch.", "") not in TORCH_DTYPE_BYTES:
         raise f.fail(dtype_field, f"must be one of {', '.join(TORCH_DTYPE_BYTES)}, got {json.dumps(dtype_name)}")
-    dtype_bytes = TORCH_DTYPE_BYTES[dtype_name.replace("torch.", "")]
+    # a float32 checkpoint is served in 16 bits (vLLM's dtype "auto", vllm/config.py _get_and_verify_dtype)
+    dtype_bytes = min(TORCH_DTYPE_BYTES[dtype_name.replace("torch.", "")], 2)
     quantization = data.get("quantization_config")
     if quantization is not None:
         method = quantization.get("quant_method") if isinstance(quantization, dict) else None
