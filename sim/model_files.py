@@ -9,8 +9,15 @@ Hugging Face ``config.json`` fields read (docs/models.md has the table):
   its own ``moe_intermediate_size``); ``tie_word_embeddings`` (default: false for the Llama-family
   ``model_type`` values of :data:`UNTIED_BY_DEFAULT`, else transformers' ``PretrainedConfig`` default, true);
   ``attention_bias`` (Qwen2: true).
-* dtype: ``torch_dtype`` (or ``dtype``; default bfloat16); ``quantization_config.quant_method = "fp8"``
-  makes the linear weights 1 byte (other methods are refused: pass a TOML instead).
+* dtype: ``torch_dtype`` (or ``dtype``; default bfloat16; float32 is served as 16 bits, as vLLM's ``auto``
+  does); ``quantization_config.quant_method = "fp8"`` makes the linear weights 1 byte (other methods are refused:
+  pass a TOML instead).
+* other families' names (:data:`FIELD_ALIASES`): ``n_layer``, ``n_embd``/``n_embed``, ``n_head``,
+  ``ffn_dim`` (OPT), ``n_inner``/``ffn_hidden_size`` (default ``4 x hidden`` for GPT-2, GPT-J, Falcon),
+  ``n_positions``, ``num_kv_heads``, ``activation_function``; Falcon's ``multi_query`` (one KV head) and
+  ``new_decoder_architecture``.
+* biases, norms, learned positions (:func:`family_structure`): by ``model_type`` with ``enable_bias`` (OPT),
+  ``bias`` (Falcon), ``attention_bias``, ``mlp_bias``, ``parallel_attn``.
 * sliding window: ``sliding_window`` (null = none) on every layer, unless ``use_sliding_window`` is false
   (Qwen2) or ``layer_types`` lists which layers slide.
 * MoE: ``num_local_experts`` (Mixtral), ``n_routed_experts`` (DeepSeek) or ``num_experts`` (Qwen-MoE);
@@ -56,8 +63,30 @@ PLAIN_ACTIVATIONS = frozenset({"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fa
 """``hidden_act`` values taken as a plain MLP for a ``model_type`` in neither list (any other is refused)."""
 
 UNTIED_BY_DEFAULT = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-                               "deepseek_v2", "deepseek_v3", "yi", "internlm2", "phi3", "olmo2", "granite"})
-"""``model_type`` values whose transformers config class defaults ``tie_word_embeddings`` to false."""
+                               "deepseek_v2", "deepseek_v3", "yi", "internlm2", "phi3", "olmo2", "granite",
+                               "gptj", "gpt_neox", "phi"})
+"""``model_type`` values whose transformers config class defaults ``tie_word_embeddings`` to false
+(``GPTJConfig``, ``GPTNeoXConfig`` and ``PhiConfig`` set it false too)."""
+
+FIELD_ALIASES = {
+    "num_hidden_layers": ("n_layer",),                          # GPT-2, GPT-J, Falcon (RefinedWeb)
+    "hidden_size": ("n_embd", "n_embed"),                       # GPT-2, GPT-J; Falcon (RefinedWeb)
+    "num_attention_heads": ("n_head",),                         # GPT-2, GPT-J, Falcon (RefinedWeb)
+    "num_key_value_heads": ("num_kv_heads",),                   # Falcon (new decoder architecture)
+    "intermediate_size": ("ffn_dim", "n_inner", "ffn_hidden_size"),   # OPT; GPT-2, GPT-J; Falcon
+    "max_position_embeddings": ("n_positions",),                # GPT-2, GPT-J
+    "hidden_act": ("activation_function", "hidden_activation"),  # GPT-2, GPT-J, OPT; Gemma
+}
+"""Other families' names of the fields kvsim reads (transformers' ``attribute_map`` of each config class);
+the Llama-style name is used when both are present, and a message names the field the file holds."""
+
+FFN_4H_MODEL_TYPES = frozenset({"gpt2", "gptj", "falcon"})
+"""``model_type`` values whose MLP width defaults to ``4 x hidden_size`` (``n_inner: null``, Falcon without
+``ffn_hidden_size``)."""
+
+CONTEXT_DEFAULTS = {"falcon": 2048}
+"""Context windows of config classes whose ``config.json`` may omit ``max_position_embeddings``
+(``FalconConfig``: 2048)."""
 
 
 def is_file_reference(name: str) -> bool:
@@ -125,19 +154,27 @@ def _read(path: Path, shown: str) -> dict:
 
 
 class _Fields:
-    """Typed access to one file's fields; every failure names the file and the field."""
+    """Typed access to one file's fields; every failure names the file and the field (the name the file uses:
+    a field of :data:`FIELD_ALIASES` is looked up under its other families' names too)."""
 
-    def __init__(self, data: dict, shown: str):
-        self.data, self.shown = data, shown
+    def __init__(self, data: dict, shown: str, aliases: dict | None = None):
+        self.data, self.shown, self.aliases = data, shown, aliases or {}
+
+    def name(self, field: str) -> str:
+        """``field``, or the first of its aliases the file sets (``field`` when none is set)."""
+        for candidate in (field, *self.aliases.get(field, ())):
+            if self.data.get(candidate) is not None:
+                return candidate
+        return field
 
     def fail(self, field: str, problem: str) -> CatalogError:
-        return CatalogError(f"{self.shown}: field {field} {problem}")
+        return CatalogError(f"{self.shown}: field {self.name(field)} {problem}")
 
     def has(self, field: str) -> bool:
-        return self.data.get(field) is not None
+        return self.data.get(self.name(field)) is not None
 
     def integer(self, field: str, default=None, minimum: int = 1) -> int:
-        value = self.data.get(field)
+        value = self.data.get(self.name(field))
         if value is None:
             if default is None:
                 raise self.fail(field, "is missing")
@@ -164,7 +201,7 @@ class _Fields:
         return float(value)
 
     def flag(self, field: str, default: bool) -> bool:
-        value = self.data.get(field)
+        value = self.data.get(self.name(field))
         if value is None:
             return default
         if not isinstance(value, bool):
@@ -172,7 +209,7 @@ class _Fields:
         return value
 
     def text(self, field: str, default: str | None = None) -> str:
-        value = self.data.get(field)
+        value = self.data.get(self.name(field))
         if value is None:
             if default is None:
                 raise self.fail(field, "is missing")
@@ -222,12 +259,12 @@ def model_from_hf_config(data: dict, shown: str, name: str = "model") -> ModelSp
     Raises:
         CatalogError: as :func:`load_model_file`.
     """
-    f = _Fields(data, shown)
+    f = _Fields(data, shown, FIELD_ALIASES)
     model_type = f.text("model_type", "")
     layers = f.integer("num_hidden_layers")
     hidden = f.integer("hidden_size")
     heads = f.integer("num_attention_heads")
-    kv_heads = f.integer("num_key_value_heads", heads)
+    kv_heads = _kv_heads(f, model_type, heads)
     if heads % kv_heads:
         raise f.fail("num_key_value_heads", f"({kv_heads}) must divide num_attention_heads ({heads})")
     mla = f.has("kv_lora_rank")
@@ -274,14 +311,15 @@ def model_from_hf_config(data: dict, shown: str, name: str = "model") -> ModelSp
         ffn = f.integer("intermediate_size", moe_ffn if first_dense == 0 else None)
     else:
         top_k = shared = first_dense = moe_ffn = 0
-        ffn = f.integer("intermediate_size")
+        ffn = f.integer("intermediate_size", 4 * hidden if model_type in FFN_4H_MODEL_TYPES else None)
     vocab = f.integer("vocab_size")
-    context = f.integer("max_position_embeddings", minimum=2)
+    context = f.integer("max_position_embeddings", CONTEXT_DEFAULTS.get(model_type), minimum=2)
     dtype_name = data.get("torch_dtype", data.get("dtype")) or "bfloat16"
     dtype_field = "torch_dtype" if "torch_dtype" in data else "dtype"
     if not isinstance(dtype_name, str) or dtype_name.replace("torch.", "") not in TORCH_DTYPE_BYTES:
         raise f.fail(dtype_field, f"must be one of {', '.join(TORCH_DTYPE_BYTES)}, got {json.dumps(dtype_name)}")
-    dtype_bytes = TORCH_DTYPE_BYTES[dtype_name.replace("torch.", "")]
+    # a float32 checkpoint is served in 16 bits (vLLM's dtype "auto", vllm/config.py _get_and_verify_dtype)
+    dtype_bytes = min(TORCH_DTYPE_BYTES[dtype_name.replace("torch.", "")], 2)
     quantization = data.get("quantization_config")
     if quantization is not None:
         method = quantization.get("quant_method") if isinstance(quantization, dict) else None
@@ -289,14 +327,14 @@ def model_from_hf_config(data: dict, shown: str, name: str = "model") -> ModelSp
             raise f.fail("quantization_config.quant_method", f"{json.dumps(method)} is not supported (fp8 is); give "
                                                              "the model as a TOML with its dtype_bytes instead")
         dtype_bytes = 1
-    sliding_window, sliding_layers = _sliding(f, layers)
+    sliding_window, sliding_layers = _sliding(f, layers, model_type)
     gated = _mlp_gated(f, model_type)
     tied = f.flag("tie_word_embeddings", model_type not in UNTIED_BY_DEFAULT)
-    bias = f.flag("attention_bias", model_type == "qwen2")
+    structure = family_structure(f, model_type, hidden, context)
     spec = ModelSpec(
         name=name, num_layers=layers, hidden_size=hidden, num_q_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
         ffn_size=ffn, vocab_size=vocab, max_context_tokens=context, dtype_bytes=dtype_bytes, mlp_gated=gated,
-        tie_word_embeddings=tied, attention_bias=bias, num_experts=experts, num_shared_experts=shared,
+        tie_word_embeddings=tied, **structure, num_experts=experts, num_shared_experts=shared,
         experts_per_token=top_k, moe_ffn_size=moe_ffn, first_dense_layers=first_dense, kv_lora_rank=kv_lora,
         qk_rope_head_dim=rope, qk_nope_head_dim=nope, v_head_dim=v_dim, q_lora_rank=q_lora,
         sliding_window_tokens=sliding_window, sliding_window_layers=sliding_layers, source=shown)
@@ -304,12 +342,91 @@ def model_from_hf_config(data: dict, shown: str, name: str = "model") -> ModelSp
     return spec
 
 
-def _sliding(f: _Fields, layers: int) -> tuple[int, int]:
-    """``(window tokens, sliding layers)`` from ``sliding_window``, ``use_sliding_window``, ``layer_types``."""
+def _kv_heads(f: _Fields, model_type: str, heads: int) -> int:
+    """KV heads: ``num_key_value_heads`` (Falcon's new decoder architecture: ``num_kv_heads``); Falcon-7B's
+    ``multi_query`` (default true, ``FalconConfig``) means one KV head; else ``num_attention_heads`` (MHA)."""
+    if model_type == "falcon" and not f.flag("new_decoder_architecture", False):
+        return 1 if f.flag("multi_query", True) else heads
+    return f.integer("num_key_value_heads", heads)
+
+
+LAYERNORM_MODEL_TYPES = frozenset({"opt", "gpt2", "gptj", "gpt_neox", "falcon", "phi"})
+"""``model_type`` values whose norms are LayerNorms (weight and bias) rather than RMSNorms."""
+
+BIASED_MODEL_TYPES = frozenset({"opt", "gpt2", "gpt_neox", "phi"})
+"""``model_type`` values whose Q, K, V, output and MLP projections all carry biases (OPT ``enable_bias``, GPT-2
+``Conv1D``, GPT-NeoX ``attention_bias``, Phi ``Linear``)."""
+
+
+def family_structure(f: _Fields, model_type: str, hidden: int, context: int) -> dict:
+    """The :class:`sim.specs.ModelSpec` fields of biases, norms and learned positions a family's modelling file
+    fixes (transformers ``modeling_<type>.py``), with the config flags that change them:
+
+    ========= ============ ============ ============================ ======================= ==================
+    type      norms/layer  norm         biases                       LM head bias            positions
+    ========= ============ ============ ============================ ======================= ==================
+    opt       2            LayerNorm    all (``enable_bias``)        no                      context + 2
+    gpt2      2            LayerNorm    all                          no                      ``n_positions``
+    gptj      1 (parallel) LayerNorm    MLP only                     yes                     rotary
+    gpt_neox  2            LayerNorm    all (``attention_bias``)     no                      rotary
+    falcon    1 parallel,  LayerNorm    all if ``bias``              no                      rotary / ALiBi
+              2 otherwise
+    phi       1 (parallel) LayerNorm    all                          yes                     rotary
+    gemma2/3  4            RMSNorm      none (gemma3: Q/K norms)     no                      rotary
+    qwen2     2            RMSNorm      Q, K, V                      no                      rotary
+    qwen3     2            RMSNorm      none; Q/K norms              no                      rotary
+    other     2            RMSNorm      ``attention_bias`` (Q, K, V, O), ``mlp_bias``         rotary
+    ========= ============ ============ ============================ ======================= ==================
+
+    Raises:
+        CatalogError: OPT with ``word_embed_proj_dim`` unlike ``hidden_size`` (OPT-350m's projected embedding
+            is not modelled), naming the field.
+    """
+    if model_type == "opt" and f.integer("word_embed_proj_dim", hidden) != hidden:
+        raise f.fail("word_embed_proj_dim", f"({f.data['word_embed_proj_dim']}) differs from hidden_size ({hidden}): "
+                                            "OPT's projected embeddings (opt-350m) are not modelled")
+    biased = model_type in BIASED_MODEL_TYPES
+    if model_type == "opt":
+        biased = f.flag("enable_bias", True)
+    elif model_type == "gpt_neox":
+        biased = f.flag("attention_bias", True)
+    elif model_type == "falcon":
+        biased = f.flag("bias", False)
+    qkv_bias = biased or f.flag("attention_bias", model_type in ("qwen2", "qwen2_moe"))
+    out_bias = biased or (model_type not in ("qwen2", "qwen2_moe") and f.flag("attention_bias", False))
+    positions = {"opt": context + 2, "gpt2": context}.get(model_type, 0)
+    return {"attention_bias": qkv_bias, "attention_out_bias": out_bias,
+            "mlp_bias": biased or model_type == "gptj" or f.flag("mlp_bias", False),
+            "lm_head_bias": model_type in ("gptj", "phi"), "norms_per_layer": _norms_per_layer(f, model_type),
+            "norm_bias": model_type in LAYERNORM_MODEL_TYPES,
+            "qk_norm": model_type in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text"),
+            "position_embedding_tokens": positions}
+
+
+def _norms_per_layer(f: _Fields, model_type: str) -> int:
+    """Norms per decoder layer: one shared by the parallel attention and MLP (GPT-J, Phi-2; Falcon with
+    ``parallel_attn``, default true), two for Falcon's new decoder architecture (``ln_attn``, ``ln_mlp``), four
+    for Gemma 2/3, else two."""
+    if model_type in ("gptj", "phi"):
+        return 1
+    if model_type == "falcon":
+        return 2 if f.flag("new_decoder_architecture", False) or not f.flag("parallel_attn", True) else 1
+    return 4 if model_type in ("gemma2", "gemma3", "gemma3_text") else 2
+
+
+def _sliding(f: _Fields, layers: int, model_type: str = "") -> tuple[int, int]:
+    """``(window tokens, sliding layers)`` from ``sliding_window``, ``use_sliding_window``, ``layer_types``;
+    without ``layer_types`` Gemma 2 slides every other layer (from the first) and Gemma 3 all but every
+    ``sliding_window_pattern``-th (default 6), as their config classes define ``layer_types``; other families
+    slide every layer."""
     if not f.has("sliding_window") or not f.flag("use_sliding_window", True):
         return 0, 0
     window = f.integer("sliding_window")
     types = f.data.get("layer_types")
+    if types is None and model_type == "gemma2":
+        return window, (layers + 1) // 2
+    if types is None and model_type in ("gemma3", "gemma3_text"):
+        return window, layers - layers // f.integer("sliding_window_pattern", 6)
     if types is None:
         return window, layers
     if not isinstance(types, list) or len(types) != layers or not all(isinstance(t, str) for t in types):
@@ -318,7 +435,7 @@ def _sliding(f: _Fields, layers: int) -> tuple[int, int]:
 
 
 def _mlp_gated(f: _Fields, model_type: str) -> bool:
-    act = f.data.get("hidden_act", f.data.get("hidden_activation"))
+    act = f.data.get(f.name("hidden_act"))
     if model_type in GATED_MODEL_TYPES:
         return True
     if model_type in PLAIN_MODEL_TYPES:

@@ -54,7 +54,17 @@ class ModelSpec:
         kv_dtype_bytes: bytes per KV-cache element; 0 = :attr:`activation_bytes` (bf16 for bf16 or fp8 weights).
         mlp_gated: gated MLP (SwiGLU: gate, up, down = 3 matrices) or a plain one (up, down = 2).
         tie_word_embeddings: the LM head is the input embedding (one table).
-        attention_bias: Q, K, V projections carry biases (Qwen2).
+        attention_bias: Q, K, V projections carry biases (Qwen2, OPT, GPT-2, GPT-NeoX, Phi-2).
+        attention_out_bias: the output projection carries a bias (OPT, GPT-2, GPT-NeoX, Phi-2).
+        mlp_bias: the MLP's projections carry biases (OPT, GPT-2, GPT-J, GPT-NeoX, Phi-2).
+        lm_head_bias: the LM head carries a bias of ``vocab_size`` (GPT-J, Phi-2).
+        norms_per_layer: normalisation layers per decoder layer: 2 (pre-attention, pre-MLP), 1 for a parallel
+            block (GPT-J, Falcon-7B, Phi-2), 4 for Gemma 2/3 (pre and post each sub-block).
+        norm_bias: the norms are LayerNorms with a bias (``2 h`` each: OPT, GPT-2/J/NeoX, Falcon, Phi-2), not
+            RMSNorms (``h``).
+        qk_norm: per-head RMSNorms of ``head_dim`` on queries and keys (Qwen3, Gemma 3).
+        position_embedding_tokens: rows of a learned absolute position embedding (GPT-2 ``n_positions``, OPT
+            ``max_position_embeddings + 2``); 0 = rotary or none.
         num_experts: routed experts per MoE layer (0 = dense model).
         num_shared_experts: shared experts per MoE layer (DeepSeek), each ``moe_ffn_size`` wide.
         experts_per_token: routed experts each token runs (top-k).
@@ -83,6 +93,13 @@ class ModelSpec:
     mlp_gated: bool = True
     tie_word_embeddings: bool = False
     attention_bias: bool = False
+    attention_out_bias: bool = False
+    mlp_bias: bool = False
+    lm_head_bias: bool = False
+    norms_per_layer: int = 2
+    norm_bias: bool = False
+    qk_norm: bool = False
+    position_embedding_tokens: int = 0
     num_experts: int = 0
     num_shared_experts: int = 0
     experts_per_token: int = 0
@@ -213,21 +230,26 @@ class ModelSpec:
 
     # ---- parameters ----------------------------------------------------------------------------------
     def mlp_params(self, width: int) -> int:
-        """Parameters of one MLP of intermediate ``width``: ``3 h w`` gated (SwiGLU), ``2 h w`` plain."""
-        return (3 if self.mlp_gated else 2) * self.hidden_size * width
+        """Parameters of one MLP of intermediate ``width``: ``3 h w`` gated (SwiGLU), ``2 h w`` plain; with
+        :attr:`mlp_bias` the up (and gate) biases ``w`` (``2 w`` gated) and the down bias ``h``."""
+        h, matrices = self.hidden_size, 3 if self.mlp_gated else 2
+        bias = (matrices - 1) * width + h if self.mlp_bias else 0
+        return matrices * h * width + bias
 
     def attention_params(self) -> tuple[int, int]:
         """``(sharded, replicated)`` parameters of one layer's attention: GQA Q, K, V, O (+ QKV biases);
         MLA (DeepSeek-V2 section 2.1): ``q_a`` (``h x q_lora``, replicated) with its norm and ``q_b``
         (``q_lora x Hq (nope + rope)``), or one ``h x Hq (nope + rope)`` without ``q_lora_rank``; ``kv_a``
         (``h x (kv_lora + rope)``, replicated) with its norm; ``kv_b`` (``kv_lora x Hq (nope + v)``);
-        ``o`` (``Hq v x h``). Replicated parts are vLLM's ``ReplicatedLinear`` layers."""
+        ``o`` (``Hq v x h``). Replicated parts are vLLM's ``ReplicatedLinear`` layers; the output projection's
+        bias (:attr:`attention_out_bias`, ``h``) is replicated (vLLM's ``RowParallelLinear`` keeps it whole)."""
         h, heads = self.hidden_size, self.num_q_heads
+        out_bias = h if self.attention_out_bias else 0
         if not self.uses_mla:
             sharded = 2 * h * heads * self.head_dim + 2 * h * self.num_kv_heads * self.head_dim
             if self.attention_bias:
                 sharded += heads * self.head_dim + 2 * self.num_kv_heads * self.head_dim
-            return sharded, 0
+            return sharded, out_bias
         qk = self.qk_nope_head_dim + self.qk_rope_head_dim
         if self.q_lora_rank:
             q_sharded, q_replicated = self.q_lora_rank * heads * qk, h * self.q_lora_rank + self.q_lora_rank
@@ -236,7 +258,7 @@ class ModelSpec:
         kv_replicated = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
         kv_b = self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
         out = heads * self.v_head_dim * h
-        return q_sharded + kv_b + out, q_replicated + kv_replicated
+        return q_sharded + kv_b + out, q_replicated + kv_replicated + out_bias
 
     def _layer_params(self, moe: bool, active: bool) -> tuple[int, int]:
         """``(sharded, replicated)`` linear parameters of one dense or MoE layer; ``active``: only the experts
@@ -271,15 +293,30 @@ class ModelSpec:
         return self.num_moe_layers * (self.num_experts * self.mlp_params(self.moe_ffn_size) // tp) * self.dtype_bytes
 
     def embedding_params(self, tp: int = 1) -> int:
-        """Embedding and LM-head parameters on one worker (vocab-parallel): two tables, one when tied; a pipeline
-        stage holds the embedding (first) and/or the head (last)."""
+        """Embedding and LM-head parameters on one worker (vocab-parallel): two tables, one when tied, and the
+        head's bias (:attr:`lm_head_bias`); a pipeline stage holds the embedding (first) and/or the head (last).
+        A learned position embedding is :meth:`position_embedding_params`."""
         tables = (int(self.has_embedding) + int(self.has_lm_head) if not self.tie_word_embeddings
                   else int(self.has_embedding or self.has_lm_head))
-        return tables * self.vocab_size * self.hidden_size // tp
+        head_bias = self.vocab_size if self.lm_head_bias and self.has_lm_head else 0
+        return (tables * self.vocab_size * self.hidden_size + head_bias) // tp
+
+    def position_embedding_params(self) -> int:
+        """Learned absolute position embedding on the first stage: ``position_embedding_tokens x h``, whole on
+        every worker (vLLM's GPT-2 and OPT keep it an unsharded ``nn.Embedding``)."""
+        return self.position_embedding_tokens * self.hidden_size if self.has_embedding else 0
 
     def norm_params(self) -> int:
-        """RMSNorm weights: 2 per layer, and the final norm on the stage holding the LM head."""
-        return self.num_layers * 2 * self.hidden_size + (self.hidden_size if self.has_lm_head else 0)
+        """Norm weights: :attr:`norms_per_layer` per layer (and Qwen3/Gemma-3 query and key norms of
+        ``head_dim`` each), and the final norm on the stage holding the LM head; LayerNorms
+        (:attr:`norm_bias`) hold a weight and a bias, RMSNorms a weight."""
+        per_norm = self.hidden_size * (2 if self.norm_bias else 1)
+        per_layer = self.norms_per_layer * per_norm + (2 * self.head_dim if self.qk_norm else 0)
+        return self.num_layers * per_layer + (per_norm if self.has_lm_head else 0)
+
+    def _unsharded_small_params(self, tp: int) -> int:
+        """Norms, embedding and head (vocab-parallel) and learned positions held by one worker."""
+        return self.norm_params() + self.embedding_params(tp) + self.position_embedding_params()
 
     def weight_bytes(self, tp: int = 1) -> int:
         """Weight bytes held by one worker: linear layers at ``dtype_bytes`` (all experts resident); norms,
@@ -289,23 +326,25 @@ class ModelSpec:
             CatalogError: when ``tp`` does not divide the heads.
         """
         self.check_tp(tp)
-        return (self.linear_params(tp) * self.dtype_bytes
-                + (self.norm_params() + self.embedding_params(tp)) * self.activation_bytes)
+        return self.linear_params(tp) * self.dtype_bytes + self._unsharded_small_params(tp) * self.activation_bytes
 
     def unread_embedding_bytes(self, tp: int = 1) -> int:
         """Weight bytes an iteration does not stream: the input embedding (only the batch's rows are gathered),
-        unless it is tied to an LM head on this worker (then it is read as the head)."""
+        unless it is tied to an LM head on this worker (then it is read as the head), and a learned position
+        embedding (gathered by position)."""
+        positions = self.position_embedding_params() * self.activation_bytes
         if not self.has_embedding or (self.tie_word_embeddings and self.has_lm_head):
-            return 0
-        return self.vocab_size * self.hidden_size * self.activation_bytes // tp
+            return positions
+        return self.vocab_size * self.hidden_size * self.activation_bytes // tp + positions
 
     def total_params(self) -> int:
-        """All parameters of the (stage of the) model: linear, norms, embedding and head."""
-        return self.linear_params(1) + self.norm_params() + self.embedding_params(1)
+        """All parameters of the (stage of the) model: linear (with biases), norms, embedding, head and learned
+        positions."""
+        return self.linear_params(1) + self._unsharded_small_params(1)
 
     def active_params(self) -> int:
         """Parameters one token runs through (MoE: top-k and shared experts; the LM head counted once)."""
-        return self.active_linear_params(1) + self.norm_params() + self.embedding_params(1)
+        return self.active_linear_params(1) + self._unsharded_small_params(1)
 
     @property
     def attention_qk_dim(self) -> int:

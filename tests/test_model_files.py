@@ -100,10 +100,11 @@ def test_tied_embeddings_and_plain_mlp_counted_once(tmp_path):
     path.write_text(json.dumps(config))
     m = get_model(str(path))
     assert (m.mlp_gated, m.tie_word_embeddings, m.head_dim, m.num_kv_heads) == (False, True, 16, 4)
-    # per layer: attention 4 x 64 x 64 = 16,384; plain MLP 2 x 64 x 256 = 32,768; norms 128 -> 49,280;
-    # x 2 = 98,560; one tied table 1000 x 64 = 64,000; final norm 64 -> 162,624 parameters, 2 B each
-    assert m.total_params() == 162_624
-    assert m.weight_bytes() == 325_248
+    # GPT-NeoX layers carry biases and LayerNorms (issue 28): per layer attention 4 x 64 x 64 = 16,384 + QKV
+    # biases 192 + output bias 64; plain MLP 2 x 64 x 256 = 32,768 + biases 256 + 64; two LayerNorms 2 x 128
+    # -> 49,984; x 2 = 99,968; one tied table 1000 x 64 = 64,000; final LayerNorm 128 -> 164,096 parameters, 2 B each
+    assert m.total_params() == 164_096
+    assert m.weight_bytes() == 328_192
     # the tied table is read as the LM head every iteration: nothing is left unread
     assert m.unread_embedding_bytes() == 0
 
@@ -163,7 +164,7 @@ def test_gpu_catalogue_datasheet_figures():
     assert len(gpu_names()) == 11
     b200, mi300x, h20 = get_gpu("b200"), get_gpu("mi300x"), get_gpu("h20")
     assert (b200.bf16_flops, b200.fp8_flops, b200.mem_bw_bytes_per_s) == (2.25e15, 4.5e15, 8.0e12)
-    assert (mi300x.hbm_bytes, mi300x.bf16_flops) == (192_000_000_000, 1307.4e12)
+    assert (mi300x.hbm_bytes, mi300x.bf16_flops) == (196_592 * MIB, 1307.4e12)     # rocminfo, not 192 x 10^9
     assert h20.usd_per_gpu_hour is None and "no public" in h20.price_source
     assert get_gpu("h200").vmm_borrowed_from is None and get_gpu("l40s").vmm_borrowed_from == "h200"
     for name in gpu_names():
