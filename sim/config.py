@@ -90,7 +90,7 @@ class SimConfig:
         frontend_overhead_us: per-request cost outside the model (API server, tokenisation, detokenisation), us,
             added to each request's first-token and completion times, so to TTFT and E2E, but to no iteration
             (docs/serving-semantics.md); 0 by default, an engine preset's otherwise.
-        cuda_graphs: decodes as CUDA graphs (the compute model's ``decode_graphs``) when not ``None``; ``None``:
+        cuda_graph_decodes: decodes as CUDA graphs (the compute model's ``decode_graphs``) when not ``None``; ``None``:
             the compute model's default (eager) or a profile's fitted value.
     """
 
@@ -136,7 +136,7 @@ class SimConfig:
     usd_per_gpu_hour: float | None = None
     engine: str | None = None
     frontend_overhead_us: float = 0.0
-    cuda_graphs: bool | None = None
+    cuda_graph_decodes: bool | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.frontend_overhead_us, (int, float)) and 0 <= self.frontend_overhead_us < float("inf")):

@@ -53,7 +53,7 @@ VATTENTION_FRONTEND_OVERHEAD_US = 0.0
 def _vllm_v1(gpu: GPUSpec) -> dict:
     large = gpu.hbm_bytes >= 70 * GIB and "a100" not in gpu.name.lower()
     return dict(scheduler="sarathi", token_budget=8192 if large else 2048, max_batch_slots=1024 if large else 256,
-                policy="paged", block_size_tokens=16, prefix_caching=True, cuda_graphs=True,
+                policy="paged", block_size_tokens=16, prefix_caching=True, cuda_graph_decodes=True,
                 frontend_overhead_us=VLLM_FRONTEND_OVERHEAD_US)
 
 
@@ -66,13 +66,13 @@ def _sglang_chunk_tokens(hbm_bytes: int) -> int:
 
 def _sglang(gpu: GPUSpec) -> dict:
     return dict(scheduler="vllm", token_budget=_sglang_chunk_tokens(gpu.hbm_bytes), max_batch_slots=2048,
-                policy="paged", block_size_tokens=1, prefix_caching=True, cuda_graphs=True,
+                policy="paged", block_size_tokens=1, prefix_caching=True, cuda_graph_decodes=True,
                 frontend_overhead_us=SGLANG_FRONTEND_OVERHEAD_US)
 
 
 def _vattention(gpu: GPUSpec) -> dict:
     return dict(scheduler="sarathi", token_budget=2048, max_batch_slots=256, policy="vattention",
-                prefix_caching=False, cuda_graphs=False, frontend_overhead_us=VATTENTION_FRONTEND_OVERHEAD_US)
+                prefix_caching=False, cuda_graph_decodes=False, frontend_overhead_us=VATTENTION_FRONTEND_OVERHEAD_US)
 
 
 _PRESETS = {"vllm-v1": _vllm_v1, "sglang": _sglang, "vattention": _vattention}
@@ -86,7 +86,7 @@ def engine_preset(engine: str, gpu: GPUSpec) -> dict:
             budgets).
     Returns:
         ``{field: value}``: scheduler, token_budget, max_batch_slots, policy, block_size_tokens (paged presets),
-        prefix_caching, cuda_graphs, frontend_overhead_us (us).
+        prefix_caching, cuda_graph_decodes, frontend_overhead_us (us).
     Raises:
         ValueError: an unknown engine, naming it and the choices.
     """

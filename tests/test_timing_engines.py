@@ -28,7 +28,7 @@ def test_no_engine_keeps_kvsims_own_defaults():
     assert _config() == SimConfig()
     config = _config()
     assert (config.scheduler, config.token_budget, config.max_batch_slots) == ("sarathi", 2048, 256)
-    assert config.engine is None and config.frontend_overhead_us == 0.0 and config.cuda_graphs is None
+    assert config.engine is None and config.frontend_overhead_us == 0.0 and config.cuda_graph_decodes is None
 
 
 @pytest.mark.parametrize("gpu, budget, seqs", [("h100", 8192, 1024), ("h200", 8192, 1024), ("b200", 8192, 1024),
@@ -39,7 +39,7 @@ def test_vllm_v1_batch_defaults_follow_get_batch_defaults(gpu, budget, seqs):
     config = _config("--engine", "vllm-v1", "--gpu", gpu)
     assert (config.token_budget, config.max_batch_slots) == (budget, seqs)
     assert (config.scheduler, config.policy, config.block_size_tokens) == ("sarathi", "paged", 16)
-    assert config.prefix_caching and config.cuda_graphs and config.frontend_overhead_us == 10_000.0
+    assert config.prefix_caching and config.cuda_graph_decodes and config.frontend_overhead_us == 10_000.0
 
 
 @pytest.mark.parametrize("gpu, chunk", [("l40s", 4096), ("a100-40gb", 4096), ("h100", 8192), ("h200", 8192),
@@ -53,7 +53,7 @@ def test_sglang_chunked_prefill_size_follows_the_gpu_memory_buckets(gpu, chunk):
 
 def test_vattention_preset_is_kvsims_default_run():
     config = _config("--engine", "vattention")
-    assert config == SimConfig(engine="vattention", cuda_graphs=False)
+    assert config == SimConfig(engine="vattention", cuda_graph_decodes=False)
 
 
 def test_explicit_flags_and_policy_keys_override_the_preset():
