@@ -84,6 +84,14 @@ class SimConfig:
         weight_dtype / kv_dtype: ``bf16``, ``fp16``, ``fp32`` or ``fp8`` for the weights of the linear layers and
             for the KV cache (``None``: the model's own, KV in the activation dtype).
         usd_per_gpu_hour: price per GPU-hour replacing the GPU's catalogue price (``None``: the catalogue's).
+        engine: the ``--engine`` preset the run's defaults came from (``vllm-v1``, ``sglang``, ``vattention``;
+            ``None``: kvsim's own defaults); recorded only, the preset's values are in the other fields
+            (:mod:`sim.engines`).
+        frontend_overhead_us: per-request cost outside the model (API server, tokenisation, detokenisation), us,
+            added to each request's first-token and completion times, so to TTFT and E2E, but to no iteration
+            (docs/serving-semantics.md); 0 by default, an engine preset's otherwise.
+        cuda_graph_decodes: decodes as CUDA graphs (the compute model's ``decode_graphs``) when not ``None``; ``None``:
+            the compute model's default (eager) or a profile's fitted value.
     """
 
     model: str = "llama-3-8b"
@@ -126,8 +134,14 @@ class SimConfig:
     weight_dtype: str | None = None
     kv_dtype: str | None = None
     usd_per_gpu_hour: float | None = None
+    engine: str | None = None
+    frontend_overhead_us: float = 0.0
+    cuda_graph_decodes: bool | None = None
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.frontend_overhead_us, (int, float)) and 0 <= self.frontend_overhead_us < float("inf")):
+            raise ConfigError(f"--frontend-overhead-ms must be a finite number >= 0, got "
+                              f"{self.frontend_overhead_us / 1000 if isinstance(self.frontend_overhead_us, (int, float)) else self.frontend_overhead_us!r}")
         for flag, value in (("--weight-dtype", self.weight_dtype), ("--kv-dtype", self.kv_dtype)):
             if value is not None and value not in DTYPE_BYTES:
                 raise ConfigError(f"{flag} {value!r}: choose one of {', '.join(DTYPE_BYTES)}")

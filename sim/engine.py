@@ -340,7 +340,7 @@ class Simulator(RequestBookkeeping):
             "tbt_samples": (self.tbt_us, self.tbt_run_gaps_us, self.tbt_run_weights),
         }
         self.recorder.close()
-        return SimOutput([r.record() for r in self.requests], self.recorder, counters)
+        return SimOutput([r.record(self.config.frontend_overhead_us) for r in self.requests], self.recorder, counters)
 
     def _serve(self):
         env, iteration = self.env, 0

@@ -8,9 +8,21 @@ import argparse
 from sim.argtypes import int_at_least, positive_float, size_arg
 
 
+def _milliseconds(text: str) -> float:
+    """A finite number of milliseconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of milliseconds >= 0, got {text!r}")
+    return value
+
+
 def add_config_args(parser: argparse.ArgumentParser) -> None:
     """Options shared by every command that builds a :class:`sim.config.SimConfig`."""
     from sim.catalog import DTYPE_BYTES, gpu_names, model_names
+    from sim.engines import ENGINES
     parser.add_argument("--model", default="llama-3-8b",
                         help=f"model: a catalogue name ({', '.join(model_names())}), a Hugging Face config.json "
                              "(e.g. models/mixtral-8x7b.json) or a model TOML (docs/models.md)")
@@ -28,10 +40,22 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-size", type=size_arg, default="2MiB",
                         help="vAttention page size per K/V sub-tensor, e.g. 2MiB, 256KiB (< 2MiB needs a modified "
                              "driver)")
-    parser.add_argument("--max-batch", type=int_at_least(1), default=256, help="request slots B (max concurrent requests)")
-    parser.add_argument("--scheduler", choices=("sarathi", "vllm"), default="sarathi",
-                        help="sarathi: chunked prefill with a token budget; vllm: prefill-first")
-    parser.add_argument("--token-budget", type=int_at_least(1), default=2048, help="tokens per iteration (chunked prefill)")
+    parser.add_argument("--max-batch", type=int_at_least(1), default=None,
+                        help="request slots B (max concurrent requests; an --engine preset sets its own) (default: 256)")
+    parser.add_argument("--scheduler", choices=("sarathi", "vllm"), default=None,
+                        help="sarathi: chunked prefill with a token budget; vllm: prefill-first "
+                             "(an --engine preset sets its own) (default: sarathi)")
+    parser.add_argument("--token-budget", type=int_at_least(1), default=None,
+                        help="tokens per iteration (chunked prefill; an --engine preset sets its own) (default: 2048)")
+    parser.add_argument("--engine", choices=ENGINES, default=None,
+                        help="serving engine whose own defaults to take (scheduler, token budget, max_num_seqs, "
+                             "policy and block size, prefix caching, CUDA graphs, front-end cost), each from the "
+                             "engine's code (sim/engines.py); explicit flags and --policy keys override it "
+                             "(default: none, kvsim's own defaults)")
+    parser.add_argument("--frontend-overhead-ms", type=_milliseconds, default=None,
+                        help="per-request front-end cost in milliseconds (API server, tokenisation, detokenisation) "
+                             "added to TTFT and E2E, not to iterations (docs/serving-semantics.md) "
+                             "(default: 0, or the --engine preset's: vllm-v1 10, sglang 10, vattention 0)")
     parser.add_argument("--max-context", type=int_at_least(2), default=None,
                         help="tokens per slot L_max; longer requests are clipped; more than the model's native "
                              "context is refused unless --allow-long-context (default: the model's native context)")
@@ -56,13 +80,13 @@ def config_from_args(args: argparse.Namespace, **overrides):
     from sim.config import ConfigError, SimConfig
     from sim.policy_spec import policy_config_error
     values = dict(model=args.model, gpu=args.gpu, tp=args.tp, page_size_bytes=args.page_size,
-                  max_batch_slots=args.max_batch, scheduler=args.scheduler, token_budget=args.token_budget,
                   max_context_tokens=args.max_context, sync_mapping=args.sync_mapping,
                   deferred_reclaim=not args.no_deferred_reclaim, memory_util_frac=args.memory_util, seed=args.seed,
                   preemption=args.preemption, host_swap_bytes=args.host_swap,
                   allow_long_context=bool(getattr(args, "allow_long_context", False)),
                   pp=getattr(args, "pp", 1), weight_dtype=getattr(args, "weight_dtype", None),
                   kv_dtype=getattr(args, "kv_dtype", None), usd_per_gpu_hour=getattr(args, "usd_per_gpu_hour", None))
+    values.update(_engine_values(args))
     values.update(overrides)
     spec = getattr(args, "policy", None)
     if isinstance(spec, str):   # simulate --policy (compare takes a list)
@@ -72,6 +96,31 @@ def config_from_args(args: argparse.Namespace, **overrides):
         except ConfigError as exc:   # a value the spec set: name the spec and its key, not the flag
             raise policy_config_error(spec, exc) from None
     return SimConfig(**values)
+
+
+_PRESET_FLAGS = {"scheduler": "scheduler", "token_budget": "token_budget", "max_batch_slots": "max_batch",
+                 "frontend_overhead_us": "frontend_overhead_ms"}
+"""SimConfig field -> the ``args`` attribute of the flag that overrides an ``--engine`` preset's value."""
+
+
+def _engine_values(args: argparse.Namespace) -> dict:
+    """The fields ``--engine`` and the flags it shares set: an explicit flag's value, else the preset's, else
+    nothing (SimConfig's default). ``--frontend-overhead-ms`` is converted to us.
+
+    Raises:
+        CatalogError: an unknown ``--gpu`` (the preset depends on the GPU).
+    """
+    from sim.catalog import get_gpu
+    from sim.engines import engine_preset
+    engine = getattr(args, "engine", None)
+    values = engine_preset(engine, get_gpu(args.gpu)) if engine else {}
+    if engine:
+        values["engine"] = engine
+    for field_name, attr in _PRESET_FLAGS.items():
+        explicit = getattr(args, attr, None)
+        if explicit is not None:
+            values[field_name] = explicit * 1000.0 if attr == "frontend_overhead_ms" else explicit
+    return values
 
 
 # SimConfig field -> (the flag that also sets it, its default) for conflict checks with --policy specs

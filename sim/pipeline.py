@@ -127,7 +127,10 @@ class PipelineComputeModel(RooflineComputeModel):
 
 def compute_model_for(config, **fields_) -> RooflineComputeModel:
     """The compute model of a :class:`sim.config.SimConfig`: the roofline of the whole model at ``config.tp``,
-    or with ``config.pp > 1`` its :class:`PipelineComputeModel`; ``fields_`` set compute fields."""
+    or with ``config.pp > 1`` its :class:`PipelineComputeModel`; ``fields_`` set compute fields;
+    ``config.cuda_graph_decodes`` (when not None) sets ``decode_graphs`` (a profile's fields replace it later)."""
+    if getattr(config, "cuda_graph_decodes", None) is not None:
+        fields_.setdefault("decode_graphs", float(config.cuda_graph_decodes))
     if config.pp > 1:
         return PipelineComputeModel(config.full_model_spec, config.gpu_spec, config.tp, pp=config.pp, **fields_)
     return RooflineComputeModel(config.full_model_spec, config.gpu_spec, config.tp, **fields_)

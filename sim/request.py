@@ -49,14 +49,23 @@ class Request:
     def remaining(self) -> int:
         return self.prompt_tokens + self.generated - self.computed
 
-    def record(self) -> tuple:
-        """Flat per-request record, in the order of :data:`REQUEST_COLUMNS`."""
-        ttft = self.first_token_at_us - self.arrival_at_us
-        e2e = self.completion_at_us - self.arrival_at_us
+    def record(self, frontend_overhead_us: float = 0.0) -> tuple:
+        """Flat per-request record, in the order of :data:`REQUEST_COLUMNS`.
+
+        ``frontend_overhead_us`` (us, ``SimConfig.frontend_overhead_us``): the engine's per-request cost outside
+        the model (API server, tokenisation, detokenisation), run in a process apart from the GPU loop; it is
+        added to the first-token and completion times the client sees, so to TTFT and E2E, and leaves TPOT and
+        every iteration unchanged (docs/serving-semantics.md). 0 leaves the record as it was."""
+        first_token_at_us, completion_at_us = self.first_token_at_us, self.completion_at_us
+        if frontend_overhead_us:
+            first_token_at_us += frontend_overhead_us
+            completion_at_us += frontend_overhead_us
+        ttft = first_token_at_us - self.arrival_at_us
+        e2e = completion_at_us - self.arrival_at_us
         decodes = self.output_tokens - 1
-        tpot = (self.completion_at_us - self.first_token_at_us) / decodes if decodes > 0 else float("nan")
+        tpot = (completion_at_us - first_token_at_us) / decodes if decodes > 0 else float("nan")
         return (self.request_id, self.arrival_at_us, self.prompt_tokens, self.output_tokens,
-                self.first_token_at_us, self.completion_at_us, ttft, tpot, e2e, self.preemptions,
+                first_token_at_us, completion_at_us, ttft, tpot, e2e, self.preemptions,
                 self.last_slot, self.status, self.prefix_hit_tokens, self.first_scheduled_at_us,
                 self.first_scheduled_at_us - self.arrival_at_us, self.preempted_hit_tokens, self.recomputed_tokens,
                 self.reject_reason)

@@ -365,8 +365,9 @@ def check_profile(profile: str | Path | None) -> None:
 
 
 # options a saved hardware run already fixes (its config.json and request records), with their CLI defaults
-_RUN_DEFINED = {"model": "llama-3-8b", "gpu": "h200", "tp": 1, "page_size": 2 * 1024 * 1024, "max_batch": 256,
-                "scheduler": "sarathi", "token_budget": 2048, "max_context": None, "sync_mapping": False,
+_RUN_DEFINED = {"model": "llama-3-8b", "gpu": "h200", "tp": 1, "page_size": 2 * 1024 * 1024, "max_batch": None,
+                "scheduler": None, "token_budget": None, "max_context": None, "engine": None,
+                "frontend_overhead_ms": None, "sync_mapping": False,
                 "no_deferred_reclaim": False, "skip_requests": 0, "num_requests": None, "rate_scale": 1.0, "seed": 0}
 
 
