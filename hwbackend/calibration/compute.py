@@ -105,7 +105,8 @@ def _time_iteration_us(model: Any, kv: Any, work: list[SeqWork], targets: dict, 
     mapped), host inputs, forward, the iteration event, the token copy, the completion poll."""
     start = time.perf_counter_ns()
     kv.executor.step(targets)
-    tokens = model.forward(BatchInputs(work, kv.slot_tokens, model.device), kv.k, kv.v)
+    inputs = getattr(model, "batch_inputs", BatchInputs)(work, kv.slot_tokens, model.device)
+    tokens = model.forward(inputs, kv.k, kv.v)
     kv.executor.iteration_launched(iteration)
     tokens.cpu()
     kv.executor.poll_completed()

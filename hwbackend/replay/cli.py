@@ -83,7 +83,8 @@ def warm_up(model: DecoderModel, seconds: float = 0.0) -> int:
     started, runs = time.perf_counter(), 0
     while runs < 2 * len(batches) or time.perf_counter() - started < seconds:
         for work in batches:
-            model.eager_forward(BatchInputs(work, slot_tokens, model.device), [scratch] * s.num_layers,
+            inputs = getattr(model, "batch_inputs", BatchInputs)(work, slot_tokens, model.device)
+            model.eager_forward(inputs, [scratch] * s.num_layers,
                                 [scratch] * s.num_layers).cpu()
             runs += 1
     del scratch
@@ -92,14 +93,18 @@ def warm_up(model: DecoderModel, seconds: float = 0.0) -> int:
 
 def replay(config: Any, trace: pd.DataFrame, device: str = "cuda:0", shape: ModelSpec | None = None,
            attention: str = "auto", sleep=time.sleep, cuda_graphs: bool = True,
-           warmup_s: float = 20.0) -> tuple[Any, dict]:
+           warmup_s: float = 20.0, compute: str = "harness") -> tuple[Any, dict]:
     """Replay ``trace`` under ``config``; returns the :class:`hwbackend.replay.loop.ReplayOutput` and run metadata.
 
     On CUDA: ``warmup_s`` seconds of eager warm-up (:func:`warm_up`), then, with ``cuda_graphs``, decode
     iterations as CUDA graphs (:func:`hwbackend.replay.model.capture_decode_graphs`, batch sizes 1..max batch).
+    ``compute``: ``harness`` (:class:`hwbackend.replay.model.DecoderModel`) or ``engine``
+    (:class:`hwbackend.replay.engine.EngineDecoderModel`: fused kernels, split-KV decodes).
     """
+    from hwbackend.replay.engine import build_model
+
     shape = shape or config.model_spec.per_worker(config.tp)
-    model = DecoderModel(shape, device=device, seed=config.seed)
+    model = build_model(compute, shape, device, config.seed)
     backend, check = choose_attention(model, attention)
     model.attention = backend
     extra: dict = {"cuda_graphs": False}
@@ -132,7 +137,8 @@ def replay(config: Any, trace: pd.DataFrame, device: str = "cuda:0", shape: Mode
     finally:
         gc.enable()
         kv.close()
-    meta = {"backend": "hardware", "device": device, "attention_backend": backend, "replay_wall_s": wall_s,
+    meta = {"backend": "hardware", "device": device, "compute": compute, "attention_backend": backend,
+            "replay_wall_s": wall_s,
             "transformer_shape": shape.decoder_shape(), **extra,
             **check, **_environment(model)}
     return output, meta
@@ -195,6 +201,9 @@ def build_parser(prog: str = "python -m hwbackend.replay.cli", description: str 
     parser.add_argument("--force", action="store_true", help="overwrite the run files in --out")
     parser.add_argument("--device", default="cuda:0", help="cuda:N (real VMM) or cpu (emulated driver, tiny model)")
     parser.add_argument("--attention", default="auto", choices=("auto", "varlen", "gather", "reference"))
+    parser.add_argument("--compute", choices=("engine", "harness"), default="engine",
+                        help="decoder kernels: engine (fused norms and activations, split-KV decode attention; "
+                             "default) or harness (the unfused decoder of the replays before 2026-12)")
     parser.add_argument("--no-cuda-graphs", action="store_true",
                         help="run decode iterations eagerly too (default: CUDA graphs for decode-only batches)")
     parser.add_argument("--warmup-s", type=float, default=20.0,
@@ -279,7 +288,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m hwbackend.replay.
     shape = TINY_SHAPE if args.device == "cpu" else None
     try:
         output, meta = replay(config, trace, args.device, shape, args.attention, cuda_graphs=not args.no_cuda_graphs,
-                              warmup_s=args.warmup_s)
+                              warmup_s=args.warmup_s, compute=args.compute)
     except MemoryError as exc:
         print(f"replay: error: the KV cache or model does not fit this machine's memory ({exc})", file=sys.stderr)
         return 2

@@ -189,13 +189,14 @@ class DecodeGraphs:
     Args:
         model: the decoder. k_flat / v_flat: the cache views (fixed virtual addresses, as the graphs need).
         slot_tokens: L_max. scratch_slot: a mapped slot. max_batch: largest batch size captured.
+        sizes: the batch sizes to capture (default ``1..max_batch``; benchmarks capture a few).
 
     Raises:
         RuntimeError: from CUDA if a capture fails (the caller falls back to eager decodes).
     """
 
     def __init__(self, model: DecoderModel, k_flat: list[Any], v_flat: list[Any], slot_tokens: int,
-                 scratch_slot: int, max_batch: int):
+                 scratch_slot: int, max_batch: int, sizes: Any = None):
         import torch
 
         device, self.slot_tokens = model.device, slot_tokens
@@ -211,7 +212,7 @@ class DecodeGraphs:
         side = torch.cuda.Stream(device=device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            for n in range(max_batch, 0, -1):
+            for n in sorted(sizes or range(1, max_batch + 1), reverse=True):
                 static = _StaticDecode(self, n)
                 model.eager_forward(static, k_flat, v_flat)  # warm-up: kernels chosen, workspaces allocated
                 graph = torch.cuda.CUDAGraph()
@@ -233,8 +234,10 @@ class DecodeGraphs:
         return self.outputs[n]
 
 
-def capture_decode_graphs(model: DecoderModel, kv: Any, max_batch: int) -> float:
-    """Capture :class:`DecodeGraphs` on ``model`` over an open :class:`hwbackend.replay.kv.ReplayKV`;
+def capture_decode_graphs(model: DecoderModel, kv: Any, max_batch: int, sizes: Any = None) -> float:
+    """Capture :class:`DecodeGraphs` (or the model's ``graph_class``, e.g.
+    :class:`hwbackend.replay.engine.EngineDecodeGraphs`) of batch ``sizes`` (default ``1..max_batch``) on
+    ``model`` over an open :class:`hwbackend.replay.kv.ReplayKV`;
     a scratch slot is taken from the executor for the capture and freed afterwards (its page group
     returns to the pool by the policy's own rules). Returns the capture's wall time (s).
 
@@ -249,7 +252,8 @@ def capture_decode_graphs(model: DecoderModel, kv: Any, max_batch: int) -> float
     if slot is None or not kv.executor.step({slot: max_batch}):
         raise RuntimeError("no slot or page group free for the decode graphs' capture")
     try:
-        model.graphs = DecodeGraphs(model, kv.k, kv.v, kv.slot_tokens, slot, max_batch)
+        graph_class = getattr(model, "graph_class", DecodeGraphs)
+        model.graphs = graph_class(model, kv.k, kv.v, kv.slot_tokens, slot, max_batch, sizes)
     finally:
         kv.executor.iteration_launched(-1)
         kv.executor.free_slot(slot, -1)
