@@ -37,16 +37,21 @@ COMPARE_METRICS = {
     "prefix_hit_ratio": "prefix hit ratio", "prefill_tokens_saved": "prefill tokens saved",
     "prefix_pages_shared": "shared pages mapped", "prefix_map_calls_added": "map calls added by sharing",
     "finished": "finished", "rejected": "rejected",
+    "slo_attainment": "SLO attainment (share of requests)", "goodput_req_per_s": "goodput (req/s)",
 }
+_WHEN_GIVEN = ("slo_attainment", "goodput_req_per_s")   # columns only when a summary has them (per-request SLOs)
 _GIB_COLUMNS = ("peak_mapped_bytes", "mean_tail_waste_bytes", "swap_out_bytes")
 
 
 def comparison_table(summaries: dict[str, dict]) -> pd.DataFrame:
-    """One row per policy label, the :data:`COMPARE_METRICS` as columns (bytes shown in GiB)."""
+    """One row per policy label, the :data:`COMPARE_METRICS` as columns (bytes shown in GiB); the SLO attainment
+    and goodput (:func:`analysis.results.goodput_figures`) only when some summary holds them."""
     rows = []
+    given = {key for key in _WHEN_GIVEN if any(key in summary for summary in summaries.values())}
+    metrics = {key: column for key, column in COMPARE_METRICS.items() if key not in _WHEN_GIVEN or key in given}
     for label, summary in summaries.items():
         row = {"policy": label}
-        for key, column in COMPARE_METRICS.items():
+        for key, column in metrics.items():
             value = summary.get(key, float("nan"))
             row[column] = value / 2**30 if key in _GIB_COLUMNS else value
         rows.append(row)

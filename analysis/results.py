@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.planning.slo import ttft_growth
+from analysis.planning.slo import attainment_of, per_request_slos, ttft_growth
 from sim.units import US_PER_MS, US_PER_S
 
 RUN_FILES = ("requests.parquet", "iterations.parquet", "summary.json", "config.json")
@@ -126,8 +126,31 @@ def iteration_counts_of_file(path: str | Path) -> dict:
     return figures
 
 
+def goodput_figures(requests: pd.DataFrame, slos, makespan_s: float, excluded: int = 0) -> dict:
+    """SLO attainment and goodput of a run under the per-request objectives of ``slos``
+    (:mod:`analysis.planning.slo`: DistServe, OSDI'24; vLLM issue 9338); nothing when there are none.
+
+    Returns:
+        ``slo_met_requests``: requests that finished and met every per-request objective;
+        ``slo_attainment``: that count over every request of the table less ``excluded`` (rejected and
+        unfinished requests count as misses); ``goodput_req_per_s``: that count per second of ``makespan_s``
+        (the span of ``throughput_req_per_s``, first arrival to last completion; 0 for an empty span).
+    """
+    if not per_request_slos(slos):
+        return {}
+    met, share = attainment_of(requests, per_request_slos(slos), excluded)
+    return {"slo_met_requests": met, "slo_attainment": share,
+            "goodput_req_per_s": met / makespan_s if makespan_s > 0 else 0.0}
+
+
+def with_goodput(summary: dict, requests: pd.DataFrame, slos) -> dict:
+    """``summary`` followed by :func:`goodput_figures` of ``requests`` over its ``makespan_s`` (unchanged when
+    ``slos`` holds no per-request objective)."""
+    return {**summary, **goodput_figures(requests, slos, summary.get("makespan_s", 0.0))}
+
+
 def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, config: dict,
-              count_figures: dict | None = None) -> dict:
+              count_figures: dict | None = None, slos=()) -> dict:
     """The run summary (flat dict, units in keys).
 
     Args:
@@ -136,6 +159,8 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
         counters: :attr:`sim.engine.SimOutput.counters`.
         config: :meth:`sim.config.SimConfig.to_dict` output (page_group_bytes, num_sub_tensors used).
         count_figures: :func:`iteration_counts_of_file` of a streamed run (else computed from ``iterations``).
+        slos: objectives (:func:`analysis.planning.slo.objectives`); with per-request ones the summary ends with
+            :func:`goodput_figures` (``slo_met_requests``, ``slo_attainment``, ``goodput_req_per_s``).
     """
     counts = count_figures if count_figures is not None else iteration_counts(iterations)
     runs = counts["iterations"]
@@ -198,6 +223,7 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
                                       else 0.0) / US_PER_MS),
         **_prefix_summary(requests, finished, counters, calls_per_group),
     }
+    summary.update(goodput_figures(requests, slos, span_s))
     return summary
 
 

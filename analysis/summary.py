@@ -13,6 +13,8 @@ SUMMARY_ROWS = (
     ("requests finished / total", None, None),
     ("throughput", "throughput_req_per_s", "{:.3f} req/s"),
     ("output tokens", "output_tokens_per_s", "{:.1f} tok/s"),
+    # only with per-request SLOs (analysis.results.goodput_figures): share of all requests meeting every one
+    ("SLO attainment / goodput", ("slo_attainment", "slo_met_requests", "goodput_req_per_s"), "goodput"),
     ("TTFT p50 / p90 / p99", ("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms"), "ms"),
     ("TPOT p50 / p90 / p99", ("tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms"), "ms"),
     ("TBT p50 / p99 / max", ("tbt_p50_ms", "tbt_p99_ms", "tbt_max_ms"), "ms"),
@@ -113,6 +115,11 @@ def summary_lines(summary: dict) -> list[tuple[str, str]]:
             value = f"{format_bytes(summary[key[0]])} / {format_bytes(summary[key[1]])}"
         elif fmt == "ms":
             value = format_ms([summary.get(k, float("nan")) for k in key])
+        elif fmt == "goodput":
+            if key[0] not in summary:
+                continue
+            value = (f"{summary[key[0]]:.1%} ({summary[key[1]]:,} of {summary['requests']:,} requests meet every "
+                     f"SLO) / {summary[key[2]]:.3f} req/s")
         else:
             values = [summary[k] for k in key] if isinstance(key, tuple) else [summary[key]]
             value = fmt.format(*values)

@@ -22,6 +22,18 @@ class ConfigError(ValueError):
     """An impossible configuration; the message names the option and the value."""
 
 
+def vllm_budget_error(token_budget: int, max_batch_slots: int) -> str:
+    """The refusal of a ``vllm`` scheduler whose token budget is below its request slots, naming both fields and
+    their flags. vLLM refuses ``max_num_batched_tokens < max_num_seqs`` ("must be greater than or equal to
+    max_num_seqs": ``SchedulerConfig.verify_max_model_len``, vllm/config/scheduler.py, commit 01230b4): each
+    scheduled sequence takes at least one token of the step's budget. kvsim's defaults (2048 tokens, 256 slots)
+    pass."""
+    return (f"--scheduler vllm: token_budget {token_budget} (--token-budget, vLLM's max_num_batched_tokens) is below "
+            f"max_batch_slots {max_batch_slots} (--max-batch, vLLM's max_num_seqs); vLLM refuses this "
+            f"(max_num_batched_tokens must be >= max_num_seqs): raise --token-budget to {max_batch_slots} or more, "
+            f"or lower --max-batch to {token_budget} or less")
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """Everything a simulate run depends on (besides the trace and the latency profile).
@@ -190,6 +202,8 @@ class SimConfig:
             if getattr(self, name) < 1:
                 flag = {"max_batch_slots": "--max-batch", "token_budget": "--token-budget"}[name]
                 raise ConfigError(f"{flag} must be >= 1, got {getattr(self, name)}")
+        if self.scheduler == "vllm" and self.token_budget < self.max_batch_slots:
+            raise ConfigError(vllm_budget_error(self.token_budget, self.max_batch_slots))
         if self.max_context_tokens is not None and self.max_context_tokens < 2:
             raise ConfigError(f"--max-context must be >= 2 tokens, got {self.max_context_tokens}")
         native = self.model_spec.max_context_tokens

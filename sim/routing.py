@@ -264,11 +264,30 @@ def _records_done(records_dir: str, config: SimConfig, trace: pd.DataFrame, assi
 
 
 def trace_digest(rows: pd.DataFrame) -> str:
-    """A digest of a replica's trace rows (values and column names, not the index): 16 hex digits."""
+    """A digest of a replica's trace rows (values and column names, not the index): 16 hex digits.
+
+    A column of lists (Mooncake ``hash_ids``) is hashed through one text per row (``L:`` and the ids joined
+    by commas, ``N`` for a missing value), so the digest covers every id, in order, and is the same on every
+    run and platform; a trace of scalar columns hashes exactly as before (records of earlier runs still match).
+    """
     import hashlib
 
-    hashed = pd.util.hash_pandas_object(rows, index=False).to_numpy()
+    hashed = pd.util.hash_pandas_object(_hashable_columns(rows), index=False).to_numpy()
     return hashlib.sha1(hashed.tobytes() + ",".join(map(str, rows.columns)).encode()).hexdigest()[:16]
+
+
+def _hashable_columns(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with each object column holding lists, tuples or arrays replaced by one text per row."""
+    def text(value) -> str:
+        if value is None or (np.isscalar(value) and pd.isna(value)):
+            return "N"
+        return "L:" + ",".join(map(str, value)) if isinstance(value, (list, tuple, np.ndarray)) else "S:" + str(value)
+
+    listed = [name for name, dtype in rows.dtypes.items() if dtype == object
+              and any(isinstance(v, (list, tuple, np.ndarray)) for v in rows[name])]
+    if not listed:
+        return rows
+    return rows.assign(**{name: [text(v) for v in rows[name]] for name in listed})
 
 
 def _run_jobs(jobs, num_replicas: int, executor: str, workers: int | None, ray_address: str | None,

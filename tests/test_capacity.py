@@ -8,11 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import traces
 from analysis.planning import capacity
 from sim import runner
 from analysis.planning.capacity import base_rate_per_s, find_capacity, judge, search_capacity
 from analysis.results import RunResult
-from analysis.planning.slo import SLO_METRICS, Slo, parse_slos, ttft_growth
+from analysis.planning.slo import SLO_METRICS, Slo, objectives, parse_slos, ttft_growth, with_default_bounds
 from sim.config import SimConfig
 from tests.helpers import trace
 
@@ -207,3 +208,116 @@ def test_parallel_capacity_on_a_process_pool_equals_serial():
     parallel = capacity.find_capacity(SimConfig(), trace, slos, 0.05, workers=2)
     assert [e.scale for e in parallel.steps] == [e.scale for e in serial.steps]
     assert parallel.rate_per_s == serial.rate_per_s
+
+
+# ---- SLO attainment and goodput (issue 28, item 6) --------------------------------------------------------
+def _request_table():
+    """Five requests, hand-made: r0 meets ttft<=200ms and tpot<=50ms; r1 misses TTFT (300 ms); r2 misses TPOT
+    (60 ms); r3 has one output token (no TPOT: meets it); r4 was rejected (a miss)."""
+    import numpy as np
+    return pd.DataFrame({"request_id": range(5), "status": ["finished"] * 4 + ["rejected"],
+                         "ttft_us": [100e3, 300e3, 100e3, 150e3, np.nan], "tpot_us": [20e3, 20e3, 60e3, np.nan, np.nan],
+                         "e2e_us": [1e6, 1.2e6, 1.5e6, 0.15e6, np.nan]})
+
+
+def test_attainment_and_goodput_of_a_hand_made_table():
+    """2 of the 5 requests (r0, r3) meet both objectives: attainment 2 / 5 = 0.4 (the rejected request counts
+    as a miss), 2 / 4 = 0.5 with one request excluded; goodput 2 / 10 s = 0.2 req/s. ttft<=200ms with e2e<=1s:
+    r0 (1 s) and r3 (0.15 s) again; e2e<=0.5s alone: r3 only (1 / 5)."""
+    from analysis.planning.slo import SloAttainment, attainment_of, objectives
+    from analysis.results import goodput_figures
+
+    table = _request_table()
+    slos = objectives("ttft=200ms,tpot=50ms", 0.4)
+    assert goodput_figures(table, slos, 10.0) == {"slo_met_requests": 2, "slo_attainment": 0.4,
+                                                  "goodput_req_per_s": 0.2}
+    assert attainment_of(table, slos[0].slos, excluded=1) == (2, 0.5)
+    assert attainment_of(table, objectives("ttft=200ms,e2e=1s", 1.0)[0].slos) == (2, 0.4)
+    assert attainment_of(table, objectives("e2e=500ms", 1.0)[0].slos) == (1, 0.2)
+    assert goodput_figures(table, objectives("ttft_p99=1s"), 10.0) == {}       # no per-request objective
+    passing, failing = SloAttainment(0.4, slos[0].slos), SloAttainment(0.5, slos[0].slos)
+    assert passing.holds({"slo_attainment": 0.4}) and not failing.holds({"slo_attainment": 0.4})
+    assert failing.excess({"slo_attainment": 0.4}) == pytest.approx(1.25)
+
+
+def test_attainment_figures_are_printed_and_compared_only_when_given():
+    from analysis.comparison import comparison_table
+    from analysis.summary import summary_lines
+
+    summary = {"requests": 5, "finished": 4, "rejected": 1, "slo_attainment": 0.4, "slo_met_requests": 2,
+               "goodput_req_per_s": 0.2}
+    rows = dict(line for line in summary_lines({**_base_summary(), **summary}))
+    assert rows["SLO attainment / goodput"] == "40.0% (2 of 5 requests meet every SLO) / 0.200 req/s"
+    assert "SLO attainment / goodput" not in dict(summary_lines(_base_summary()))
+    table = comparison_table({"a": summary, "b": {"finished": 4}})
+    assert table.loc["a", "goodput (req/s)"] == 0.2 and "SLO attainment (share of requests)" in table
+    assert "goodput (req/s)" not in comparison_table({"b": {"finished": 4}})
+
+
+def _base_summary() -> dict:
+    """A summary with every key the printed table reads (a tiny run's)."""
+    from sim.config import SimConfig
+    from sim.runner import run_simulation
+
+    return run_simulation(SimConfig(), traces.synthetic_default(0, num_requests=3)).summary
+
+
+@pytest.mark.parametrize("text, attainment, message", [
+    ("ttft=200ms", None, "a per-request objective needs --slo-attainment"),
+    ("ttft_p99=1s", 0.9, "--slo-attainment needs per-request objectives"),
+    ("ttft=1s", 1.5, r"--slo-attainment must lie in \(0, 1\]"),
+])
+def test_attainment_objectives_are_refused_half_given(text, attainment, message):
+    from analysis.planning.slo import objectives
+
+    with pytest.raises(ValueError, match=message):
+        objectives(text, attainment)
+
+
+def test_capacity_on_attainment_is_monotone_and_at_one_bounds_every_request():
+    """60 requests: a higher attainment target never gives a higher capacity; at 1.0 the capacity point has every
+    request finished within ttft<=150ms and tpot<=30ms (its maxima, recomputed from a rerun, are within the
+    bounds), and the failing point just above has some request beyond one of them, or a failed run."""
+    from sim.config import SimConfig
+    from sim.runner import run_simulation
+
+    trace, _ = traces.clip_context(traces.synthetic_default(0, num_requests=60), 8192)
+    capacities = {}
+    for target in (0.5, 0.9, 1.0):
+        slos = with_default_bounds(objectives("ttft=150ms,tpot=30ms", target))
+        capacities[target] = find_capacity(SimConfig(), trace, slos, 0.05)
+    assert capacities[0.5].rate_per_s >= capacities[0.9].rate_per_s >= capacities[1.0].rate_per_s > 0
+    full = capacities[1.0]
+    assert full.binding == "slo_attainment" and full.best.summary["slo_attainment"] == 1.0
+
+    def within(scale: float) -> bool:
+        requests = run_simulation(SimConfig(), traces.scale_rate(trace, scale)).requests
+        return bool((requests["status"] == "finished").all() and requests["ttft_us"].max() <= 150e3
+                    and requests["tpot_us"].max() <= 30e3)
+    assert within(full.best.scale) and not within(full.above.scale)
+    assert full.to_dict()["at_capacity_goodput_req_per_s"] > 0
+
+
+def test_pd_search_and_capacity_search_on_attainment_from_the_command_line(tmp_path, capsys):
+    """``kvsim capacity --slo ttft=..,tpot=.. --slo-attainment 0.9`` (one replica, and ``--pd-search 2``): every
+    deployment that passes records an attainment of at least 0.9 at its capacity; the steps show the attained
+    share; a per-request objective without ``--slo-attainment`` is refused before anything runs."""
+    import json
+
+    from cli import main
+
+    common = ["--num-requests", "40", "--slo", "ttft=300ms,tpot=20ms", "--slo-attainment", "0.9", "--tolerance", "0.2"]
+    out = tmp_path / "one.json"
+    assert main(["capacity", *common, "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "attainment>=0.9 of (ttft<=300ms, tpot<=20ms), sched_delay_p50<=2s" in printed and "attained (%)" in printed
+    record = json.loads(out.read_text())
+    assert record["capacity_req_per_s"] > 0 and record["at_capacity_slo_attainment"] >= 0.9
+    out = tmp_path / "search.json"
+    assert main(["capacity", "--pd-search", "2", *common, "--json", str(out), "--quiet"]) == 0
+    deployments = json.loads(out.read_text())["deployments"]
+    assert len(deployments) == 3 and all(d["at_capacity_slo_attainment"] >= 0.9 for d in deployments
+                                         if d["capacity_req_per_s"] > 0)
+    capsys.readouterr()
+    assert main(["capacity", "--num-requests", "40", "--slo", "ttft=300ms"]) == 2
+    assert "a per-request objective needs --slo-attainment" in capsys.readouterr().err

@@ -14,6 +14,7 @@ import traces
 from sim.config import SimConfig
 from sim.replica_merge import Concatenation, kth_smallest, linear_percentile, pairwise_sum
 from sim.routing import run_routed
+from tests.test_routing import TRACE_FORMATS, trace_of_format, write_mooncake
 
 # few distinct values (ties across and within arrays), wide magnitudes, zeros of both signs and infinities
 _values = st.one_of(st.sampled_from([0.0, -0.0, 1.0, 2.5, -3.0, 1e-300, math.inf, -math.inf]),
@@ -89,17 +90,18 @@ def test_pairwise_sum_over_a_concatenation_is_numpys_sum(lengths, seed, leaf):
         assert np.float64(total) / len(whole) == whole.mean()
 
 
+@pytest.mark.parametrize("fmt, num_requests", [("synthetic", 240), ("mooncake", 60)])
 @pytest.mark.parametrize("config, routing, replicas", [
     (SimConfig(), "round-robin", 3),
     (SimConfig(memory_util_frac=0.2, sync_mapping=True), "random", 4),
     (SimConfig(policy="paged", memory_util_frac=0.15, preemption="swap"), "session-hash", 2),
     (SimConfig(policy="static", max_len_tokens=2048), "round-robin", 3),
 ])
-def test_bounded_merge_equals_the_in_memory_merge(tmp_path, config, routing, replicas):
+def test_bounded_merge_equals_the_in_memory_merge(tmp_path, config, routing, replicas, fmt, num_requests):
     """Replicas simulated to files and merged with bounded memory give exactly the in-memory merge's summary
     (every key, same order, same types) and request table; the mix covers stalls, preemptions, swaps and
-    rejected requests."""
-    trace = traces.scale_rate(traces.synthetic_default(0, num_requests=240), 40.0)
+    rejected requests, for a synthetic table and a Mooncake file (``hash_ids``, which keep its rows in the job)."""
+    trace = traces.scale_rate(trace_of_format(fmt, tmp_path, num_requests), 40.0 * num_requests / 240)
     trace, _ = traces.clip_context(trace, 8192)
     in_memory = run_routed(config, trace, replicas, routing)
     on_disk = run_routed(config, trace, replicas, routing, records_dir=str(tmp_path), workers=2)
@@ -114,10 +116,11 @@ def test_bounded_merge_equals_the_in_memory_merge(tmp_path, config, routing, rep
         assert in_memory.summary["rejected"] > 0 and in_memory.summary["rejected_by_reason"]
 
 
-def test_simulate_replicas_writes_the_merged_tables_in_windows(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("fmt", TRACE_FORMATS)
+def test_simulate_replicas_writes_the_merged_tables_in_windows(tmp_path, capsys, monkeypatch, fmt):
     """``kvsim simulate --replicas`` writes the merged request table window by window (forced small here) and
     the iteration table row group by row group: the same values as merging the replicas in memory, and
-    ``load_run`` reads the requests when first used."""
+    ``load_run`` reads the requests when first used; the synthetic workload, or a Mooncake file."""
     import json
 
     import sim.replica_merge as replica_merge
@@ -127,11 +130,13 @@ def test_simulate_replicas_writes_the_merged_tables_in_windows(tmp_path, capsys,
     windowed = replica_merge.write_merged_requests
     monkeypatch.setattr(replica_merge, "write_merged_requests", lambda results, path: windowed(results, path, 7))
     out = tmp_path / "run"
+    source = [] if fmt == "synthetic" else ["--trace", str(write_mooncake(tmp_path / "mooncake.jsonl", 90, 3))]
     assert main(["simulate", "--out", str(out), "--num-requests", "90", "--replicas", "3", "--workers", "2",
-                 "--routing", "random", "--seed", "3"]) == 0
+                 "--routing", "random", "--seed", "3", *source]) == 0
     run = load_run(out)
     assert isinstance(run._requests, type(out))          # not read yet
-    trace = traces.synthetic_default(3, num_requests=90)
+    trace = traces.synthetic_default(3, num_requests=90) if fmt == "synthetic" else traces.clip_context(
+        traces.load_trace(tmp_path / "mooncake.jsonl"), SimConfig().slot_max_tokens)[0]
     config = SimConfig(seed=3)
     in_memory = run_routed(config, trace, 3, "random")
     pd.testing.assert_frame_equal(run.requests, in_memory.requests)
@@ -187,13 +192,15 @@ def test_keeping_only_the_merged_columns_gives_the_same_summary(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("*.parquet") if "columns" not in p.name and "requests" not in p.name) == []
 
 
-def test_a_stopped_run_resumes_from_its_records(tmp_path, monkeypatch):
+@pytest.mark.parametrize("fmt", TRACE_FORMATS)
+def test_a_stopped_run_resumes_from_its_records(tmp_path, monkeypatch, fmt):
     """``resume``: replicas with a complete record (``parts.json``) are read back, the others simulated; the
-    merged summary equals one uninterrupted run. A record of another seed is refused, naming its file."""
+    merged summary equals one uninterrupted run. A record of another seed is refused, naming its file; so is
+    one of other trace rows (by :func:`sim.routing.trace_digest`, which covers a Mooncake trace's ``hash_ids``)."""
     from sim import routing
     from sim.routing import assign, merged_summary, simulate_replicas
 
-    trace = traces.scale_rate(traces.synthetic_default(0, num_requests=90), 40.0)
+    trace = traces.scale_rate(trace_of_format(fmt, tmp_path, 90), 40.0)
     config = SimConfig(memory_util_frac=0.2)
     assignment = assign(trace, 3, "round-robin")
     expected = merged_summary(simulate_replicas(config, trace, assignment, 3, records_dir=str(tmp_path / "a")), config)
@@ -212,6 +219,11 @@ def test_a_stopped_run_resumes_from_its_records(tmp_path, monkeypatch):
     other = trace.assign(prompt_tokens=trace["prompt_tokens"] + 1)    # same seed and counts, other rows
     with pytest.raises(ValueError, match=r"replica-0\.parts\.json: a record of another run \(seed 0, trace rows"):
         simulate_replicas(config, other, assignment, 3, records_dir=str(records), resume=True)
+    if fmt == "mooncake":       # one prefix-block id of replica 0's first request changed: other rows
+        ids = [list(i) for i in trace["hash_ids"]]
+        ids[0][-1] += 10**6
+        with pytest.raises(ValueError, match=r"replica-0\.parts\.json: a record of another run \(seed 0, trace rows"):
+            simulate_replicas(config, trace.assign(hash_ids=ids), assignment, 3, records_dir=str(records), resume=True)
     (records / "replica-2.parts.json").write_text('{"parts": ')     # cut short: refused, naming the file
     with pytest.raises(ValueError, match=r"replica-2\.parts\.json: not a complete replica record"):
         simulate_replicas(config, trace, assignment, 3, records_dir=str(records), resume=True)

@@ -11,9 +11,39 @@ from sim.runner import run_simulation
 from sim.config import SimConfig
 
 
-@pytest.fixture(scope="module")
-def workload():
-    return traces.synthetic_default(0, num_requests=60)
+TRACE_FORMATS = ("synthetic", "mooncake")
+
+
+def write_mooncake(path, num_requests: int, seed: int = 0):
+    """A small Mooncake JSONL trace (with ``hash_ids``) at ``path``: the lengths and arrivals (whole ms) of
+    ``traces.synthetic_default(seed, num_requests)``; request i belongs to conversation ``i mod 4``, whose
+    requests share their first two 512-token blocks (ids ``10 * conversation + j``), the rest unique."""
+    import json
+
+    rows, next_id = traces.synthetic_default(seed, num_requests=num_requests), 1000
+    with open(path, "w") as fh:
+        for i, (arrival_s, prompt, output) in enumerate(zip(rows["arrival_s"], rows["prompt_tokens"],
+                                                            rows["output_tokens"])):
+            blocks = -(-int(prompt) // 512)
+            shared = [10 * (i % 4) + j for j in range(min(2, blocks))]
+            ids = shared + list(range(next_id, next_id + blocks - len(shared)))
+            next_id += blocks - len(shared)
+            fh.write(json.dumps({"timestamp": round(float(arrival_s) * 1000), "input_length": int(prompt),
+                                 "output_length": int(output), "hash_ids": ids}) + "\n")
+    return path
+
+
+def trace_of_format(fmt: str, directory, num_requests: int, seed: int = 0):
+    """The canonical table of ``num_requests`` requests in trace format ``fmt`` (one of ``TRACE_FORMATS``):
+    the synthetic generator's table, or a Mooncake file written by :func:`write_mooncake` and read back."""
+    if fmt == "synthetic":
+        return traces.synthetic_default(seed, num_requests=num_requests)
+    return traces.load_trace(write_mooncake(f"{directory}/mooncake-{num_requests}-{seed}.jsonl", num_requests, seed))
+
+
+@pytest.fixture(scope="module", params=TRACE_FORMATS)
+def workload(request, tmp_path_factory):
+    return trace_of_format(request.param, tmp_path_factory.mktemp("traces"), 60)
 
 
 def test_round_robin_splits_exactly(workload):
@@ -117,3 +147,47 @@ def test_session_hash_warns_when_keys_are_fewer_than_replicas():
     shared = pd.DataFrame({"request_id": range(5), "hash_ids": [[0, 1], [0, 2], [0], [0, 5], [0, 9]]})
     assert "1 distinct session key(s) (hash_ids[0]" in session_key_note(shared, 4)
     assert session_key_note(pd.DataFrame({"request_id": range(5)}), 4) is None     # request ids: 5 keys
+
+
+def test_trace_digest_covers_hash_ids_and_is_stable(tmp_path):
+    """A Mooncake replica's rows digest (they used to raise TypeError: unhashable type: 'list'): the same rows give
+    the same digest whether ``hash_ids`` hold lists (JSONL) or arrays (Parquet); one block id changed, or two
+    swapped, gives another; a trace of scalar columns keeps the digest of before (sha1 of pandas' row hashes)."""
+    import hashlib
+
+    from sim.routing import trace_digest
+
+    rows = trace_of_format("mooncake", tmp_path, 12)
+    digest = trace_digest(rows)
+    assert len(digest) == 16 and trace_digest(rows.copy()) == digest
+    assert trace_digest(rows.assign(hash_ids=[np.array(ids, dtype=np.int64) for ids in rows["hash_ids"]])) == digest
+    k = next(i for i, ids in enumerate(rows["hash_ids"]) if len(ids) >= 2)
+    changed = [list(ids) for ids in rows["hash_ids"]]
+    changed[k][-1] += 1
+    assert trace_digest(rows.assign(hash_ids=changed)) != digest
+    swapped = [list(ids) for ids in rows["hash_ids"]]
+    swapped[k][0], swapped[k][1] = swapped[k][1], swapped[k][0]
+    assert trace_digest(rows.assign(hash_ids=swapped)) != digest
+    plain = rows.drop(columns="hash_ids")
+    before = hashlib.sha1(pd.util.hash_pandas_object(plain, index=False).to_numpy().tobytes()
+                          + ",".join(plain.columns).encode()).hexdigest()[:16]
+    assert trace_digest(plain) == before
+
+
+@pytest.mark.parametrize("routing, workers", [("round-robin", "1"), ("random", "2"), ("session-hash", "2")])
+def test_cli_simulates_a_mooncake_trace_over_replicas(tmp_path, capsys, routing, workers):
+    """``kvsim simulate --trace mooncake.jsonl --replicas 2`` with a state-free router (issue 28, item 12),
+    in process and on a local process pool: every request finishes once, as the in-memory routed run."""
+    import json
+
+    from cli import main
+
+    path = write_mooncake(tmp_path / "mooncake.jsonl", 40)
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", str(path), "--num-requests", "40", "--replicas", "2", "--routing", routing,
+                 "--workers", workers, "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    workload, _ = traces.clip_context(traces.load_trace(path), SimConfig().slot_max_tokens)   # as the CLI clips it
+    expected = run_routed(SimConfig(), workload, 2, routing).summary
+    assert summary["finished"] == expected["finished"] == 40
+    assert summary["ttft_p99_ms"] == expected["ttft_p99_ms"]

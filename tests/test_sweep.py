@@ -81,11 +81,24 @@ def test_sweep_reports_a_failing_point_and_resumes(tmp_path):
     pd.testing.assert_frame_equal(sweep_table(jobs, again), table)
 
 
-def test_process_pool_matches_inline_run(tmp_path):
-    jobs = make_jobs(parse_grid(["policy=vattention,paged:block=16"]), base_settings(sweep_args()))
+def format_args(fmt: str, directory) -> tuple[str, ...]:
+    """The trace options of a sweep over 30 requests of trace format ``fmt`` (``tests.test_routing.TRACE_FORMATS``):
+    none for the synthetic workload, ``--trace`` of a Mooncake file (with ``hash_ids``) written in ``directory``."""
+    from tests.test_routing import write_mooncake
+
+    return () if fmt == "synthetic" else ("--trace", str(write_mooncake(f"{directory}/mooncake.jsonl", 30)))
+
+
+@pytest.mark.parametrize("fmt", ["synthetic", "mooncake"])
+def test_process_pool_matches_inline_run(tmp_path, fmt):
+    """Points run in this process and on a local process pool give the same table, for each trace format."""
+    jobs = make_jobs(parse_grid(["policy=vattention,paged:block=16"]),
+                     base_settings(sweep_args(*format_args(fmt, tmp_path))))
     inline, _ = run_sweep(jobs, tmp_path / "inline", workers=1)
     pooled, _ = run_sweep(jobs, tmp_path / "pool", workers=2)
-    pd.testing.assert_frame_equal(sweep_table(jobs, inline), sweep_table(jobs, pooled))
+    table = sweep_table(jobs, inline)
+    assert list(table["status"]) == ["ok", "ok"] and (table["finished"] == 30).all()
+    pd.testing.assert_frame_equal(table, sweep_table(jobs, pooled))
 
 
 def test_cli_sweep_writes_table_and_self_contained_figure(tmp_path, capsys):

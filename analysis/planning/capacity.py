@@ -24,7 +24,8 @@ import pandas as pd
 
 import traces
 from sim import runner
-from analysis.planning.slo import DEFAULT_STABILITY_TOL, Slo, ttft_growth
+from analysis.planning.slo import DEFAULT_STABILITY_TOL, Slo, SloAttainment, ttft_growth
+from analysis.results import goodput_figures
 from sim.config import SimConfig
 
 MAX_BRACKET_STEPS = 16   # 2**16: the bracket spans rates from 1/65536 to 65536 times the trace's own
@@ -84,7 +85,8 @@ class Evaluation:
     Attributes:
         scale: arrival-rate multiplier applied to the base trace.
         rate_per_s: offered request rate at this scale (requests/s).
-        values_us: SLO metric -> measured value (us).
+        values_us: SLO metric -> measured value (us; ``slo_attainment``: the share of requests meeting every
+            per-request objective).
         ttft_growth: TTFT slope over arrival time in the steady state, s/s (see :mod:`analysis.planning.slo`).
         failed: names of the violated constraints (SLO metrics, ``"stability"``), tightest first.
         summary: the run summary.
@@ -172,11 +174,25 @@ def base_rate_per_s(trace: pd.DataFrame) -> float:
 
 
 def judge(scale: float, rate_per_s: float, summary: dict, growth: float, slos: tuple[Slo, ...],
-          stability_tol: float = DEFAULT_STABILITY_TOL, allowed_rejected: int = 0) -> Evaluation:
+          stability_tol: float = DEFAULT_STABILITY_TOL, allowed_rejected: int = 0,
+          requests: pd.DataFrame | None = None) -> Evaluation:
     """Apply the SLOs, the stability criterion and the rejection check (no more rejected requests than the
-    ``allowed_rejected`` that can never fit) to one run's summary; violated ones tightest first."""
+    ``allowed_rejected`` that can never fit) to one run's summary; violated ones tightest first.
+
+    With an attainment objective (:class:`analysis.planning.slo.SloAttainment`) the run's ``requests`` table
+    gives the share of requests meeting every per-request objective, the ``allowed_rejected`` requests left out
+    of the denominator (:func:`analysis.planning.slo.attainment_of`); it and the goodput join the evaluation's
+    summary (:func:`analysis.results.goodput_figures`).
+
+    Raises:
+        ValueError: an attainment objective without the ``requests`` table.
+    """
+    if any(isinstance(slo, SloAttainment) for slo in slos):
+        if requests is None:
+            raise ValueError("an --slo-attainment objective is judged on the run's request table; none was given")
+        summary = {**summary, **goodput_figures(requests, slos, summary.get("makespan_s", 0.0), allowed_rejected)}
     values_us = {slo.metric: slo.value_us(summary) for slo in slos}
-    excess = {slo.metric: _excess(values_us[slo.metric] / slo.limit_us) for slo in slos if not slo.holds(summary)}
+    excess = {slo.metric: slo.excess(summary) for slo in slos if not slo.holds(summary)}
     if growth > stability_tol:
         excess[STABILITY] = _excess(growth / stability_tol)
     if summary.get("rejected", 0) > allowed_rejected:
@@ -206,7 +222,7 @@ class ScaleEvaluator:
         requests = result.summary.get("requests", 0)
         served = result.summary.get("finished", requests) / requests if requests else 1.0
         return judge(scale, scale * self.base_rate * served, result.summary, ttft_growth(result.requests),
-                     self.slos, self.stability_tol, self.allowed_rejected)
+                     self.slos, self.stability_tol, self.allowed_rejected, result.requests)
 
 
 def make_evaluator(config: SimConfig, trace: pd.DataFrame, slos: tuple[Slo, ...], profile_path: str | None = None,

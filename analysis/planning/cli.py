@@ -12,6 +12,17 @@ import time
 from pathlib import Path
 
 
+def _share(text: str) -> float:
+    """A share in (0, 1] (``--slo-attainment``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must lie in (0, 1], got {text!r}")
+    return value
+
+
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -36,9 +47,14 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                                                          "built-in H200 latencies)")
     parser.add_argument("--slo", default=None, help="objectives METRIC=DURATION,...: metrics ttft|tpot|e2e|tbt|"
                                                     "sched_delay _p50|_p90|_p99|_mean and tbt_max, durations with a "
-                                                    "unit, e.g. ttft_p99=2s,tbt_p99=100ms; sched_delay_p50=2s is added "
+                                                    "unit, e.g. ttft_p99=2s,tbt_p99=100ms; ttft|tpot|e2e alone bound each "
+                                                    "request (with --slo-attainment); sched_delay_p50=2s is added "
                                                     "unless one is given (Sarathi-Serve's capacity definition) "
                                                     "(default: none; capacity and --job capacity need it)")
+    parser.add_argument("--slo-attainment", type=_share, default=None, metavar="F",
+                        help="with per-request objectives in --slo (ttft=, tpot=, e2e= without a statistic): at least "
+                             "a share F of the requests must meet every one of them (DistServe's SLO attainment, "
+                             "e.g. 0.9; rejected and unfinished requests are misses; docs/capacity.md) (default: none)")
     parser.add_argument("--tolerance", type=_fraction, default=0.02,
                         help="relative precision of the capacity (bisection stops at hi/lo - 1 <= X)")
     parser.add_argument("--stability-tol", type=_fraction, default=0.05,
@@ -96,7 +112,7 @@ def register(subparsers) -> None:
 def cmd_capacity(args: argparse.Namespace) -> int:
     """``kvsim capacity``: search, print the steps and the answer, optionally check the replica count."""
     from analysis.planning.capacity import check_servable, find_capacity
-    from analysis.planning.slo import parse_slos, with_default_bounds
+    from analysis.planning.slo import search_objectives
     from sim.options import config_from_args
     from traces.workload import load_workload
     if not args.slo:
@@ -117,7 +133,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     if args.json is not None:
         from analysis.output import check_out_file
         check_out_file(args.json, args.force, "--json")
-    slos = with_default_bounds(parse_slos(args.slo))
+    slos = search_objectives(args)
     config = config_from_args(args)
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
     for note in notes:
@@ -159,12 +175,12 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 
 def _step_header(slos) -> str:
-    columns = "".join(f" {slo.metric + ' (ms)':>15}" for slo in slos)
+    columns = "".join(f" {slo.header():>15}" for slo in slos)
     return f"{'step':>4} {'scale':>8} {'rate req/s':>11}{columns} {'TTFT growth':>11}  result"
 
 
 def _step_line(number: int, evaluation, slos) -> str:
-    values = "".join(f" {evaluation.values_us[slo.metric] / 1e3:>15.1f}" for slo in slos)
+    values = "".join(f" {slo.cell(evaluation.values_us[slo.metric]):>15}" for slo in slos)
     verdict = "pass" if evaluation.passed else "FAIL " + ",".join(evaluation.failed)
     return (f"{number:>4} {evaluation.scale:>8.4g} {evaluation.rate_per_s:>11.3f}{values} "
             f"{evaluation.ttft_growth:>11.3f}  {verdict}")
@@ -195,7 +211,7 @@ def _check_replicas(args, config, trace, result) -> dict | None:
     import traces
     from analysis.planning.capacity import base_rate_per_s, judge
     from sim.routing import run_routed
-    from analysis.planning.slo import parse_slos, ttft_growth, with_default_bounds
+    from analysis.planning.slo import search_objectives, ttft_growth
     replicas = result.replicas_for(args.target_rate)
     if replicas is None:
         print("check: skipped (no capacity)")
@@ -203,9 +219,11 @@ def _check_replicas(args, config, trace, result) -> dict | None:
     # the target counts served requests: offer target / served fraction (unservable requests are rejected)
     scale = args.target_rate / (base_rate_per_s(trace) * result.served_fraction)
     routed = run_routed(config, traces.scale_rate(trace, scale), replicas, args.routing, args.profile)
-    verdict = judge(scale, args.target_rate, routed.summary, ttft_growth(routed.requests),
-                    with_default_bounds(parse_slos(args.slo)), args.stability_tol, sum(result.unservable.values()))
-    values = ", ".join(f"{m}={v / 1e3:.1f} ms" for m, v in verdict.values_us.items())
+    slos = search_objectives(args)
+    verdict = judge(scale, args.target_rate, routed.summary, ttft_growth(routed.requests), slos, args.stability_tol,
+                    sum(result.unservable.values()), routed.requests)
+    values = ", ".join(f"{slo.metric}={slo.cell(verdict.values_us[slo.metric])}{slo.header().split()[-1][1:-1]}"
+                       for slo in slos)
     exact = ""
     print(f"check: {args.target_rate:g} req/s over {replicas} replicas ({args.routing}{exact}): {values}, "
           f"TTFT growth {verdict.ttft_growth:.3f}: " + ("SLOs hold" if verdict.passed else
@@ -258,9 +276,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from analysis.planning.sweep_figure import write_figure
     from analysis.planning.sweep_run import run_sweep
     grid = parse_grid(args.grid)
-    if args.job == "capacity":
-        from analysis.planning.slo import parse_slos
-        parse_slos(args.slo or "")
+    if args.job == "capacity" or args.slo or args.slo_attainment is not None:    # refused before any point runs
+        from analysis.planning.slo import objectives
+        objectives(args.slo or "", args.slo_attainment)
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     if getattr(args, "profile", None) is not None:   # a bad profile is refused once, before any point runs

@@ -60,7 +60,7 @@ def add_cost_columns(table: pd.DataFrame, jobs, point_args) -> pd.DataFrame:
     ``point_args``: :func:`analysis.planning.sweep.point_args` (a job's options and SimConfig overrides)."""
     if table.empty:
         return table
-    from analysis.planning.slo import parse_slos
+    from analysis.planning.slo import objectives
     from sim.options import config_from_args
     values = {name: [] for name in COST_COLUMNS[:-1]}
     for job, (_, row) in zip(jobs, table.iterrows()):
@@ -75,7 +75,7 @@ def add_cost_columns(table: pd.DataFrame, jobs, point_args) -> pd.DataFrame:
             passes = ok and rate > 0
         else:
             rate = float(row.get("throughput_req_per_s", 0.0) or 0.0) if ok else 0.0
-            slos = parse_slos(job.base.get("slo") or "") if job.base.get("slo") else ()
+            slos = objectives(job.base["slo"], job.base.get("slo_attainment")) if job.base.get("slo") else ()
             summary = row.to_dict()
             passes = ok and all(slo.holds(summary) for slo in slos) and not row.get("rejected", 0)
         # a disaggregated point states its deployment's GPUs (P x prefill tp + D x decode tp)

@@ -66,7 +66,7 @@ def make_disagg_evaluator(config, trace: pd.DataFrame, slos: tuple[Slo, ...], pr
         requests = run.summary.get("requests", 0)
         served = run.summary.get("finished", requests) / requests if requests else 1.0
         return judge(scale, scale * base_rate * served, run.summary, ttft_growth(run.requests), slos, stability_tol,
-                     allowed_rejected)
+                     allowed_rejected, run.requests)
     return evaluate
 
 
@@ -164,7 +164,7 @@ def find_colocated_capacity(config, trace: pd.DataFrame, replicas: int, slos: tu
         requests = routed.summary.get("requests", 0)
         served = routed.summary.get("finished", requests) / requests if requests else 1.0
         return judge(scale, scale * base_rate * served, routed.summary, ttft_growth(routed.requests), slos,
-                     stability_tol, sum(counts.values()))
+                     stability_tol, sum(counts.values()), routed.requests)
 
     result = search_capacity(evaluate, slos, tolerance, start_scale=start_scale, base_rate=base_rate, on_step=on_step)
     return capacity_result(result, trace, reasons)
@@ -204,6 +204,9 @@ class DeploymentResult:
             for key in ("ttft_p99_ms", "tpot_p99_ms", "tbt_p99_ms", "kv_handover_p99_ms", "prefill_utilisation_mean",
                         "decode_utilisation_mean"):
                 record[f"at_capacity_{key}"] = summary.get(key, math.nan)
+            for key in ("slo_attainment", "goodput_req_per_s"):      # with --slo-attainment only
+                if key in summary:
+                    record[f"at_capacity_{key}"] = summary[key]
         if target_rate_per_s:
             units = self.units_for(target_rate_per_s)
             record.update(target_rate_per_s=target_rate_per_s, units=units,

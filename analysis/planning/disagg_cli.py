@@ -12,20 +12,20 @@ from pathlib import Path
 
 
 def _step_line(number: int, evaluation, slos, prefix: str = "") -> str:
-    values = "".join(f" {evaluation.values_us[slo.metric] / 1e3:>15.1f}" for slo in slos)
+    values = "".join(f" {slo.cell(evaluation.values_us[slo.metric]):>15}" for slo in slos)
     verdict = "pass" if evaluation.passed else "FAIL " + ",".join(evaluation.failed)
     return (f"{prefix}{number:>4} {evaluation.scale:>8.4g} {evaluation.rate_per_s:>11.3f}{values} "
             f"{evaluation.ttft_growth:>11.3f}  {verdict}")
 
 
 def _step_header(slos, prefix: str = "") -> str:
-    columns = "".join(f" {slo.metric + ' (ms)':>15}" for slo in slos)
+    columns = "".join(f" {slo.header():>15}" for slo in slos)
     return f"{prefix}{'step':>4} {'scale':>8} {'rate req/s':>11}{columns} {'TTFT growth':>11}  result"
 
 
 def cmd_capacity_disagg(args: argparse.Namespace) -> int:
     """Capacity of ``--pd P:D``, or the ``--pd-search`` ranking; exit status 1 when nothing passes."""
-    from analysis.planning.slo import parse_slos, with_default_bounds
+    from analysis.planning.slo import search_objectives
     from sim.disagg_options import disagg_config_from_args, parse_tp_list, role_config
     from traces.workload import load_workload
 
@@ -34,7 +34,7 @@ def cmd_capacity_disagg(args: argparse.Namespace) -> int:
     if args.json is not None:
         from analysis.output import check_out_file
         check_out_file(args.json, args.force, "--json")
-    slos = with_default_bounds(parse_slos(args.slo))
+    slos = search_objectives(args)
     base = role_config(args, "prefill")
     if args.pd is not None:
         config = disagg_config_from_args(args)
@@ -127,21 +127,23 @@ def simulate_point(args: argparse.Namespace, overrides: dict, trace_loader) -> t
 
     config = disagg_config_from_args(args, **overrides)
     trace = trace_loader(config.seed, config.slot_max_tokens)
-    summary = run_disagg(config, trace, args.profile).summary
-    return config.label, summary
+    run = run_disagg(config, trace, args.profile)
+    from analysis.planning.slo import point_objectives
+    from analysis.results import with_goodput
+    return config.label, with_goodput(run.summary, run.requests, point_objectives(args))
 
 
 def capacity_point(args: argparse.Namespace, overrides: dict, trace_loader) -> tuple[str, dict]:
     """A capacity sweep point with ``pd``: the deployment's capacity, GPUs and goodput per GPU."""
     from analysis.planning.disagg import find_disagg_capacity
-    from analysis.planning.slo import parse_slos, with_default_bounds
+    from analysis.planning.slo import search_objectives
     from sim.disagg_options import disagg_config_from_args
 
     if not args.slo:
         raise ValueError("--job capacity needs --slo (e.g. ttft_p99=2s,tpot_p99=100ms)")
     config = disagg_config_from_args(args, **overrides)
     trace = trace_loader(config.seed, config.slot_max_tokens)
-    result = find_disagg_capacity(config, trace, with_default_bounds(parse_slos(args.slo)), args.tolerance,
+    result = find_disagg_capacity(config, trace, search_objectives(args), args.tolerance,
                                   args.profile, args.stability_tol, allow_rejected=getattr(args, "allow_rejected", False))
     return config.label, {**result.to_dict(), "gpus": config.gpus,
                           "capacity_req_per_s_per_gpu": result.rate_per_s / config.gpus}

@@ -34,6 +34,8 @@ from sim.config import POLICIES, SimConfig
 JOBS = ("simulate", "capacity")
 # options of the parsed command line that do not change a point's result
 _NOT_SETTINGS = {"command", "func", "grid", "job", "executor", "ray_address", "workers", "out", "quiet", "force"}
+_HASHED_WHEN_SET = {"slo_attainment"}   # options added later: left out of a point's key while unset, so that
+                                        # sweeps written before them keep their keys (and resume)
 _ALIASES = {"page": "page_size", "batch": "max_batch", "max_batch_slots": "max_batch", "budget": "token_budget",
             "page_size_bytes": "page_size", "memory_util_frac": "memory_util"}
 _ON_OFF = {"on": True, "true": True, "1": True, "yes": True, "off": False, "false": False, "0": False, "no": False}
@@ -184,7 +186,8 @@ class PointJob:
 
 def base_settings(args: argparse.Namespace) -> dict:
     """The options of a parsed command line that change results (what the point key hashes)."""
-    return {k: v for k, v in sorted(vars(args).items()) if k not in _NOT_SETTINGS and not callable(v)}
+    return {k: v for k, v in sorted(vars(args).items()) if k not in _NOT_SETTINGS and not callable(v)
+            and not (k in _HASHED_WHEN_SET and v is None)}
 
 
 def make_jobs(grid: dict[str, list[str]], base: dict, job: str = "simulate") -> list[PointJob]:

@@ -57,23 +57,26 @@ def _disagg_point(job: PointJob, kind: str) -> tuple[str, dict] | None:
 
 
 def _simulate(job: PointJob) -> tuple[str, dict]:
+    from analysis.planning.slo import point_objectives
+    from analysis.results import with_goodput
     from sim.runner import run_simulation
     if (point := _disagg_point(job, "simulate")) is not None:
         return point
     args, config, trace = _point_config_and_trace(job)
-    return config.label, run_simulation(config, trace, args.profile).summary
+    result = run_simulation(config, trace, args.profile)
+    return config.label, with_goodput(result.summary, result.requests, point_objectives(args))
 
 
 def _capacity(job: PointJob) -> tuple[str, dict]:
     from analysis.planning.capacity import find_capacity
-    from analysis.planning.slo import parse_slos, with_default_bounds
+    from analysis.planning.slo import search_objectives
     if (point := _disagg_point(job, "capacity")) is not None:
         return point
     args, config, trace = _point_config_and_trace(job)
     if not args.slo:
         raise ValueError("--job capacity needs --slo (e.g. ttft_p99=2s,tpot_p99=100ms)")
-    result = find_capacity(config, trace, with_default_bounds(parse_slos(args.slo)), args.tolerance, args.profile,
-                           args.stability_tol, allow_rejected=getattr(args, "allow_rejected", False))
+    result = find_capacity(config, trace, search_objectives(args), args.tolerance, args.profile, args.stability_tol,
+                           allow_rejected=getattr(args, "allow_rejected", False))
     gpus = config.gpus_per_replica                      # tp x pp
     return config.label, {**result.to_dict(), "gpus": gpus, "capacity_req_per_s_per_gpu": result.rate_per_s / gpus}
 
