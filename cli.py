@@ -9,7 +9,7 @@ import argparse
 import sys
 import time
 
-from analysis.output import OUT_RULE, OutputDir, default_out_dir
+from analysis.output import OUT_RULE, OutputDir, command_inputs, default_out_dir
 from sim import __version__
 from sim.argtypes import int_at_least
 from sim.options import add_config_args, config_from_args
@@ -40,7 +40,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
             base.with_overrides(parse_policy(spec))
         except ConfigError as exc:
             raise policy_config_error(spec, exc) from None
-    out = OutputDir(args.out if args.out is not None else default_out_dir("compare"), args.force)
+    out = OutputDir(args.out if args.out is not None else default_out_dir("compare"), args.force,
+                    inputs=command_inputs(args))
     _check_profile_first(args.profile)
     trace, notes = load_workload(args, base.seed, base.slot_max_tokens)
     for note in notes:
@@ -89,7 +90,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from analysis.disagg_report import cmd_simulate_disagg
         return cmd_simulate_disagg(args)
     config = config_from_args(args)
-    out = OutputDir(args.out if args.out is not None else default_out_dir(), args.force)
+    out = OutputDir(args.out if args.out is not None else default_out_dir(), args.force, inputs=command_inputs(args))
     _check_profile_first(args.profile)
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
     for note in notes:

@@ -145,12 +145,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     """``kvsim traces convert FILE --out F.parquet [--force]``."""
-    from analysis.output import check_out_file, write_file_atomic
+    from analysis.output import check_out_file, command_inputs, write_file_atomic
     from traces.loader import write_parquet
 
     def body(a):
         try:
-            out = check_out_file(a.out, a.force, "--out")   # before reading the trace
+            out = check_out_file(a.out, a.force, "--out", inputs=command_inputs(a))   # before reading the trace
         except (ValueError, OSError) as err:
             print(f"kvsim: error: {err}", file=sys.stderr)
             return 2
