@@ -228,7 +228,8 @@ def _assemble(columns: dict, source: str) -> pd.DataFrame:
 def renumber(df: pd.DataFrame, source: str | None = None) -> pd.DataFrame:
     """Re-sorts by arrival (stable), shifts the first arrival to 0 and renumbers ids.
 
-    Used by the transformations, which may drop or reorder rows.
+    Used by the transformations, which may drop or reorder rows, or move arrivals (a rate scale, fresh
+    arrival times): every arrival time they make passes the check that trace files get.
 
     Args:
         df: A table with at least the canonical columns.
@@ -236,8 +237,14 @@ def renumber(df: pd.DataFrame, source: str | None = None) -> pd.DataFrame:
 
     Returns:
         A new canonical DataFrame (the input is not modified).
+
+    Raises:
+        TraceError: A non-finite arrival, or one more than :data:`MAX_ARRIVAL_S` after the first (the
+            request counted in arrival order).
     """
     out = df.sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    _check_arrivals(source or df.attrs.get("source", "trace"), out["arrival_s"].to_numpy(dtype=np.float64),
+                    "request")
     if len(out):
         out["arrival_s"] = out["arrival_s"] - out["arrival_s"].iloc[0]
     out["request_id"] = np.arange(len(out), dtype=np.int64)

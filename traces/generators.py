@@ -69,6 +69,27 @@ def parse_arrival(spec: str) -> ArrivalSpec:
         raise TraceError(f"arrival {spec!r}: {exc}") from None
 
 
+def arrival_text(spec: str | ArrivalSpec) -> str:
+    """The spec as ``--arrival`` spells it: ``"poisson:16"``, ``"gamma:5,2"`` or ``"offline"``.
+
+    Raises:
+        TraceError: A text that :func:`parse_arrival` refuses.
+    """
+    spec = parse_arrival(spec) if isinstance(spec, str) else spec
+    if spec.kind == "offline":
+        return "offline"
+    if spec.kind == "poisson":
+        return f"poisson:{spec.rate_per_s:g}"
+    return f"gamma:{spec.rate_per_s:g},{spec.cv:g}"
+
+
+def arrival_note(spec: str | ArrivalSpec, seed: int) -> str:
+    """How a table's ``attrs["source"]`` records arrival times drawn from ``spec`` (``"arrivals poisson:16, seed
+    0"``), so that the printed ``trace:`` line and a run's ``config.json`` (``trace_source``) say what made them."""
+    text = arrival_text(spec)
+    return f"arrivals {text}" + ("" if text == "offline" else f", seed {seed}")
+
+
 def gamma_arrivals(n: int, rate_per_s: float, cv: float,
                    rng: np.random.Generator) -> np.ndarray:
     """Arrival times of a gamma renewal process, first arrival at 0 s.

@@ -57,7 +57,8 @@ def load_trace(path: str | Path, fmt: str | None = None, arrival: str | None = N
     Returns:
         DataFrame with ``request_id``, ``arrival_s`` (s since the first request),
         ``prompt_tokens``, ``output_tokens`` (+ format extras, e.g. ``hash_ids``);
-        ``attrs["source"]`` is the path.
+        ``attrs["source"]`` is the path, followed with ``arrival`` by how the times were drawn
+        (:func:`traces.generators.arrival_note`: ``"PATH | arrivals poisson:16, seed 0"``).
 
     Raises:
         TraceError: Any malformed input; one message naming file, line and column.
@@ -65,15 +66,18 @@ def load_trace(path: str | Path, fmt: str | None = None, arrival: str | None = N
     path = Path(path)
     fmt = fmt.lower() if fmt else detect_format(path)
     if fmt in CSV_FORMATS:
-        return load_csv(path, CSV_FORMATS[fmt], arrival, seed)
-    if fmt not in FORMAT_NAMES:
+        df = load_csv(path, CSV_FORMATS[fmt], arrival, seed)
+    elif fmt not in FORMAT_NAMES:
         raise TraceError(f"{path}: unknown format {fmt!r}; choose one of "
                          f"{', '.join(FORMAT_NAMES)}")
-    df = load_mooncake(path) if fmt == "mooncake" else read_parquet(path)
+    else:
+        df = load_mooncake(path) if fmt == "mooncake" else read_parquet(path)
+        if arrival is not None:     # the drawn times pass the clock-range check (renumber) as a file's do
+            from traces.generators import arrivals_from_spec
+            df = renumber(df.assign(arrival_s=arrivals_from_spec(arrival, len(df), np.random.default_rng(seed))))
     if arrival is not None:
-        from traces.generators import arrivals_from_spec
-        df = df.assign(arrival_s=arrivals_from_spec(arrival, len(df),
-                                                    np.random.default_rng(seed)))
+        from traces.generators import arrival_note
+        df.attrs["source"] = f"{df.attrs.get('source', path)} | {arrival_note(arrival, seed)}"
     return df
 
 

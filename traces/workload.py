@@ -70,7 +70,7 @@ def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int):
                          + "; all of them are simulated")
         trace = traces.first_n(trace, args.num_requests)
     if args.rate_scale != 1.0:
-        trace = traces.scale_rate(trace, args.rate_scale)
+        trace = traces.scale_rate(trace, args.rate_scale, "--rate-scale")
     if len(trace) == 0:
         filters = [flag for flag, used in (("--skip-requests", getattr(args, "skip_requests", 0)),
                                            ("--num-requests", args.num_requests)) if used]
