@@ -30,7 +30,7 @@ def scale_rate(df: pd.DataFrame, factor: float, name: str = "rate scale") -> pd.
             :data:`traces.canonical.MAX_ARRIVAL_S` after the first (a tiny factor stretches the trace).
     """
     if not (factor > 0 and np.isfinite(factor)):
-        raise TraceError(f"{name} {plain(factor)}: must be a finite number > 0")
+        raise TraceError(f"{name}: must be a finite number > 0 (got {plain(factor)})")
     out = df.assign(arrival_s=df["arrival_s"] / factor)
     out.attrs = dict(df.attrs)
     try:
