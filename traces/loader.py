@@ -25,7 +25,8 @@ def detect_format(path: str | Path) -> str:
         One of :data:`FORMAT_NAMES`.
 
     Raises:
-        TraceError: Missing, empty, binary, wrongly delimited or unrecognised file.
+        TraceError: Missing, empty, binary, wrongly delimited or unrecognised file, or a JSON array
+            (Mooncake traces are JSON Lines).
     """
     path = Path(path)
     if path.is_file() and path.stat().st_size >= 4:
@@ -36,8 +37,13 @@ def detect_format(path: str | Path) -> str:
         raise TraceError(f"{path}: named .parquet but not a Parquet file (it does not start with the PAR1 magic "
                          "bytes); pass --format for a text trace, or name the file after its content")
     head = csvread.read_head(path)
-    if head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{"):
+    start = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if start.startswith(b"{"):
         return "mooncake"
+    if start.startswith(b"["):
+        raise TraceError(f"{path}: a JSON array, not JSON Lines: a Mooncake trace holds one JSON object per line "
+                         "({\"timestamp\": ..., \"input_length\": ..., \"output_length\": ...}), not a list of them; "
+                         "write one object per line (e.g. jq -c '.[]' FILE)")
     from traces.formats import detect_csv
     return detect_csv(path, csvread.header_fields(path, head)).name
 
