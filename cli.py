@@ -14,7 +14,7 @@ from sim import __version__
 from sim.argtypes import int_at_least
 from sim.options import add_config_args, config_from_args
 from sim.routers import EXECUTORS, ROUTERS
-from traces.workload import add_trace_args, load_workload
+from traces.workload import add_trace_args, load_workload, prefix_note
 
 
 def _check_profile_first(profile_path: str | None) -> None:
@@ -44,7 +44,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
                     inputs=command_inputs(args))
     _check_profile_first(args.profile)
     trace, notes = load_workload(args, base.seed, base.slot_max_tokens)
-    for note in notes:
+    notes.append(prefix_note(trace, [spec for spec in args.policy
+                                     if base.with_overrides(parse_policy(spec)).prefix_caching]))
+    for note in filter(None, notes):
         print(f"kvsim: warning: {note}", file=sys.stderr)
     _note_long_context(base)
     print_config_notes(base, args.profile)
@@ -93,7 +95,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     out = OutputDir(args.out if args.out is not None else default_out_dir(), args.force, inputs=command_inputs(args))
     _check_profile_first(args.profile)
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
-    for note in notes:
+    notes.append(prefix_note(trace, [args.policy or config.policy] if config.prefix_caching else []))
+    for note in filter(None, notes):
         print(f"kvsim: warning: {note}", file=sys.stderr)
     _note_long_context(config)
     print_config_notes(config, args.profile)

@@ -106,7 +106,9 @@ def cmd_simulate_disagg(args: argparse.Namespace) -> int:
         from sim.latency import read_profile
         read_profile(args.profile)
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
-    for note in notes:
+    from traces.workload import instances_note
+    notes.append(instances_note(config.num_prefill, config.num_decode, len(trace)))
+    for note in filter(None, notes):
         print(f"kvsim: warning: {note}", file=sys.stderr)
     started = time.perf_counter()
     try:
