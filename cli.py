@@ -9,12 +9,12 @@ import argparse
 import sys
 import time
 
-from analysis.output import OUT_RULE, OutputDir, default_out_dir
+from analysis.output import OUT_RULE, OutputDir, command_inputs, default_out_dir
 from sim import __version__
 from sim.argtypes import int_at_least
 from sim.options import add_config_args, config_from_args
 from sim.routers import EXECUTORS, ROUTERS
-from traces.workload import add_trace_args, load_workload
+from traces.workload import add_trace_args, load_workload, prefix_note
 
 
 def _check_profile_first(profile_path: str | None) -> None:
@@ -40,10 +40,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
             base.with_overrides(parse_policy(spec))
         except ConfigError as exc:
             raise policy_config_error(spec, exc) from None
-    out = OutputDir(args.out if args.out is not None else default_out_dir("compare"), args.force)
+    out = OutputDir(args.out if args.out is not None else default_out_dir("compare"), args.force,
+                    inputs=command_inputs(args))
     _check_profile_first(args.profile)
     trace, notes = load_workload(args, base.seed, base.slot_max_tokens)
-    for note in notes:
+    notes.append(prefix_note(trace, [spec for spec in args.policy
+                                     if base.with_overrides(parse_policy(spec)).prefix_caching]))
+    for note in filter(None, notes):
         print(f"kvsim: warning: {note}", file=sys.stderr)
     _note_long_context(base)
     print_config_notes(base, args.profile)
@@ -89,10 +92,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from analysis.disagg_report import cmd_simulate_disagg
         return cmd_simulate_disagg(args)
     config = config_from_args(args)
-    out = OutputDir(args.out if args.out is not None else default_out_dir(), args.force)
+    out = OutputDir(args.out if args.out is not None else default_out_dir(), args.force, inputs=command_inputs(args))
     _check_profile_first(args.profile)
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
-    for note in notes:
+    notes.append(prefix_note(trace, [args.policy or config.policy] if config.prefix_caching else []))
+    for note in filter(None, notes):
         print(f"kvsim: warning: {note}", file=sys.stderr)
     _note_long_context(config)
     print_config_notes(config, args.profile)

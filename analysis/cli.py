@@ -49,11 +49,11 @@ def load_runs(paths: list[Path]) -> list:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Write the report of ``args.runs`` to ``args.out``; ``--out`` is checked before any run is read (not
-    empty, not a directory, creatable, an existing file only with ``--force``); the file is replaced
-    atomically."""
+    empty, not one of the files read from the runs, not a directory, creatable, an existing file only with
+    ``--force``); the file is replaced atomically."""
     from analysis.report import write_report
-    from analysis.output import check_out_file
-    out = check_out_file(args.out, args.force, "--out")
+    from analysis.output import check_out_file, command_inputs
+    out = check_out_file(args.out, args.force, "--out", inputs=command_inputs(args))
     runs = load_runs(args.runs)
     try:
         path = write_report(runs, out)

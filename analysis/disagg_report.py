@@ -91,7 +91,7 @@ def print_disagg_summary(summary: dict, label: str, source: str, wall_s: float |
 
 def cmd_simulate_disagg(args: argparse.Namespace) -> int:
     """``kvsim simulate --pd P:D ...``: simulate, write the run directory, print the summary."""
-    from analysis.output import OutputDir, default_out_dir
+    from analysis.output import OutputDir, command_inputs, default_out_dir
     from analysis.results import write_run
     from sim.disagg import DisaggStallError, disagg_run_result, run_disagg
     from sim.disagg_options import disagg_config_from_args
@@ -101,12 +101,14 @@ def cmd_simulate_disagg(args: argparse.Namespace) -> int:
         raise ValueError("--report covers co-located runs; a --pd run's tables are in its run directory "
                          "(requests.parquet, iterations.parquet with role and instance columns, summary.json)")
     config = disagg_config_from_args(args)
-    out = OutputDir(args.out if args.out is not None else default_out_dir(), args.force)
+    out = OutputDir(args.out if args.out is not None else default_out_dir(), args.force, inputs=command_inputs(args))
     if args.profile is not None:
         from sim.latency import read_profile
         read_profile(args.profile)
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
-    for note in notes:
+    from traces.workload import instances_note
+    notes.append(instances_note(config.num_prefill, config.num_decode, len(trace)))
+    for note in filter(None, notes):
         print(f"kvsim: warning: {note}", file=sys.stderr)
     started = time.perf_counter()
     try:

@@ -1,10 +1,12 @@
 """Where commands write: output directories and files checked before any work, and written as a whole.
 
 Rules (:data:`OUT_RULE`): an output directory must be new or empty; ``--force`` replaces one that holds only a
-kvsim result (run, comparison or sweep), atomically (written beside it, then renamed over it); a directory
+kvsim result (run, comparison, sweep or validation), atomically (written beside it, then renamed over it); a directory
 holding anything else is refused even with ``--force``. A kvsim result is recognised by the marker file kvsim
 writes into it (:data:`RESULT_MARKER`), not by its file names alone: a user's own ``config.json`` or
-``summary.json`` is never replaced. Files are written to a temporary file and renamed.
+``summary.json`` is never replaced. Files are written to a temporary file and renamed. No output may be one of
+the command's inputs, nor a directory holding one (:func:`refuse_inputs`; paths compared resolved), whatever
+``--force`` says.
 """
 from __future__ import annotations
 
@@ -24,18 +26,21 @@ def default_out_dir(kind: str = "sim") -> Path:
 
 
 # ---- output paths: checked before any work; --force replaces a kvsim result as a whole ----------------------
-# What kvsim writes into a result directory (simulate, compare, sweep). ``--force`` replaces a directory only
-# if everything in it is one of these, so a folder holding anything else (a user's files, a hardware replay's
-# shapes.parquet) is never deleted.
+# What kvsim writes into a result directory (simulate, compare, sweep, validate). ``--force`` replaces a
+# directory only if everything in it is one of these, so a folder holding anything else (a user's files, a
+# hardware replay's shapes.parquet) is never deleted.
 RESULT_FILES = frozenset({"requests.parquet", "iterations.parquet", "summary.json", "config.json", "report.html",
-                          "compare.csv", "compare.parquet", "sweep.parquet", "sweep.csv", "sweep.html"})
+                          "compare.csv", "compare.parquet", "sweep.parquet", "sweep.csv", "sweep.html",
+                          "validation.md", "errors.csv", "overlay.html"})
 _RUN_FILES = frozenset({"requests.parquet", "iterations.parquet", "summary.json", "config.json", "report.html"})
+# the hardware replay that ``kvsim validate`` without --hw-run saves in its result (hwbackend.replay.cli.write_hw_run)
+_HW_RUN_FILES = _RUN_FILES | {"shapes.parquet", "counters.json", "trace.parquet"}
 RESULT_MARKER = ".kvsim-result"
 """Written by kvsim into every result directory it writes (:meth:`OutputDir.writing`, :meth:`OutputDir.mark`);
 ``--force`` replaces only a directory that has it (results written before 2026-12-01 lack it and are refused:
 remove such a directory yourself)."""
 OUT_RULE = ("--out must be a new or empty directory; --force replaces one that holds only a kvsim result (run, "
-            "comparison or sweep, marked by the .kvsim-result file kvsim writes into it) as a whole, atomically "
+            "comparison, sweep or validation, marked by the .kvsim-result file kvsim writes into it) as a whole, atomically "
             "(written beside it, then renamed over it); a directory holding anything else is refused even with "
             "--force")
 
@@ -53,7 +58,38 @@ def _is_result_entry(entry: Path) -> bool:
         return all(p.is_file() and p.suffix in (".json", ".tmp") for p in entry.iterdir())
     if re.fullmatch(r"run\d+", entry.name):   # compare --save-runs
         return all(p.is_file() and p.name in _RUN_FILES for p in entry.iterdir())
+    if entry.name == "hw":                    # validate's fresh replay
+        return all(p.is_file() and p.name in _HW_RUN_FILES for p in entry.iterdir())
     return False
+
+
+def command_inputs(args) -> list[Path]:
+    """The files and directories a command reads, from its parsed options (``--trace``, ``--profile``,
+    ``--hw-run``, ``--from-run``, ``--grid``, the FILE of ``traces convert``, a ``report``'s run directories expanded to the files read in
+    them); only those that exist as paths (a public trace name is not one)."""
+    from analysis.results import RUN_FILES
+    found = []
+    for name in ("trace", "profile", "hw_run", "from_run", "grid", "file"):
+        value = getattr(args, name, None)
+        found += [Path(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if v]
+    for run in getattr(args, "runs", None) or []:
+        found += [Path(run) / name for name in RUN_FILES]
+    return [path for path in found if os.path.lexists(path)]
+
+
+def refuse_inputs(out, inputs, flag: str = "--out") -> None:
+    """Refuse (``ValueError`` naming ``flag``) an output path that is one of ``inputs`` or a directory holding
+    one: writing it, even with ``--force``, would destroy what the command reads. Paths are compared resolved
+    (symbolic links, ``..``), and by inode where both exist (a hard link)."""
+    target = os.path.realpath(out)
+    for source in inputs or ():
+        resolved = os.path.realpath(source)
+        same = resolved == target or (os.path.exists(out) and os.path.exists(source)
+                                      and os.path.samefile(out, source))
+        if same or resolved.startswith(target.rstrip(os.sep) + os.sep):
+            what = "is" if same else "holds"
+            raise ValueError(f"{flag} {out} {what} one of the command's inputs ({source}); kvsim never writes over "
+                             f"what it reads, even with --force: choose another {flag}")
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -89,6 +125,7 @@ def _non_empty_path(value, flag: str) -> Path:
 class OutputDir:
     """The result directory of a command (``--out``), checked before any work and written as a whole.
 
+    * An output that is one of ``inputs`` or holds one (:func:`refuse_inputs`) is refused.
     * ``--out ''``, a path under a file or where nothing can be created (``/proc/x``), and an existing file
       are refused at once (``OSError`` / ``ValueError`` naming ``flag``).
     * An existing directory must be empty, or hold only a kvsim result and come with ``force``; a directory
@@ -98,10 +135,11 @@ class OutputDir:
       runs of a compare, points of another sweep grid); removed, with the old result intact, on failure.
     """
 
-    def __init__(self, path, force: bool = False, flag: str = "--out", resumable: bool = False):
+    def __init__(self, path, force: bool = False, flag: str = "--out", resumable: bool = False, inputs=()):
         self.path = _non_empty_path(path, flag)
         self.flag, self.force = flag, force
         shown = str(self.path)
+        refuse_inputs(self.path, inputs, flag)
         if self.path.exists() and not self.path.is_dir():
             raise FileExistsError(f"{flag} {shown} is a file, not a directory")
         self.existing = self.path.is_dir() and any(self.path.iterdir())
@@ -177,14 +215,16 @@ def _umask() -> int:
     return mask
 
 
-def check_out_file(path, force: bool, flag: str = "--out") -> Path:
+def check_out_file(path, force: bool, flag: str = "--out", inputs=()) -> Path:
     """Check a file that a command will write (``report --out``, ``capacity --json``, ``traces convert --out``)
-    before any work: not empty, not a directory, not existing unless ``force``, creatable.
+    before any work: not empty, not one of the command's ``inputs`` (:func:`refuse_inputs`), not a directory,
+    not existing unless ``force``, creatable.
 
     Raises:
         ValueError / OSError: one line naming ``flag`` and the path.
     """
     out = _non_empty_path(path, flag)
+    refuse_inputs(out, inputs, flag)
     if out.is_dir():
         raise IsADirectoryError(f"{flag} {out} is a directory; {flag} names the file to write")
     if out.exists() and not force:

@@ -164,11 +164,21 @@ def main(argv: list[str] | None = None) -> int:
 
         driver, compute = EmulatedVmmDriver(capacity_bytes=1 << 40, delay_us=EMULATED_DELAY_US), SleepCompute()
     else:
+        from hwbackend.replay.tp.cli import gpu_preflight
+        from hwbackend.vmm.driver import CudaVmmDriver, GpuUnavailableError
+
+        problem = gpu_preflight(("cuda:0",), "--emulated runs without a GPU")
+        if problem is None:
+            try:
+                driver = CudaVmmDriver(0)
+            except GpuUnavailableError as exc:
+                problem = f"{exc}; --emulated runs without a GPU"
+        if problem:
+            print(f"bench_hw: error: {problem}", file=sys.stderr)
+            return 2
         from hwbackend.calibration.vmm import measure_wrapper_overhead
-        from hwbackend.vmm.driver import CudaVmmDriver
 
         compute = TorchCompute()
-        driver = CudaVmmDriver(0)
         results["wrapper_overhead_query"] = measure_wrapper_overhead(driver)
         results["wrapper_overhead_map_cycle"] = map_cycle_overhead(driver)
     gc.disable()  # a collection pause would be misread as a driver stall

@@ -47,16 +47,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "the others), auto (all five; the lowest weighted median training error ships) "
                              "(default: A)")
     parser.set_defaults(func=_run)
+    from analysis.output import OUT_RULE
     val = subparsers.add_parser("validate", help="error of the simulator against a hardware replay",
                                 description="Simulate the configuration and trace slice of a hardware replay "
-                                            "and print the error table (sim / hw - 1).")
+                                            "and print the error table (sim / hw - 1).", epilog=OUT_RULE + ".")
     add_trace_args(val)
     add_config_args(val)
     val.add_argument("--hw-run", default=None, help="hardware run directory (python -m hwbackend.replay.cli); "
                                                     "default: replay now on the GPU")
     val.add_argument("--profile", default=None, help="calibration profile for the simulator (vmm + compute)")
-    val.add_argument("--out", default=None, help="directory for validation.md, errors.csv, overlay.html")
-    val.add_argument("--force", action="store_true", help="overwrite an existing validation in --out")
+    val.add_argument("--out", default=None, help="directory for validation.md, errors.csv, overlay.html, new or "
+                                                 "empty (default: none with --hw-run, else runs/validate-<UTC time>)")
+    val.add_argument("--force", action="store_true",
+                     help="replace the kvsim result in --out as a whole (nothing else is ever deleted)")
     val.add_argument("--device", default="cuda:0", help="device of a fresh replay")
     val.add_argument("--compute-model", choices=("auto", "in-loop", "tiled", "roofline"), default="auto",
                      help="simulator compute model from the profile: auto (the first present of compute_in_loop, "

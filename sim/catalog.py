@@ -41,7 +41,8 @@ def get_model(name: str) -> ModelSpec:
         CatalogError: for an unknown name (the message lists the known models), or a missing, unreadable or
             inconsistent file (one line naming the file and the field).
     """
-    if is_file_reference(name):
+    from pathlib import Path
+    if is_file_reference(name) or (name.lower() not in _catalog()["models"] and Path(name).is_dir()):
         return load_model_file(name)
     entry = _catalog()["models"].get(name.lower())
     if entry is None:

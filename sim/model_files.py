@@ -107,17 +107,25 @@ def resolve_file(path_text: str) -> Path:
         return path
     if not path.is_absolute() and (REPO_ROOT / path).is_file():
         return REPO_ROOT / path
+    if path.is_dir():
+        raise CatalogError(f"{path_text}: a directory without a config.json in it (a model is a catalogue name, a "
+                           "Hugging Face config.json or a directory holding one, or a TOML file; a GPU is a "
+                           "catalogue name or a TOML file)")
     raise CatalogError(f"{path_text}: no such file (a model is a catalogue name, a Hugging Face config.json or a "
                        "TOML file; a GPU is a catalogue name or a TOML file)")
 
 
 def load_model_file(path_text: str) -> ModelSpec:
-    """The :class:`ModelSpec` in a Hugging Face ``config.json`` or a model TOML (see the module docstring).
+    """The :class:`ModelSpec` in a Hugging Face ``config.json`` (or a model directory holding one) or a model TOML
+    (see the module docstring).
 
     Raises:
         CatalogError: a missing or unreadable file, a missing, mistyped or out-of-range field, or fields that
             contradict each other; one line naming the file and the field.
     """
+    given = Path(path_text).expanduser()
+    if given.is_dir() and (given / "config.json").is_file():     # a Hugging Face model directory
+        path_text = str(given / "config.json")
     path = resolve_file(path_text)
     return _load_model(str(path), path.stat().st_mtime_ns, path_text)
 

@@ -75,8 +75,50 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the run's random generator")
 
 
+RESERVABLE_VA_BYTES = 64 * 1024 ** 4
+"""Virtual addresses one process reserved on an H200 (cuMemAddressReserve of 64 TiB succeeded in ~11 us, 128 TiB
+failed: ../shared/reference/domain.md, measurements); the emulated driver's default limit too."""
+DEFAULT_MAX_BATCH = 256   # vLLM's max_num_seqs default
+
+
+def check_slots(config) -> None:
+    """``--max-batch`` within what the GPU can hold: vAttention reserves, for every slot, ``max_pages_per_slot``
+    pages of ``G`` bytes in each of its ``2N'`` K/V tensors (tensor ``[B, L_max, H', D]`` per layer; domain.md),
+    so ``B`` slots need ``B x 2N' x pages x G`` of virtual addresses per worker; and no policy ever runs more
+    requests at once than its pool has allocation units (every running request holds at least one page group,
+    block or reservation), so slots beyond ``max(units, 256)`` can hold nothing (and cost time per slot).
+
+    Raises:
+        ConfigError: naming ``--max-batch``, the bound and why.
+    """
+    from sim.config import ConfigError
+    from sim.units import format_bytes
+    slots = config.max_batch_slots
+    if config.uses_vmm:
+        per_slot = config.num_sub_tensors * config.max_pages_per_slot * config.page_size_bytes
+        if slots * per_slot > RESERVABLE_VA_BYTES:
+            raise ConfigError(f"--max-batch {slots:,}: vAttention reserves {format_bytes(per_slot)} of virtual "
+                              f"addresses per slot ({config.num_sub_tensors} K/V tensors x {config.max_pages_per_slot}"
+                              f" pages of {format_bytes(config.page_size_bytes)}), {format_bytes(slots * per_slot)} in "
+                              f"all, beyond the {format_bytes(RESERVABLE_VA_BYTES)} a GPU process can reserve (H200, "
+                              f"measured); at most {RESERVABLE_VA_BYTES // per_slot:,} slots")
+    units = config.pool_page_groups
+    if slots > max(units, DEFAULT_MAX_BATCH):
+        unit = {"vattention": "page groups", "paged": "blocks", "static": "reservations"}.get(config.policy, "units")
+        raise ConfigError(f"--max-batch {slots:,}: the {config.policy} pool holds {units:,} {unit}, one at least per "
+                          f"running request, so no more than {units:,} requests ever run at once; choose --max-batch "
+                          f"<= {max(units, DEFAULT_MAX_BATCH):,}")
+
+
 def config_from_args(args: argparse.Namespace, **overrides):
-    """Build the :class:`SimConfig` from parsed options (raises ConfigError / CatalogError on bad values)."""
+    """Build the :class:`SimConfig` from parsed options (raises ConfigError / CatalogError on bad values;
+    :func:`check_slots` bounds ``--max-batch``)."""
+    config = _config_from_args(args, **overrides)
+    check_slots(config)
+    return config
+
+
+def _config_from_args(args: argparse.Namespace, **overrides):
     from sim.config import ConfigError, SimConfig
     from sim.policy_spec import policy_config_error
     values = dict(model=args.model, gpu=args.gpu, tp=args.tp, page_size_bytes=args.page_size,

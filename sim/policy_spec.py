@@ -60,18 +60,48 @@ POLICY_KEYS: dict[str, dict] = {
 }
 
 
+# SimConfig checks whose messages name a quantity rather than a flag or key: field -> (is the value allowed, the
+# rule as a spec's key=value is told it). The ranges are SimConfig.__post_init__'s.
+_KEY_RULES = {
+    "paged_attention_factor": (lambda v: v >= 1, "must be >= 1 (the paged kernel's attention time as a multiple "
+                                                 "of a contiguous kernel's)"),
+    "block_table_base_us": (lambda v: v >= 0, "must be >= 0 (microseconds)"),
+    "block_table_per_block_us": (lambda v: v >= 0, "must be >= 0 (microseconds)"),
+    "layout_attention_factor": (lambda v: v > 0, "must be > 0 (an attention-time multiplier)"),
+    "block_size_tokens": (lambda v: v >= 1, "must be >= 1 token"),
+}
+
+
+def _spec_values(spec: str) -> dict[str, str]:
+    """The spec's ``key -> value`` as written (``sync`` alone: an empty value)."""
+    items = (part.strip() for part in spec.partition(":")[2].split(","))
+    return {key.strip(): value.strip() for key, _, value in (item.partition("=") for item in items if item)}
+
+
 def policy_config_error(spec: str, exc: Exception) -> ConfigError:
-    """``exc`` (a configuration error met while applying ``spec``) as one error that names the spec; a page
-    size the spec set is named by its key (``page=``), not by the ``--page-size`` flag the user did not pass."""
+    """``exc`` (a configuration error met while applying ``spec``) as one error that names the spec and, where
+    the check that failed is one of a key the spec set, that key as written (``factor=0.5: must be >= 1``),
+    never SimConfig's internal field name; a page size the spec set is named by its key (``page=``), not by the
+    ``--page-size`` flag the user did not pass."""
     message = str(exc)
     if spec in message:
         return ConfigError(message)
     if "page=" in spec:
         message = message.replace("--page-size ", "page=")
     name = spec.partition(":")[0].strip().lower()
-    for key, (field_name, *_) in POLICY_KEYS.get(name, {}).items():   # SimConfig's field=... as the spec's key=...
-        if f"{key}=" in spec:
-            message = message.replace(f"{field_name}=", f"{key}=")
+    written = _spec_values(spec)
+    for key, (field_name, parse, *_) in POLICY_KEYS.get(name, {}).items():
+        if key not in written:
+            continue
+        if field_name in _KEY_RULES:
+            allowed, rule = _KEY_RULES[field_name]
+            try:
+                broken = not allowed(parse(written[key]))
+            except (TypeError, ValueError):
+                broken = False
+            if broken:
+                return ConfigError(f"policy {spec!r}: {key}={written[key]}: {rule}")
+        message = message.replace(f"{field_name}=", f"{key}=")     # SimConfig's field=... as the spec's key=...
     return ConfigError(f"policy {spec!r}: {message}")
 
 
@@ -102,5 +132,7 @@ def parse_policy(spec: str) -> dict:
         try:
             overrides[field_name] = parse(value.strip())
         except ValueError as exc:
-            raise ConfigError(f"policy {spec!r}: {key}={value!r}: {exc}") from None
+            what = {int: "expected a whole number", float: "expected a number"}.get(parse)
+            raise ConfigError(f"policy {spec!r}: {key}={value.strip()}: " +
+                              (f"{what}, got {value.strip()!r}" if what else str(exc))) from None
     return overrides

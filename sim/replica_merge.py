@@ -369,17 +369,42 @@ def _merged_tbt(parts: list[dict]) -> dict:
 
 # ---- merged tables on disk -----------------------------------------------------------------------------
 
+def _common_schema(schemas: list):
+    """One schema for the replicas' tables (same columns, in the same order): a column that is integer in one
+    replica and floating in another becomes float64 (``first_scheduled_at_us`` is int64 in a replica whose only
+    request was scheduled at the clock's integer start, 0, and double elsewhere), and a column of nulls only (a
+    replica without requests) takes the type of the others. Raises ``ValueError`` naming a column whose types
+    cannot be reconciled."""
+    import pyarrow as pa
+
+    fields = []
+    for position, field in enumerate(schemas[0]):
+        types = {schema.field(position).type for schema in schemas} - {pa.null()}
+        if len(types) > 1 and all(pa.types.is_integer(t) or pa.types.is_floating(t) for t in types):
+            types = {pa.float64()}
+        if len(types) > 1:
+            raise ValueError(f"replica tables disagree on the type of column {field.name!r}: "
+                             f"{', '.join(sorted(map(str, types)))}")
+        fields.append(field.with_type(types.pop() if types else pa.null()))
+    return pa.schema(fields)
+
+
 def write_merged_iterations(results: list, path: str | Path) -> Path:
     """Every replica's iteration table with a ``replica`` column, copied into ``path`` row group by row group
     (the values of :func:`sim.routing.merged_requests`' iteration counterpart; memory: one row group)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    def schema_of(result):
+        if result.iterations_file is None:
+            return pa.Schema.from_pandas(result.iterations, preserve_index=False).remove_metadata()
+        return pq.read_schema(result.iterations_file).remove_metadata()
+
+    present = [(replica, result) for replica, result in enumerate(results) if result is not None]
+    schema = _common_schema([schema_of(result) for _, result in present]) if present else None
     writer = None
     try:
-        for replica, result in enumerate(results):
-            if result is None:
-                continue
+        for replica, result in present:
             source = result.iterations_file
             if source is None:          # in memory
                 tables = [pa.Table.from_pandas(result.iterations, preserve_index=False)]
@@ -387,7 +412,7 @@ def write_merged_iterations(results: list, path: str | Path) -> Path:
                 parquet = pq.ParquetFile(source)
                 tables = (parquet.read_row_group(group) for group in range(parquet.num_row_groups))
             for table in tables:
-                table = table.replace_schema_metadata(None)
+                table = table.replace_schema_metadata(None).cast(schema)
                 table = table.append_column("replica", pa.array(np.full(len(table), replica, dtype=np.int64)))
                 writer = writer or pq.ParquetWriter(path, table.schema)
                 writer.write_table(table)
@@ -406,6 +431,8 @@ def write_merged_requests(results: list, path: str | Path, window: int = 1 << 20
     import pyarrow.parquet as pq
 
     present = [(r, res) for r, res in enumerate(results) if res is not None]
+    schema = _common_schema([pq.read_schema(res.parts["requests"]).remove_metadata() for _, res in present]) \
+        if present else None
     batches = [pq.ParquetFile(res.parts["requests"]).iter_batches(batch_size=1 << 14) for _, res in present]
     pending = [None] * len(present)
     total = sum(res.parts["requests_count"] for _, res in present)
@@ -420,7 +447,7 @@ def write_merged_requests(results: list, path: str | Path, window: int = 1 << 20
                         batch = next(batches[i], None)
                         if batch is None:
                             break
-                        pending[i] = pa.Table.from_batches([batch])
+                        pending[i] = pa.Table.from_batches([batch]).replace_schema_metadata(None).cast(schema)
                     ids = pending[i]["request_id"].to_numpy()
                     inside = int(np.searchsorted(ids, end, side="left"))
                     taken.append(pending[i].slice(0, inside))

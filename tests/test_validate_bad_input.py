@@ -178,13 +178,13 @@ def test_out_and_profile_are_checked_before_simulating(run, tmp_path, capsys):
     user_file.write_text("keep me\n")
     assert refused(capsys, "--hw-run", str(run), "--out", str(user_file)) == \
         f"kvsim validate: --out {user_file} is a file, not a directory"
-    assert f"{user_file} is a file" in refused(capsys, "--hw-run", str(run), "--out", str(user_file / "sub"))
+    assert f"{user_file} is not a directory" in refused(capsys, "--hw-run", str(run), "--out", str(user_file / "sub"))
     assert user_file.read_text() == "keep me\n"
     done = tmp_path / "done"
     done.mkdir()
     (done / "validation.md").write_text("an earlier validation\n")
     line = refused(capsys, "--hw-run", str(run), "--out", str(done))
-    assert f"--out {done} already holds a validation (validation.md)" in line and "--force" in line
+    assert f"--out {done} holds files named like a kvsim result (validation.md)" in line and "--force" in line
     assert (done / "validation.md").read_text() == "an earlier validation\n"
     line = refused(capsys, "--hw-run", str(run), "--profile", str(tmp_path))
     assert line == (f"kvsim validate: --profile {tmp_path} is a directory, not a profile JSON file (kvsim calibrate "

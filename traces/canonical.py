@@ -228,7 +228,8 @@ def _assemble(columns: dict, source: str) -> pd.DataFrame:
 def renumber(df: pd.DataFrame, source: str | None = None) -> pd.DataFrame:
     """Re-sorts by arrival (stable), shifts the first arrival to 0 and renumbers ids.
 
-    Used by the transformations, which may drop or reorder rows.
+    Used by the transformations, which may drop or reorder rows, or move arrivals (a rate scale, fresh
+    arrival times): every arrival time they make passes the check that trace files get.
 
     Args:
         df: A table with at least the canonical columns.
@@ -236,8 +237,14 @@ def renumber(df: pd.DataFrame, source: str | None = None) -> pd.DataFrame:
 
     Returns:
         A new canonical DataFrame (the input is not modified).
+
+    Raises:
+        TraceError: A non-finite arrival, or one more than :data:`MAX_ARRIVAL_S` after the first (the
+            request counted in arrival order).
     """
     out = df.sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    _check_arrivals(source or df.attrs.get("source", "trace"), out["arrival_s"].to_numpy(dtype=np.float64),
+                    "request")
     if len(out):
         out["arrival_s"] = out["arrival_s"] - out["arrival_s"].iloc[0]
     out["request_id"] = np.arange(len(out), dtype=np.int64)
@@ -256,8 +263,8 @@ def check_canonical(df: pd.DataFrame, source: str) -> None:
 
     Raises:
         TraceError: Missing column; ``arrival_s`` not numeric, null, NaN, infinite or
-            more than :data:`MAX_ARRIVAL_S` after the first; token counts not integer,
-            null, < 1 or > ``MAX_TOKENS``; ``hash_ids`` not empty and not
+            more than :data:`MAX_ARRIVAL_S` after the first; token counts null (a null of an integer
+            column reads as a float NaN), not whole, not integer, < 1 or > ``MAX_TOKENS``; ``hash_ids`` not empty and not
             ``ceil(prompt_tokens / 512)`` integer block ids. The message names the row
             (1-based, file order) and column.
     """
@@ -272,6 +279,10 @@ def check_canonical(df: pd.DataFrame, source: str) -> None:
     _raise_first(source, "arrival_s", _nulls(df["arrival_s"]), df, "missing value (null)")
     _check_arrivals(source, df["arrival_s"].to_numpy(dtype=np.float64, na_value=np.nan), "row")
     for col in ("prompt_tokens", "output_tokens"):
+        if getattr(df[col].dtype, "kind", "O") == "f":     # an integer column with nulls reads as float64
+            values = df[col].to_numpy(dtype=np.float64)
+            _raise_first(source, col, np.isnan(values), df, "missing value (null)")
+            _raise_first(source, col, values != np.round(values), df, "token count must be a whole number")
         if getattr(df[col].dtype, "kind", "O") not in "iu":
             raise TraceError(f"{source}: column '{col}': must be integer, not {df[col].dtype}")
         _raise_first(source, col, _nulls(df[col]), df, "missing value (null)")

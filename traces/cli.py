@@ -94,7 +94,7 @@ def load_with_transforms(args: argparse.Namespace) -> pd.DataFrame:
     if args.window and len(df) == 0:
         raise TraceError(f"--window {args.window}: no request of {args.file} arrives in it")
     if args.rate_scale is not None:
-        df = scale_rate(df, args.rate_scale)
+        df = scale_rate(df, args.rate_scale, "--rate-scale")
     if args.num_requests is not None:
         df = first_n(df, args.num_requests)
     if args.sample is not None:
@@ -134,7 +134,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
                                      "trace: pass --arrival poisson:RATE or gamma:RATE,CV")
             a = argparse.Namespace(**{**vars(a), "arrival": "poisson:1"})
         df = load_with_transforms(a)
-        print(f"source           {df.attrs.get('source', a.file)}")
+        source = str(df.attrs.get('source', a.file))
+        if no_times:        # the placeholder arrivals are no part of the file's description
+            from traces.generators import arrival_note
+            source = source.replace(f" | {arrival_note(a.arrival, a.seed)}", "")
+        print(f"source           {source}")
         if no_times:
             print("arrival times    none in the file (length-only trace); pass --arrival "
                   "for span, rate and burstiness")
@@ -145,12 +149,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     """``kvsim traces convert FILE --out F.parquet [--force]``."""
-    from analysis.output import check_out_file, write_file_atomic
+    from analysis.output import check_out_file, command_inputs, write_file_atomic
     from traces.loader import write_parquet
 
     def body(a):
         try:
-            out = check_out_file(a.out, a.force, "--out")   # before reading the trace
+            out = check_out_file(a.out, a.force, "--out", inputs=command_inputs(a))   # before reading the trace
         except (ValueError, OSError) as err:
             print(f"kvsim: error: {err}", file=sys.stderr)
             return 2

@@ -64,7 +64,8 @@ def header_fields(path: Path, head: bytes) -> list[str]:
     """Parses the comma-separated header line (line 1).
 
     Raises:
-        TraceError: If the header uses another delimiter (semicolon, tab, pipe).
+        TraceError: If the header uses another delimiter (semicolon, tab, pipe), or names a column twice
+            (pandas would read the second as ``NAME.1`` and one of them would be ignored).
     """
     first = head.split(b"\n", 1)[0].decode("utf-8").lstrip("\ufeff").rstrip("\r")
     if "," not in first:
@@ -72,7 +73,14 @@ def header_fields(path: Path, head: bytes) -> list[str]:
             if sep in first:
                 raise fail(path, f"wrong delimiter: the header is {name}-separated; "
                            "expected comma-separated values", 1, value=first)
-    return [f.strip() for f in first.split(",")]
+    fields = [f.strip() for f in first.split(",")]
+    seen: dict[str, int] = {}
+    for position, name in enumerate(fields, 1):
+        if name in seen and name:
+            raise fail(path, f"column {name!r} appears twice in the header (fields {seen[name]} and {position}); "
+                       "which one holds the values is ambiguous", 1, value=first)
+        seen.setdefault(name, position)
+    return fields
 
 
 def iter_chunks(path: Path, dtype: dict[str, type] | None = None,

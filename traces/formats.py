@@ -88,6 +88,26 @@ def detect_csv(path: Path, header: list[str]) -> CsvFormat:
     return best
 
 
+def _folded(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+def check_near_misses(path: Path, header: list[str]) -> None:
+    """Raises on a header field that is a known column spelt another way (case, spaces, underscores:
+    ``Arrived_At`` for ``arrived_at``) while the known spelling is absent: column names are matched exactly, so
+    such a file would otherwise load as another format (a timed trace as a length-only one)."""
+    known = {c for spec in CSV_FORMATS.values() for c in spec.required}
+    for position, field in enumerate(header, 1):
+        if field in known:
+            continue
+        match = sorted(c for c in known if _folded(c) == _folded(field) and c not in header)
+        if match:
+            users = [s.name for s in CSV_FORMATS.values() if match[0] in s.required]
+            raise fail(path, f"column {field!r} (field {position}) is not a known column, but {match[0]!r} of the "
+                       f"{'/'.join(users)} format is (column names are case-sensitive); rename it", 1,
+                       value=",".join(header))
+
+
 def check_columns(path: Path, header: list[str], spec: CsvFormat) -> None:
     """Raises naming the first required column absent from the header (line 1)."""
     for column in spec.required:
@@ -112,12 +132,14 @@ def load_csv(path: Path, spec: CsvFormat | None, arrival: str | None,
         ``session_id`` and ``elapsed_s``).
 
     Raises:
-        TraceError: Unrecognised header, a missing column, a line whose field count is not
+        TraceError: Unrecognised header, a missing column, a known column spelt another way
+            (:func:`check_near_misses`), a line whose field count is not
             the header's, an empty, non-integer, zero or negative token count, a time that
             is not a number, NaN or infinite, an arrival more than ``MAX_ARRIVAL_S``
             after the earliest, or no rows; one line naming file, line, column and value.
     """
     header = csvread.header_fields(path, csvread.read_head(path))
+    check_near_misses(path, header)
     spec = spec or detect_csv(path, header)
     check_columns(path, header, spec)
     if spec.time_column is None and arrival is None:
@@ -127,6 +149,10 @@ def load_csv(path: Path, spec: CsvFormat | None, arrival: str | None,
     parts = [_convert(path, chunk, spec, len(header)) for chunk in _chunks(path, spec)]
     columns = _concat_columns(parts)
     if not columns or len(columns["prompt_tokens"]) == 0:
+        failed = int(columns["failed"].sum()) if columns and "failed" in columns else 0
+        if failed:
+            raise fail(path, f"all {failed:,} rows are failed requests ({spec.output_column} == 0, which BurstGPT "
+                       "logs for a request that failed); no request is left to simulate")
         raise fail(path, "empty file: a header but no requests")
     if spec.name == "burstgpt":
         _warn_failed(path, columns.pop("failed"))

@@ -69,6 +69,27 @@ def parse_arrival(spec: str) -> ArrivalSpec:
         raise TraceError(f"arrival {spec!r}: {exc}") from None
 
 
+def arrival_text(spec: str | ArrivalSpec) -> str:
+    """The spec as ``--arrival`` spells it: ``"poisson:16"``, ``"gamma:5,2"`` or ``"offline"``.
+
+    Raises:
+        TraceError: A text that :func:`parse_arrival` refuses.
+    """
+    spec = parse_arrival(spec) if isinstance(spec, str) else spec
+    if spec.kind == "offline":
+        return "offline"
+    if spec.kind == "poisson":
+        return f"poisson:{spec.rate_per_s:g}"
+    return f"gamma:{spec.rate_per_s:g},{spec.cv:g}"
+
+
+def arrival_note(spec: str | ArrivalSpec, seed: int) -> str:
+    """How a table's ``attrs["source"]`` records arrival times drawn from ``spec`` (``"arrivals poisson:16, seed
+    0"``), so that the printed ``trace:`` line and a run's ``config.json`` (``trace_source``) say what made them."""
+    text = arrival_text(spec)
+    return f"arrivals {text}" + ("" if text == "offline" else f", seed {seed}")
+
+
 def gamma_arrivals(n: int, rate_per_s: float, cv: float,
                    rng: np.random.Generator) -> np.ndarray:
     """Arrival times of a gamma renewal process, first arrival at 0 s.
@@ -100,13 +121,27 @@ def poisson_arrivals(n: int, rate_per_s: float, rng: np.random.Generator) -> np.
 
 def arrivals_from_spec(spec: str | ArrivalSpec, n: int,
                        rng: np.random.Generator) -> np.ndarray:
-    """Arrival times (s) for ``n`` requests from an arrival spec (see parse_arrival)."""
+    """Arrival times (s) for ``n`` requests from an arrival spec (see parse_arrival).
+
+    Raises:
+        TraceError: A spec :func:`parse_arrival` refuses, or times reaching beyond
+            :data:`traces.canonical.MAX_ARRIVAL_S` (a rate so low that the simulator's clock would hold them
+            only approximately), naming the spec and the first such request.
+    """
+    from traces.canonical import MAX_ARRIVAL_TEXT, late_arrivals
     spec = parse_arrival(spec) if isinstance(spec, str) else spec
     if spec.kind == "offline":
         return np.zeros(n)
     if spec.kind == "poisson":
-        return poisson_arrivals(n, spec.rate_per_s, rng)
-    return gamma_arrivals(n, spec.rate_per_s, spec.cv, rng)
+        times = poisson_arrivals(n, spec.rate_per_s, rng)
+    else:
+        times = gamma_arrivals(n, spec.rate_per_s, spec.cv, rng)
+    late = late_arrivals(times)
+    if late.any():
+        i = int(np.argmax(late))
+        raise TraceError(f"--arrival {arrival_text(spec)}: request {i + 1} of {n:,} would arrive {times[i]:.6g} s "
+                         f"after the first, beyond {MAX_ARRIVAL_TEXT}; choose a higher rate")
+    return times
 
 
 @dataclass(frozen=True)

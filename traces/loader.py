@@ -25,7 +25,8 @@ def detect_format(path: str | Path) -> str:
         One of :data:`FORMAT_NAMES`.
 
     Raises:
-        TraceError: Missing, empty, binary, wrongly delimited or unrecognised file.
+        TraceError: Missing, empty, binary, wrongly delimited or unrecognised file, or a JSON array
+            (Mooncake traces are JSON Lines).
     """
     path = Path(path)
     if path.is_file() and path.stat().st_size >= 4:
@@ -36,8 +37,13 @@ def detect_format(path: str | Path) -> str:
         raise TraceError(f"{path}: named .parquet but not a Parquet file (it does not start with the PAR1 magic "
                          "bytes); pass --format for a text trace, or name the file after its content")
     head = csvread.read_head(path)
-    if head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{"):
+    start = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if start.startswith(b"{"):
         return "mooncake"
+    if start.startswith(b"["):
+        raise TraceError(f"{path}: a JSON array, not JSON Lines: a Mooncake trace holds one JSON object per line "
+                         "({\"timestamp\": ..., \"input_length\": ..., \"output_length\": ...}), not a list of them; "
+                         "write one object per line (e.g. jq -c '.[]' FILE)")
     from traces.formats import detect_csv
     return detect_csv(path, csvread.header_fields(path, head)).name
 
@@ -57,7 +63,8 @@ def load_trace(path: str | Path, fmt: str | None = None, arrival: str | None = N
     Returns:
         DataFrame with ``request_id``, ``arrival_s`` (s since the first request),
         ``prompt_tokens``, ``output_tokens`` (+ format extras, e.g. ``hash_ids``);
-        ``attrs["source"]`` is the path.
+        ``attrs["source"]`` is the path, followed with ``arrival`` by how the times were drawn
+        (:func:`traces.generators.arrival_note`: ``"PATH | arrivals poisson:16, seed 0"``).
 
     Raises:
         TraceError: Any malformed input; one message naming file, line and column.
@@ -65,15 +72,18 @@ def load_trace(path: str | Path, fmt: str | None = None, arrival: str | None = N
     path = Path(path)
     fmt = fmt.lower() if fmt else detect_format(path)
     if fmt in CSV_FORMATS:
-        return load_csv(path, CSV_FORMATS[fmt], arrival, seed)
-    if fmt not in FORMAT_NAMES:
+        df = load_csv(path, CSV_FORMATS[fmt], arrival, seed)
+    elif fmt not in FORMAT_NAMES:
         raise TraceError(f"{path}: unknown format {fmt!r}; choose one of "
                          f"{', '.join(FORMAT_NAMES)}")
-    df = load_mooncake(path) if fmt == "mooncake" else read_parquet(path)
+    else:
+        df = load_mooncake(path) if fmt == "mooncake" else read_parquet(path)
+        if arrival is not None:     # the drawn times pass the clock-range check (renumber) as a file's do
+            from traces.generators import arrivals_from_spec
+            df = renumber(df.assign(arrival_s=arrivals_from_spec(arrival, len(df), np.random.default_rng(seed))))
     if arrival is not None:
-        from traces.generators import arrivals_from_spec
-        df = df.assign(arrival_s=arrivals_from_spec(arrival, len(df),
-                                                    np.random.default_rng(seed)))
+        from traces.generators import arrival_note
+        df.attrs["source"] = f"{df.attrs.get('source', path)} | {arrival_note(arrival, seed)}"
     return df
 
 

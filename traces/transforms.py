@@ -17,18 +17,27 @@ def _source(df: pd.DataFrame, what: str) -> str:
     return f"{df.attrs.get('source', 'trace')} | {what}"
 
 
-def scale_rate(df: pd.DataFrame, factor: float) -> pd.DataFrame:
+def scale_rate(df: pd.DataFrame, factor: float, name: str = "rate scale") -> pd.DataFrame:
     """Multiplies the arrival rate by ``factor`` (divides every arrival time by it).
 
     Args:
         df: Canonical table.
         factor: Rate multiplier, > 0 (2.0 = twice as many requests per second).
+        name: How messages name the factor (a command line passes its flag, ``--rate-scale``).
+
+    Raises:
+        TraceError: ``factor`` not finite and > 0, or an arrival moved beyond
+            :data:`traces.canonical.MAX_ARRIVAL_S` after the first (a tiny factor stretches the trace).
     """
     if not (factor > 0 and np.isfinite(factor)):
-        raise TraceError(f"scale_rate: factor must be > 0 (got {plain(factor)})")
+        raise TraceError(f"{name}: must be a finite number > 0 (got {plain(factor)})")
     out = df.assign(arrival_s=df["arrival_s"] / factor)
     out.attrs = dict(df.attrs)
-    return renumber(out, _source(df, f"rate x{factor:g}"))
+    try:
+        return renumber(out, _source(df, f"rate x{factor:g}"))
+    except TraceError as exc:
+        raise TraceError(f"{name} {factor:g} stretches the arrivals beyond the simulator clock's exact range: "
+                         f"{exc}") from None
 
 
 def time_window(df: pd.DataFrame, start_s: float, end_s: float) -> pd.DataFrame:
@@ -96,10 +105,12 @@ def shuffle_sample(df: pd.DataFrame, n: int, seed: int, arrival=None) -> pd.Data
     rows = np.random.default_rng([seed, 1]).permutation(len(df))[:n]
     out = df.iloc[rows].reset_index(drop=True)
     out.attrs = dict(df.attrs)
+    what = f"sample {n} shuffled (seed {seed})"
     if arrival is not None:
-        from traces.generators import arrivals_from_spec
+        from traces.generators import arrival_note, arrivals_from_spec
         out = out.assign(arrival_s=arrivals_from_spec(arrival, n, np.random.default_rng(seed)))
-    return renumber(out, _source(df, f"sample {n} shuffled (seed {seed})"))
+        what += f", fresh {arrival_note(arrival, seed)}"
+    return renumber(out, _source(df, what))
 
 
 def clip_context(df: pd.DataFrame, max_context_tokens: int) -> tuple[pd.DataFrame, int]:

@@ -70,7 +70,7 @@ def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int):
                          + "; all of them are simulated")
         trace = traces.first_n(trace, args.num_requests)
     if args.rate_scale != 1.0:
-        trace = traces.scale_rate(trace, args.rate_scale)
+        trace = traces.scale_rate(trace, args.rate_scale, "--rate-scale")
     if len(trace) == 0:
         filters = [flag for flag, used in (("--skip-requests", getattr(args, "skip_requests", 0)),
                                            ("--num-requests", args.num_requests)) if used]
@@ -80,3 +80,31 @@ def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int):
     if clipped:
         notes.append(f"{clipped} request(s) longer than the slot length ({max_context_tokens} tokens) were clipped")
     return trace, notes
+
+
+def has_hash_ids(trace) -> bool:
+    """Whether any request of ``trace`` carries prefix-block ids (a non-empty ``hash_ids`` list)."""
+    if "hash_ids" not in trace.columns:
+        return False
+    return any(hasattr(ids, "__len__") and len(ids) > 0 for ids in trace["hash_ids"])
+
+
+def prefix_note(trace, prefix_labels: list[str]) -> str | None:
+    """A warning when prefix caching is on (for the policies ``prefix_labels``) but the trace has no
+    ``hash_ids``: prefix matching compares those ids only, so no request can hit the cache, and the run is the
+    plain policy's (with cached pages kept until evicted)."""
+    if not prefix_labels or has_hash_ids(trace):
+        return None
+    return (f"{', '.join(prefix_labels)}: prefix caching matches prompts by their hash_ids (Mooncake JSONL, or a "
+            "Parquet hash_ids column) and this trace has none, so no request can hit the cache")
+
+
+def instances_note(num_prefill: int, num_decode: int, num_requests: int) -> str | None:
+    """A warning when ``--pd P:D`` asks for more instances of a role than the trace has requests: the extra
+    instances never serve one, but each is simulated (time and memory grow with ``P + D``)."""
+    idle = [f"{count:,} {role} instances" for role, count in (("prefill", num_prefill), ("decode", num_decode))
+            if count > num_requests]
+    if not idle:
+        return None
+    return (f"--pd {num_prefill}:{num_decode}: {' and '.join(idle)} for {num_requests:,} requests: at most "
+            f"{num_requests:,} of each role ever serve one, the others are simulated idle (slow); choose fewer")

@@ -131,8 +131,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         from analysis.planning.disagg_cli import cmd_capacity_disagg
         return cmd_capacity_disagg(args)
     if args.json is not None:
-        from analysis.output import check_out_file
-        check_out_file(args.json, args.force, "--json")
+        from analysis.output import check_out_file, command_inputs
+        check_out_file(args.json, args.force, "--json", inputs=command_inputs(args))
     slos = search_objectives(args)
     config = config_from_args(args)
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
@@ -290,8 +290,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from sim.disagg_options import check_disagg_flags
     for job in jobs:                  # a bad --pd, --kv-link, ... value is refused before any point runs
         check_disagg_flags(point_args(job)[0], allow_unused=True)
-    from analysis.output import OutputDir
-    out = OutputDir(args.out, args.force, resumable=True)
+    from analysis.output import OutputDir, command_inputs
+    out = OutputDir(args.out, args.force, resumable=True, inputs=command_inputs(args))
     out_dir = out.path
     # resuming rewrites the table from the stored points; a kvsim result that is not a sweep is not mixed into
     if out.existing and not args.force and not (out_dir / "points").is_dir():

@@ -32,8 +32,8 @@ def cmd_capacity_disagg(args: argparse.Namespace) -> int:
     if args.check_replicas:
         raise ValueError("--check-replicas applies to co-located replicas; with --pd or --pd-search leave it out")
     if args.json is not None:
-        from analysis.output import check_out_file
-        check_out_file(args.json, args.force, "--json")
+        from analysis.output import check_out_file, command_inputs
+        check_out_file(args.json, args.force, "--json", inputs=command_inputs(args))
     slos = search_objectives(args)
     base = role_config(args, "prefill")
     if args.pd is not None:

@@ -11,7 +11,8 @@ a timeout inside the deadline, writing its result under ``DIR`` as soon as it fi
    synchronous mapping (:mod:`hwbackend.beyond.replay`), each only if the time left can hold it.
 
 Part logs and run directories go to ``DIR/runs/``; ``times.json`` records each part's status and seconds.
-Exit status 1 if any part that ran failed (non-zero exit or killed), 2 without the trace.
+Exit status 1 if any part that ran failed (non-zero exit or killed), 2 without the trace or without a GPU that
+torch sees (one line).
 """
 from __future__ import annotations
 
@@ -93,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", help="the Azure 2023 conversation trace (default: the first of "
                                         f"{', '.join(TRACE_CANDIDATES)} that exists)")
     args = parser.parse_args(argv)
+    from hwbackend.replay.tp.cli import gpu_preflight
+    problem = gpu_preflight(("cuda:0",), "these measurements need the GPU (tests/test_hw_beyond.py runs the "
+                                         "emulated parts on the CPU)")
+    if problem:
+        parser.exit(2, f"{parser.prog}: error: {problem}\n")
     trace = args.trace or next((t for t in TRACE_CANDIDATES if Path(t).is_file()), None)
     if args.part is None and (trace is None or not Path(trace).is_file()):
         parser.exit(2, f"{parser.prog}: error: trace not found: {args.trace or ' or '.join(TRACE_CANDIDATES)}\n")

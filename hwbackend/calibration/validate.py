@@ -13,8 +13,8 @@ Compared (percentiles linear-interpolated, as ``analysis.results``): iteration l
 every iteration, which the simulator does not count as a stall; and the number of iterations that mapped on
 the critical path); page groups mapped (total and synchronous); peak mapped memory.
 
-Bad input is refused before anything is simulated (:func:`load_hw_run`, :func:`check_profile`,
-:func:`check_out_dir`): one :class:`RunInputError` (a ValueError) line naming the file, the field / column / row
+Bad input is refused before anything is simulated (:class:`analysis.output.OutputDir` for ``--out``,
+:func:`load_hw_run`, :func:`check_profile`, :func:`check_out_dir` for :func:`validate_run`'s ``out_dir``): one :class:`RunInputError` (a ValueError) line naming the file, the field / column / row
 and the value; ``kvsim validate`` prints it as ``kvsim validate: ...`` and exits 2.
 """
 from __future__ import annotations
@@ -277,10 +277,12 @@ def matching_compute_model(run_config: dict, profile: str | None, compute_model:
 
 
 def validate_run(hw_dir: str | Path, profile: str | None = None, out_dir: str | Path | None = None,
-                 compute_model: str = "auto"):
+                 compute_model: str = "auto", shown_hw_dir: str | Path | None = None):
     """Simulate the hardware run's configuration and trace; returns ``(table, hw, sim, same)`` (``same``:
     :func:`same_batches_error`, None without ``shapes.parquet``) and writes ``validation.md``, ``errors.csv``
-    and ``overlay.html`` into ``out_dir`` when given (replacing those three files there).
+    and ``overlay.html`` into ``out_dir`` when given (replacing those three files there; ``kvsim validate``
+    passes a staging directory, :func:`command`). ``validation.md`` names the run as ``shown_hw_dir`` (default
+    ``hw_dir``).
 
     The run (:func:`load_hw_run`), the profile (:func:`check_profile`) and ``out_dir`` (:func:`check_out_dir`)
     are checked before anything is simulated.
@@ -305,7 +307,7 @@ def validate_run(hw_dir: str | Path, profile: str | None = None, out_dir: str | 
         table.to_csv(out / "errors.csv", index=False)
         missed = check_targets(table)
         (out / "validation.md").write_text(
-            f"# {config.label}: simulator vs hardware\n\nhardware run: `{hw_dir}`; profile: `{profile or 'built-in'}`; "
+            f"# {config.label}: simulator vs hardware\n\nhardware run: `{shown_hw_dir or hw_dir}`; profile: `{profile or 'built-in'}`; "
             f"compute model: {compute_model} ({sim.config['compute_model']}); VMM: {sim.config['vmm_latency_source']}\n\n"
             + markdown_table(table) + "\n\ntargets missed: " + ("; ".join(missed) or "none") + "\n"
             + ("" if same is None else "\nThe compute model on the hardware's own batches (`shapes.parquet`; hardware: "
@@ -374,12 +376,24 @@ _RUN_DEFINED = {"model": "llama-3-8b", "gpu": "h200", "tp": 1, "page_size": 2 * 
 def command(args) -> int:
     """``kvsim validate``: against ``--hw-run DIR``, or a fresh replay (GPU) saved under ``--out``.
 
-    ``--out`` and ``--profile`` are checked first, then the run (:func:`validate_run`); a bad one raises
-    ValueError / OSError with one line naming the file, field and value (``hwbackend.cli`` prints it, exit 2).
+    ``--out`` is checked first with the rule of every kvsim result directory (:class:`analysis.output.OutputDir`:
+    new or empty; ``--force`` replaces only a kvsim result as a whole; never a directory holding anything else,
+    nor one of the inputs), then ``--profile``, then the run (:func:`validate_run`); the validation is written
+    into a staging directory renamed over ``--out`` at the end. A bad one raises ValueError / OSError with one
+    line naming the file, field and value (``hwbackend.cli`` prints it, exit 2).
     """
-    if args.out:
-        check_out_dir(args.out, force=getattr(args, "force", False))
+    from analysis.output import OutputDir, command_inputs, default_out_dir
+
+    out = None
+    if args.out or args.hw_run is None:    # a fresh replay is saved even without --out
+        out = OutputDir(args.out or default_out_dir("validate"), getattr(args, "force", False),
+                        inputs=command_inputs(args))
     check_profile(args.profile)
+    if args.hw_run is None and _replay_unavailable() is not None:
+        import sys
+        print(f"kvsim validate: no --hw-run and no usable GPU ({_replay_unavailable()}); pass --hw-run DIR",
+              file=sys.stderr)
+        return 2
     hw_dir = args.hw_run
     if hw_dir is not None:
         ignored = [f"--{name.replace('_', '-')}" for name, default in _RUN_DEFINED.items()
@@ -387,11 +401,20 @@ def command(args) -> int:
         if ignored:
             print(f"kvsim: note: {', '.join(ignored)} ignored: the hardware run's own configuration and trace slice "
                   "are simulated", flush=True)
-    if hw_dir is None:
-        hw_dir = _fresh_replay(args)
-        if hw_dir is None:
-            return 2
-    table, hw, sim, same = validate_run(hw_dir, args.profile, args.out, getattr(args, "compute_model", "auto"))
+    if out is None:
+        table, hw, sim, same = validate_run(hw_dir, args.profile, None, getattr(args, "compute_model", "auto"))
+    else:
+        with out.writing() as stage:
+            shown = hw_dir
+            if hw_dir is None:
+                hw_dir, shown = _fresh_replay(args, stage / "hw"), out.path / "hw"
+            table, hw, sim, same = validate_run(hw_dir, args.profile, stage, getattr(args, "compute_model", "auto"),
+                                                shown_hw_dir=shown)
+    _print_validation(args, table, hw, sim, same)
+    return 0
+
+
+def _print_validation(args, table, hw, sim, same) -> None:
     run_config = hw.config
     if args.trace and run_config.get("trace_source") and Path(args.trace).name not in str(run_config["trace_source"]):
         print(f"kvsim: note: --trace {args.trace} differs from the run's trace ({run_config['trace_source']}); "
@@ -405,25 +428,29 @@ def command(args) -> int:
         print("\n" + _same_batches_markdown(same))
         print("\nerror by bins of the batch's longest context and of its size (compute model on the hardware's "
               "batches):\n" + binned_markdown(same.attrs["bins"]))
-    return 0
 
 
-def _fresh_replay(args) -> Path | None:
-    import sys
-
+def _replay_unavailable() -> str | None:
+    """Why a fresh replay cannot run here (no torch, no CUDA device), or None."""
     try:
         import torch
         if not torch.cuda.is_available():
             raise RuntimeError("torch sees no CUDA device")
-        from sim.options import config_from_args
-        from traces.workload import load_workload
-        from hwbackend.replay.cli import replay, write_hw_run
+        import hwbackend.replay.cli  # noqa: F401
     except Exception as exc:  # no GPU or no torch: the comparison needs a saved run
-        print(f"kvsim validate: no --hw-run and no usable GPU ({exc}); pass --hw-run DIR", file=sys.stderr)
-        return None
+        return str(exc)
+    return None
+
+
+def _fresh_replay(args, hw_out: Path) -> Path:
+    """Replay the workload of ``args`` on the GPU and save the run in ``hw_out``."""
+    from sim.options import config_from_args
+    from traces.workload import load_workload
+    from hwbackend.replay.cli import replay, write_hw_run
+
     config = config_from_args(args)
     trace, _ = load_workload(args, config.seed, config.slot_max_tokens)
     output, meta = replay(config, trace, args.device)
     meta.update(trace_source=trace.attrs.get("source", args.trace), rate_scale=args.rate_scale,
                 num_requests=args.num_requests, skip_requests=args.skip_requests)
-    return write_hw_run(output, config, meta, Path(args.out or "runs/validate") / "hw", force=True)
+    return write_hw_run(output, config, meta, hw_out)

@@ -180,6 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         print(f"allreduce: error: --tokens {args.tokens!r}: whole numbers, comma-separated", file=sys.stderr)
         return 2
+    from hwbackend.replay.tp.cli import gpu_preflight
+    problem = gpu_preflight(tuple(devices), "--devices cpu,cpu measures gloo on the CPU")
+    if problem:
+        print(f"allreduce: error: {problem}", file=sys.stderr)
+        return 2
     result = measure(devices, backend, tokens, args.hidden, args.num_layers, args.warmup, args.iters,
                      args.graph_replays if devices[0] != "cpu" else 0)
     text = json.dumps(result, indent=1) + "\n"

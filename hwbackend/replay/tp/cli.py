@@ -84,14 +84,20 @@ def unsupported_tp(config: Any, devices: tuple[str, ...], attention: str, backen
     return None
 
 
-def gpu_preflight(devices: tuple[str, ...]) -> str | None:
-    """Enough GPUs visible to torch for every rank (each rank checks VMM support on its own device)."""
+def gpu_preflight(devices: tuple[str, ...], cpu_hint: str = "--device cpu runs the emulated replay") -> str | None:
+    """Why ``devices`` cannot be used (one line), or None: torch importable and seeing a CUDA device, enough GPUs
+    for every rank (each rank checks VMM support on its own device). The GPU scripts (``python -m
+    hwbackend.replay.tp.allreduce``, ``python -m hwbackend.beyond.gpu``, ``bench/bench_hw.py``) print it and exit
+    2, as the replay commands do; ``cpu_hint`` says what runs without a GPU."""
     if devices[0] == "cpu":
         return None
-    import torch
+    try:
+        import torch
+    except ImportError:
+        return f"needs torch with CUDA and an NVIDIA GPU (pip install -e '.[hw]'); {cpu_hint}"
 
     if not torch.cuda.is_available():
-        return f"torch sees no CUDA device (torch {torch.__version__}); --device cpu runs the emulated replay"
+        return f"torch sees no CUDA device (torch {torch.__version__}); {cpu_hint}"
     highest = max(int(d.partition(":")[2]) for d in devices)
     if highest >= torch.cuda.device_count():
         return f"--devices {','.join(devices)}: torch sees {torch.cuda.device_count()} GPU(s)"
