@@ -131,6 +131,9 @@ class VmmLatencyModel:
     Attributes:
         table: ``{call: {page_size_bytes: CallDistribution}}``.
         source: where the figures come from (printed in run configurations).
+        modified_driver_below_2mib: pages below 2 MiB cost the modified driver's time per page
+            (:func:`modified_driver_page_us`); ``False`` only for synthetic models whose calls are meant to
+            cost the same at every page size (``tests/helpers.constant_vmm``).
     """
 
     table: dict[str, dict[int, CallDistribution]]
@@ -139,6 +142,7 @@ class VmmLatencyModel:
     batched_ratio: float = 1.95 / 2.59   # domain.md: 64 maps + one set-access over the range vs 64 x (map + set-access)
     in_loop_scale: float = 1.0           # growth inside a serving loop / isolated growth (profile vmm_in_loop)
     tp_worker_scale: dict[int, float] = field(default_factory=dict)  # tp -> per-worker slowdown (profile vmm_tp)
+    modified_driver_below_2mib: bool = True  # False: sub-2 MiB pages draw the table's calls (synthetic test models)
     _nearest: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -206,7 +210,7 @@ class VmmLatencyModel:
         """
         if page_groups <= 0:
             return 0.0
-        if page_size_bytes < DRIVER_GRANULARITY_BYTES:     # vAttention's modified driver (module docstring)
+        if page_size_bytes < DRIVER_GRANULARITY_BYTES and self.modified_driver_below_2mib:   # module docstring
             return page_groups * num_sub_tensors * modified_driver_page_us(page_size_bytes)
         if page_size_bytes in self.growth:
             measured_tensors, distribution = self.growth[page_size_bytes]
@@ -245,7 +249,7 @@ class VmmLatencyModel:
         pages of the modified driver (:func:`modified_driver_page_us`), no draw."""
         if count <= 0:
             return 0.0
-        if page_size_bytes < DRIVER_GRANULARITY_BYTES:
+        if page_size_bytes < DRIVER_GRANULARITY_BYTES and self.modified_driver_below_2mib:
             return count * modified_driver_page_us(page_size_bytes)
         draws = self.distribution(call, page_size_bytes).sample_us(count, rng)
         return float(draws[0]) if count == 1 else float(draws.sum())
