@@ -17,6 +17,9 @@ the fp8 peak for fp8 weights on GPUs that have one; attention FLOPs use ``2 (D_q
 ``E_bytes``: embedding table (only gathered rows are read; tied embeddings are read as the LM head);
 ``A``: attention (query, key) pairs, ``sum over sequences of q * (context + (q + 1) / 2)``; ``K_read``:
 cached tokens read by attention; ``F = flops_efficiency * bf16_flops``; ``B = bw_efficiency * mem_bw``.
+Under the ``paged`` policy ``attn_us`` is multiplied by the paged kernel's factor of the iteration's phase
+(``paged_attention_factor``, or per phase and context ``paged_factors``: :mod:`sim.paged_kernels`), in every
+form below as well.
 With pipeline parallelism (``--pp``) :class:`sim.pipeline.PipelineComputeModel` applies this roofline to each
 stage's layers and composes the stages into a round time (docs/models.md).
 
@@ -65,6 +68,7 @@ from functools import cached_property
 import numpy as np
 
 from sim.catalog import GPUSpec, ModelSpec
+from sim.paged_kernels import PagedFactors
 from sim.units import US_PER_S
 
 
@@ -248,6 +252,7 @@ class RooflineComputeModel:
     attention_tail_key_us: float = 0.0
     attention_prefill_tail_key_us: float = 0.0
     attention_tail_serial: float = 0.0
+    paged_factors: PagedFactors | None = None
 
     def __post_init__(self) -> None:
         """Check every field's type and range (:func:`check_compute_field`), the two decode tables' lengths,
@@ -410,7 +415,8 @@ class RooflineComputeModel:
         attention_flops_per_us = self._flops_per_us * self.attention_flops_efficiency
         kv_bytes_per_token, bytes_factor = self._kv_bytes_per_token, self.attention_bytes_factor
         bytes_per_us, layers = self._bytes_per_us, m.num_layers
-        attention_factor, layout_factor = self.paged_attention_factor, self.layout_attention_factor
+        layout_factor = self.layout_attention_factor
+        attention_factor, step_factors = self._decode_run_factors(batch_size, kv_read_tokens, steps)
         wave_per_token = self.wave_us_per_token
         graphs, floor_us, overhead_us = self.decode_graphs, self.launch_floor_us, self.overhead_us
         graph_overhead_us = self.decode_overhead_us
@@ -421,6 +427,8 @@ class RooflineComputeModel:
         for step in range(steps):
             compute_us = flops_per_pair * pairs * heads_q * pair_dim * layers / attention_flops_per_us
             memory_us = kv_tokens * kv_bytes_per_token * bytes_factor / bytes_per_us
+            if step_factors is not None:
+                attention_factor = step_factors[step]
             attn_us = (compute_us if compute_us >= memory_us else memory_us) * attention_factor * layout_factor
             roofline = head + attn_us + comm_us + 0.0
             wave_us = wave_per_token * (max_context_tokens + float(step)) if wave_per_token else 0.0
@@ -431,6 +439,35 @@ class RooflineComputeModel:
                 yield eager_us if eager_us >= floor_us else floor_us
             pairs += batch_size
             kv_tokens += batch_size
+
+    def _paged_factor(self, new_tokens, kv_read_tokens, logit_sequences):
+        """The paged kernel's attention-time factor of iterations (numbers or arrays of one length): without
+        :attr:`paged_factors`, ``paged_attention_factor`` (one factor for both phases, the model before
+        per-phase factors); else the prefill factor where the iteration holds a prefill chunk
+        (``new_tokens > logit_sequences``) and the decode factor at ``kv_read_tokens / logit_sequences + 1`` keys
+        per sequence otherwise (:mod:`sim.paged_kernels`)."""
+        factors = self.paged_factors
+        if factors is None:
+            return self.paged_attention_factor
+        if np.ndim(new_tokens) == 0 and np.ndim(kv_read_tokens) == 0 and np.ndim(logit_sequences) == 0:
+            if new_tokens > logit_sequences:
+                return factors.prefill
+            return factors.decode_at(kv_read_tokens / max(logit_sequences, 1) + 1.0)
+        new, logits = np.asarray(new_tokens, dtype=float), np.asarray(logit_sequences, dtype=float)
+        keys = np.asarray(kv_read_tokens, dtype=float) / np.maximum(logits, 1.0) + 1.0
+        return np.where(new > logits, factors.prefill, factors.decode_at(keys))
+
+    def _decode_run_factors(self, batch_size: int, kv_read_tokens: int, steps: int):
+        """``(factor, None)`` when a decode run's paged factor is one number, else ``(None, per-step list)``
+        evaluated as :meth:`decode_run_us` evaluates it (the same floats)."""
+        factors = self.paged_factors
+        if factors is None:
+            return self.paged_attention_factor, None
+        if factors.decode_long is None:
+            return factors.decode, None
+        growth = np.arange(steps, dtype=float) * batch_size
+        return None, np.broadcast_to(self._paged_factor(batch_size, kv_read_tokens + growth, batch_size),
+                                     (steps,)).tolist()
 
     def _blocks_iteration_us(self, new, kv_read, logits, longest, blocks, block_keys) -> np.ndarray:
         """Iterations (us, arrays of one length) with attention as FlashAttention-2 thread blocks (the block
@@ -451,7 +488,7 @@ class RooflineComputeModel:
         ``kappa_p``); form E replaces each ``max(a, b)`` by ``max(a, b) + attention_tail_serial * min(a, b)``
         (:func:`_overlap`); ``N``, ``K``: :func:`attention_block_terms` summed (0 = unknown:
         one block per decode and per 128 chunk tokens, ``K = kv_read + new``). Attention is multiplied by
-        ``paged_attention_factor`` and ``layout_attention_factor`` as in the roofline. Decode-only iterations add
+        the paged factor (:meth:`_paged_factor`) and ``layout_attention_factor`` as in the roofline. Decode-only iterations add
         ``decode_overhead_us`` and the batch correction with graphs; mixed ones ``overhead_us`` and the launch
         floor."""
         m, tp = self.model, self.tp
@@ -472,7 +509,7 @@ class RooflineComputeModel:
         mixed_attn = _overlap(heads_q * (tau0 * n + kappa_p * k) / self.attention_slots, tau0 + kappa_pt * longest,
                               self.attention_tail_serial, np.maximum, np.minimum)
         attn = (layers * np.where(mixed, mixed_attn, decode_attn)   # measured with vAttention's per-layer tensors
-                * self.paged_attention_factor * self.layout_attention_factor)
+                * self._paged_factor(new, kv_read, logits) * self.layout_attention_factor)
         eager = np.maximum(self.launch_floor_us, base + attn + self.overhead_us)
         if not self.decode_graphs:
             return eager
@@ -504,7 +541,7 @@ class RooflineComputeModel:
             kappa_t = self.attention_tail_key_us or kappa
             attn = _overlap(heads_kv * (tau0 * active + kappa * (kv_read + logits)) / slots,
                             tau0 + kappa_t * min(chunk, longest), self.attention_tail_serial, max, min)
-        attn *= m.num_layers * self.paged_attention_factor * self.layout_attention_factor
+        attn *= m.num_layers * self._paged_factor(new, kv_read, logits) * self.layout_attention_factor
         if new > logits or not self.decode_graphs:
             return max(self.launch_floor_us, base + attn + self.overhead_us)
         return base + attn + self.decode_overhead_us + float(self._decode_correction_us(logits))
@@ -549,7 +586,8 @@ class RooflineComputeModel:
             attn_flops = 4 * attention_pairs * (m.num_q_heads // tp) * m.head_dim * m.num_layers
         kv_bytes = (kv_read_tokens + new_tokens) * self._kv_bytes_per_token * self.attention_bytes_factor
         attn_us = maximum(attn_flops / (self._flops_per_us * self.attention_flops_efficiency),
-                          kv_bytes / self._bytes_per_us) * self.paged_attention_factor * self.layout_attention_factor
+                          kv_bytes / self._bytes_per_us) * self._paged_factor(new_tokens, kv_read_tokens,
+                                                              logit_sequences) * self.layout_attention_factor
         if not attention:
             attn_us = 0.0
         return linear_us + logits_us + attn_us + self._comm_us(new_tokens) + overhead_us

@@ -5,7 +5,9 @@ from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 
 from sim.catalog import DTYPE_BYTES, GPUSpec, ModelSpec, get_gpu, get_model
+from sim.latency import DRIVER_GRANULARITY_BYTES, modified_driver_note, modified_driver_page_us
 from sim.memory.vattention import knob_range_error
+from sim.paged_kernels import PAGED_KERNELS, PagedFactors, resolve_paged_factors
 from sim.units import MIB, format_bytes
 
 SCHEDULERS = ("sarathi", "vllm")
@@ -15,7 +17,7 @@ ZERO_MODES = ("off", "on-reuse", "on-free")
 PREEMPTION_MODES = ("recompute", "swap")
 ADMISSION_RULES = ("whole-prompt", "chunk")   # meanings: sim.scheduler.ADMISSION_RULES
 MIN_PAGE_SIZE_BYTES = 64 * 1024
-DRIVER_GRANULARITY_BYTES = 2 * MIB  # public VMM API granularity on H200 (domain.md)
+VMM_DRIVERS = ("stock", "modified")  # meanings: SimConfig.vmm_driver
 
 
 class ConfigError(ValueError):
@@ -70,7 +72,17 @@ class SimConfig:
             describes the overhead; the hardware-validation issue is to measure it).
         paged_attention_factor: attention-time multiplier of the paged kernel: 1.23, the middle of the
             20-26% higher attention latency vLLM reports against FasterTransformer's kernel (Kwon et al.,
-            SOSP'23, section 7.1; quoted in vAttention section 3.3.1).
+            SOSP'23, section 7.1; quoted in vAttention section 3.3.1), for both phases (``factor=``; a
+            profile's ``paged_attention.factor`` replaces the default). Used when ``paged_kernel`` is ``None``.
+        paged_kernel: the paged kernel whose per-phase factors apply (:data:`sim.paged_kernels.PAGED_KERNELS`:
+            ``vllm-sosp23``, ``vllm-v0``, ``fa2-paged``, ``flashinfer``; sources there); ``None``:
+            ``paged_attention_factor`` for both phases.
+        paged_prefill_factor / paged_decode_factor: replace one phase's factor (>= 1; ``None``: the kernel's,
+            or ``paged_attention_factor``); the resolved factors are :attr:`paged_factors`.
+        vmm_driver: how vAttention pages below 2 MiB are mapped: ``None`` or ``modified`` (vAttention's modified
+            NVIDIA UVM driver: no cuMemSetAccess per page, the paper's measured bandwidth,
+            :data:`sim.latency.MODIFIED_DRIVER_MAP_BYTES_PER_S`); ``stock`` refuses them (the public CUDA VMM API
+            allocates 2 MiB at least). Pages of 2 MiB and more always use the stock API's measured latencies.
         kv_layout: ``per-layer`` (vAttention: 2N' tensors ``[B, L_max, H', D]``, a page group is 2N' pages) or
             ``cross-layer`` (one K and one V tensor ``[B, L_max, N', H', D]``: a page holds every layer of a token
             range, a growth maps 2 pages, N' times more often).
@@ -133,6 +145,10 @@ class SimConfig:
     block_table_base_us: float = 50.0
     block_table_per_block_us: float = 0.02
     paged_attention_factor: float = 1.23
+    paged_kernel: str | None = None
+    paged_prefill_factor: float | None = None
+    paged_decode_factor: float | None = None
+    vmm_driver: str | None = None
     kv_layout: str = "per-layer"
     layout_attention_factor: float = 1.0
     batched_set_access: bool = False
@@ -185,10 +201,16 @@ class SimConfig:
             raise ConfigError(f"layout attention factor must be > 0, got {self.layout_attention_factor}")
         if self.paged_attention_factor < 1 or self.block_table_base_us < 0 or self.block_table_per_block_us < 0:
             raise ConfigError("paged costs must be >= 0 (and the attention factor >= 1)")
+        paged_error = self._paged_kernel_error()
+        if paged_error:
+            raise ConfigError(paged_error)
         self.model_spec.check_tp(self.tp)
         page = self.page_size_bytes
         if page < MIN_PAGE_SIZE_BYTES or page & (page - 1):
             raise ConfigError(f"--page-size {page} B: must be a power of two >= 64KiB")
+        driver_error = self._vmm_driver_error()
+        if driver_error:
+            raise ConfigError(driver_error)
         if self.uses_vmm and self.tokens_per_page < 1:
             per_token = self.model_spec.sub_tensor_bytes_per_token(self.tp) * (
                 self.model_spec.num_layers if self.kv_layout == "cross-layer" else 1)
@@ -218,6 +240,51 @@ class SimConfig:
                 f"{format_bytes(max(self.kv_budget_bytes, 0))} for KV cache on {self.gpu} at memory_util "
                 f"{self.memory_util_frac}: not one page group ({format_bytes(self.page_group_bytes)}); raise --memory-util "
                 f"or --tp")
+
+    def _paged_kernel_error(self) -> str | None:
+        """The message for an unknown paged kernel or a phase factor that is not a finite number >= 1 (named
+        by the SimConfig field, which :func:`sim.policy_spec.policy_config_error` renames to the spec's key)."""
+        if self.paged_kernel is not None and self.paged_kernel not in PAGED_KERNELS:
+            return (f"paged_kernel={self.paged_kernel}: unknown kernel {self.paged_kernel!r}; choose one of "
+                    f"{', '.join(PAGED_KERNELS)}")
+        for name in ("paged_attention_factor", "paged_prefill_factor", "paged_decode_factor"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and 1 <= value < float("inf")):
+                return (f"{name}={value}: must be a finite number >= 1 (paged / contiguous attention time: a "
+                        "paged kernel is never faster than the contiguous one)")
+        return None
+
+    def _vmm_driver_error(self) -> str | None:
+        """The message for an unknown ``vmm_driver``, for vAttention pages below 2 MiB on the stock driver, and
+        for batched set-access on the modified driver (which grants access without cuMemSetAccess)."""
+        if self.vmm_driver is not None and self.vmm_driver not in VMM_DRIVERS:
+            return f"vmm_driver={self.vmm_driver}: choose one of {', '.join(VMM_DRIVERS)}"
+        if not self.needs_modified_driver:
+            return None
+        page = format_bytes(self.page_size_bytes).replace(" ", "")
+        if self.vmm_driver == "stock":
+            return (f"--page-size {page} with vmm_driver=stock: the stock CUDA VMM API allocates 2 MiB pages at "
+                    "least (cuMemCreate of 64 KiB or 256 KiB fails with CUDA_ERROR_INVALID_VALUE, domain.md); "
+                    "use pages of 2 MiB or more, or vmm_driver=modified (vAttention's modified NVIDIA UVM driver)")
+        if self.batched_set_access:
+            return (f"batched_set_access=on with --page-size {page}: pages below 2 MiB go through vAttention's "
+                    "modified driver, which maps without a cuMemSetAccess per page: there is nothing to batch")
+        return None
+
+    @cached_property
+    def paged_factors(self) -> PagedFactors:
+        """The paged kernel's attention-time factors in force (:func:`sim.paged_kernels.resolve_paged_factors`)."""
+        return resolve_paged_factors(self.paged_kernel, self.paged_attention_factor, self.paged_prefill_factor,
+                                     self.paged_decode_factor)
+
+    def paged_compute_fields(self) -> dict:
+        """The compute-model fields (:class:`sim.compute.RooflineComputeModel`) that carry the paged kernel's
+        factors: one constant factor as ``paged_attention_factor`` (the model's form before per-phase
+        factors, same floats), else ``paged_factors``."""
+        factors = self.paged_factors
+        if factors.is_constant:
+            return {"paged_attention_factor": factors.prefill}
+        return {"paged_factors": factors}
 
     @cached_property
     def full_model_spec(self) -> ModelSpec:
@@ -276,6 +343,10 @@ class SimConfig:
         if self.uses_vmm and borrowed:
             notes.append(f"{self.gpu} has no measured VMM latency profile: the {borrowed.upper()}'s measured "
                          f"distributions are used (config.json vmm_profile_borrowed_from)")
+        if self.needs_modified_driver:
+            notes.append(modified_driver_note(self.page_size_bytes))
+        if self.policy == "paged" and not self.paged_factors.is_constant:
+            notes.append(f"paged attention ({self.paged_kernel or 'factor='}): {self.paged_factors.describe()}")
         spec = self.full_model_spec
         if spec.sliding_window_tokens and spec.sliding_window_layers and self.slot_max_tokens > spec.sliding_window_tokens:
             notes.append(f"{self.model}: {spec.sliding_window_layers} of {spec.num_layers} layers use a "
@@ -353,14 +424,16 @@ class SimConfig:
     def label(self) -> str:
         """Short description of the memory policy, e.g. ``vattention 2 MiB async``."""
         if self.policy == "paged":
-            return f"paged block={self.block_size_tokens}" + (" prefix-caching" if self.prefix_caching else "")
+            kernel = f" kernel={self.paged_kernel}" if self.paged_kernel else ""
+            return f"paged block={self.block_size_tokens}{kernel}" + (" prefix-caching" if self.prefix_caching else "")
         if self.policy == "static":
             return f"static max_len={self.tokens_per_page}"
         mode = "sync" if self.sync_mapping else "async"
         extras = [("" if self.deferred_reclaim else "no-deferred"), ("cross-layer" if self.kv_layout == "cross-layer" else ""),
                   ("batched-set-access" if self.batched_set_access else ""),
                   (f"zero-{self.zero_on_reuse}" if self.zero_on_reuse != "off" else ""),
-                  ("prefix-sharing" if self.prefix_caching else "")]
+                  ("prefix-sharing" if self.prefix_caching else ""),
+                  ("modified-driver" if self.needs_modified_driver else "")]
         return " ".join([f"vattention {format_bytes(self.page_size_bytes)} {mode}", *filter(None, extras)])
 
     @property
@@ -382,6 +455,13 @@ class SimConfig:
                    pool_page_groups=self.pool_page_groups, page_group_bytes=self.page_group_bytes,
                    kv_budget_bytes=self.kv_budget_bytes, needs_modified_driver=self.needs_modified_driver,
                    label=self.label, admission_rule=self.admission_rule)
+        if self.policy == "paged":
+            factors = self.paged_factors
+            out.update(paged_prefill_factor_used=factors.prefill, paged_decode_factor_used=factors.decode,
+                       paged_decode_factor_long=factors.decode_long)
+        if self.needs_modified_driver:
+            out.update(vmm_driver_used="modified (vAttention's modified NVIDIA UVM driver, not the stock CUDA API)",
+                       modified_driver_map_us_per_page=modified_driver_page_us(self.page_size_bytes))
         out.update(self.derived_figures())
         return out
 

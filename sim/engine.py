@@ -227,7 +227,7 @@ class Simulator(RequestBookkeeping):
         self.compute = compute or RooflineComputeModel(config.model_spec, config.gpu_spec, config.tp)
         self._block_terms = bool(getattr(self.compute, "attention_key_us", 0.0))   # only the block forms read them
         if config.policy == "paged" and hasattr(self.compute, "paged_attention_factor"):
-            self.compute = replace(self.compute, paged_attention_factor=config.paged_attention_factor)
+            self.compute = replace(self.compute, **config.paged_compute_fields())    # sim.paged_kernels
         if config.uses_vmm and config.kv_layout == "cross-layer" and hasattr(self.compute, "layout_attention_factor"):
             self.compute = replace(self.compute, layout_attention_factor=config.layout_attention_factor)
         self.cost = (VmmCost(vmm or VmmLatencyModel.builtin(), config, self.rng, config.create_on_demand)

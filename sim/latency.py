@@ -7,9 +7,14 @@ Built-in defaults are the H200 measurements of domain.md ("CUDA VMM call latency
 inverse CDF through the measured p50, p90 and p99 (see :meth:`CallDistribution.from_quantiles`), shaped so
 that its mean equals the measured mean. The p50/p90/p99 and the mean are thus preserved.
 
-Page sizes that were not measured use the nearest measured size (in log2): domain.md shows per-call
-latency nearly independent of page size (2 MiB vs 32 MiB), which is the stated assumption for the
-sub-2-MiB what-if sizes.
+Page sizes of 2 MiB and more that were not measured use the nearest measured size (in log2): domain.md shows
+per-call latency nearly independent of page size (2 MiB vs 32 MiB).
+
+Pages below 2 MiB cannot be made with the stock CUDA VMM API (its granularity is 2 MiB; cuMemCreate of 64 or
+256 KiB fails, domain.md). vAttention's 64/128/256 KiB pages went through its modified NVIDIA UVM driver
+(``vMemCreate`` / ``vMemMap``; microsoft/vattention ``nvidia-vattn-uvm-driver``), which maps a page without a
+cuMemSetAccess call. Those sizes are costed from the paper's measured allocation bandwidth
+(:data:`MODIFIED_DRIVER_MAP_BYTES_PER_S`), never from the 2 MiB stock calls: see :func:`modified_driver_page_us`.
 """
 from __future__ import annotations
 
@@ -24,7 +29,18 @@ import numpy as np
 
 from sim.compute import (SCALAR_FIELDS, TABLE_FIELDS, ComputeFieldError, check_compute_field, finite_number,
                          show_value)
-from sim.units import MIB
+from sim.units import KIB, MIB, format_bytes
+
+DRIVER_GRANULARITY_BYTES = 2 * MIB
+"""The stock CUDA VMM API's allocation granularity (minimum = recommended = 2 MiB, measured on the H200,
+domain.md): smaller pages need vAttention's modified driver."""
+
+MODIFIED_DRIVER_MAP_BYTES_PER_S: dict[int, float] = {64 * KIB: 7.6e9}
+"""Page size -> physical-memory allocation bandwidth (bytes/s) of vAttention's modified NVIDIA UVM driver (A100,
+driver 545.23.06 modified; vAttention, Prabhu et al., ASPLOS'25, section 7.3, its table of allocation bandwidth
+by page size: 7.6 GB/s with 64 KB pages, as quoted in issue 28). Modified driver, not the stock CUDA API.
+Sizes below 2 MiB without an entry take the per-page time of the nearest entry (log2): a driver call's cost
+nearly independent of the page size, as the stock calls show for 2 vs 32 MiB (domain.md)."""
 
 VMM_CALLS = ("cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease")
 
@@ -36,6 +52,26 @@ H200_DOMAIN_US: dict[str, dict[int, tuple[float, float, float, float]]] = {
     "cuMemUnmap": {2 * MIB: (32.7, 40.5, 274.8, 39.9), 32 * MIB: (33.6, 42.2, 90.4, 35.8)},
     "cuMemRelease": {2 * MIB: (22.8, 26.9, 49.7, 26.2), 32 * MIB: (47.8, 54.0, 74.6, 48.9)},
 }
+
+
+def modified_driver_page_us(page_size_bytes: int) -> float:
+    """Time (us) the modified driver takes to map one page of ``page_size_bytes`` (< 2 MiB):
+    ``size / bandwidth`` of the nearest :data:`MODIFIED_DRIVER_MAP_BYTES_PER_S` entry, scaled to keep that
+    entry's per-page time (64 KiB / 7.6 GB/s = 8.62 us per page, at every size below 2 MiB until more sizes
+    are entered). Unmapping, creating and releasing a page on that driver are costed at the same time per page
+    (an assumption: the paper gives no figure for them)."""
+    size = min(MODIFIED_DRIVER_MAP_BYTES_PER_S,
+               key=lambda s: (abs(math.log2(s) - math.log2(page_size_bytes)), s))
+    return size / MODIFIED_DRIVER_MAP_BYTES_PER_S[size] * 1e6
+
+
+def modified_driver_note(page_size_bytes: int) -> str:
+    """The run-header note of a page size below 2 MiB (printed as ``kvsim: note:``)."""
+    page_us = modified_driver_page_us(page_size_bytes)
+    rate = page_size_bytes / page_us / 1e3
+    return (f"page size {format_bytes(page_size_bytes)}: mapped as by vAttention's modified NVIDIA UVM driver, not "
+            f"the stock CUDA VMM API (no cuMemSetAccess per page; {page_us:.2f} us per page = {rate:.1f} GB/s, "
+            "from the paper's 7.6 GB/s at 64 KB, ASPLOS'25 section 7.3; unmap/create/release costed alike)")
 
 
 class ProfileError(ValueError):
@@ -95,6 +131,9 @@ class VmmLatencyModel:
     Attributes:
         table: ``{call: {page_size_bytes: CallDistribution}}``.
         source: where the figures come from (printed in run configurations).
+        modified_driver_below_2mib: pages below 2 MiB cost the modified driver's time per page
+            (:func:`modified_driver_page_us`); ``False`` only for synthetic models whose calls are meant to
+            cost the same at every page size (``tests/helpers.constant_vmm``).
     """
 
     table: dict[str, dict[int, CallDistribution]]
@@ -103,6 +142,7 @@ class VmmLatencyModel:
     batched_ratio: float = 1.95 / 2.59   # domain.md: 64 maps + one set-access over the range vs 64 x (map + set-access)
     in_loop_scale: float = 1.0           # growth inside a serving loop / isolated growth (profile vmm_in_loop)
     tp_worker_scale: dict[int, float] = field(default_factory=dict)  # tp -> per-worker slowdown (profile vmm_tp)
+    modified_driver_below_2mib: bool = True  # False: sub-2 MiB pages draw the table's calls (synthetic test models)
     _nearest: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -164,10 +204,14 @@ class VmmLatencyModel:
         are serial). This matters: on the project's H200 a measured growth costs ~1.55x the sum of the
         isolated per-call medians (profiles/README.md). Otherwise: ``num_sub_tensors`` independent draws of
         cuMemMap + cuMemSetAccess per group, times :meth:`growth_scale`. Both times ``in_loop_scale``
-        (1 unless :func:`sim.runner.load_models` applies a profile's ``vmm_in_loop.growth_scale``).
+        (1 unless :func:`sim.runner.load_models` applies a profile's ``vmm_in_loop.growth_scale``). Pages below
+        2 MiB: ``page_groups * num_sub_tensors`` pages of the modified driver (:func:`modified_driver_page_us`,
+        deterministic: the paper gives a bandwidth, not a distribution).
         """
         if page_groups <= 0:
             return 0.0
+        if page_size_bytes < DRIVER_GRANULARITY_BYTES and self.modified_driver_below_2mib:   # module docstring
+            return page_groups * num_sub_tensors * modified_driver_page_us(page_size_bytes)
         if page_size_bytes in self.growth:
             measured_tensors, distribution = self.growth[page_size_bytes]
             draws = distribution.sample_us(page_groups, rng)
@@ -180,9 +224,9 @@ class VmmLatencyModel:
 
     def growth_scale(self, page_size_bytes: int) -> float:
         """Measured growth / sum of isolated per-call means, at the measured page size nearest (log2) to
-        ``page_size_bytes``; 1 without growth measurements. Applied to page sizes whose growth was not
-        measured, so that e.g. 256 KiB what-if pages are not made cheaper than the calibrated 2 MiB ones by
-        the per-call microbenchmark's optimism."""
+        ``page_size_bytes``; 1 without growth measurements. Applied to page sizes of 2 MiB or more whose growth
+        was not measured, so that e.g. 4 MiB pages are not made cheaper than the calibrated 2 MiB ones by the
+        per-call microbenchmark's optimism."""
         if not self.growth:
             return 1.0
         size = min(self.growth, key=lambda s: (abs(math.log2(s) - math.log2(page_size_bytes)), s))
@@ -201,9 +245,12 @@ class VmmLatencyModel:
         return self._nearest[key]
 
     def total_us(self, call: str, page_size_bytes: int, count: int, rng: np.random.Generator) -> float:
-        """Sum of ``count`` independent latencies of ``call`` (us); 0 for ``count == 0``."""
+        """Sum of ``count`` independent latencies of ``call`` (us); 0 for ``count == 0``. Below 2 MiB: ``count``
+        pages of the modified driver (:func:`modified_driver_page_us`), no draw."""
         if count <= 0:
             return 0.0
+        if page_size_bytes < DRIVER_GRANULARITY_BYTES and self.modified_driver_below_2mib:
+            return count * modified_driver_page_us(page_size_bytes)
         draws = self.distribution(call, page_size_bytes).sample_us(count, rng)
         return float(draws[0]) if count == 1 else float(draws.sum())
 

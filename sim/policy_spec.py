@@ -5,14 +5,16 @@ A policy is written ``NAME[:key=value,key=value,...]`` (``kvsim simulate --polic
     vattention:page=2MiB            vattention:page=256KiB,sync      vattention:deferred=off
     vattention:create=ondemand      vattention:lookahead=0,eager=0   paged:block=16   static:max_len=4096
     vattention:layout=cross-layer   vattention:batched=on            vattention:zero=on-reuse
-    paged:admission=chunk           vattention:prefix=on
+    paged:admission=chunk           vattention:prefix=on             paged:kernel=fa2-paged
+    paged:kernel=vllm-v0,prefill_factor=1.1                          vattention:page=64KiB,driver=modified
 
 :data:`POLICY_KEYS` maps each policy's keys to the SimConfig field they set and the parser of the value
 (meanings and defaults: :class:`sim.config.SimConfig`; ``kvsim compare --help`` lists them).
 """
 from __future__ import annotations
 
-from sim.config import POLICIES, ConfigError
+from sim.config import POLICIES, VMM_DRIVERS, ConfigError
+from sim.paged_kernels import PAGED_KERNELS
 from sim.units import parse_size_bytes
 
 _ON_OFF = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False}
@@ -30,6 +32,23 @@ def _choice(*choices: str):
             raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
         return value
     return parse
+
+
+def _kernel(value: str) -> str:
+    if value not in PAGED_KERNELS:
+        raise ValueError(f"unknown kernel {value!r}; choose one of {', '.join(PAGED_KERNELS)}")
+    return value
+
+
+def _factor(value: str) -> float:
+    """An attention-time factor: a finite number >= 1."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"expected a number >= 1 (paged / contiguous attention time), got {value!r}") from None
+    if not 1 <= number < float("inf"):
+        raise ValueError(f"must be a finite number >= 1 (paged / contiguous attention time), got {value!r}")
+    return number
 
 
 # key -> (SimConfig field, parser)
@@ -51,9 +70,12 @@ POLICY_KEYS: dict[str, dict] = {
         "layout": ("kv_layout", _choice("per-layer", "cross-layer")),
         "layout_factor": ("layout_attention_factor", float),
         "batched": ("batched_set_access", _on_off),
+        "driver": ("vmm_driver", _choice(*VMM_DRIVERS)),
         **_COMMON},
     "paged": {
-        "block": ("block_size_tokens", int), "factor": ("paged_attention_factor", float),
+        "block": ("block_size_tokens", int), "factor": ("paged_attention_factor", _factor),
+        "kernel": ("paged_kernel", _kernel), "prefill_factor": ("paged_prefill_factor", _factor),
+        "decode_factor": ("paged_decode_factor", _factor),
         "bt_base_us": ("block_table_base_us", float), "bt_per_block_us": ("block_table_per_block_us", float),
         **_COMMON},
     "static": {"max_len": ("max_len_tokens", int), **_COMMON},
@@ -135,4 +157,7 @@ def parse_policy(spec: str) -> dict:
             what = {int: "expected a whole number", float: "expected a number"}.get(parse)
             raise ConfigError(f"policy {spec!r}: {key}={value.strip()}: " +
                               (f"{what}, got {value.strip()!r}" if what else str(exc))) from None
+    if "paged_kernel" in overrides and "paged_attention_factor" in overrides:
+        raise ConfigError(f"policy {spec!r}: kernel= and factor= both set the paged attention factors; give "
+                          "kernel= (prefill_factor= / decode_factor= replace one phase's) or factor= (both phases)")
     return overrides
