@@ -131,13 +131,13 @@ def test_spec_keys_set_the_fields():
 
 
 @pytest.mark.parametrize("spec, expected", [
-    ("paged:kernel=foo", "kernel='foo': unknown kernel 'foo'; choose one of vllm-sosp23, vllm-v0, fa2-paged"),
-    ("paged:decode_factor=0.9", "decode_factor='0.9': must be a finite number >= 1"),
-    ("paged:prefill_factor=inf", "prefill_factor='inf': must be a finite number >= 1"),
-    ("paged:factor=x", "factor='x': expected a number >= 1"),
+    ("paged:kernel=foo", "kernel=foo: unknown kernel 'foo'; choose one of vllm-sosp23, vllm-v0, fa2-paged"),
+    ("paged:decode_factor=0.9", "decode_factor=0.9: must be a finite number >= 1"),
+    ("paged:prefill_factor=inf", "prefill_factor=inf: must be a finite number >= 1"),
+    ("paged:factor=x", "factor=x: expected a number >= 1"),
     ("paged:kernel=fa2-paged,factor=1.3", "kernel= and factor= both set"),
     ("paged:kernel=vllm-v0,kernel=fa2-paged", "key 'kernel' given twice"),
-    ("vattention:driver=foo", "driver='foo': expected one of stock, modified"),
+    ("vattention:driver=foo", "driver=foo: expected one of stock, modified"),
 ])
 def test_bad_spec_values_name_the_key(spec, expected):
     with pytest.raises(ConfigError) as error:
