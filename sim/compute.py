@@ -76,6 +76,7 @@ SCALAR_FIELDS: dict[str, str] = {
     "attention_block_us": ">= 0", "attention_key_us": ">= 0", "attention_prefill_key_us": ">= 0",
     "attention_slots": "> 0", "split_kv_slot_tokens": ">= 0", "split_kv_sms": "> 0",
     "attention_tail_key_us": ">= 0", "attention_prefill_tail_key_us": ">= 0", "attention_tail_serial": "0 to 1",
+    "allreduce_base_us": ">= 0", "allreduce_hop_us": ">= 0", "allreduce_bus_bytes_per_s": ">= 0",
 }
 """The scalar fields of :class:`RooflineComputeModel` with their physical range (times in us and rows
 ``>= 0``, efficiencies and factors ``> 0``, ``decode_graphs`` a flag); every value must be finite."""
@@ -248,6 +249,9 @@ class RooflineComputeModel:
     attention_tail_key_us: float = 0.0
     attention_prefill_tail_key_us: float = 0.0
     attention_tail_serial: float = 0.0
+    allreduce_base_us: float = 0.0
+    allreduce_hop_us: float = 0.0
+    allreduce_bus_bytes_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         """Check every field's type and range (:func:`check_compute_field`), the two decode tables' lengths,
@@ -570,11 +574,20 @@ class RooflineComputeModel:
 
     def _comm_us(self, new_tokens):
         """Time (us) of the ``2 N`` all-reduces of one iteration of ``new_tokens`` tokens (a number or an array),
-        each of ``T h P`` bytes over the GPU's link, as NCCL costs them (:func:`nccl_allreduce_us`); 0 at tp 1."""
+        each of ``T h P`` bytes over the GPU's link, as NCCL costs them (:func:`nccl_allreduce_us`); 0 at tp 1.
+        With a measured ``allreduce_bus_bytes_per_s`` (a profile's fit of Vidur's ``all_reduce.csv``,
+        :mod:`hwbackend.calibration.vidur`) each costs ``base + hop (n - 1) + 2 (n - 1) / n * bytes / busbw``
+        instead (nccl-tests' bus bandwidth, ``doc/PERFORMANCE.md``)."""
         if self.tp == 1:
             return 0.0
         m = self.model
         nbytes = np.asarray(new_tokens, dtype=float) * m.hidden_size * m.activation_bytes
+        if self.allreduce_bus_bytes_per_s > 0:   # measured (kvsim calibrate --from-vidur): one line for every size
+            ranks = self.tp
+            per_call = (self.allreduce_base_us + self.allreduce_hop_us * (ranks - 1)
+                        + 2 * (ranks - 1) / ranks * nbytes / (self.allreduce_bus_bytes_per_s / US_PER_S))
+            total = 2 * m.num_layers * per_call
+            return float(total) if np.ndim(total) == 0 else total
         nvlink = self.gpu.nvlink_bytes_per_s > self.gpu.pcie_bytes_per_s
         link_bytes_per_s = self.gpu.nvlink_bytes_per_s if nvlink else self.gpu.pcie_bytes_per_s
         total = 2 * m.num_layers * nccl_allreduce_us(nbytes, self.tp, link_bytes_per_s, nvlink)
