@@ -26,7 +26,10 @@ Defaults and their sources (domain.md, measurements on the project's H200):
 * ``overhead_us = 1300``: launch and framework overhead of one eager-PyTorch iteration, fitted to the
   four measured random-weight Llama-3-8B decode iterations of domain.md (batch 8 / ctx 1024: 5.1 ms,
   32 / 1024: 5.8, 64 / 2048: 8.9, 128 / 2048: 14.3); this model gives 5.05, 5.83, 8.87, 12.96 ms.
-A calibration profile's ``compute`` section replaces any of them.
+A calibration profile's ``compute`` section replaces any of them. Per GPU (issue 31): ``flops_efficiency`` and
+``bw_efficiency`` left unset (None) take the catalogue GPU's sourced fractions (``GPUSpec.flops_efficiency``,
+``bw_efficiency``: the A100, H100 and A40 from Vidur's measured GEMMs, ``profiles/vidur-*.json``), and the H200's
+above where the catalogue has none (``GPUSpec.efficiency_note``); the H200's own runs are unchanged.
 
 Two terms measured on the H200 replay (``kvsim calibrate --compute``, ``profiles/h200.json``
 ``compute.tiled_roofline``), both 0 by default:
@@ -215,6 +218,12 @@ def attention_block_terms(tokens: int, context: int) -> tuple[int, int]:
     return n, n * context + ATTENTION_TILE_ROWS * n * (n - 1) // 2 + tokens
 
 
+H200_FLOPS_EFFICIENCY = 788 / 989
+"""Measured bf16 8192^3 matmul over the datasheet peak on the project's H200 (module docstring)."""
+H200_BW_EFFICIENCY = 4.3 / 4.8
+"""Measured device-copy bandwidth over the datasheet figure on the project's H200 (module docstring)."""
+
+
 @dataclass(frozen=True)
 class RooflineComputeModel:
     """Iteration time for one model on one GPU type at tensor-parallel degree ``tp`` (see module docstring).
@@ -226,8 +235,8 @@ class RooflineComputeModel:
     model: ModelSpec
     gpu: GPUSpec
     tp: int = 1
-    flops_efficiency: float = 788 / 989
-    bw_efficiency: float = 4.3 / 4.8
+    flops_efficiency: float | None = None
+    bw_efficiency: float | None = None
     attention_flops_efficiency: float = 0.5
     overhead_us: float = 1300.0
     paged_attention_factor: float = 1.0
@@ -262,6 +271,9 @@ class RooflineComputeModel:
             ComputeFieldError: naming the field and the value.
         """
         self.model.check_tp(self.tp)
+        for name, h200 in (("flops_efficiency", H200_FLOPS_EFFICIENCY), ("bw_efficiency", H200_BW_EFFICIENCY)):
+            if getattr(self, name) is None:   # the GPU's sourced default (catalog.toml), else the H200's
+                object.__setattr__(self, name, getattr(self.gpu, name, 0.0) or h200)
         for name in SCALAR_FIELDS:
             check_compute_field(name, getattr(self, name))
         knots, corrections = self.decode_batch_knots, self.decode_batch_correction_us
