@@ -46,6 +46,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "D (C with the longest block's own time per key), E (D with that block partly after "
                              "the others), auto (all five; the lowest weighted median training error ships) "
                              "(default: A)")
+    parser.add_argument("--from-vidur", default=None, metavar="DIR",
+                        help="import Vidur's published operator profiles (a microsoft/vidur checkout: "
+                             "data/profiling/compute/<gpu>/<org>/<model>/mlp.csv, network/<gpu>_dgx/all_reduce.csv; "
+                             "no GPU needed) into one profile per GPU and model, vidur-<gpu>-<model>.json in the "
+                             "directory --out (default profiles/)")
     parser.set_defaults(func=_run)
     from analysis.output import OUT_RULE
     val = subparsers.add_parser("validate", help="error of the simulator against a hardware replay",
@@ -74,6 +79,8 @@ def _run(args: argparse.Namespace) -> int:
         print("kvsim calibrate: --grid and --form fit with --from-run RUN_DIR (a hardware replay; the grid alone "
               "is measured with python -m hwbackend.calibration.grid)", file=sys.stderr)
         return 2
+    if args.from_vidur:
+        return _from_vidur(args)
     if args.from_run:
         return _from_runs(args)
     if args.compute:
@@ -101,6 +108,33 @@ def _compute(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: roofline {json.dumps(compute['roofline'])}, fit error {json.dumps(compute['fit_error'])}")
     if "paged_attention" in sections:
         print(f"paged attention factor {sections['paged_attention']['factor']}")
+    return 0
+
+
+def _from_vidur(args: argparse.Namespace) -> int:
+    """``kvsim calibrate --from-vidur DIR [--out OUT_DIR] [--force]``: 2 with one message for a bad directory or CSV,
+    1 for an existing output without ``--force``."""
+    import sys
+    from pathlib import Path
+
+    from hwbackend.calibration.vidur import VidurError, default_provenance, import_directory
+
+    if args.compute or args.from_run:
+        print("kvsim calibrate: --from-vidur imports saved CSVs; leave out --compute and --from-run", file=sys.stderr)
+        return 2
+    root = Path(args.from_vidur)
+    if not root.is_dir():
+        print(f"kvsim calibrate: --from-vidur {root}: not a directory (a microsoft/vidur checkout)", file=sys.stderr)
+        return 2
+    out_dir = Path(args.out) if args.out and not str(args.out).endswith(".json") else Path("profiles")
+    try:
+        written = import_directory(root, out_dir, default_provenance(root, " ".join(["kvsim", *sys.argv[1:]])),
+                                   force=args.force)
+    except VidurError as exc:
+        print(f"kvsim calibrate: {exc}", file=sys.stderr)
+        return 1 if "pass --force" in str(exc) else 2
+    for path in written:
+        print(f"wrote {path}")
     return 0
 
 

@@ -29,7 +29,10 @@ Defaults and their sources (domain.md, measurements on the project's H200):
 * ``overhead_us = 1300``: launch and framework overhead of one eager-PyTorch iteration, fitted to the
   four measured random-weight Llama-3-8B decode iterations of domain.md (batch 8 / ctx 1024: 5.1 ms,
   32 / 1024: 5.8, 64 / 2048: 8.9, 128 / 2048: 14.3); this model gives 5.05, 5.83, 8.87, 12.96 ms.
-A calibration profile's ``compute`` section replaces any of them.
+A calibration profile's ``compute`` section replaces any of them. Per GPU (issue 31): ``flops_efficiency`` and
+``bw_efficiency`` left unset (None) take the catalogue GPU's sourced fractions (``GPUSpec.flops_efficiency``,
+``bw_efficiency``: the A100, H100 and A40 from Vidur's measured GEMMs, ``profiles/vidur-*.json``), and the H200's
+above where the catalogue has none (``GPUSpec.efficiency_note``); the H200's own runs are unchanged.
 
 Two terms measured on the H200 replay (``kvsim calibrate --compute``, ``profiles/h200.json``
 ``compute.tiled_roofline``), both 0 by default:
@@ -80,6 +83,7 @@ SCALAR_FIELDS: dict[str, str] = {
     "attention_block_us": ">= 0", "attention_key_us": ">= 0", "attention_prefill_key_us": ">= 0",
     "attention_slots": "> 0", "split_kv_slot_tokens": ">= 0", "split_kv_sms": "> 0",
     "attention_tail_key_us": ">= 0", "attention_prefill_tail_key_us": ">= 0", "attention_tail_serial": "0 to 1",
+    "allreduce_base_us": ">= 0", "allreduce_hop_us": ">= 0", "allreduce_bus_bytes_per_s": ">= 0",
 }
 """The scalar fields of :class:`RooflineComputeModel` with their physical range (times in us and rows
 ``>= 0``, efficiencies and factors ``> 0``, ``decode_graphs`` a flag); every value must be finite."""
@@ -218,6 +222,12 @@ def attention_block_terms(tokens: int, context: int) -> tuple[int, int]:
     return n, n * context + ATTENTION_TILE_ROWS * n * (n - 1) // 2 + tokens
 
 
+H200_FLOPS_EFFICIENCY = 788 / 989
+"""Measured bf16 8192^3 matmul over the datasheet peak on the project's H200 (module docstring)."""
+H200_BW_EFFICIENCY = 4.3 / 4.8
+"""Measured device-copy bandwidth over the datasheet figure on the project's H200 (module docstring)."""
+
+
 @dataclass(frozen=True)
 class RooflineComputeModel:
     """Iteration time for one model on one GPU type at tensor-parallel degree ``tp`` (see module docstring).
@@ -229,8 +239,8 @@ class RooflineComputeModel:
     model: ModelSpec
     gpu: GPUSpec
     tp: int = 1
-    flops_efficiency: float = 788 / 989
-    bw_efficiency: float = 4.3 / 4.8
+    flops_efficiency: float | None = None
+    bw_efficiency: float | None = None
     attention_flops_efficiency: float = 0.5
     overhead_us: float = 1300.0
     paged_attention_factor: float = 1.0
@@ -253,6 +263,9 @@ class RooflineComputeModel:
     attention_prefill_tail_key_us: float = 0.0
     attention_tail_serial: float = 0.0
     paged_factors: PagedFactors | None = None
+    allreduce_base_us: float = 0.0
+    allreduce_hop_us: float = 0.0
+    allreduce_bus_bytes_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         """Check every field's type and range (:func:`check_compute_field`), the two decode tables' lengths,
@@ -263,6 +276,9 @@ class RooflineComputeModel:
             ComputeFieldError: naming the field and the value.
         """
         self.model.check_tp(self.tp)
+        for name, h200 in (("flops_efficiency", H200_FLOPS_EFFICIENCY), ("bw_efficiency", H200_BW_EFFICIENCY)):
+            if getattr(self, name) is None:   # the GPU's sourced default (catalog.toml), else the H200's
+                object.__setattr__(self, name, getattr(self.gpu, name, 0.0) or h200)
         for name in SCALAR_FIELDS:
             check_compute_field(name, getattr(self, name))
         knots, corrections = self.decode_batch_knots, self.decode_batch_correction_us
@@ -608,11 +624,20 @@ class RooflineComputeModel:
 
     def _comm_us(self, new_tokens):
         """Time (us) of the ``2 N`` all-reduces of one iteration of ``new_tokens`` tokens (a number or an array),
-        each of ``T h P`` bytes over the GPU's link, as NCCL costs them (:func:`nccl_allreduce_us`); 0 at tp 1."""
+        each of ``T h P`` bytes over the GPU's link, as NCCL costs them (:func:`nccl_allreduce_us`); 0 at tp 1.
+        With a measured ``allreduce_bus_bytes_per_s`` (a profile's fit of Vidur's ``all_reduce.csv``,
+        :mod:`hwbackend.calibration.vidur`) each costs ``base + hop (n - 1) + 2 (n - 1) / n * bytes / busbw``
+        instead (nccl-tests' bus bandwidth, ``doc/PERFORMANCE.md``)."""
         if self.tp == 1:
             return 0.0
         m = self.model
         nbytes = np.asarray(new_tokens, dtype=float) * m.hidden_size * m.activation_bytes
+        if self.allreduce_bus_bytes_per_s > 0:   # measured (kvsim calibrate --from-vidur): one line for every size
+            ranks = self.tp
+            per_call = (self.allreduce_base_us + self.allreduce_hop_us * (ranks - 1)
+                        + 2 * (ranks - 1) / ranks * nbytes / (self.allreduce_bus_bytes_per_s / US_PER_S))
+            total = 2 * m.num_layers * per_call
+            return float(total) if np.ndim(total) == 0 else total
         nvlink = self.gpu.nvlink_bytes_per_s > self.gpu.pcie_bytes_per_s
         link_bytes_per_s = self.gpu.nvlink_bytes_per_s if nvlink else self.gpu.pcie_bytes_per_s
         total = 2 * m.num_layers * nccl_allreduce_us(nbytes, self.tp, link_bytes_per_s, nvlink)

@@ -431,6 +431,12 @@ class GPUSpec:
         price_source: where and when the price was read.
         vmm_measured: the VMM latency distributions were measured on this GPU (only the H200); others borrow them.
         source: the datasheet.
+        flops_efficiency / bw_efficiency: achieved fractions of ``bf16_flops`` (GEMMs of many tokens) and of
+            ``mem_bw_bytes_per_s`` (GEMMs of few tokens: weight streaming) that become the roofline's defaults on
+            this GPU (:class:`sim.compute.RooflineComputeModel`); 0 = not sourced: the H200's measured figures.
+        elementwise_bw_efficiency: achieved fraction of the bandwidth of the elementwise operators (informational:
+            the roofline has no elementwise term); 0 = not sourced.
+        efficiency_source: where those fractions come from (catalog.toml).
     """
 
     name: str
@@ -445,9 +451,21 @@ class GPUSpec:
     price_source: str = ""
     vmm_measured: bool = False
     source: str = ""
+    flops_efficiency: float = 0.0
+    bw_efficiency: float = 0.0
+    elementwise_bw_efficiency: float = 0.0
+    efficiency_source: str = ""
 
     VMM_PROFILE_GPU = "h200"
     """The GPU whose measured VMM latencies (``profiles/h200.json``, the built-in defaults) every run uses."""
+
+    @property
+    def efficiency_note(self) -> str:
+        """Where this GPU's compute efficiencies come from, or that it borrows the H200's."""
+        if self.flops_efficiency and self.bw_efficiency:
+            return self.efficiency_source
+        return ("no sourced efficiencies for this GPU: the H200's measured 788/989 of peak FLOP/s and 4.3/4.8 of "
+                "HBM bandwidth are used (docs/models.md)")
 
     @property
     def vmm_borrowed_from(self) -> str | None:
