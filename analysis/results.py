@@ -2,8 +2,8 @@
 
 Run directory layout (``kvsim simulate --out DIR``)::
 
-    DIR/requests.parquet    one row per request   (sim.request.REQUEST_COLUMNS; times in us)
-    DIR/iterations.parquet  one row per iteration (sim.engine.ITERATION_COLUMNS; times in us)
+    DIR/requests.parquet    one row per request   (sim.core.request.REQUEST_COLUMNS; times in us)
+    DIR/iterations.parquet  one row per iteration (sim.core.engine.ITERATION_COLUMNS; times in us)
     DIR/summary.json        the summary below (units in every key)
     DIR/config.json         the run configuration, derived sizes and the trace/profile sources
 
@@ -29,7 +29,7 @@ class RunResult:
     ``iterations`` may be given as a DataFrame or as the path of its Parquet file (a streamed run, or
     :func:`load_run`): the table is then read on first access, so that a summary, a comparison or a capacity
     step never holds the per-iteration table of a long run in memory. ``requests`` likewise (a replica
-    simulated to files, :mod:`sim.replica_merge`).
+    simulated to files, :mod:`sim.cluster.replica_merge`).
     """
 
     def __init__(self, requests: pd.DataFrame | str | Path, iterations: pd.DataFrame | str | Path, summary: dict,
@@ -38,7 +38,7 @@ class RunResult:
         self.config = config if config is not None else {}
         self.path = path
         self.tbt_samples = tbt_samples   # (single gaps, run gaps, run weights) of a fresh run, to merge replicas
-        self.parts = None                # a replica simulated to files: sim.replica_merge.save_replica_parts
+        self.parts = None                # a replica simulated to files: sim.cluster.replica_merge.save_replica_parts
 
     @property
     def requests(self) -> pd.DataFrame:
@@ -106,7 +106,7 @@ def iteration_counts_of_file(path: str | Path) -> dict:
     as one column), so that a long run's summary never holds these columns together."""
     import pyarrow.parquet as pq
 
-    from sim.columns import column_sum
+    from sim.results.columns import column_sum
 
     figures = iteration_counts(pd.DataFrame())
     parquet = pq.ParquetFile(path)
@@ -133,8 +133,8 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
     Args:
         requests / iterations: the run's tables (times in us); with ``count_figures``, ``iterations`` needs only
             ``duration_us`` and ``sync_stall_us``.
-        counters: :attr:`sim.engine.SimOutput.counters`.
-        config: :meth:`sim.config.SimConfig.to_dict` output (page_group_bytes, num_sub_tensors used).
+        counters: :attr:`sim.core.engine.SimOutput.counters`.
+        config: :meth:`sim.setup.config.SimConfig.to_dict` output (page_group_bytes, num_sub_tensors used).
         count_figures: :func:`iteration_counts_of_file` of a streamed run (else computed from ``iterations``).
     """
     counts = count_figures if count_figures is not None else iteration_counts(iterations)
@@ -207,7 +207,7 @@ def _column(table: pd.DataFrame, name: str) -> pd.Series:
 
 
 def _tbt_summary(counters: dict) -> dict:
-    """TBT percentiles (ms) over all output tokens after each request's first (:func:`sim.records.tbt_stats_us`)."""
+    """TBT percentiles (ms) over all output tokens after each request's first (:func:`sim.results.records.tbt_stats_us`)."""
     if "tbt_p50_us" not in counters:
         return {}
     out = {f"tbt_{stat}_ms": float(counters[f"tbt_{stat}_us"]) / US_PER_MS for stat in ("p50", "p90", "p99", "max", "mean")}
@@ -242,7 +242,7 @@ figures come from :func:`iteration_counts_of_file`)."""
 
 
 def build_result(output, config: dict) -> RunResult:
-    """Turn :class:`sim.engine.SimOutput` into a :class:`RunResult` (a streamed run's iterations stay in
+    """Turn :class:`sim.core.engine.SimOutput` into a :class:`RunResult` (a streamed run's iterations stay in
     their Parquet file; its summary reads back only :data:`SUMMARY_ITERATION_COLUMNS`)."""
     requests = output.requests_frame()
     streamed = output.recorder.path
@@ -250,7 +250,7 @@ def build_result(output, config: dict) -> RunResult:
         iterations = output.iterations_frame()
         return RunResult(requests, iterations, summarize(requests, iterations, output.counters, config), config,
                          tbt_samples=output.counters.get("tbt_samples"))
-    from sim.columns import read_column
+    from sim.results.columns import read_column
 
     output.recorder.close()
     counts = iteration_counts_of_file(streamed)
@@ -277,7 +277,7 @@ def write_run(result: RunResult, out_dir: str | Path, overwrite: bool = False) -
     if existing and not overwrite:
         raise FileExistsError(f"{out} already holds a run ({', '.join(existing)}); choose another --out or pass --force")
     out.mkdir(parents=True, exist_ok=True)
-    if not own_requests:        # a merged run's requests are already there (sim.replica_merge.write_merged_requests)
+    if not own_requests:        # a merged run's requests are already there (sim.cluster.replica_merge.write_merged_requests)
         result.requests.to_parquet(out / "requests.parquet", index=False)
     if not own:        # a streamed run's records are already there
         result.iterations.to_parquet(out / "iterations.parquet", index=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sim.latency import VMM_CALLS, CallDistribution, VmmLatencyModel
+from sim.timing.latency import VMM_CALLS, CallDistribution, VmmLatencyModel
 
 
 def constant_vmm(map_us: float = 10.0, set_access_us: float = 40.0, unmap_us: float = 30.0,

@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 
 from analysis.planning import capacity
-from sim import runner
+from sim.core import runner
 from analysis.planning.capacity import base_rate_per_s, find_capacity, judge, search_capacity
 from analysis.results import RunResult
 from analysis.planning.slo import SLO_METRICS, Slo, parse_slos, ttft_growth
-from sim.config import SimConfig
+from sim.setup.config import SimConfig
 from tests.helpers import trace
 
 
@@ -199,7 +199,7 @@ def test_parallel_search_walks_the_serial_path(width):
 
 def test_parallel_capacity_on_a_process_pool_equals_serial():
     import traces
-    from sim.config import SimConfig
+    from sim.setup.config import SimConfig
 
     trace = traces.synthetic_default(0, num_requests=120)
     slos = (Slo("ttft_p99", 500_000.0),)

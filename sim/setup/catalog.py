@@ -1,7 +1,7 @@
 """Catalogue of models and GPUs: built-in entries read from ``catalog.toml`` (data, not code), or a user's file
-(``--model PATH`` to a Hugging Face ``config.json`` or a TOML, ``--gpu PATH`` to a TOML; :mod:`sim.model_files`).
+(``--model PATH`` to a Hugging Face ``config.json`` or a TOML, ``--gpu PATH`` to a TOML; :mod:`sim.setup.model_files`).
 The shapes and every derived size (weights, KV bytes per token, tokens per page, pipeline stages) are in
-:mod:`sim.specs`, re-exported here.
+:mod:`sim.setup.specs`, re-exported here.
 """
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import tomllib
 from functools import cache
 from importlib import resources
 
-from sim.model_files import is_file_reference, load_gpu_file, load_model_file
-from sim.specs import DTYPE_BYTES, GPU_FIELDS, MODEL_FIELDS, CatalogError, GPUSpec, ModelSpec
+from sim.setup.model_files import is_file_reference, load_gpu_file, load_model_file
+from sim.setup.specs import DTYPE_BYTES, GPU_FIELDS, MODEL_FIELDS, CatalogError, GPUSpec, ModelSpec
 
 __all__ = ["DTYPE_BYTES", "GPU_FIELDS", "MODEL_FIELDS", "CatalogError", "GPUSpec", "ModelSpec", "get_gpu", "get_model",
            "gpu_names", "is_file_reference", "model_names"]
@@ -18,7 +18,7 @@ __all__ = ["DTYPE_BYTES", "GPU_FIELDS", "MODEL_FIELDS", "CatalogError", "GPUSpec
 
 @cache
 def _catalog() -> dict:
-    with resources.files("sim").joinpath("catalog.toml").open("rb") as handle:
+    with resources.files("sim.setup").joinpath("catalog.toml").open("rb") as handle:
         return tomllib.load(handle)
 
 
@@ -34,7 +34,7 @@ def gpu_names() -> list[str]:
 
 def get_model(name: str) -> ModelSpec:
     """Look a model up by name (case-insensitive), or read it from a Hugging Face ``config.json`` or a TOML file
-    (:func:`sim.model_files.load_model_file`; a relative path is tried from the working directory, then from the
+    (:func:`sim.setup.model_files.load_model_file`; a relative path is tried from the working directory, then from the
     repository root, so ``models/mixtral-8x7b.json`` works from anywhere).
 
     Raises:
@@ -51,7 +51,7 @@ def get_model(name: str) -> ModelSpec:
 
 
 def get_gpu(name: str) -> GPUSpec:
-    """Look a GPU up by name (case-insensitive), or read it from a TOML file (:func:`sim.model_files.load_gpu_file`).
+    """Look a GPU up by name (case-insensitive), or read it from a TOML file (:func:`sim.setup.model_files.load_gpu_file`).
 
     Raises:
         CatalogError: for an unknown name (the message lists the known GPUs), or a bad file (naming the field).

@@ -1,5 +1,5 @@
 """Command-line options of disaggregated prefill/decode runs (``--pd`` and its companions), shared by
-``kvsim simulate``, ``capacity`` and ``sweep``, and the :class:`sim.disagg.DisaggConfig` they describe.
+``kvsim simulate``, ``capacity`` and ``sweep``, and the :class:`sim.cluster.disagg.DisaggConfig` they describe.
 
 Every value is checked here, so that bad input is one ``kvsim: error:`` line naming the flag and value.
 """
@@ -18,7 +18,7 @@ COLOCATED = ("none", "off", "co-located", "colocated")
 
 def add_disagg_args(parser: argparse.ArgumentParser, search: bool = False) -> None:
     """``--pd`` and its companions; with ``search``, also ``--pd-search`` and ``--pd-tp`` (capacity)."""
-    from sim.argtypes import int_at_least
+    from sim.frontend.argtypes import int_at_least
     group = parser.add_argument_group("disaggregated prefill and decode (docs/disaggregated.md)")
     group.add_argument("--pd", default=None, metavar="P:D",
                        help="P prefill and D decode instances, the KV moving between them over --kv-link; none: "
@@ -59,8 +59,8 @@ def check_disagg_flags(args: argparse.Namespace, allow_unused: bool = False) -> 
     Raises:
         ValueError: one line naming the flag and value.
     """
-    from sim.disagg import parse_kv_stream, parse_pd
-    from sim.kvlink import parse_kv_link
+    from sim.cluster.disagg import parse_kv_stream, parse_pd
+    from sim.timing.kvlink import parse_kv_link
     args.pd = pd_of(args)
     searching = getattr(args, "pd_search", None) is not None
     if getattr(args, "pd", None) is None and not searching:
@@ -87,7 +87,7 @@ def check_disagg_flags(args: argparse.Namespace, allow_unused: bool = False) -> 
     if args.kv_stream is not None:
         parse_kv_stream(args.kv_stream)
     if searching:
-        from sim.catalog import get_model
+        from sim.setup.catalog import get_model
         model = get_model(args.model)
         tps = parse_tp_list(getattr(args, "pd_tp", None), args.tp)
         if isinstance(args.pd_search, int) and min(tps) > args.pd_search:
@@ -117,8 +117,8 @@ def parse_tp_list(text: str | None, default: int) -> list[int]:
 
 
 def role_config(args: argparse.Namespace, role: str, tp: int | None = None, **overrides):
-    """The :class:`sim.config.SimConfig` of one role: the shared options, the role's own policy and tp."""
-    from sim.options import config_from_args
+    """The :class:`sim.setup.config.SimConfig` of one role: the shared options, the role's own policy and tp."""
+    from sim.frontend.options import config_from_args
     role_args = copy.copy(args)
     role_args.policy = getattr(args, f"{role}_policy", None) or getattr(args, "policy", None)
     role_args.tp = tp or getattr(args, f"{role}_tp", None) or args.tp
@@ -132,13 +132,13 @@ def role_config(args: argparse.Namespace, role: str, tp: int | None = None, **ov
 
 def disagg_config_from_args(args: argparse.Namespace, pd: str | None = None, prefill_tp: int | None = None,
                             decode_tp: int | None = None, **overrides):
-    """The :class:`sim.disagg.DisaggConfig` the options describe (``pd`` and the tps replace the options').
+    """The :class:`sim.cluster.disagg.DisaggConfig` the options describe (``pd`` and the tps replace the options').
 
     Raises:
         ValueError / ConfigError / CatalogError: naming the flag and value.
     """
-    from sim.disagg import DisaggConfig, parse_kv_stream, parse_pd
-    from sim.kvlink import parse_kv_link
+    from sim.cluster.disagg import DisaggConfig, parse_kv_stream, parse_pd
+    from sim.timing.kvlink import parse_kv_link
     num_prefill, num_decode = parse_pd(pd or args.pd)
     link = parse_kv_link(args.kv_link or "ib")
     streaming = parse_kv_stream(args.kv_stream or "off")

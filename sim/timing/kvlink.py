@@ -1,4 +1,4 @@
-"""The link that carries KV caches from prefill to decode instances (disaggregated serving, :mod:`sim.disagg`).
+"""The link that carries KV caches from prefill to decode instances (disaggregated serving, :mod:`sim.cluster.disagg`).
 
 A transfer of ``B`` bytes over ``k`` parallel links of ``bandwidth`` bytes/s each (one per GPU: with tensor
 parallelism every sender GPU holds its own shard of the KV heads and sends it over its own link, so a transfer

@@ -1,4 +1,4 @@
-"""Memory-policy specs: ``NAME[:key=value,...]`` -> :class:`sim.config.SimConfig` overrides.
+"""Memory-policy specs: ``NAME[:key=value,...]`` -> :class:`sim.setup.config.SimConfig` overrides.
 
 A policy is written ``NAME[:key=value,key=value,...]`` (``kvsim simulate --policy``, ``kvsim compare --policy``)::
 
@@ -8,11 +8,11 @@ A policy is written ``NAME[:key=value,key=value,...]`` (``kvsim simulate --polic
     paged:admission=chunk           vattention:prefix=on
 
 :data:`POLICY_KEYS` maps each policy's keys to the SimConfig field they set and the parser of the value
-(meanings and defaults: :class:`sim.config.SimConfig`; ``kvsim compare --help`` lists them).
+(meanings and defaults: :class:`sim.setup.config.SimConfig`; ``kvsim compare --help`` lists them).
 """
 from __future__ import annotations
 
-from sim.config import POLICIES, ConfigError
+from sim.setup.config import POLICIES, ConfigError
 from sim.units import parse_size_bytes
 
 _ON_OFF = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False}

@@ -1,5 +1,5 @@
 """Model and GPU shapes (:class:`ModelSpec`, :class:`GPUSpec`) and every size derived from them; entries come from
-the catalogue (:mod:`sim.catalog`, ``catalog.toml``) or a user's file (:mod:`sim.model_files`).
+the catalogue (:mod:`sim.setup.catalog`, ``catalog.toml``) or a user's file (:mod:`sim.setup.model_files`).
 
 Every derived size is a method computed from the public shapes, never typed twice. Sizes per worker: ``tp``
 tensor-parallel workers shard heads, MLP widths, experts' widths and the vocabulary (Megatron / vLLM); a
@@ -16,7 +16,7 @@ pipeline stage (:meth:`ModelSpec.pipeline_stages`) holds a contiguous range of l
   sums the layers.
 * Bytes per token in one K or V sub-tensor (vAttention's per-layer tensor) ``sub_tensor_bytes_per_token(tp)``;
   tokens per page ``floor(G / sub_tensor_bytes_per_token)`` (domain.md, "Mechanism").
-* Compute per token (:mod:`sim.compute`): ``active_linear_params(tp)``: dense layers, and in MoE layers the
+* Compute per token (:mod:`sim.timing.compute`): ``active_linear_params(tp)``: dense layers, and in MoE layers the
   router, ``experts_per_token`` routed experts and the shared experts.
 
 Sliding-window layers (``sliding_window_tokens``, ``sliding_window_layers``) hold at most the window's KV per

@@ -1,7 +1,7 @@
 """Disaggregated prefill and decode: P prefill instances and D decode instances co-simulated in one SimPy
-environment, the KV cache moving between them over a modelled link (:mod:`sim.kvlink`).
+environment, the KV cache moving between them over a modelled link (:mod:`sim.timing.kvlink`).
 
-Each instance is a full :class:`sim.engine.Simulator` with its own configuration (memory policy, page pool,
+Each instance is a full :class:`sim.core.engine.Simulator` with its own configuration (memory policy, page pool,
 tensor-parallel degree, scheduler, seed) and its own KV pool. A request goes through (times in us)::
 
     arrival ── router: least-outstanding prefill instance ──► prefill instance: queue, admission, chunked
@@ -16,7 +16,7 @@ tensor-parallel degree, scheduler, seed) and its own KV pool. A request goes thr
            its prefill starts (Splitwise assigns the decode machine up front and sends each layer's KV as soon as
            it is computed, Patel et al. ISCA'24 sections 4.2-4.3); the decode instance maps its pages when it
            admits it, possibly before the prefill ends, and takes the KV layer by layer as each chunk of the
-           prefill computes it (:func:`sim.kvlink.streamed_finish_us`); its pages are held from admission on
+           prefill computes it (:func:`sim.timing.kvlink.streamed_finish_us`); its pages are held from admission on
 
 A request decodes only after its KV has landed: until then it holds its slot and pages on the decode instance
 but is not in the running set (vLLM's disaggregated decode keeps such requests in WAITING_FOR_REMOTE_KVS in the
@@ -44,13 +44,13 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from sim import runner
-from sim.config import ConfigError, SimConfig
-from sim.engine import ARRIVAL_TICK_US, ARRIVAL_TICKS_PER_S, Simulator
-from sim.kvlink import LINKS, KvLink, streamed_finish_us
-from sim.lifecycle import unservable_reason
-from sim.records import REQUEST_COLUMNS, tbt_stats_us
-from sim.request import Request
+from sim.core import runner
+from sim.setup.config import ConfigError, SimConfig
+from sim.core.engine import ARRIVAL_TICK_US, ARRIVAL_TICKS_PER_S, Simulator
+from sim.timing.kvlink import LINKS, KvLink, streamed_finish_us
+from sim.core.lifecycle import unservable_reason
+from sim.results.records import REQUEST_COLUMNS, tbt_stats_us
+from sim.core.request import Request
 from sim.units import US_PER_MS, US_PER_S
 
 ROLES = ("prefill", "decode")
@@ -108,7 +108,7 @@ class DisaggConfig:
         prefill / decode: each role's instance configuration (policy, pool, tp, scheduler, ...); instance i of
             the prefill role runs with seed ``prefill.seed + i``, decode instance j with ``decode.seed + P + j``.
         num_prefill / num_decode: P and D.
-        link: the KV link (:mod:`sim.kvlink`).
+        link: the KV link (:mod:`sim.timing.kvlink`).
         streaming: layer-wise streaming of the KV during the prefill (else the transfer follows the prefill).
 
     Raises:
@@ -225,7 +225,7 @@ class PrefillInstance(Simulator):
             layer-wise streaming.
     """
 
-    _cohort_ok = False    # the request lifecycle differs here (sim.cohort assumes the plain one)
+    _cohort_ok = False    # the request lifecycle differs here (sim.core.cohort assumes the plain one)
 
     role = "prefill"
 
@@ -313,7 +313,7 @@ class DecodeInstance(Simulator):
     (:meth:`hand_over`); admission maps their pages; they join the running set when their KV lands
     (:meth:`land`). No fast-forwarding of decode runs (hand-overs arrive at times no router knows ahead)."""
 
-    _cohort_ok = False    # the request lifecycle differs here (sim.cohort assumes the plain one)
+    _cohort_ok = False    # the request lifecycle differs here (sim.core.cohort assumes the plain one)
 
     role = "decode"
 
@@ -452,7 +452,7 @@ class DisaggCluster:
         config: the deployment.
         trace: canonical table, ``request_id`` = row number, sorted by arrival, every request within the slot
             length.
-        profile_path: calibration profile applied to every instance (:func:`sim.runner.load_models`).
+        profile_path: calibration profile applied to every instance (:func:`sim.core.runner.load_models`).
         models: ``role -> (vmm, compute)`` to use instead of the profile's (tests: constant models).
 
     Raises:
@@ -705,7 +705,7 @@ class DisaggCluster:
 
 def _least_outstanding(instances: list, assigned: list[int]) -> int:
     """The instance with the fewest outstanding requests; ties: fewer assigned so far, then the lower index
-    (the rule of :mod:`sim.routing`)."""
+    (the rule of :mod:`sim.cluster.routing`)."""
     choice = min(range(len(instances)), key=lambda i: (instances[i].outstanding, assigned[i], i))
     assigned[choice] += 1
     return choice

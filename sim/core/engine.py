@@ -6,7 +6,7 @@ One process serves iterations back to back::
     -> policy.step(targets) [preempt by recompute and retry while it fails] -> synchronous mapping stall
     -> launch: the asynchronous mapper starts the background plan -> compute -> tokens, completions
 
-A second process (:class:`sim.mapper.AsyncMapper`) maps in the background while compute runs.
+A second process (:class:`sim.core.mapper.AsyncMapper`) maps in the background while compute runs.
 """
 from __future__ import annotations
 
@@ -21,18 +21,18 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from sim.compute import BatchShape, RooflineComputeModel
-from sim.cohort import DecodeCohort
-from sim.config import SimConfig
-from sim.latency import VmmLatencyModel
-from sim.lifecycle import RequestBookkeeping
-from sim.mapper import AsyncMapper
+from sim.timing.compute import BatchShape, RooflineComputeModel
+from sim.core.cohort import DecodeCohort
+from sim.setup.config import SimConfig
+from sim.timing.latency import VmmLatencyModel
+from sim.core.lifecycle import RequestBookkeeping
+from sim.core.mapper import AsyncMapper
 from sim.memory import build_policy
-from sim.plan import EMPTY_PLAN, MapOp, Plan, UnmapOp
-from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS, tbt_distinct_us, tbt_stats_us
-from sim.recorder import IterationRecorder, extend_array
-from sim.request import Request
-from sim.scheduler import SCHEDULERS, Batch
+from sim.memory.plan import EMPTY_PLAN, MapOp, Plan, UnmapOp
+from sim.results.records import ITERATION_COLUMNS, REQUEST_COLUMNS, tbt_distinct_us, tbt_stats_us
+from sim.results.recorder import IterationRecorder, extend_array
+from sim.core.request import Request
+from sim.core.scheduler import SCHEDULERS, Batch
 from sim.units import US_PER_S
 
 ARRIVAL_TICKS_PER_S = 10_000_000
@@ -44,14 +44,14 @@ TBT_FOLD_ENTRIES = 1 << 21
 """With the decode cohort, the TBT buffers are folded into (distinct gap, tokens) pairs whenever they hold this
 many entries (or twice the distinct gaps of the last fold): a week-long replica's 47 M gaps take ~300,000
 pairs instead of 750 MB, and every TBT figure depends only on the token multiset
-(:func:`sim.records.tbt_distinct_us`)."""
+(:func:`sim.results.records.tbt_distinct_us`)."""
 
 
 
 @dataclass
 class SimOutput:
     """Raw records of one run: request tuples in the order of :data:`REQUEST_COLUMNS`, the iteration records
-    (a :class:`sim.recorder.IterationRecorder`: columnar chunks in memory, or row groups streamed to
+    (a :class:`sim.results.recorder.IterationRecorder`: columnar chunks in memory, or row groups streamed to
     Parquet), and counters."""
 
     request_records: list[tuple]
@@ -201,11 +201,11 @@ class Simulator(RequestBookkeeping):
         coalesce: fast-forward runs of identical pure-decode iterations (no arrival, completion, page map or
             mapper activity inside the run) in one SimPy event; records are identical to stepping them one
             by one (``tests/test_engine.py`` checks this), only faster. With it, requests in plain decode are
-            also advanced together as a :class:`sim.cohort.DecodeCohort` (when every decode fits the token
+            also advanced together as a :class:`sim.core.cohort.DecodeCohort` (when every decode fits the token
             budget and there is no prefix cache), with the same records (``tests/test_cohort.py``).
         env: a shared SimPy environment (several replicas behind a router); default: a new one.
         records_path: stream the iteration records into this Parquet file as the run goes (memory stays flat);
-            default: columnar chunks in memory (:class:`sim.recorder.IterationRecorder`).
+            default: columnar chunks in memory (:class:`sim.results.recorder.IterationRecorder`).
         max_iterations: a step bound (liveness checks): exceeding it raises RuntimeError naming the state;
             default none (every loop pass already changes state or advances time, see ``_check_progress``).
 
@@ -213,7 +213,7 @@ class Simulator(RequestBookkeeping):
         ValueError: if a request does not fit a slot.
     """
 
-    _cohort_ok = True               # subclasses that change the request lifecycle (sim.disagg) turn the cohort off
+    _cohort_ok = True               # subclasses that change the request lifecycle (sim.cluster.disagg) turn the cohort off
 
     def __init__(self, config: SimConfig, trace: pd.DataFrame, vmm: VmmLatencyModel | None = None,
                  compute: RooflineComputeModel | None = None, progress: Callable[[int, int], None] | None = None,
@@ -266,7 +266,7 @@ class Simulator(RequestBookkeeping):
         self._bg_recorded = (0, 0)
         self._sync_maps = self._sync_unmaps = 0
         self._kv_bytes_per_token = config.model_spec.kv_bytes_per_token(config.tp)
-        # plain decodes advanced in aggregate (sim.cohort): with fast-forwarding, when every decode always fits
+        # plain decodes advanced in aggregate (sim.core.cohort): with fast-forwarding, when every decode always fits
         # the token budget (so the scheduler's order among decodes cannot matter), without a prefix cache
         self.cohort = (DecodeCohort(config.tokens_per_page) if coalesce and self._cohort_ok
                        and config.max_batch_slots <= config.token_budget and not config.prefix_caching else None)
@@ -292,7 +292,7 @@ class Simulator(RequestBookkeeping):
     def submit(self, request_id: int, prompt_tokens: int, output_tokens: int, hash_ids=None,
                computed_tokens: int = 0) -> Request:
         """A request arrives now (``env.now``); returns it. ``computed_tokens`` > 0: its prompt's KV was computed
-        elsewhere and its first token emitted (disaggregated decode, :mod:`sim.disagg`): it arrives with
+        elsewhere and its first token emitted (disaggregated decode, :mod:`sim.cluster.disagg`): it arrives with
         ``computed = computed_tokens`` and ``generated = 1``. Raises ValueError if it cannot fit a slot."""
         if prompt_tokens + output_tokens - 1 > self.config.slot_max_tokens:
             raise ValueError(f"request {request_id} does not fit a slot ({self.config.slot_max_tokens} tokens)")
@@ -335,7 +335,7 @@ class Simulator(RequestBookkeeping):
             "cow_bytes": self.cow_bytes, **{f"prefix_{k}": v for k, v in getattr(self.policy, "stats", {}).items()},
             "pool_page_groups": self.config.pool_page_groups, "end_at_us": self.env.now,
             **tbt_stats_us(self.tbt_us, [(self.tbt_run_gaps_us, self.tbt_run_weights)]),
-            # the gaps themselves, for merging replicas' TBT distributions (sim.routing.merge_replicas)
+            # the gaps themselves, for merging replicas' TBT distributions (sim.cluster.routing.merge_replicas)
             "tbt_samples": (self.tbt_us, self.tbt_run_gaps_us, self.tbt_run_weights),
         }
         self.recorder.close()
@@ -456,7 +456,7 @@ class Simulator(RequestBookkeeping):
         return hit.hit_tokens
 
     def _schedule(self):
-        """Schedule one iteration (order in :mod:`sim.scheduler`): the running part gets its memory first
+        """Schedule one iteration (order in :mod:`sim.core.scheduler`): the running part gets its memory first
         (preempting while the pool is short), then waiting requests are admitted unless that preempted.
         Returns ``(batch, plan of the running part, preempted)``; admissions' plans are pending."""
         scheduler, budget = self.scheduler, self.config.token_budget
@@ -694,7 +694,7 @@ class Simulator(RequestBookkeeping):
         elif plan:
             self._pending_plans.append(plan)
 
-    # ---- the decode cohort (sim.cohort) ---------------------------------------------------------------
+    # ---- the decode cohort (sim.core.cohort) ---------------------------------------------------------------
     def _start_running(self, request: Request, slot: int, now_us: float) -> None:
         super()._start_running(request, slot, now_us)
         if self.cohort is not None:

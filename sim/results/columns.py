@@ -1,6 +1,6 @@
 """Exact statistics of float64 columns too large to hold twice (issue 18): order statistics across sorted
 arrays, numpy's linear-interpolated percentile and numpy's pairwise sum reproduced bit for bit, and Parquet
-columns read row group by row group. Used by the bounded replica merge (:mod:`sim.replica_merge`) and by a
+columns read row group by row group. Used by the bounded replica merge (:mod:`sim.cluster.replica_merge`) and by a
 streamed run's summary (:func:`analysis.results.build_result`)."""
 from __future__ import annotations
 

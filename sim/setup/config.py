@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 
-from sim.catalog import DTYPE_BYTES, GPUSpec, ModelSpec, get_gpu, get_model
+from sim.setup.catalog import DTYPE_BYTES, GPUSpec, ModelSpec, get_gpu, get_model
 from sim.memory.vattention import knob_range_error
 from sim.units import MIB, format_bytes
 
@@ -13,7 +13,7 @@ POLICIES = ("vattention", "paged", "static")
 KV_LAYOUTS = ("per-layer", "cross-layer")
 ZERO_MODES = ("off", "on-reuse", "on-free")
 PREEMPTION_MODES = ("recompute", "swap")
-ADMISSION_RULES = ("whole-prompt", "chunk")   # meanings: sim.scheduler.ADMISSION_RULES
+ADMISSION_RULES = ("whole-prompt", "chunk")   # meanings: sim.core.scheduler.ADMISSION_RULES
 MIN_PAGE_SIZE_BYTES = 64 * 1024
 DRIVER_GRANULARITY_BYTES = 2 * MIB  # public VMM API granularity on H200 (domain.md)
 
@@ -80,7 +80,7 @@ class SimConfig:
             partially shared page); ``None``: as for memset; a profile's ``memory`` section sets it.
         pp: pipeline-parallel stages: each holds a contiguous range of layers (vLLM's partition), their weights
             and their KV; the pool is sized for the stage that holds the fewest page groups
-            (:attr:`model_spec`); the iteration time is :class:`sim.pipeline.PipelineComputeModel`'s.
+            (:attr:`model_spec`); the iteration time is :class:`sim.timing.pipeline.PipelineComputeModel`'s.
         weight_dtype / kv_dtype: ``bf16``, ``fp16``, ``fp32`` or ``fp8`` for the weights of the linear layers and
             for the KV cache (``None``: the model's own, KV in the activation dtype).
         usd_per_gpu_hour: price per GPU-hour replacing the GPU's catalogue price (``None``: the catalogue's).
@@ -306,10 +306,10 @@ class SimConfig:
     @property
     def admission_rule(self) -> str:
         """The admission rule in force: :attr:`admission`, else the scheduler's default
-        (:data:`sim.scheduler.SCHEDULERS`; both follow their engines' block managers: ``whole-prompt``)."""
+        (:data:`sim.core.scheduler.SCHEDULERS`; both follow their engines' block managers: ``whole-prompt``)."""
         if self.admission is not None:
             return self.admission
-        from sim.scheduler import SCHEDULERS as DISCIPLINES     # sim.scheduler imports sim.request only
+        from sim.core.scheduler import SCHEDULERS as DISCIPLINES     # sim.core.scheduler imports sim.core.request only
         return DISCIPLINES[self.scheduler].default_admission
 
     @property

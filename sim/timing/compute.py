@@ -16,7 +16,7 @@ the fp8 peak for fp8 weights on GPUs that have one; attention FLOPs use ``2 (D_q
 ``E_bytes``: embedding table (only gathered rows are read; tied embeddings are read as the LM head);
 ``A``: attention (query, key) pairs, ``sum over sequences of q * (context + (q + 1) / 2)``; ``K_read``:
 cached tokens read by attention; ``F = flops_efficiency * bf16_flops``; ``B = bw_efficiency * mem_bw``.
-With pipeline parallelism (``--pp``) :class:`sim.pipeline.PipelineComputeModel` applies this roofline to each
+With pipeline parallelism (``--pp``) :class:`sim.timing.pipeline.PipelineComputeModel` applies this roofline to each
 stage's layers and composes the stages into a round time (docs/models.md).
 
 Defaults and their sources (domain.md, measurements on the project's H200):
@@ -63,7 +63,7 @@ from functools import cached_property
 
 import numpy as np
 
-from sim.catalog import GPUSpec, ModelSpec
+from sim.setup.catalog import GPUSpec, ModelSpec
 from sim.units import US_PER_S
 
 
@@ -86,7 +86,7 @@ added time (us, any sign) at each, of one length."""
 
 class ComputeFieldError(ValueError):
     """A compute-model field out of its type or range; ``str()`` is ``"<field> <problem>"``, so a caller can
-    prefix the section it read the field from (``sim.runner.load_models``)."""
+    prefix the section it read the field from (``sim.core.runner.load_models``)."""
 
     def __init__(self, field: str, problem: str):
         super().__init__(field, problem)

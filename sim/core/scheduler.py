@@ -25,12 +25,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sim.request import Request
+from sim.core.request import Request
 
 Batch = list[tuple[Request, int]]
 Admit = Callable[[Request, int], int]
 
-ADMISSION_RULES = ("whole-prompt", "chunk")   # the same tuple as sim.config.ADMISSION_RULES
+ADMISSION_RULES = ("whole-prompt", "chunk")   # the same tuple as sim.setup.config.ADMISSION_RULES
 """``whole-prompt``: admit only when the whole prompt's KV fits above the admission watermark, counting the
 prompt pages that running requests still need (vLLM v0 ``BlockSpaceManager.can_allocate`` and Sarathi-Serve
 ``SarathiBlockSpaceManager.can_allocate`` check every block of the prompt against ``watermark_blocks``);
@@ -133,7 +133,7 @@ SCHEDULERS: dict[str, Scheduler] = {
 def schedule_iteration(scheduler: Scheduler, running: list[Request], waiting: deque, token_budget: int,
                        admit: Admit, reserve: Callable[[Batch], tuple[Batch, bool]]) -> Batch:
     """Schedule one iteration in the engines' order (module docstring) with a synchronous ``reserve``
-    (the hardware replay's; the simulator runs the same steps as SimPy generators in ``sim.engine``).
+    (the hardware replay's; the simulator runs the same steps as SimPy generators in ``sim.core.engine``).
 
     Args:
         reserve: ``batch -> (batch, preempted)`` gets the running part's memory, preempting (and removing

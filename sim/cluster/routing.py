@@ -15,7 +15,7 @@ State-dependent routers keep co-simulation:
 * **least-outstanding**: each arrival goes to the replica with the fewest outstanding requests (arrived,
   not finished) at its arrival time; ties go to the replica with fewer requests so far, then the lower
   index. Exact: the replicas are co-simulated in one SimPy environment and a router process submits each
-  request at its arrival time (:meth:`sim.engine.Simulator.submit`), reading every replica's state then.
+  request at its arrival time (:meth:`sim.core.engine.Simulator.submit`), reading every replica's state then.
 """
 from __future__ import annotations
 
@@ -25,18 +25,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim import runner
+from sim.core import runner
 import simpy
 
 from analysis.results import (SUMMARY_ITERATION_COLUMNS, RunResult, build_result, iteration_counts,
                               iteration_counts_of_file, summarize)
-from sim.config import SimConfig
-from sim.engine import ARRIVAL_TICK_US, ARRIVAL_TICKS_PER_S, Simulator
-from sim.records import tbt_stats_us
-from sim.replica_merge import (check_replica_parts, merge_replica_parts, merged_counts as _merged_counts,
+from sim.setup.config import SimConfig
+from sim.core.engine import ARRIVAL_TICK_US, ARRIVAL_TICKS_PER_S, Simulator
+from sim.results.records import tbt_stats_us
+from sim.cluster.replica_merge import (check_replica_parts, merge_replica_parts, merged_counts as _merged_counts,
                                merged_tbt_mean, save_replica_parts, tbt_token_sum)
 
-from sim.routers import EXECUTORS, ROUTERS, STATE_FREE_ROUTERS  # noqa: E402  (names shared with the CLI)
+from sim.cluster.routers import EXECUTORS, ROUTERS, STATE_FREE_ROUTERS  # noqa: E402  (names shared with the CLI)
 # summary keys that add up over replicas (the rest is recomputed from the merged records)
 _ADDITIVE_KEYS = ("map_page_groups", "unmap_page_groups", "map_calls", "unmap_calls", "swap_out_bytes",
                   "swap_in_bytes", "swap_total_ms", "pool_bytes")
@@ -148,7 +148,7 @@ def _replica_rows(trace: pd.DataFrame, assignment: np.ndarray, replica: int) -> 
 def _simulate_replica(job: tuple) -> RunResult | None:
     """One replica's run (a process-pool or Ray task): ``(config, part, profile, records_path, keep_iterations,
     trace_digest)`` as :func:`_jobs` makes it. With a records path the replica's records stay on disk
-    (:func:`sim.replica_merge.save_replica_parts`; without ``keep_iterations`` only the iteration columns the
+    (:func:`sim.cluster.replica_merge.save_replica_parts`; without ``keep_iterations`` only the iteration columns the
     merge reads) and the result holds its summary and their paths only."""
     if job is None:     # a replica already simulated into the records directory (resume)
         return None
@@ -169,7 +169,7 @@ def _simulate_replica(job: tuple) -> RunResult | None:
 
 
 def light_result(parts: dict, summary: dict, config: dict) -> RunResult:
-    """A replica's :class:`RunResult` whose records stay in its files (:mod:`sim.replica_merge`)."""
+    """A replica's :class:`RunResult` whose records stay in its files (:mod:`sim.cluster.replica_merge`)."""
     light = RunResult(parts["requests"], parts["iterations"], summary, config)
     light.parts = parts
     return light
@@ -181,7 +181,7 @@ def load_replica_results(records_dir: str, num_replicas: int) -> list[RunResult 
 
     Raises:
         ValueError: a record that is not valid JSON, lacks its parts, summary or config, or whose files are
-            missing or unreadable (:func:`sim.replica_merge.check_replica_parts`; names the file).
+            missing or unreadable (:func:`sim.cluster.replica_merge.check_replica_parts`; names the file).
     """
     import json
     from pathlib import Path
@@ -215,7 +215,7 @@ def simulate_replicas(config: SimConfig, trace: pd.DataFrame, assignment: np.nda
         executor: ``local`` (a process pool of ``workers`` processes; 1: in this process) or ``ray`` (one
             task per replica on a local Ray instance of ``workers`` CPUs, or the cluster at ``ray_address``).
         records_dir: stream replica r's iteration records to ``records_dir/replica-r.parquet`` and leave its
-            other records beside them (:mod:`sim.replica_merge`; memory stays flat however many replicas and
+            other records beside them (:mod:`sim.cluster.replica_merge`; memory stays flat however many replicas and
             requests); default: in memory.
         keep_iterations: with ``records_dir``, false keeps of each replica's iteration records only the two
             columns the merged summary reads (``replica-R.columns.parquet``; a week-long replica: 1 GB of
@@ -352,7 +352,7 @@ def merged_requests(results: list[RunResult | None]) -> pd.DataFrame:
 
 
 def merged_summary(results: list[RunResult | None], config: SimConfig) -> dict:
-    """The summary of the merged records, from replicas simulated to files (:mod:`sim.replica_merge`: bounded
+    """The summary of the merged records, from replicas simulated to files (:mod:`sim.cluster.replica_merge`: bounded
     memory, exactly :func:`merge_replicas`'s summary) or else from :func:`merge_replicas`."""
     present = [(r, result) for r, result in enumerate(results) if result is not None]
     if present and all(res.parts is not None for _, res in present):

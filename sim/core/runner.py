@@ -8,11 +8,11 @@ from collections.abc import Callable
 import pandas as pd
 
 from analysis.results import RunResult, build_result
-from sim.compute import ComputeFieldError, RooflineComputeModel
-from sim.config import SimConfig
-from sim.engine import Simulator
-from sim.pipeline import compute_model_for
-from sim.latency import ProfileError, VmmLatencyModel, read_profile
+from sim.timing.compute import ComputeFieldError, RooflineComputeModel
+from sim.setup.config import SimConfig
+from sim.core.engine import Simulator
+from sim.timing.pipeline import compute_model_for
+from sim.timing.latency import ProfileError, VmmLatencyModel, read_profile
 
 
 def load_models(config: SimConfig, profile_path: str | None,
@@ -25,7 +25,7 @@ def load_models(config: SimConfig, profile_path: str | None,
 
     Raises:
         ProfileError: for an unreadable profile, a field of the wrong type or out of its range
-            (:func:`sim.latency.check_profile`), or compute fields that together give a graphed decode iteration
+            (:func:`sim.timing.latency.check_profile`), or compute fields that together give a graphed decode iteration
             a negative time; the message names the file and the field.
         ValueError: a ``compute_model`` the profile does not hold.
     """
@@ -172,7 +172,7 @@ def profile_config_overrides(config: SimConfig, profile_path: str | None) -> Sim
     defaults.
 
     Raises:
-        ProfileError: an unreadable profile or a bad field (:func:`sim.latency.check_profile`: the factors and
+        ProfileError: an unreadable profile or a bad field (:func:`sim.timing.latency.check_profile`: the factors and
             rates must be finite, the paged factor >= 1, the others > 0).
     """
     if profile_path is None:

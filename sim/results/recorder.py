@@ -1,6 +1,6 @@
 """Per-iteration records kept in columnar chunks (and optionally streamed to Parquet) as a run goes.
 
-The serving loop appends one tuple per stepped iteration (:data:`sim.records.ITERATION_COLUMNS` order) and one
+The serving loop appends one tuple per stepped iteration (:data:`sim.results.records.ITERATION_COLUMNS` order) and one
 *block* per fast-forwarded decode run, appended to flat columnar buffers (:class:`RunBuffer`, expanded by
 :func:`expand_blocks`). Every ``chunk_iterations`` iterations the
 buffer becomes one columnar chunk: a pandas DataFrame in iteration order (numpy columns, ~180 B per iteration
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.records import ITERATION_COLUMNS
+from sim.results.records import ITERATION_COLUMNS
 
 DEFAULT_CHUNK_ITERATIONS = 1 << 16   # ~50 MB of buffered tuples at most; row groups of ~11 MB
 

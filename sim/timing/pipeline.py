@@ -35,7 +35,7 @@ from functools import cached_property
 
 import numpy as np
 
-from sim.compute import BatchShape, RooflineComputeModel
+from sim.timing.compute import BatchShape, RooflineComputeModel
 from sim.units import US_PER_S
 
 
@@ -126,7 +126,7 @@ class PipelineComputeModel(RooflineComputeModel):
 
 
 def compute_model_for(config, **fields_) -> RooflineComputeModel:
-    """The compute model of a :class:`sim.config.SimConfig`: the roofline of the whole model at ``config.tp``,
+    """The compute model of a :class:`sim.setup.config.SimConfig`: the roofline of the whole model at ``config.tp``,
     or with ``config.pp > 1`` its :class:`PipelineComputeModel`; ``fields_`` set compute fields."""
     if config.pp > 1:
         return PipelineComputeModel(config.full_model_spec, config.gpu_spec, config.tp, pp=config.pp, **fields_)

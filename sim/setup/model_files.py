@@ -1,5 +1,5 @@
 """Models and GPUs from a user's files: a Hugging Face ``config.json`` (read locally, never downloaded), a model
-TOML or a GPU TOML. Every problem is one :class:`sim.specs.CatalogError` line naming the file and the field.
+TOML or a GPU TOML. Every problem is one :class:`sim.setup.specs.CatalogError` line naming the file and the field.
 
 Hugging Face ``config.json`` fields read (docs/models.md has the table):
 
@@ -20,8 +20,8 @@ Hugging Face ``config.json`` fields read (docs/models.md has the table):
 * MLP kind: gated (SwiGLU, 3 matrices) for the ``model_type`` values of :data:`GATED_MODEL_TYPES`, plain
   (2 matrices) for :data:`PLAIN_MODEL_TYPES`; other types by ``hidden_act`` (``silu``/``swiglu``: gated).
 
-A model TOML holds the catalogue's keys (:class:`sim.specs.ModelSpec` fields, as in ``sim/catalog.toml``) at
-the top level; a GPU TOML the :class:`sim.specs.GPUSpec` fields.
+A model TOML holds the catalogue's keys (:class:`sim.setup.specs.ModelSpec` fields, as in ``sim/setup/catalog.toml``) at
+the top level; a GPU TOML the :class:`sim.setup.specs.GPUSpec` fields.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import tomllib
 from functools import cache
 from pathlib import Path
 
-from sim.specs import GPU_FIELDS, MODEL_FIELDS, CatalogError, GPUSpec, ModelSpec
+from sim.setup.specs import GPU_FIELDS, MODEL_FIELDS, CatalogError, GPUSpec, ModelSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -37,7 +37,7 @@ class Request:
         self.recomputed_tokens = 0      # KV tokens dropped by recompute preemptions (computed again later)
         self.first_scheduled_at_us = float("nan")   # start of the first iteration that scheduled it
         self.last_token_at_us = float("nan")        # when its latest output token was emitted (TBT)
-        self.reject_reason = ""   # why a rejected request could not be served (see sim.records.REJECT_REASONS)
+        self.reject_reason = ""   # why a rejected request could not be served (see sim.results.records.REJECT_REASONS)
         self.swapped = False  # KV held in host memory after a swap preemption
         self.final_kv_tokens = prompt_tokens + output_tokens - 1  # KV tokens at the last iteration
 

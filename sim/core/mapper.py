@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 
 import simpy
 
-from sim.plan import MapOp, Plan, UnmapOp
+from sim.memory.plan import MapOp, Plan, UnmapOp
 
 
 class AsyncMapper:

@@ -1,16 +1,16 @@
-"""Building a :class:`sim.config.SimConfig` from command-line options: the options every command that
+"""Building a :class:`sim.setup.config.SimConfig` from command-line options: the options every command that
 simulates shares (:func:`add_config_args`) and the configuration they describe (:func:`config_from_args`),
-with a ``--policy`` spec applied (:func:`policy_overrides`, keys in :mod:`sim.policy_spec`)."""
+with a ``--policy`` spec applied (:func:`policy_overrides`, keys in :mod:`sim.frontend.policy_spec`)."""
 from __future__ import annotations
 
 import argparse
 
-from sim.argtypes import int_at_least, positive_float, size_arg
+from sim.frontend.argtypes import int_at_least, positive_float, size_arg
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
-    """Options shared by every command that builds a :class:`sim.config.SimConfig`."""
-    from sim.catalog import DTYPE_BYTES, gpu_names, model_names
+    """Options shared by every command that builds a :class:`sim.setup.config.SimConfig`."""
+    from sim.setup.catalog import DTYPE_BYTES, gpu_names, model_names
     parser.add_argument("--model", default="llama-3-8b",
                         help=f"model: a catalogue name ({', '.join(model_names())}), a Hugging Face config.json "
                              "(e.g. models/mixtral-8x7b.json) or a model TOML (docs/models.md)")
@@ -53,8 +53,8 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace, **overrides):
     """Build the :class:`SimConfig` from parsed options (raises ConfigError / CatalogError on bad values)."""
-    from sim.config import ConfigError, SimConfig
-    from sim.policy_spec import policy_config_error
+    from sim.setup.config import ConfigError, SimConfig
+    from sim.frontend.policy_spec import policy_config_error
     values = dict(model=args.model, gpu=args.gpu, tp=args.tp, page_size_bytes=args.page_size,
                   max_batch_slots=args.max_batch, scheduler=args.scheduler, token_budget=args.token_budget,
                   max_context_tokens=args.max_context, sync_mapping=args.sync_mapping,
@@ -85,8 +85,8 @@ def policy_overrides(spec: str, values: dict) -> dict:
     Raises:
         ConfigError: naming the spec and the flag.
     """
-    from sim.policy_spec import parse_policy
-    from sim.config import ConfigError
+    from sim.frontend.policy_spec import parse_policy
+    from sim.setup.config import ConfigError
     overrides = parse_policy(spec)
     for field_name, value in overrides.items():
         flag, default = _FLAG_OF_FIELD.get(field_name, (None, None))

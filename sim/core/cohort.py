@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 
-from sim.request import Request
+from sim.core.request import Request
 
 
 class DecodeCohort:

@@ -1,19 +1,19 @@
-"""Request bookkeeping shared by the simulator's serving loop (:mod:`sim.engine`) and the hardware replay
+"""Request bookkeeping shared by the simulator's serving loop (:mod:`sim.core.engine`) and the hardware replay
 (:mod:`hwbackend.replay.loop`), so that both run the very same admission, look-ahead, pool-accounting and
 token-emission rules; neither depends on a clock (times are passed in, in microseconds).
 
-A class using the mixin provides: ``requests`` (list of :class:`sim.request.Request` in arrival order),
+A class using the mixin provides: ``requests`` (list of :class:`sim.core.request.Request` in arrival order),
 ``_next_arrival`` (index), ``waiting`` (deque), ``running`` (list), ``num_done`` (int), ``tbt_us`` (list of
 time-between-token gaps, us, appended to per emitted token after a request's first), ``policy`` (a memory
-policy), ``config`` (:class:`sim.config.SimConfig`), ``_kv_bytes_per_token`` and ``_release(request)`` (give
+policy), ``config`` (:class:`sim.setup.config.SimConfig`), ``_kv_bytes_per_token`` and ``_release(request)`` (give
 the request's slot back to its memory manager).
 """
 from __future__ import annotations
 
 from functools import cached_property
 
-from sim.compute import ATTENTION_TILE_ROWS
-from sim.request import Request
+from sim.timing.compute import ATTENTION_TILE_ROWS
+from sim.core.request import Request
 
 
 class RequestBookkeeping:
@@ -42,7 +42,7 @@ class RequestBookkeeping:
 
     def _admission_args(self, request: Request, first_tokens: int) -> tuple[int, int | None, int]:
         """Arguments of the policy's ``alloc_slot`` under the run's admission rule
-        (:data:`sim.scheduler.ADMISSION_RULES`): ``(first_target_tokens, reserve_tokens,
+        (:data:`sim.core.scheduler.ADMISSION_RULES`): ``(first_target_tokens, reserve_tokens,
         committed_page_groups)``. ``whole-prompt`` reserves the request's whole (re-)prefill, ``seq_len``
         tokens, on top of the prompt pages that running requests still in their prefill have not mapped
         (mapped or in flight) yet; ``chunk`` only the first chunk."""
@@ -60,7 +60,7 @@ class RequestBookkeeping:
 
     def _admission_pool(self) -> list:
         """Running requests that may still be in their (re-)prefill (all of them here; the simulator leaves
-        out its decode cohort, :mod:`sim.cohort`)."""
+        out its decode cohort, :mod:`sim.core.cohort`)."""
         return self.running
 
     @cached_property
@@ -76,14 +76,14 @@ class RequestBookkeeping:
         Returns:
             ``(new_tokens, attention_pairs, kv_read_tokens, logit_sequences, max_context_tokens, prefill_tokens,
             targets, snapshot, attention_blocks, block_keys)``: the batch shape (the block terms 0 unless
-            ``_block_terms``) (:class:`sim.compute.BatchShape` fields), the tokens of chunks
+            ``_block_terms``) (:class:`sim.timing.compute.BatchShape` fields), the tokens of chunks
             that are not single decode tokens, the look-ahead targets (slot -> tokens a few iterations ahead:
             decodes ``eager_lookahead_steps`` more tokens, prefills the next chunk; only the slots whose target
             is beyond their mapped and in-flight pages, the only ones ``VAttentionPolicy.background_plan`` maps
             for; empty unless ``lookahead``), and the pool snapshot ``(physical, used, free, deferred page
             groups, tail waste bytes)`` during the iteration. ``running``: the running requests ``batch`` is drawn from (default
             :attr:`running`); ``cohort``: ``(scheduled, DecodeCohort)``, running requests held apart
-            (:mod:`sim.cohort`), counted as decodes of this iteration when ``scheduled``, else as idle.
+            (:mod:`sim.core.cohort`), counted as decodes of this iteration when ``scheduled``, else as idle.
         """
         policy, tokens_per_page = self.policy, self.config.tokens_per_page
         mapped = policy.mapped
@@ -118,7 +118,7 @@ class RequestBookkeeping:
                 continue
             seq_len = request.prompt_tokens + generated
             pairs += tokens * (context + (tokens + 1) / 2)
-            if block_terms:                         # sim.compute.attention_block_terms, inlined
+            if block_terms:                         # sim.timing.compute.attention_block_terms, inlined
                 tiles = -(-tokens // rows)
                 blocks += tiles
                 block_keys += tiles * context + rows * tiles * (tiles - 1) // 2 + tokens
@@ -236,7 +236,7 @@ def unservable_reason(policy_config, final_kv_tokens: int) -> str:
     of ``policy_config`` (:class:`sim.memory.VAttentionConfig`), ``""`` if it can: it needs more allocation
     units than one slot holds (``"slot"``: a static reservation of ``max_len`` tokens shorter than the
     request) or than the pool minus its admission watermark (``"pool"``); reasons in
-    :data:`sim.records.REJECT_REASONS`."""
+    :data:`sim.results.records.REJECT_REASONS`."""
     need = policy_config.pages_for_tokens(final_kv_tokens)
     if need > policy_config.max_pages_per_slot:
         return "slot"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.compute import (SCALAR_FIELDS, TABLE_FIELDS, ComputeFieldError, check_compute_field, finite_number,
+from sim.timing.compute import (SCALAR_FIELDS, TABLE_FIELDS, ComputeFieldError, check_compute_field, finite_number,
                          show_value)
 from sim.units import MIB
 
@@ -164,7 +164,7 @@ class VmmLatencyModel:
         are serial). This matters: on the project's H200 a measured growth costs ~1.55x the sum of the
         isolated per-call medians (profiles/README.md). Otherwise: ``num_sub_tensors`` independent draws of
         cuMemMap + cuMemSetAccess per group, times :meth:`growth_scale`. Both times ``in_loop_scale``
-        (1 unless :func:`sim.runner.load_models` applies a profile's ``vmm_in_loop.growth_scale``).
+        (1 unless :func:`sim.core.runner.load_models` applies a profile's ``vmm_in_loop.growth_scale``).
         """
         if page_groups <= 0:
             return 0.0
@@ -326,7 +326,7 @@ def _mean_us(entry: dict, distribution: CallDistribution) -> float:
 
 
 def _compute_params(path, field_name: str, params, renamed: dict | None = None) -> dict:
-    """Check a compute-model field section (:func:`sim.compute.check_compute_field` per field, the two
+    """Check a compute-model field section (:func:`sim.timing.compute.check_compute_field` per field, the two
     decode tables of one length); ``renamed`` maps profile keys to model fields (``tile_rows``)."""
     _object(path, field_name, params)
     renamed = renamed or {}
@@ -362,7 +362,7 @@ def check_profile(data: dict, path: str | Path) -> None:
     * ``page_group_growth.<model>``: ``page_size_bytes`` and ``num_sub_tensors`` (whole numbers > 0),
       ``sync_us`` and optional ``batched_set_access_us`` (distributions);
     * ``compute.roofline``, ``compute.tiled_roofline.params``, ``compute_in_loop.params``: compute-model
-      fields in their physical ranges (:func:`sim.compute.check_compute_field`), decode tables of one
+      fields in their physical ranges (:func:`sim.timing.compute.check_compute_field`), decode tables of one
       length; ``compute_in_loop.model`` (required with ``params``), ``.gpu`` (strings), ``.tp`` (whole > 0);
     * ``vmm_in_loop``: ``growth_scale`` (> 0), ``model`` (string), ``page_size_bytes`` (whole > 0), all required;
     * ``vmm_tp.worker_scale``: an object {tensor-parallel degree (whole number >= 2): per-worker slowdown (>= 1:

@@ -1,9 +1,9 @@
 """Bounded-memory merge of replicas simulated to files (issue 18: a week of traffic over 100 replicas).
 
-A replica simulated with a records directory (:func:`sim.routing.simulate_replicas`) leaves its records on disk
+A replica simulated with a records directory (:func:`sim.cluster.routing.simulate_replicas`) leaves its records on disk
 and hands back only its summary and the paths of its *parts* (:func:`save_replica_parts`):
 
-* ``replica-R.parquet``: its iteration records (streamed by :class:`sim.recorder.IterationRecorder`);
+* ``replica-R.parquet``: its iteration records (streamed by :class:`sim.results.recorder.IterationRecorder`);
 * ``replica-R.requests.parquet``: its per-request table;
 * ``replica-R.duration-values.npy`` / ``replica-R.duration-cum.npy``: its distinct finite iteration durations,
   sorted, and the cumulative count up to each (a replica's tens of millions of iterations take a few
@@ -14,10 +14,10 @@ and hands back only its summary and the paths of its *parts* (:func:`save_replic
   exactly rounded sum of its TBT gaps over tokens.
 
 :func:`merge_replica_parts` computes the merged summary from these without concatenating the replicas'
-tables, and gives exactly the numbers of :func:`sim.routing.merge_replicas` on the same replicas in memory:
+tables, and gives exactly the numbers of :func:`sim.cluster.routing.merge_replicas` on the same replicas in memory:
 
 * **percentiles** of the iteration time (numpy's linear interpolation, as :func:`analysis.results.summarize`)
-  and of TBT (nearest rank over tokens, as :func:`sim.records.tbt_stats_us`) need one or two order statistics
+  and of TBT (nearest rank over tokens, as :func:`sim.results.records.tbt_stats_us`) need one or two order statistics
   of the union of the replicas' values: :func:`kth_smallest` finds the k-th smallest value across the sorted
   per-replica arrays (memory-mapped) by a binary search over the ordered 64-bit keys of the float values,
   counting values at most a candidate with ``np.searchsorted`` in each array (about 64 rounds of R searches);
@@ -30,7 +30,7 @@ tables, and gives exactly the numbers of :func:`sim.routing.merge_replicas` on t
 * counts, totals and maxima add up or take the largest.
 
 The merged TBT mean is ``fsum over replicas of (fsum over the replica's distinct gaps of gap x tokens) / tokens``
-in both merges (:func:`sim.records.tbt_gap_token_sum_us`; the dot product over the concatenated gaps it replaced
+in both merges (:func:`sim.results.records.tbt_gap_token_sum_us`; the dot product over the concatenated gaps it replaced
 rounded differently with the BLAS thread count).
 """
 from __future__ import annotations
@@ -41,15 +41,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.columns import (Concatenation, _key, _value, distinct_counts, kth_smallest,  # noqa: F401 (re-exported)
+from sim.results.columns import (Concatenation, _key, _value, distinct_counts, kth_smallest,  # noqa: F401 (re-exported)
                          linear_percentile, pairwise_sum, read_column, row_groups)
-from sim.records import tbt_distinct_us, tbt_gap_token_sum_us
+from sim.results.records import tbt_distinct_us, tbt_gap_token_sum_us
 from sim.units import US_PER_MS, US_PER_S
 
 # ---- a replica's parts ---------------------------------------------------------------------------------
 
 def tbt_token_sum(samples) -> float:
-    """Sum over a replica's TBT tokens of their gaps (us), :func:`sim.records.tbt_gap_token_sum_us` over its
+    """Sum over a replica's TBT tokens of their gaps (us), :func:`sim.results.records.tbt_gap_token_sum_us` over its
     distinct gaps: ``(single gaps, run gaps, run weights)`` as :attr:`analysis.results.RunResult.tbt_samples`."""
     singles, gaps, weights = samples
     return tbt_gap_token_sum_us(*tbt_distinct_us(singles, [(gaps, weights)]))
@@ -103,7 +103,7 @@ def save_replica_parts(result, prefix: str | Path, keep_iterations: bool = True,
     and figures. ``result``: the replica's :class:`analysis.results.RunResult` with ``iterations_file`` and
     ``tbt_samples``; ``keep_iterations`` false: the iteration file is replaced by ``PREFIX.columns.parquet``
     holding only the columns the merge reads (``duration_us``, ``sync_stall_us``); ``trace_digest``
-    (:func:`sim.routing.trace_digest` of the replica's rows) is kept so that a resumed run can tell its own records."""
+    (:func:`sim.cluster.routing.trace_digest` of the replica's rows) is kept so that a resumed run can tell its own records."""
     from analysis.results import iteration_counts_of_file
 
     prefix = str(prefix)
@@ -146,7 +146,7 @@ def save_replica_parts(result, prefix: str | Path, keep_iterations: bool = True,
         parts["iterations"] = _keep_columns(result.iterations_file, f"{prefix}.columns.parquet",
                                             ["duration_us", "sync_stall_us"])
     import json     # the parts, summary and config: a merge can be redone from the directory alone
-    # written last, and whole or not at all: a run resumed after a stop (sim.routing) trusts a record that has it
+    # written last, and whole or not at all: a run resumed after a stop (sim.cluster.routing) trusts a record that has it
     partial = Path(f"{prefix}.parts.json.partial")
     # file names relative to the records directory: the directory can be moved or copied and resumed
     saved = {key: (Path(value).name if key in RECORD_FILE_KEYS else value) for key, value in parts.items()}
@@ -241,7 +241,7 @@ def _status_masks(parts: list[dict], positions: list[np.ndarray]) -> tuple[np.nd
 
 
 def merge_replica_parts(results: list, parts: list[dict], config) -> dict:
-    """The merged summary of replicas simulated to files, exactly :func:`sim.routing.merge_replicas`'s
+    """The merged summary of replicas simulated to files, exactly :func:`sim.cluster.routing.merge_replicas`'s
     (module docstring). ``results``: the replicas' light :class:`analysis.results.RunResult` (summary and
     config), ``parts``: their :func:`save_replica_parts`, both for the replicas that received requests, in
     replica order."""
@@ -351,7 +351,7 @@ def _chained(columns: list[Concatenation]) -> Concatenation:
 
 
 def _merged_tbt(parts: list[dict]) -> dict:
-    """:func:`sim.records.tbt_stats_us` of every replica's TBT tokens (the mean as :func:`merged_tbt_mean`)."""
+    """:func:`sim.results.records.tbt_stats_us` of every replica's TBT tokens (the mean as :func:`merged_tbt_mean`)."""
     keys = ("tbt_p50_us", "tbt_p90_us", "tbt_p99_us", "tbt_max_us", "tbt_mean_us")
     total = sum(p["tbt_tokens"] for p in parts)
     if not total:
@@ -371,7 +371,7 @@ def _merged_tbt(parts: list[dict]) -> dict:
 
 def write_merged_iterations(results: list, path: str | Path) -> Path:
     """Every replica's iteration table with a ``replica`` column, copied into ``path`` row group by row group
-    (the values of :func:`sim.routing.merged_requests`' iteration counterpart; memory: one row group)."""
+    (the values of :func:`sim.cluster.routing.merged_requests`' iteration counterpart; memory: one row group)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -398,7 +398,7 @@ def write_merged_iterations(results: list, path: str | Path) -> Path:
 
 
 def write_merged_requests(results: list, path: str | Path, window: int = 1 << 20) -> Path:
-    """The merged per-request table (:func:`sim.routing.merged_requests`: every replica's rows with a
+    """The merged per-request table (:func:`sim.cluster.routing.merged_requests`: every replica's rows with a
     ``replica`` column, sorted by request id) written to ``path`` one window of request ids at a time, from
     the replicas' request files (each sorted by request id), never whole."""
     import pyarrow as pa
