@@ -6,7 +6,7 @@ import pytest
 
 from sim.setup.config import SimConfig
 from sim.core.runner import (_gpu_token, compute_gpu_note, compute_overrides, measured_on_other_gpu, read_profile,
-                        resolve_compute_model)
+                             resolve_compute_model)
 
 PROFILE = str(Path(__file__).resolve().parents[1] / "profiles" / "h200.json")
 

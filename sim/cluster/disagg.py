@@ -644,7 +644,7 @@ class DisaggCluster:
 
     # ---- results ---------------------------------------------------------------------------------------
     def _result(self) -> DisaggRun:
-        from analysis.results import build_result
+        from sim.results.summary import build_result
 
         instances = []
         for meta, instance in zip(self.meta, [*self.prefills, *self.decodes]):
@@ -764,7 +764,7 @@ def summarize_disagg(config: DisaggConfig, requests: pd.DataFrame, iterations: p
     ``kv_transfer_*_ms``: link time, latency included; ``kv_handover_*_ms``: prefill end to landing), flat
     per-role figures (``prefill_utilisation``, ``decode_queue_delay_p99_ms``, ...) and the nested tables
     ``roles`` and ``instances`` (:func:`instance_figures`)."""
-    from analysis.results import summarize
+    from sim.results.summary import summarize
 
     counters = {"sync_map_page_groups": 0, "sync_unmap_page_groups": 0, "bg_map_page_groups": 0,
                 "bg_unmap_page_groups": 0, "pool_page_groups": 0, **tbt}
@@ -828,7 +828,7 @@ def run_disagg(config: DisaggConfig, trace: pd.DataFrame, profile_path: str | No
 def disagg_run_result(run: DisaggRun, trace_source: str = ""):
     """The run as an :class:`analysis.results.RunResult` (``write_run`` writes its directory: requests and
     iterations with the extra columns, the summary with the per-role tables, ``config.json`` with both roles)."""
-    from analysis.results import RunResult
+    from sim.results.summary import RunResult
 
     config = {**run.config.to_dict(), "trace_source": trace_source,
               "instances": [result.config for result in run.instances]}

@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from sim.results.columns import (Concatenation, _key, _value, distinct_counts, kth_smallest,  # noqa: F401 (re-exported)
-                         linear_percentile, pairwise_sum, read_column, row_groups)
+                                 linear_percentile, pairwise_sum, read_column, row_groups)
 from sim.results.records import tbt_distinct_us, tbt_gap_token_sum_us
 from sim.units import US_PER_MS, US_PER_S
 
@@ -104,7 +104,7 @@ def save_replica_parts(result, prefix: str | Path, keep_iterations: bool = True,
     ``tbt_samples``; ``keep_iterations`` false: the iteration file is replaced by ``PREFIX.columns.parquet``
     holding only the columns the merge reads (``duration_us``, ``sync_stall_us``); ``trace_digest``
     (:func:`sim.cluster.routing.trace_digest` of the replica's rows) is kept so that a resumed run can tell its own records."""
-    from analysis.results import iteration_counts_of_file
+    from sim.results.summary import iteration_counts_of_file
 
     prefix = str(prefix)
     parts = {"requests": f"{prefix}.requests.parquet", "iterations": str(result.iterations_file),
@@ -245,8 +245,8 @@ def merge_replica_parts(results: list, parts: list[dict], config) -> dict:
     (module docstring). ``results``: the replicas' light :class:`analysis.results.RunResult` (summary and
     config), ``parts``: their :func:`save_replica_parts`, both for the replicas that received requests, in
     replica order."""
-    from analysis.planning.slo import ttft_growth_of
-    from analysis.results import _column, _percentiles, summarize
+    from sim.results.summary import ttft_growth_of
+    from sim.results.summary import _column, _percentiles, summarize
 
     total = sum(p["requests_count"] for p in parts)
     counts = merged_counts([p["counts"] for p in parts])

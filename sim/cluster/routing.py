@@ -28,13 +28,13 @@ import pandas as pd
 from sim.core import runner
 import simpy
 
-from analysis.results import (SUMMARY_ITERATION_COLUMNS, RunResult, build_result, iteration_counts,
-                              iteration_counts_of_file, summarize)
+from sim.results.summary import (SUMMARY_ITERATION_COLUMNS, RunResult, build_result, iteration_counts,
+                                 iteration_counts_of_file, summarize)
 from sim.setup.config import SimConfig
 from sim.core.engine import ARRIVAL_TICK_US, ARRIVAL_TICKS_PER_S, Simulator
 from sim.results.records import tbt_stats_us
 from sim.cluster.replica_merge import (check_replica_parts, merge_replica_parts, merged_counts as _merged_counts,
-                               merged_tbt_mean, save_replica_parts, tbt_token_sum)
+                                       merged_tbt_mean, save_replica_parts, tbt_token_sum)
 
 from sim.cluster.routers import EXECUTORS, ROUTERS, STATE_FREE_ROUTERS  # noqa: E402  (names shared with the CLI)
 # summary keys that add up over replicas (the rest is recomputed from the merged records)

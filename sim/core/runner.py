@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from analysis.results import RunResult, build_result
+from sim.results.summary import RunResult, build_result
 from sim.timing.compute import ComputeFieldError, RooflineComputeModel
 from sim.setup.config import SimConfig
 from sim.core.engine import Simulator

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.timing.compute import (SCALAR_FIELDS, TABLE_FIELDS, ComputeFieldError, check_compute_field, finite_number,
-                         show_value)
+                                show_value)
 from sim.units import MIB
 
 VMM_CALLS = ("cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease")
