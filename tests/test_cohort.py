@@ -133,7 +133,7 @@ def test_cohort_gives_the_same_tables_with_the_roofline(settings_):
     config = SimConfig(**settings_)
     sim = Simulator(config, trace(rows), vmm=VmmLatencyModel.h200_defaults())
     sim.run()
-    assert sim.core.cohort is not None and sim.core.cohort.clock > 0      # the cohort did run
+    assert sim.cohort is not None and sim.cohort.clock > 0      # the cohort did run
     _assert_same(config, trace(rows), vmm=VmmLatencyModel.h200_defaults(),
                  compute=Simulator(config, trace(rows)).compute)
 

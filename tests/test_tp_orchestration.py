@@ -447,6 +447,6 @@ def test_the_fit_rule_of_the_tp2_plan_gives_a_tp2_profile_that_validate_uses(tmp
     assert resolve_compute_model(read_profile(profile), "auto", config) == "in-loop"  # applies at tp 2 ...
     assert resolve_compute_model(read_profile(profile), "auto", SimConfig()) != "in-loop"  # ... not at tp 1
     table, hw, sim, same = validate_run(run, str(profile), tmp_path / "validation")
-    assert sim.setup.config["tp"] == 2 and "in-loop" in sim.setup.config["compute_model"]
-    assert "vmm_tp" not in sim.setup.config["vmm_latency_source"]
+    assert sim.config["tp"] == 2 and "in-loop" in sim.config["compute_model"]
+    assert "vmm_tp" not in sim.config["vmm_latency_source"]
     assert (tmp_path / "validation" / "validation.md").is_file() and same is not None

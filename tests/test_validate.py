@@ -51,7 +51,7 @@ def test_hardware_column_is_the_committed_measurement(validated):
 
 def test_simulator_ran_the_same_configuration_and_trace(validated):
     table, hw, sim, _ = validated
-    assert sim.setup.config["label"] == hw.config["label"] == "vattention 2 MiB async"
+    assert sim.config["label"] == hw.config["label"] == "vattention 2 MiB async"
     assert config_from_run(hw.config).pool_page_groups == hw.config["pool_page_groups"]
     assert sim.requests["arrival_at_us"].tolist() == hw.requests["arrival_at_us"].tolist()
     assert sim.requests["prompt_tokens"].tolist() == hw.requests["prompt_tokens"].tolist()

@@ -306,7 +306,7 @@ def validate_run(hw_dir: str | Path, profile: str | None = None, out_dir: str | 
         missed = check_targets(table)
         (out / "validation.md").write_text(
             f"# {config.label}: simulator vs hardware\n\nhardware run: `{hw_dir}`; profile: `{profile or 'built-in'}`; "
-            f"compute model: {compute_model} ({sim.setup.config['compute_model']}); VMM: {sim.setup.config['vmm_latency_source']}\n\n"
+            f"compute model: {compute_model} ({sim.config['compute_model']}); VMM: {sim.config['vmm_latency_source']}\n\n"
             + markdown_table(table) + "\n\ntargets missed: " + ("; ".join(missed) or "none") + "\n"
             + ("" if same is None else "\nThe compute model on the hardware's own batches (`shapes.parquet`; hardware: "
                "duration minus the mapping part of the stall):\n\n" + _same_batches_markdown(same) + "\n"
@@ -396,7 +396,7 @@ def command(args) -> int:
         print(f"kvsim: note: --trace {args.trace} differs from the run's trace ({run_config['trace_source']}); "
               "the run's own requests were simulated", flush=True)
     # the label of the settings simulated (config.json's own label was checked against them)
-    print(f"{sim.setup.config['label']} ({len(hw.requests)} requests, {len(hw.iterations)} hw iterations)")
+    print(f"{sim.config['label']} ({len(hw.requests)} requests, {len(hw.iterations)} hw iterations)")
     print(markdown_table(table))
     missed = check_targets(table)
     print("targets missed: " + ("; ".join(missed) or "none"))
