@@ -11,9 +11,9 @@ import time
 
 from analysis.output import OUT_RULE, OutputDir, command_inputs, default_out_dir
 from sim import __version__
-from sim.argtypes import int_at_least
-from sim.options import add_config_args, config_from_args
-from sim.routers import EXECUTORS, ROUTERS
+from sim.frontend.argtypes import int_at_least
+from sim.frontend.options import add_config_args, config_from_args
+from sim.cluster.routers import EXECUTORS, ROUTERS
 from traces.workload import add_trace_args, load_workload, prefix_note
 
 
@@ -21,10 +21,10 @@ def _check_profile_first(profile_path: str | None) -> None:
     """Read and check ``--profile`` before the trace, so that a bad profile is the only message.
 
     Raises:
-        ProfileError: from :func:`sim.latency.read_profile`, naming the file and field.
+        ProfileError: from :func:`sim.timing.latency.read_profile`, naming the file and field.
     """
     if profile_path is not None:
-        from sim.latency import read_profile
+        from sim.timing.latency import read_profile
         read_profile(profile_path)
 
 
@@ -33,8 +33,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from analysis.summary import print_comparison
 
     base = config_from_args(args)
-    from sim.policy_spec import parse_policy, policy_config_error
-    from sim.config import ConfigError
+    from sim.frontend.policy_spec import parse_policy, policy_config_error
+    from sim.setup.config import ConfigError
     for spec in args.policy:          # every spec is checked before the trace is read
         try:
             base.with_overrides(parse_policy(spec))
@@ -66,9 +66,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def print_config_notes(config, profile_path: str | None = None) -> None:
-    """Print the configuration's notes (:attr:`sim.config.SimConfig.notes`: a borrowed VMM profile, sliding
+    """Print the configuration's notes (:attr:`sim.setup.config.SimConfig.notes`: a borrowed VMM profile, sliding
     windows; a profile whose compute fits were measured on another GPU) as ``kvsim: note:`` lines on stderr."""
-    from sim.runner import compute_gpu_note
+    from sim.core.runner import compute_gpu_note
 
     for note in config.notes + compute_gpu_note(config, profile_path):
         print(f"kvsim: note: {note}", file=sys.stderr)
@@ -83,9 +83,9 @@ def _note_long_context(config) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from analysis.results import write_run
-    from sim.runner import run_simulation
+    from sim.core.runner import run_simulation
     from analysis.summary import print_summary
-    from sim.disagg_options import check_disagg_flags
+    from sim.frontend.disagg_options import check_disagg_flags
 
     check_disagg_flags(args)
     if args.pd is not None:             # disaggregated prefill and decode (docs/disaggregated.md)
@@ -131,15 +131,15 @@ def _simulate_replicas(args: argparse.Namespace, config, trace, out) -> int:
 
     from analysis.results import RunResult, write_run
     from analysis.summary import print_summary
-    from sim.replica_merge import write_merged_iterations, write_merged_requests
-    from sim.routing import run_routed
-    from sim.runner import profile_config_overrides
+    from sim.cluster.replica_merge import write_merged_iterations, write_merged_requests
+    from sim.cluster.routing import run_routed
+    from sim.core.runner import profile_config_overrides
 
     if args.report:
         raise ValueError("--report covers one replica's run; leave it out with --replicas (kvsim report DIR "
                          "reads the merged run)")
     if args.routing == "session-hash":
-        from sim.routing import session_key_note
+        from sim.cluster.routing import session_key_note
         note = session_key_note(trace, args.replicas)
         if note:
             print(f"kvsim: warning: {note}", file=sys.stderr)
@@ -192,7 +192,7 @@ class _progress:
 
 
 # key -> (values, meaning, default as written in a spec or None: the SimConfig field's default). The keys listed
-# in 'kvsim compare --help' come from the parser's own table (sim.policy_spec.POLICY_KEYS): a key without an
+# in 'kvsim compare --help' come from the parser's own table (sim.frontend.policy_spec.POLICY_KEYS): a key without an
 # entry here still appears, with its SimConfig field and default.
 _POLICY_KEY_HELP = {
     "page": ("SIZE", "vAttention page size per K/V sub-tensor, a power of two >= 64KiB (< 2MiB needs a modified "
@@ -230,7 +230,7 @@ _POLICY_KEY_HELP = {
 
 
 def _key_default(field_name: str) -> str:
-    from sim.config import SimConfig
+    from sim.setup.config import SimConfig
     from sim.units import format_bytes
     default = SimConfig.__dataclass_fields__[field_name].default
     if isinstance(default, bool):
@@ -250,7 +250,7 @@ def _key_values(parse) -> str:
 
 def policy_keys_help() -> str:
     """The policy-spec reference of 'kvsim compare --help', one line per key of the parser's table."""
-    from sim.policy_spec import POLICY_KEYS
+    from sim.frontend.policy_spec import POLICY_KEYS
     tables = list(POLICY_KEYS.values())
     common = [k for k in tables[0] if all(k in t for t in tables)]
 
@@ -341,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--policy", default=None,
                      help="memory policy spec, e.g. vattention:page=256KiB,sync | paged:block=16 | static:max_len=4096 "
                           "(keys: 'kvsim compare --help') (default: vattention)")
-    from sim.disagg_options import add_disagg_args
+    from sim.frontend.disagg_options import add_disagg_args
     add_disagg_args(sim)
     sim.set_defaults(func=cmd_simulate)
     comp = sub.add_parser("compare", help="run several memory policies on one trace and print one table",

@@ -6,7 +6,7 @@ A policy is written ``NAME[:key=value,key=value,...]`` (``kvsim compare --policy
     vattention:create=ondemand      vattention:lookahead=0,eager=0   paged:block=16   static:max_len=4096
     vattention:layout=cross-layer   vattention:batched=on            vattention:zero=on-reuse
 
-Keys (see :class:`sim.config.SimConfig` for meanings and defaults): every policy takes ``preempt``
+Keys (see :class:`sim.setup.config.SimConfig` for meanings and defaults): every policy takes ``preempt``
 (recompute|swap), ``zero`` (off|on-reuse|on-free) and ``prefix`` (on|off: prefix caching, vattention and paged); vattention takes page, sync / mapping (sync|async),
 deferred (on|off), lookahead, eager, eager_slots, watermark, create (startup|ondemand), layout
 (per-layer|cross-layer), layout_factor, batched (on|off); paged takes block, factor, bt_base_us,
@@ -19,8 +19,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pandas as pd
 
-from sim.config import ConfigError, SimConfig
-from sim.policy_spec import parse_policy
+from sim.setup.config import ConfigError, SimConfig
+from sim.frontend.policy_spec import parse_policy
 
 # summary key -> column label in the comparison table
 COMPARE_METRICS = {
@@ -59,7 +59,7 @@ def comparison_table(summaries: dict[str, dict]) -> pd.DataFrame:
 
 
 def _run_one(job: tuple[str, SimConfig, pd.DataFrame, str | None, bool]):
-    from sim.runner import run_simulation
+    from sim.core.runner import run_simulation
     label, config, trace, profile, keep_tables = job
     result = run_simulation(config, trace, profile, extra_config={"policy_spec": label})
     if not keep_tables:    # only the summary crosses the process boundary (tables can be ~100 MB)

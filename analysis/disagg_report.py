@@ -1,4 +1,4 @@
-"""``kvsim simulate --pd P:D``: run a disaggregated deployment (:mod:`sim.disagg`), write its run directory
+"""``kvsim simulate --pd P:D``: run a disaggregated deployment (:mod:`sim.cluster.disagg`), write its run directory
 and print its summary: the request latencies over the deployment, the KV transfers, and one row per role
 (and per instance) with utilisation, queueing and memory."""
 from __future__ import annotations
@@ -93,8 +93,8 @@ def cmd_simulate_disagg(args: argparse.Namespace) -> int:
     """``kvsim simulate --pd P:D ...``: simulate, write the run directory, print the summary."""
     from analysis.output import OutputDir, command_inputs, default_out_dir
     from analysis.results import write_run
-    from sim.disagg import DisaggStallError, disagg_run_result, run_disagg
-    from sim.disagg_options import disagg_config_from_args
+    from sim.cluster.disagg import DisaggStallError, disagg_run_result, run_disagg
+    from sim.frontend.disagg_options import disagg_config_from_args
     from traces.workload import load_workload
 
     if getattr(args, "report", False):
@@ -103,7 +103,7 @@ def cmd_simulate_disagg(args: argparse.Namespace) -> int:
     config = disagg_config_from_args(args)
     out = OutputDir(args.out if args.out is not None else default_out_dir(), args.force, inputs=command_inputs(args))
     if args.profile is not None:
-        from sim.latency import read_profile
+        from sim.timing.latency import read_profile
         read_profile(args.profile)
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
     from traces.workload import instances_note

@@ -85,7 +85,7 @@ def format_ms(values_ms: list[float]) -> str:
 def attention_lines(summary: dict) -> list[str]:
     """One line each for what a reader must not miss: rejected requests (how many, why) and an overloaded
     run (the queue grows through the run, analysis.planning.slo's TTFT growth above 0.05 s/s)."""
-    from sim.records import REJECT_REASONS
+    from sim.results.records import REJECT_REASONS
 
     lines = []
     if summary.get("rejected"):

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hwbackend.vmm.executor import Executor, policy_config_for  # noqa: E402
 from hwbackend.vmm.kvcache import KVCache, KVCacheLayout  # noqa: E402
-from sim.catalog import get_model  # noqa: E402
+from sim.setup.catalog import get_model  # noqa: E402
 from sim.memory.vattention import VAttentionPolicy  # noqa: E402
 
 MIB = 1 << 20

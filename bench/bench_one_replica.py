@@ -30,8 +30,8 @@ def main() -> int:
     import numpy as np
 
     import traces
-    from sim.config import SimConfig
-    from sim.routing import simulate_replicas
+    from sim.setup.config import SimConfig
+    from sim.cluster.routing import simulate_replicas
 
     config = SimConfig()
     requests = WEEK_REQUESTS // REPLICAS

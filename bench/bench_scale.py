@@ -25,7 +25,7 @@ CONV = ROOT.parent / "shared" / "traces" / "azure_llm_2023" / "AzureLLMInference
 def repeated_trace(times: int) -> pd.DataFrame:
     """The conversation trace ``times`` times back to back, request ids renumbered."""
     import traces
-    from sim.config import SimConfig
+    from sim.setup.config import SimConfig
 
     base, _ = traces.clip_context(traces.load_trace(CONV), SimConfig().slot_max_tokens)
     span_s = float(base["arrival_s"].max()) + 1.0
@@ -41,8 +41,8 @@ def main() -> int:
     parser.add_argument("--repeat-trace", type=int, default=10)
     parser.add_argument("--out", default=None, help="directory for the streamed iterations (default: a temporary one)")
     args = parser.parse_args()
-    from sim.config import SimConfig
-    from sim.runner import run_simulation
+    from sim.setup.config import SimConfig
+    from sim.core.runner import run_simulation
 
     trace = repeated_trace(args.repeat_trace)
     with tempfile.TemporaryDirectory() as tmp:

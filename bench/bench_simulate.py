@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import traces
-from sim.runner import run_simulation
-from sim.config import SimConfig
+from sim.core.runner import run_simulation
+from sim.setup.config import SimConfig
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
 

@@ -33,8 +33,8 @@ CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
 import traces
-from sim.config import SimConfig
-from sim.runner import run_simulation
+from sim.setup.config import SimConfig
+from sim.core.runner import run_simulation
 config = SimConfig(**{config!r})
 trace = traces.load_trace({trace!r}, **{load!r})
 if {first!r}:

@@ -114,7 +114,7 @@ def tp_section(result: dict[str, Any], source: str) -> dict[str, Any]:
     """The profile section ``vmm_tp`` from a result of :func:`measure` (``docs/profile-format.md``):
     ``worker_scale[tp]`` = mean per-worker page-group map time with every worker mapping at once over worker
     0's mean alone (both workers' plans: 256 maps each in the committed run). The simulator multiplies each
-    worker's drawn VMM time by it (``sim/engine.py`` ``VmmCost``)."""
+    worker's drawn VMM time by it (``sim/core/engine.py`` ``VmmCost``)."""
     alone = result["modes"]["alone"]["map_page_group"]["per_worker"][0]["mean_us"]
     both = result["modes"]["both"]["map_page_group"]
     scale = statistics.fmean(w["mean_us"] for w in both["per_worker"]) / alone

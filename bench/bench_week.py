@@ -3,7 +3,7 @@
 of the Azure 2023 conversation trace (``traces.synthetic_default``'s targets), Llama-3-8B on H200 replicas
 behind round-robin routing; replicas simulated on ``--executor`` (``ray`` or ``local``) with ``--workers``
 CPUs, each leaving its records in a records directory (``--records``, default a temporary one), merged with
-bounded memory (``sim.replica_merge``).
+bounded memory (``sim.cluster.replica_merge``).
 
 Prints the generation, simulation and merge wall times, the CPU seconds of the whole process tree (this
 process, pool or Ray processes), iterations/s, the peak RSS and PSS of the whole process tree (sampled every
@@ -140,8 +140,8 @@ def main() -> int:
                              "(a run stopped part-way goes on; same --requests, --replicas and --seed)")
     args = parser.parse_args()
     import traces
-    from sim.config import SimConfig
-    from sim.routing import assign, simulate_replicas, merged_summary
+    from sim.setup.config import SimConfig
+    from sim.cluster.routing import assign, simulate_replicas, merged_summary
 
     sampler = TreeSampler(log_every_s=args.log_every, replicas=args.replicas)
     sampler.start()
@@ -164,7 +164,7 @@ def main() -> int:
         sampler.records = records
         started = time.perf_counter()
         if args.merge_only:
-            from sim.routing import load_replica_results
+            from sim.cluster.routing import load_replica_results
             results = load_replica_results(str(records), args.replicas)
         else:
             if args.resume:
@@ -179,7 +179,7 @@ def main() -> int:
         simulated_s = time.perf_counter() - started
         print(f"simulated in {simulated_s:.1f} s", flush=True)
         started = time.perf_counter()
-        from sim.routing import RoutedRun
+        from sim.cluster.routing import RoutedRun
         routed = RoutedRun("round-robin", None, None, merged_summary(results, config), results)
         merged_s = time.perf_counter() - started
         print(f"merged in {merged_s:.1f} s", flush=True)

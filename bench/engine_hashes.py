@@ -58,8 +58,8 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(args.root.resolve()))
     import traces
-    from sim.config import SimConfig
-    from sim.runner import run_simulation
+    from sim.setup.config import SimConfig
+    from sim.core.runner import run_simulation
     for label, config_kwargs, trace_path, load_kwargs, first, profile in RUNS:
         if args.only and args.only not in label:
             continue
@@ -77,7 +77,7 @@ def main() -> int:
               hashlib.sha256(summary.encode()).hexdigest()[:16], flush=True)
     if not args.only or args.only in "cosim-least-outstanding":
         # three open-arrival replicas in one environment behind a least-outstanding router
-        from sim.routing import co_simulate_least_outstanding
+        from sim.cluster.routing import co_simulate_least_outstanding
         config = SimConfig()
         trace = traces.first_n(traces.load_trace(str(ARXIV), arrival="poisson:24", seed=2), 1500)
         trace, _ = traces.clip_context(trace, config.slot_max_tokens)

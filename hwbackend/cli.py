@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ``kvsim validate [--hw-run DIR] [--profile P] [--out DIR] [workload and config options]`` compares the
     simulator with a hardware replay (``docs/validation/README.md``).
     """
-    from sim.options import add_config_args
+    from sim.frontend.options import add_config_args
     from traces.workload import add_trace_args
     from hwbackend.calibration.vmm import add_arguments
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sim.latency import VMM_CALLS, CallDistribution, VmmLatencyModel
+from sim.timing.latency import VMM_CALLS, CallDistribution, VmmLatencyModel
 
 
 def constant_vmm(map_us: float = 10.0, set_access_us: float = 40.0, unmap_us: float = 30.0,
                  create_us: float = 20.0, release_us: float = 25.0) -> VmmLatencyModel:
     """Every call takes exactly the given time (us), at every page size (sub-2 MiB pages included: not the
-    modified driver's costs, :attr:`sim.latency.VmmLatencyModel.modified_driver_below_2mib`)."""
+    modified driver's costs, :attr:`sim.timing.latency.VmmLatencyModel.modified_driver_below_2mib`)."""
     values = dict(zip(VMM_CALLS, (create_us, map_us, set_access_us, unmap_us, release_us)))
     table = {call: {2 * 1024 * 1024: CallDistribution(samples_us=np.array([us]))} for call, us in values.items()}
     return VmmLatencyModel(table=table, source="test constants", modified_driver_below_2mib=False)

@@ -90,7 +90,7 @@ def test_the_checker_sees_a_cycle_and_a_cli_import():
     """The checks are not vacuous: a two-module cycle is found, and the graph holds real edges."""
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     graph = _import_graph()
-    assert "sim.config" in graph["sim.engine"] and "hwbackend.vmm.kvcache" in graph["hwbackend.vmm.executor"]
+    assert "sim.setup.config" in graph["sim.core.engine"] and "hwbackend.vmm.kvcache" in graph["hwbackend.vmm.executor"]
 
 
 def test_version_and_help_import_neither_pandas_nor_plotly():

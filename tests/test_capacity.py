@@ -10,11 +10,11 @@ import pytest
 
 import traces
 from analysis.planning import capacity
-from sim import runner
+from sim.core import runner
 from analysis.planning.capacity import base_rate_per_s, find_capacity, judge, search_capacity
 from analysis.results import RunResult
 from analysis.planning.slo import SLO_METRICS, Slo, objectives, parse_slos, ttft_growth, with_default_bounds
-from sim.config import SimConfig
+from sim.setup.config import SimConfig
 from tests.helpers import trace
 
 
@@ -200,7 +200,7 @@ def test_parallel_search_walks_the_serial_path(width):
 
 def test_parallel_capacity_on_a_process_pool_equals_serial():
     import traces
-    from sim.config import SimConfig
+    from sim.setup.config import SimConfig
 
     trace = traces.synthetic_default(0, num_requests=120)
     slos = (Slo("ttft_p99", 500_000.0),)
@@ -256,8 +256,8 @@ def test_attainment_figures_are_printed_and_compared_only_when_given():
 
 def _base_summary() -> dict:
     """A summary with every key the printed table reads (a tiny run's)."""
-    from sim.config import SimConfig
-    from sim.runner import run_simulation
+    from sim.setup.config import SimConfig
+    from sim.core.runner import run_simulation
 
     return run_simulation(SimConfig(), traces.synthetic_default(0, num_requests=3)).summary
 
@@ -278,8 +278,8 @@ def test_capacity_on_attainment_is_monotone_and_at_one_bounds_every_request():
     """60 requests: a higher attainment target never gives a higher capacity; at 1.0 the capacity point has every
     request finished within ttft<=150ms and tpot<=30ms (its maxima, recomputed from a rerun, are within the
     bounds), and the failing point just above has some request beyond one of them, or a failed run."""
-    from sim.config import SimConfig
-    from sim.runner import run_simulation
+    from sim.setup.config import SimConfig
+    from sim.core.runner import run_simulation
 
     trace, _ = traces.clip_context(traces.synthetic_default(0, num_requests=60), 8192)
     capacities = {}

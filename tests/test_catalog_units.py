@@ -1,8 +1,8 @@
 """Catalogue sizes against hand-computed values from the public configs (domain.md), and unit parsing."""
 import pytest
 
-from sim.catalog import CatalogError, get_gpu, get_model, model_names
-from sim.config import ConfigError, SimConfig
+from sim.setup.catalog import CatalogError, get_gpu, get_model, model_names
+from sim.setup.config import ConfigError, SimConfig
 from sim.units import MIB, format_bytes, parse_duration_us, parse_size_bytes
 
 

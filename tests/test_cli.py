@@ -138,7 +138,7 @@ def test_vllm_scheduler_refuses_a_token_budget_below_max_batch(tmp_path, capsys)
     the sarathi scheduler and the vllm scheduler on its defaults (2048 tokens, 256 slots) are accepted."""
     import pytest
 
-    from sim.config import ConfigError, SimConfig
+    from sim.setup.config import ConfigError, SimConfig
 
     with pytest.raises(ConfigError) as refused:
         SimConfig(scheduler="vllm", token_budget=128, max_batch_slots=256)

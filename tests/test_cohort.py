@@ -1,4 +1,4 @@
-"""The decode cohort (sim.cohort): its running totals against the members visited one by one, and the serving
+"""The decode cohort (sim.core.cohort): its running totals against the members visited one by one, and the serving
 loop with and without it (the same tables, bit for bit)."""
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.cohort import DecodeCohort
-from sim.config import SimConfig
-from sim.engine import Simulator
-from sim.latency import VmmLatencyModel
-from sim.request import Request
+from sim.core.cohort import DecodeCohort
+from sim.setup.config import SimConfig
+from sim.core.engine import Simulator
+from sim.timing.latency import VmmLatencyModel
+from sim.core.request import Request
 from tests.helpers import ConstantCompute, constant_vmm, trace
 from tests.test_serving_properties import configs, workloads
 
@@ -141,14 +141,14 @@ def test_cohort_gives_the_same_tables_with_the_roofline(settings_):
 def test_folded_tbt_buffers_give_the_same_figures(monkeypatch):
     """Folding the TBT buffers into (distinct gap, tokens) pairs every few entries leaves every TBT figure,
     the mean included, as it was (they depend only on the token multiset)."""
-    import sim.engine
+    import sim.core.engine
 
     rng = np.random.default_rng(5)
     rows = [(float(t), int(p), int(o)) for t, p, o in zip(np.cumsum(rng.exponential(0.02, 80)),
                                                           rng.integers(1, 2000, 80), rng.integers(1, 300, 80))]
     config = SimConfig()
     whole = Simulator(config, trace(rows), vmm=VmmLatencyModel.h200_defaults()).run().counters
-    monkeypatch.setattr(sim.engine, "TBT_FOLD_ENTRIES", 64)
+    monkeypatch.setattr(sim.core.engine, "TBT_FOLD_ENTRIES", 64)
     folded_sim = Simulator(config, trace(rows), vmm=VmmLatencyModel.h200_defaults())
     folded = folded_sim.run().counters
     assert folded_sim._tbt_fold_at >= 64 and len(folded["tbt_samples"][0]) < 64     # it did fold

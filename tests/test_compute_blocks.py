@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.config import SimConfig
-from sim.compute import BatchShape, RooflineComputeModel, attention_block_terms, decode_batch, fa2_num_splits
+from sim.setup.config import SimConfig
+from sim.timing.compute import BatchShape, RooflineComputeModel, attention_block_terms, decode_batch, fa2_num_splits
 
 
 def test_split_heuristic_by_hand():
@@ -66,7 +66,7 @@ def test_form_e_serial_tail_adds_part_of_the_shorter_term():
     throughput = 8 * (3.0 * 32 + 0.02 * (32 * 1000 + 32)) / 100.0
     tail = 3.0 + 0.05 * 1001
     assert e.iteration_us(shape) - d.iteration_us(shape) == pytest.approx(32 * 0.5 * min(throughput, tail))
-    from sim.compute import ComputeFieldError
+    from sim.timing.compute import ComputeFieldError
     with pytest.raises(ComputeFieldError, match="attention_tail_serial must be a finite number 0 to 1, got 1.5"):
         d.with_overrides({"attention_tail_serial": 1.5})
 
@@ -111,7 +111,7 @@ def test_row_weights_give_each_source_the_same_total():
 
 
 def test_in_loop_fit_applies_to_every_model_it_was_fitted_on():
-    from sim.runner import resolve_compute_model
+    from sim.core.runner import resolve_compute_model
 
     profile = {"compute_in_loop": {"model": "llama-3-8b", "models": ["llama-3-8b", "llama-3.1-8b"], "gpu": "h200",
                                    "tp": 1, "params": {"overhead_us": 1.0}}}
@@ -144,7 +144,7 @@ def test_simulator_passes_the_block_terms_of_each_iteration():
     """With the cross-workload profile (form C) the engine counts thread blocks: a 300-token prompt's first
     iteration costs the model's time for 3 blocks over 128 + 256 + 300 keys (attention_block_terms), and a
     roofline run counts none (the default path stays as it was)."""
-    from sim.runner import load_models, run_simulation
+    from sim.core.runner import load_models, run_simulation
 
     trace = pd.DataFrame({"request_id": [0], "arrival_s": [0.0], "prompt_tokens": [300], "output_tokens": [3]})
     config = SimConfig(model="llama-3-8b", gpu="h200", sync_mapping=True)

@@ -2,7 +2,7 @@
 import pytest
 
 from hwbackend.calibration.grid import GRID_COLUMNS, grid_points, shape_row
-from sim.compute import ATTENTION_TILE_ROWS, attention_block_terms
+from sim.timing.compute import ATTENTION_TILE_ROWS, attention_block_terms
 
 
 def test_block_terms_by_hand():
@@ -40,7 +40,7 @@ def test_measure_points_on_cpu_writes_one_row_per_point():
     from hwbackend.replay.cli import TINY_SHAPE
     from hwbackend.replay.kv import open_kv
     from hwbackend.replay.model import DecoderModel
-    from sim.config import SimConfig
+    from sim.setup.config import SimConfig
 
     config = SimConfig(model="llama-3-8b", sync_mapping=True, max_batch_slots=8, max_context_tokens=4096)
     model = DecoderModel(TINY_SHAPE, device="cpu", attention="reference")
@@ -77,7 +77,7 @@ def test_every_h200_grid_point_maps_under_the_vattention_policy(max_context, poi
     """The grid's sequence of points on the policy the H200 run uses (Llama-3.1-8B, 64K or 128K slots, 891 page
     groups): each point maps, reclaiming idle slots' deferred pages when a point finds them held (the first
     H200 attempt stopped at point 54: the slots best fit picked kept pages the next point needed)."""
-    from sim.config import SimConfig
+    from sim.setup.config import SimConfig
     from sim.memory import build_policy
 
     config = SimConfig(model="llama-3.1-8b", sync_mapping=True, max_context_tokens=max_context, allow_long_context=True)

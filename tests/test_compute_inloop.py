@@ -1,5 +1,5 @@
 """In-loop compute calibration (``hwbackend/calibration/inloop.py``, ``kvsim calibrate --from-run``) and the
-compute model's graphed-decode terms (``sim/compute.py``)."""
+compute model's graphed-decode terms (``sim/timing/compute.py``)."""
 from __future__ import annotations
 
 import json
@@ -12,8 +12,8 @@ import pytest
 
 from hwbackend.calibration.inloop import (InLoopError, calibrate_from_runs, fit_compute, fit_decode_correction,
                                       growth_in_loop, load_rows)
-from sim.compute import BatchShape, RooflineComputeModel, decode_batch
-from sim.config import SimConfig
+from sim.timing.compute import BatchShape, RooflineComputeModel, decode_batch
+from sim.setup.config import SimConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "docs" / "validation" / "graphs-x1.5"  # second session's replays (train-sync: no longest context)
@@ -213,7 +213,7 @@ def test_cli_from_run_adds_sections_and_asks_before_replacing(tmp_path, capsys):
 
 
 def test_in_loop_fit_is_used_only_for_its_model():
-    from sim.runner import compute_overrides, load_models, resolve_compute_model
+    from sim.core.runner import compute_overrides, load_models, resolve_compute_model
 
     profile = json.loads(PROFILE.read_text())
     assert resolve_compute_model(profile, "auto", CONFIG) == "in-loop"
@@ -249,7 +249,7 @@ def test_a_run_must_say_whether_decodes_ran_as_graphs(tmp_path):
 def test_in_loop_growth_scale_applies_at_its_own_tp_only(tmp_path):
     """vmm_in_loop records the tp its growths were measured at; a growth measured at tp 2 (two processes mapping
     at once) is not applied at tp 1, nor one measured at tp 1 at tp 2 (profiles older than the field: tp 1)."""
-    from sim.runner import load_models
+    from sim.core.runner import load_models
 
     profile = json.loads(PROFILE.read_text())
     assert load_models(CONFIG, str(PROFILE))[0].in_loop_scale == profile["vmm_in_loop"]["growth_scale"]

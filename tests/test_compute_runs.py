@@ -5,9 +5,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.config import SimConfig
-from sim.pipeline import compute_model_for
-from sim.runner import load_models
+from sim.setup.config import SimConfig
+from sim.timing.pipeline import compute_model_for
+from sim.core.runner import load_models
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = str(ROOT / "profiles" / "h200.json")

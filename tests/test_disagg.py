@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.config import SimConfig
-from sim.disagg import DecodeInstance, DisaggCluster, DisaggConfig, PrefillInstance, parse_kv_stream, parse_pd, run_disagg
-from sim.kvlink import LINKS, KvLink, parse_bandwidth_bytes_per_s, parse_kv_link, streamed_finish_us
+from sim.setup.config import SimConfig
+from sim.cluster.disagg import DecodeInstance, DisaggCluster, DisaggConfig, PrefillInstance, parse_kv_stream, parse_pd, run_disagg
+from sim.timing.kvlink import LINKS, KvLink, parse_bandwidth_bytes_per_s, parse_kv_link, streamed_finish_us
 from tests.helpers import ConstantCompute, constant_vmm, trace
 
 KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2          # llama-3-8b: 2 (K, V) x 32 layers x 8 KV heads x 128 x bf16
@@ -277,7 +277,7 @@ def test_pd_and_stream_parsing():
 
 
 def test_config_refusals():
-    from sim.config import ConfigError
+    from sim.setup.config import ConfigError
     with pytest.raises(ConfigError, match="one model"):
         DisaggConfig(SimConfig(), SimConfig(model="llama-2-7b"))
     with pytest.raises(ConfigError, match="prefix caching"):
@@ -409,16 +409,16 @@ def test_sweep_with_a_pd_axis_compares_colocated_and_disaggregated(tmp_path, cap
 
 
 def test_a_stalled_deployment_fails_its_capacity_point_and_is_one_error_line(monkeypatch, tmp_path, capsys):
-    import sim.disagg
+    import sim.cluster.disagg
     import traces
     from analysis.planning.disagg import STALLED, make_disagg_evaluator
     from analysis.planning.slo import parse_slos
     from cli import main
 
     def stall(*args, **kwargs):
-        raise sim.disagg.DisaggStallError("the disaggregated deployment 1:1 stalled at t=1.000 s with 3 requests "
+        raise sim.cluster.disagg.DisaggStallError("the disaggregated deployment 1:1 stalled at t=1.000 s with 3 requests "
                                           "unfinished")
-    monkeypatch.setattr(sim.disagg, "run_disagg", stall)
+    monkeypatch.setattr(sim.cluster.disagg, "run_disagg", stall)
     evaluate = make_disagg_evaluator(DisaggConfig(SimConfig(), SimConfig()), traces.synthetic_default(0, num_requests=10),
                                      parse_slos("ttft_p99=2s"))
     point = evaluate(1.0)

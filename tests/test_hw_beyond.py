@@ -14,7 +14,7 @@ from hwbackend.beyond.ops import SharingKVCache
 from hwbackend.vmm.driver import VmmError
 from hwbackend.vmm.emulated import EmulatedVmmDriver
 from hwbackend.vmm.kvcache import KVCacheLayout
-from sim.plan import MapOp, Plan, UnmapOp
+from sim.memory.plan import MapOp, Plan, UnmapOp
 
 MIB = 1 << 20
 G = 2 * MIB
@@ -100,8 +100,8 @@ def drv():
 
 # ---- cross-layer layout ----------------------------------------------------------------------------------
 def test_cross_layer_layout_matches_the_simulator_config():
-    from sim.catalog import get_model
-    from sim.config import SimConfig
+    from sim.setup.catalog import get_model
+    from sim.setup.config import SimConfig
 
     model = get_model("llama-3-8b")
     per = KVCacheLayout.for_model(model, num_slots=4, max_context_tokens=8192, page_size_bytes=G)
@@ -137,7 +137,7 @@ def test_layer_views_of_both_layouts_hold_the_same_values_without_copies():
 
 
 def test_cross_layer_cache_maps_two_pages_per_page_group(drv):
-    from sim.catalog import get_model
+    from sim.setup.catalog import get_model
 
     layout = KVCacheLayout.for_model(get_model("llama-3-8b"), num_slots=2, max_context_tokens=256,
                                      page_size_bytes=G, kv_layout="cross-layer")
@@ -391,7 +391,7 @@ def test_gpu_cross_layer_cache_over_vmm_and_attention_equals_per_layer(gpu):
     torch, driver = gpu
     from hwbackend.replay.model import BatchInputs, SeqWork, attend
     from hwbackend.vmm.tensors import kv_tensors, layer_views
-    from sim.catalog import get_model
+    from sim.setup.catalog import get_model
 
     layout = KVCacheLayout.for_model(get_model("llama-3-8b"), num_slots=4, max_context_tokens=512,
                                      page_size_bytes=G, kv_layout="cross-layer")

@@ -15,7 +15,7 @@ from hwbackend.vmm.executor import BackgroundMappingError, Executor, policy_conf
 from hwbackend.vmm.kvcache import KVCache, KVCacheLayout
 from hwbackend.vmm.transaction import Transaction
 from sim.memory.vattention import VAttentionPolicy
-from sim.plan import MapOp, Plan, UnmapOp
+from sim.memory.plan import MapOp, Plan, UnmapOp
 
 MIB = 1 << 20
 G = 2 * MIB

@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 from hwbackend.calibration.compute import GridPoint, compute_section, default_grid  # noqa: E402
 from hwbackend.replay.model import BatchInputs, SeqWork, attend, reference_attention  # noqa: E402
 from hwbackend.replay.cli import TINY_SHAPE, replay  # noqa: E402
-from sim.compute import RooflineComputeModel  # noqa: E402
-from sim.config import SimConfig  # noqa: E402
-from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS  # noqa: E402
+from sim.timing.compute import RooflineComputeModel  # noqa: E402
+from sim.setup.config import SimConfig  # noqa: E402
+from sim.results.records import ITERATION_COLUMNS, REQUEST_COLUMNS  # noqa: E402
 
 ORDER_COLUMNS = ["prefill_tokens", "decode_tokens", "batch_size", "num_running", "num_waiting", "used_page_groups"]
 
@@ -35,7 +35,7 @@ def small_trace(n: int = 8, seed: int = 0) -> pd.DataFrame:
 @pytest.mark.parametrize("sync", [True, False])
 def test_replay_schedules_exactly_like_the_simulator(sync):
     pytest.importorskip("simpy")
-    from sim.runner import run_simulation
+    from sim.core.runner import run_simulation
 
     config = SimConfig(max_batch_slots=4, max_context_tokens=4096, token_budget=512, sync_mapping=sync,
                        memory_util_frac=0.2)

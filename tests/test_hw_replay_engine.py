@@ -13,7 +13,7 @@ from hwbackend.replay.cli import TINY_SHAPE, replay  # noqa: E402
 from hwbackend.replay.engine import (EngineBatch, EngineDecoderModel, _split_kv_decode_torch, add_rms_norm,  # noqa: E402
                                      build_model, decode_splits, silu_mul, split_kv_decode, store_kv)
 from hwbackend.replay.model import BatchInputs, DecoderModel, SeqWork, reference_attention  # noqa: E402
-from sim.config import SimConfig  # noqa: E402
+from sim.setup.config import SimConfig  # noqa: E402
 
 SLOT_TOKENS = 2048
 WORK = [SeqWork(3, 0, 64, False), SeqWork(0, 1500, 1, True), SeqWork(2, 700, 300, True), SeqWork(1, 90, 1, True)]

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from sim.catalog import CatalogError, get_gpu, get_model
-from sim.config import SimConfig
+from sim.setup.catalog import CatalogError, get_gpu, get_model
+from sim.setup.config import SimConfig
 from sim.units import MIB
 
 HF = "tests/data/hf_configs/{}.json"

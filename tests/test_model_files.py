@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from sim.catalog import CatalogError, get_gpu, get_model, gpu_names
-from sim.config import SimConfig
+from sim.setup.catalog import CatalogError, get_gpu, get_model, gpu_names
+from sim.setup.config import SimConfig
 from sim.units import MIB
 
 MODELS = "models/{}.json"

@@ -86,7 +86,7 @@ def no_work(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("work started before --out was checked")
     import importlib
-    for module, name in (("cli", "load_workload"), ("sim.runner", "run_simulation"),
+    for module, name in (("cli", "load_workload"), ("sim.core.runner", "run_simulation"),
                          ("analysis.comparison", "run_policies"), ("analysis.planning.sweep_run", "run_sweep"),
                          ("analysis.planning.capacity", "find_capacity"), ("analysis.cli", "load_runs"),
                          ("traces.cli", "load_with_transforms")):
@@ -316,7 +316,7 @@ def test_help_shows_every_default(names):
 
 
 def test_compare_help_lists_every_policy_key_from_the_parser_table():
-    from sim.policy_spec import POLICY_KEYS
+    from sim.frontend.policy_spec import POLICY_KEYS
     text = _help("compare")
     for name, table in POLICY_KEYS.items():
         assert f"{name} keys:" in text

@@ -1,6 +1,6 @@
-"""Paged-attention factors per kernel and phase (issue 28 item 10; sources: sim/paged_kernels.py).
+"""Paged-attention factors per kernel and phase (issue 28 item 10; sources: sim/timing/paged_kernels.py).
 
-Hand-computed roofline terms, Llama-3-8B on one H200 (sim/compute.py defaults): KV 2 x 32 layers x 8 heads x
+Hand-computed roofline terms, Llama-3-8B on one H200 (sim/timing/compute.py defaults): KV 2 x 32 layers x 8 heads x
 128 x 2 B = 131,072 B per token; B = 4.3e12 B/s = 4.3e6 B/us; attention F = 0.5 x 788e12 FLOP/s = 394e6 FLOP/us;
 attention FLOPs 4 A Hq D N = A x 4 x 32 x 128 x 32 = A x 524,288.
 """
@@ -9,10 +9,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from sim.compute import BatchShape, RooflineComputeModel, decode_batch
-from sim.config import ConfigError, SimConfig
-from sim.paged_kernels import PAGED_KERNELS
-from sim.policy_spec import parse_policy, policy_config_error
+from sim.timing.compute import BatchShape, RooflineComputeModel, decode_batch
+from sim.setup.config import ConfigError, SimConfig
+from sim.timing.paged_kernels import PAGED_KERNELS
+from sim.frontend.policy_spec import parse_policy, policy_config_error
 
 KV_BYTES_PER_TOKEN = 131072
 BYTES_PER_US = 4.3e6
@@ -114,8 +114,8 @@ def test_decode_run_steps_through_the_context_dependent_factor(graphs):
 
 
 def test_engine_applies_the_configured_kernel():
-    """The simulator's compute model carries the paged policy's factors (sim.engine)."""
-    from sim.engine import Simulator
+    """The simulator's compute model carries the paged policy's factors (sim.core.engine)."""
+    from sim.core.engine import Simulator
     from tests.helpers import trace
     sim = Simulator(SimConfig(policy="paged", paged_kernel="vllm-v0"), trace([(0.0, 10, 5)]))
     assert sim.compute.paged_factors == PAGED_KERNELS["vllm-v0"]

@@ -1,13 +1,13 @@
 """Issue 21: pipeline parallelism: vLLM's layer partition, stage memory (the pool per worker grows), and the
-round time with its bubble (sim.pipeline), on examples computed by hand."""
+round time with its bubble (sim.timing.pipeline), on examples computed by hand."""
 import numpy as np
 import pytest
 
-from sim.catalog import CatalogError, get_model
-from sim.compute import RooflineComputeModel, decode_batch
-from sim.config import SimConfig
-from sim.pipeline import PipelineComputeModel, compute_model_for
-from sim.specs import GPUSpec, ModelSpec
+from sim.setup.catalog import CatalogError, get_model
+from sim.timing.compute import RooflineComputeModel, decode_batch
+from sim.setup.config import SimConfig
+from sim.timing.pipeline import PipelineComputeModel, compute_model_for
+from sim.setup.specs import GPUSpec, ModelSpec
 from sim.units import MIB
 
 LLAMA_70B = "models/llama-3.1-70b.json"

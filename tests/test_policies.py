@@ -4,9 +4,9 @@ import math
 import numpy as np
 import pytest
 
-from sim.policy_spec import parse_policy
-from sim.config import ConfigError, SimConfig
-from sim.engine import Simulator
+from sim.frontend.policy_spec import parse_policy
+from sim.setup.config import ConfigError, SimConfig
+from sim.core.engine import Simulator
 from sim.units import KIB, MIB
 from tests.helpers import ConstantCompute, constant_vmm, trace
 
@@ -180,7 +180,7 @@ def test_tensor_parallel_mapping_waits_for_the_slowest_worker():
     critical path is at least each worker's total and, with random latencies, strictly more than their
     mean. With constant latencies both workers take exactly the same time and nothing changes. (2 MiB pages:
     the measured stock calls are random; sub-2 MiB pages cost the modified driver's fixed time per page.)"""
-    from sim.latency import VmmLatencyModel
+    from sim.timing.latency import VmmLatencyModel
     rows = [(i * 0.01, 300 + 50 * i, 40) for i in range(20)]
     out, _, it = run(rows, vmm=VmmLatencyModel.builtin(), tp=2, page_size_bytes=2 * MIB, sync_mapping=True)
     workers, critical = out.counters["mapping_worker_us"], out.counters["mapping_critical_us"]
@@ -196,9 +196,9 @@ def test_tensor_parallel_workers_are_slowed_by_the_measured_contention():
     every worker's drawn time at that TP degree: with the same generator seed, each plan costs exactly that
     factor more; TP=1 and degrees without a measurement are unchanged."""
     import numpy as np
-    from sim.engine import VmmCost
-    from sim.latency import VmmLatencyModel
-    from sim.plan import MapOp, UnmapOp
+    from sim.core.engine import VmmCost
+    from sim.timing.latency import VmmLatencyModel
+    from sim.memory.plan import MapOp, UnmapOp
 
     ops = [MapOp(0, 0, 1), MapOp(1, 0, 3), UnmapOp(0, 0, 1)]
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from sim.config import SimConfig
-from sim.engine import Simulator
+from sim.setup.config import SimConfig
+from sim.core.engine import Simulator
 from sim.memory import PrefixCachingPolicy, VAttentionConfig
 from tests.helpers import ConstantCompute, constant_vmm, trace
 

@@ -3,8 +3,8 @@ contiguous hits, the ``prompt - 1`` cap in cache-block units, and admission that
 Expected values are hand-computed from the page and block sizes in each test."""
 import pytest
 
-from sim.config import SimConfig
-from sim.engine import Simulator
+from sim.setup.config import SimConfig
+from sim.core.engine import Simulator
 from sim.memory import PrefixCachingPolicy, VAttentionConfig
 from tests.helpers import ConstantCompute, constant_vmm, trace
 

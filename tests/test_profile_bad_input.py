@@ -1,17 +1,17 @@
 """A bad calibration profile gives one message naming the file, the field and the value, and exit status 2:
-never a traceback, never a silently wrong run (``sim.latency.check_profile``, ``sim.runner.load_models``,
-``sim.compute.check_compute_field``). Each case corrupts a copy of ``profiles/h200.json``."""
+never a traceback, never a silently wrong run (``sim.timing.latency.check_profile``, ``sim.core.runner.load_models``,
+``sim.timing.compute.check_compute_field``). Each case corrupts a copy of ``profiles/h200.json``."""
 import copy
 import json
 from pathlib import Path
 
 import pytest
 
-from sim.runner import load_models
+from sim.core.runner import load_models
 from cli import main
-from sim.compute import ComputeFieldError
-from sim.config import SimConfig
-from sim.latency import ProfileError, VmmLatencyModel, read_profile
+from sim.timing.compute import ComputeFieldError
+from sim.setup.config import SimConfig
+from sim.timing.latency import ProfileError, VmmLatencyModel, read_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "profiles" / "h200.json"
@@ -179,8 +179,8 @@ def test_negative_decode_correction_is_refused_when_the_models_are_built(base, t
 
 def test_compute_overrides_name_the_field_and_value():
     """``with_overrides`` (fits, programmatic use) names the one bad field, not all of them."""
-    from sim.catalog import get_gpu, get_model
-    from sim.compute import RooflineComputeModel
+    from sim.setup.catalog import get_gpu, get_model
+    from sim.timing.compute import RooflineComputeModel
 
     base = RooflineComputeModel(get_model("llama-3-8b"), get_gpu("h200"))
     with pytest.raises(ComputeFieldError, match=r'^decode_overhead_us must be a finite number >= 0 \(us\), got "x"$'):

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.config import SimConfig
-from sim.runner import (_gpu_token, compute_gpu_note, compute_overrides, measured_on_other_gpu, read_profile,
-                        resolve_compute_model)
+from sim.setup.config import SimConfig
+from sim.core.runner import (_gpu_token, compute_gpu_note, compute_overrides, measured_on_other_gpu, read_profile,
+                             resolve_compute_model)
 
 PROFILE = str(Path(__file__).resolve().parents[1] / "profiles" / "h200.json")
 

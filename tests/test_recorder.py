@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from sim.recorder import RunBuffer, expand_blocks, iteration_rows
+from sim.results.recorder import RunBuffer, expand_blocks, iteration_rows
 
 
 @pytest.mark.parametrize("parts", [[[]], [[7]], [[4, 5], [0, 1, 2, 3]], [[3, 1], [2, 2, 5]], [[0, 2, 2], []],

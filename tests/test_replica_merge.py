@@ -1,4 +1,4 @@
-"""The bounded-memory replica merge (sim.replica_merge): exact order statistics across sorted arrays, numpy's
+"""The bounded-memory replica merge (sim.cluster.replica_merge): exact order statistics across sorted arrays, numpy's
 percentile and pairwise sum reproduced bit for bit, and the merged summary of replicas simulated to files equal
 to the in-memory merge's."""
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import traces
-from sim.config import SimConfig
-from sim.replica_merge import Concatenation, kth_smallest, linear_percentile, pairwise_sum
-from sim.routing import run_routed
+from sim.setup.config import SimConfig
+from sim.cluster.replica_merge import Concatenation, kth_smallest, linear_percentile, pairwise_sum
+from sim.cluster.routing import run_routed
 from tests.test_routing import TRACE_FORMATS, trace_of_format, write_mooncake
 
 # few distinct values (ties across and within arrays), wide magnitudes, zeros of both signs and infinities
@@ -43,9 +43,9 @@ def test_kth_smallest_across_sorted_arrays_equals_sorting_the_union(arrays, data
        st.sampled_from([50, 90, 99]))
 def test_weighted_kth_smallest_is_the_nearest_rank_of_tbt_stats(pairs, q):
     """With weights (cumulative per distinct value, as a replica stores its TBT gaps), the k-th smallest is
-    the token-weighted nearest rank of sim.records.tbt_stats_us: the smallest value whose cumulative weight
+    the token-weighted nearest rank of sim.results.records.tbt_stats_us: the smallest value whose cumulative weight
     reaches q / 100 of the total."""
-    from sim.records import tbt_stats_us
+    from sim.results.records import tbt_stats_us
 
     arrays, cumulative = [], []
     for replica in pairs:
@@ -123,7 +123,7 @@ def test_simulate_replicas_writes_the_merged_tables_in_windows(tmp_path, capsys,
     ``load_run`` reads the requests when first used; the synthetic workload, or a Mooncake file."""
     import json
 
-    import sim.replica_merge as replica_merge
+    import sim.cluster.replica_merge as replica_merge
     from analysis.results import load_run
     from cli import main
 
@@ -151,7 +151,7 @@ def test_simulate_replicas_writes_the_merged_tables_in_windows(tmp_path, capsys,
 def test_a_merge_of_some_replicas_equals_the_in_memory_merge_of_them(tmp_path):
     """Request ids need not be 0..n-1 over the merged replicas (``bench_week.py --merge-only`` of a run still
     going): rows go to their rank among the ids."""
-    from sim.routing import merge_replicas, merged_summary
+    from sim.cluster.routing import merge_replicas, merged_summary
 
     trace = traces.scale_rate(traces.synthetic_default(0, num_requests=120), 40.0)
     config = SimConfig()
@@ -163,10 +163,10 @@ def test_a_merge_of_some_replicas_equals_the_in_memory_merge_of_them(tmp_path):
 
 
 def test_a_streamed_runs_summary_equals_the_in_memory_runs(tmp_path, monkeypatch):
-    """A streamed run's summary reads its iteration columns row group by row group (sim.columns): the same
+    """A streamed run's summary reads its iteration columns row group by row group (sim.results.columns): the same
     summary, to the bit, as the run kept in memory; row groups of 50 iterations here."""
-    from sim.recorder import IterationRecorder
-    from sim.runner import run_simulation
+    from sim.results.recorder import IterationRecorder
+    from sim.core.runner import run_simulation
 
     monkeypatch.setattr(IterationRecorder.__init__, "__defaults__", (None, 50))
     trace, _ = traces.clip_context(traces.scale_rate(traces.synthetic_default(0, num_requests=150), 30.0), 8192)
@@ -181,7 +181,7 @@ def test_a_streamed_runs_summary_equals_the_in_memory_runs(tmp_path, monkeypatch
 def test_keeping_only_the_merged_columns_gives_the_same_summary(tmp_path):
     """``keep_iterations=False`` (bench_week.py --summary-columns-only) keeps two columns of each replica's
     iteration records: the same merged summary."""
-    from sim.routing import assign, merged_summary, simulate_replicas
+    from sim.cluster.routing import assign, merged_summary, simulate_replicas
 
     trace = traces.scale_rate(traces.synthetic_default(0, num_requests=120), 40.0)
     config = SimConfig(memory_util_frac=0.2, sync_mapping=True)
@@ -196,9 +196,9 @@ def test_keeping_only_the_merged_columns_gives_the_same_summary(tmp_path):
 def test_a_stopped_run_resumes_from_its_records(tmp_path, monkeypatch, fmt):
     """``resume``: replicas with a complete record (``parts.json``) are read back, the others simulated; the
     merged summary equals one uninterrupted run. A record of another seed is refused, naming its file; so is
-    one of other trace rows (by :func:`sim.routing.trace_digest`, which covers a Mooncake trace's ``hash_ids``)."""
-    from sim import routing
-    from sim.routing import assign, merged_summary, simulate_replicas
+    one of other trace rows (by :func:`sim.cluster.routing.trace_digest`, which covers a Mooncake trace's ``hash_ids``)."""
+    from sim.cluster import routing
+    from sim.cluster.routing import assign, merged_summary, simulate_replicas
 
     trace = traces.scale_rate(trace_of_format(fmt, tmp_path, 90), 40.0)
     config = SimConfig(memory_util_frac=0.2)
@@ -234,7 +234,7 @@ def test_a_records_directory_moves_and_damaged_records_are_named(tmp_path):
     is refused with the record and file named."""
     import shutil
 
-    from sim.routing import assign, merged_summary, simulate_replicas
+    from sim.cluster.routing import assign, merged_summary, simulate_replicas
 
     trace = traces.scale_rate(traces.synthetic_default(0, num_requests=60), 40.0)
     config = SimConfig(memory_util_frac=0.2)

@@ -13,7 +13,7 @@ from analysis.comparison import run_labels
 from analysis.report import build_report_html
 from analysis.results import summarize
 from cli import main
-from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS
+from sim.results.records import ITERATION_COLUMNS, REQUEST_COLUMNS
 
 TRACES_PER_RUN = {"latency": 3, "batch": 2, "pool": 4, "tail_waste": 2, "cdf": 3, "mapping": 3}
 CONFIG = {"page_group_bytes": 128 * 2**20, "num_sub_tensors": 64, "policy": "vattention"}

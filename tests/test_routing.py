@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 
 import traces
-from sim.routing import round_robin, run_routed, split_trace
-from sim.runner import run_simulation
-from sim.config import SimConfig
+from sim.cluster.routing import round_robin, run_routed, split_trace
+from sim.core.runner import run_simulation
+from sim.setup.config import SimConfig
 
 
 TRACE_FORMATS = ("synthetic", "mooncake")
@@ -105,7 +105,7 @@ def test_unknown_routing():
 def test_state_free_routers_split_equals_co_simulation(workload, routing):
     """A state-free router's replicas simulated apart (split trace) give exactly the records of the same
     assignment co-simulated in one SimPy environment with a router submitting each request at its arrival."""
-    from sim.routing import assign, co_simulate_least_outstanding, merge_replicas
+    from sim.cluster.routing import assign, co_simulate_least_outstanding, merge_replicas
 
     trace = traces.scale_rate(workload, 20.0)
     config = SimConfig()
@@ -119,7 +119,7 @@ def test_state_free_routers_split_equals_co_simulation(workload, routing):
 
 
 def test_session_hash_keeps_sessions_together_and_random_is_seeded():
-    from sim.routing import random_assignment, session_hash
+    from sim.cluster.routing import random_assignment, session_hash
 
     trace = pd.DataFrame({"request_id": range(8), "session_id": ["a", "b", "a", "c", "b", "a", "d", "c"]})
     replica = session_hash(trace, 3)
@@ -142,7 +142,7 @@ def test_replicas_streamed_to_files_merge_like_in_memory(workload, tmp_path):
 
 
 def test_session_hash_warns_when_keys_are_fewer_than_replicas():
-    from sim.routing import session_key_note
+    from sim.cluster.routing import session_key_note
 
     shared = pd.DataFrame({"request_id": range(5), "hash_ids": [[0, 1], [0, 2], [0], [0, 5], [0, 9]]})
     assert "1 distinct session key(s) (hash_ids[0]" in session_key_note(shared, 4)
@@ -155,7 +155,7 @@ def test_trace_digest_covers_hash_ids_and_is_stable(tmp_path):
     swapped, gives another; a trace of scalar columns keeps the digest of before (sha1 of pandas' row hashes)."""
     import hashlib
 
-    from sim.routing import trace_digest
+    from sim.cluster.routing import trace_digest
 
     rows = trace_of_format("mooncake", tmp_path, 12)
     digest = trace_digest(rows)

@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from analysis.results import build_result
-from sim.config import ConfigError, SimConfig
-from sim.engine import Simulator
+from sim.setup.config import ConfigError, SimConfig
+from sim.core.engine import Simulator
 from sim.units import KIB
 from tests.helpers import ConstantCompute, constant_vmm, trace
 

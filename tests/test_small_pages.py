@@ -1,4 +1,4 @@
-"""Pages below 2 MiB: vAttention's modified-driver path (issue 28 item 11; sim/latency.py).
+"""Pages below 2 MiB: vAttention's modified-driver path (issue 28 item 11; sim/timing/latency.py).
 
 The paper's allocation bandwidth with 64 KB pages is 7.6 GB/s (vAttention ASPLOS'25 section 7.3, quoted in
 issue 28): one 64 KiB page maps in 65,536 / 7.6e9 s = 8.623 us. Before, a 64 KiB page cost one 2 MiB
@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from sim.config import ConfigError, SimConfig
-from sim.engine import Simulator
-from sim.latency import MODIFIED_DRIVER_MAP_BYTES_PER_S, VmmLatencyModel, modified_driver_page_us
-from sim.policy_spec import parse_policy, policy_config_error
+from sim.setup.config import ConfigError, SimConfig
+from sim.core.engine import Simulator
+from sim.timing.latency import MODIFIED_DRIVER_MAP_BYTES_PER_S, VmmLatencyModel, modified_driver_page_us
+from sim.frontend.policy_spec import parse_policy, policy_config_error
 from sim.units import KIB, MIB
 from tests.helpers import ConstantCompute, trace
 

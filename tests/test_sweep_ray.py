@@ -36,8 +36,8 @@ def test_ray_replicas_equal_the_local_ones(tmp_path, local_ray, fmt, records):
     """Replicas simulated as Ray tasks (rows through the object store, or a records directory) merge to exactly
     the in-process run's requests and summary, for a synthetic table and a Mooncake one (``hash_ids``)."""
     import traces
-    from sim.config import SimConfig
-    from sim.routing import run_routed
+    from sim.setup.config import SimConfig
+    from sim.cluster.routing import run_routed
     from tests.test_routing import trace_of_format
 
     trace, _ = traces.clip_context(traces.scale_rate(trace_of_format(fmt, tmp_path, 40), 20.0), 8192)

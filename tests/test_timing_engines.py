@@ -1,6 +1,6 @@
 """Engine presets (``--engine``) and the per-request front-end cost (issue 31, item 4).
 
-Expected values are the engines' own defaults as their code states them (sim/engines.py cites each file), and
+Expected values are the engines' own defaults as their code states them (sim/setup/engines.py cites each file), and
 the golden two-request run of tests/test_engine.py shifted by the front-end cost.
 """
 from __future__ import annotations
@@ -10,12 +10,12 @@ import math
 import pytest
 
 from cli import build_parser, main
-from sim.catalog import get_gpu
-from sim.config import SimConfig
-from sim.engine import Simulator
-from sim.engines import ENGINES, engine_preset
-from sim.options import config_from_args
-from sim.request import Request
+from sim.setup.catalog import get_gpu
+from sim.setup.config import SimConfig
+from sim.core.engine import Simulator
+from sim.setup.engines import ENGINES, engine_preset
+from sim.frontend.options import config_from_args
+from sim.core.request import Request
 from sim.units import KIB
 from tests.helpers import ConstantCompute, constant_vmm, trace
 
@@ -105,7 +105,7 @@ def test_a_bad_frontend_overhead_is_one_error_line(value, capsys):
 
 
 def test_simconfig_refuses_a_negative_frontend_cost():
-    from sim.config import ConfigError
+    from sim.setup.config import ConfigError
     with pytest.raises(ConfigError, match="--frontend-overhead-ms"):
         SimConfig(frontend_overhead_us=-1.0)
     assert math.isfinite(SimConfig(frontend_overhead_us=0.0).frontend_overhead_us)

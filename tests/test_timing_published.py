@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.catalog import get_gpu, get_model
-from sim.compute import H200_BW_EFFICIENCY, H200_FLOPS_EFFICIENCY, RooflineComputeModel, decode_batch
+from sim.setup.catalog import get_gpu, get_model
+from sim.timing.compute import H200_BW_EFFICIENCY, H200_FLOPS_EFFICIENCY, RooflineComputeModel, decode_batch
 
 TOLERANCE = 0.15
 

@@ -1,12 +1,12 @@
 """Tensor-parallel all-reduces with NCCL's latency (issue 31, item 3): hand-computed from NCCL's cost model
-(``src/graph/tuning.cc`` constants in sim.compute) and nccl-tests' bus-bandwidth definition."""
+(``src/graph/tuning.cc`` constants in sim.timing.compute) and nccl-tests' bus-bandwidth definition."""
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from sim.catalog import get_gpu, get_model
-from sim.compute import RooflineComputeModel, decode_batch, nccl_allreduce_us
+from sim.setup.catalog import get_gpu, get_model
+from sim.timing.compute import RooflineComputeModel, decode_batch, nccl_allreduce_us
 
 
 def test_small_all_reduce_costs_ncclss_ring_ll_latency():

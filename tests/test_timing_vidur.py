@@ -12,10 +12,10 @@ import pytest
 from cli import main
 from hwbackend.calibration.vidur import (ALL_REDUCE_COLUMNS, MLP_COLUMNS, VidurError, fit_all_reduce, fit_profile,
                                          read_csv)
-from sim.catalog import get_gpu, get_model
-from sim.compute import RooflineComputeModel
-from sim.config import SimConfig
-from sim.runner import load_models
+from sim.setup.catalog import get_gpu, get_model
+from sim.timing.compute import RooflineComputeModel
+from sim.setup.config import SimConfig
+from sim.core.runner import load_models
 
 ROOT = Path(__file__).resolve().parents[1]
 A100 = get_gpu("a100")

@@ -28,7 +28,7 @@ from hwbackend.vmm.executor import BackgroundMappingError, _snapshot, policy_con
 from hwbackend.vmm.kvcache import KVCache, KVCacheLayout
 from hwbackend.vmm.tp import TPStepError
 from hwbackend.vmm.tp_worker import TPWorker
-from sim.config import SimConfig
+from sim.setup.config import SimConfig
 from sim.memory.vattention import VAttentionPolicy
 
 MIB = 1 << 20
@@ -321,7 +321,7 @@ def recording_spec(config: SimConfig, delay_us: dict | None = None, compute_us: 
 @pytest.mark.parametrize("sync", [True, False])
 def test_tp_loop_schedules_like_the_simulator_and_every_rank_computes_the_same_batches(sync):
     pytest.importorskip("simpy")
-    from sim.runner import run_simulation
+    from sim.core.runner import run_simulation
 
     config = SimConfig(tp=2, max_batch_slots=4, max_context_tokens=4096, token_budget=512, sync_mapping=sync,
                        memory_util_frac=0.2)
@@ -348,7 +348,7 @@ def test_tp_loop_schedules_like_the_simulator_and_every_rank_computes_the_same_b
 
 def test_the_mapper_thread_maps_ahead_on_every_rank_while_the_emulated_gpu_computes():
     pytest.importorskip("simpy")
-    from sim.runner import run_simulation
+    from sim.core.runner import run_simulation
 
     config = SimConfig(tp=2, max_batch_slots=4, max_context_tokens=8192, token_budget=512, memory_util_frac=0.2)
     trace = pd.DataFrame({"request_id": range(4), "arrival_s": [0, 0.001, 0.002, 0.003],
@@ -426,8 +426,8 @@ def test_the_fit_rule_of_the_tp2_plan_gives_a_tp2_profile_that_validate_uses(tmp
     from cli import main as kvsim_main
     from hwbackend.calibration.validate import validate_run
     from hwbackend.replay.cli import write_hw_run
-    from sim.latency import read_profile
-    from sim.runner import resolve_compute_model
+    from sim.timing.latency import read_profile
+    from sim.core.runner import resolve_compute_model
 
     config = SimConfig(tp=2, max_batch_slots=8, max_context_tokens=4096, token_budget=512, memory_util_frac=0.2,
                        sync_mapping=True)

@@ -65,7 +65,7 @@ def test_cpu_replay_at_tp_2_writes_a_run_that_validate_simulates_at_tp_2(tmp_pat
     pytest.importorskip("simpy")
     from hwbackend.calibration.run_files import load_hw_run
     from hwbackend.replay.tp.cli import main
-    from sim.runner import run_simulation
+    from sim.core.runner import run_simulation
 
     trace = tmp_path / "trace.csv"
     trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"

@@ -26,7 +26,7 @@ from hwbackend.replay.tp.session import Peers, PeerSpec, make_cache  # noqa: E40
 from hwbackend.vmm.executor import policy_config_for  # noqa: E402
 from hwbackend.vmm.kvcache import KVCacheLayout  # noqa: E402
 from hwbackend.vmm.tp_worker import TPWorker  # noqa: E402
-from sim.catalog import get_model  # noqa: E402
+from sim.setup.catalog import get_model  # noqa: E402
 from sim.memory.vattention import VAttentionPolicy  # noqa: E402
 
 MIB = 1 << 20

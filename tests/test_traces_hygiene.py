@@ -253,7 +253,7 @@ def test_na_words_in_token_column_are_not_empty(tmp_path, fmt, text):
 
 
 def test_max_arrival_matches_the_simulator_tick():
-    from sim.engine import ARRIVAL_TICKS_PER_S as SIM_TICKS
+    from sim.core.engine import ARRIVAL_TICKS_PER_S as SIM_TICKS
     assert ARRIVAL_TICKS_PER_S == SIM_TICKS
     assert MAX_ARRIVAL_S * ARRIVAL_TICKS_PER_S == 2**53
     # every tick count up to the bound is an exact float64 integer; one past it is not

@@ -131,7 +131,7 @@ def test_replicas_with_one_or_no_request_merge(tmp_path, capsys):
     requests = pd.read_parquet(out / "requests.parquet")
     assert requests["request_id"].tolist() == [0, 1, 2] and requests["replica"].tolist() == [0, 1, 2]
     assert requests["first_scheduled_at_us"].dtype == np.float64 and requests["first_scheduled_at_us"].iloc[0] == 0
-    from sim.replica_merge import _common_schema
+    from sim.cluster.replica_merge import _common_schema
     schemas = [pa.schema([("a", pa.int64()), ("b", pa.null())]), pa.schema([("a", pa.float64()), ("b", pa.string())])]
     assert _common_schema(schemas) == pa.schema([("a", pa.float64()), ("b", pa.string())])
 
@@ -192,7 +192,7 @@ def test_messages_name_the_cause_and_the_row(tmp_path, capsys):
     assert main(["simulate", "--model", str(empty), "--out", str(tmp_path / "x")]) == 2
     assert f"{empty}: a directory without a config.json in it" in one_error(capsys)
     shutil.copy(ROOT / "models" / "mistral-7b.json", empty / "config.json")
-    from sim.catalog import get_model
+    from sim.setup.catalog import get_model
     assert get_model(str(empty)).num_layers >= 1       # a Hugging Face model directory is read
 
 

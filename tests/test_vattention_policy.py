@@ -7,7 +7,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from sim.memory import VAttentionConfig, VAttentionPolicy
-from sim.plan import MapOp, Plan, UnmapOp
+from sim.memory.plan import MapOp, Plan, UnmapOp
 
 
 def policy(**overrides) -> VAttentionPolicy:

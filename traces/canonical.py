@@ -14,7 +14,7 @@ Limits every loader enforces:
 
 * ``arrival_s`` is finite and at most :data:`MAX_ARRIVAL_S` (about 900.7 million s,
   28.5 years) after the first request. The simulator quantises arrivals to 100 ns ticks
-  (``sim.engine.ARRIVAL_TICKS_PER_S``) and keeps time as float64 microseconds; a tick
+  (``sim.core.engine.ARRIVAL_TICKS_PER_S``) and keeps time as float64 microseconds; a tick
   count is an exact float64 integer only up to 2**53, so later arrivals would be rounded
   (at 1e300 s every latency of the request comes out as 0).
 * ``hash_ids`` (Mooncake prefix-block ids), where present, is per request either empty
@@ -33,7 +33,7 @@ import pandas as pd
 from traces.errors import TraceError, TraceWarning, plain
 
 CANONICAL_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens")
-ARRIVAL_TICKS_PER_S = 10_000_000   # as sim.engine: arrivals quantised to 100 ns
+ARRIVAL_TICKS_PER_S = 10_000_000   # as sim.core.engine: arrivals quantised to 100 ns
 MAX_ARRIVAL_S = 2**53 / ARRIVAL_TICKS_PER_S   # 900,719,925.47 s: tick counts stay exact
 MAX_ARRIVAL_TEXT = (f"{MAX_ARRIVAL_S:,.0f} s (2**53 ticks of 100 ns: the simulator's "
                     "clock holds later arrivals only approximately)")

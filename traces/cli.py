@@ -50,7 +50,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def _add_input_args(parser: argparse.ArgumentParser) -> None:
-    from sim.argtypes import DeprecatedAlias, int_at_least, positive_float
+    from sim.frontend.argtypes import DeprecatedAlias, int_at_least, positive_float
     parser.add_argument("file", help="trace file (CSV, JSONL, Parquet) or trace name")
     parser.add_argument("--format", choices=FORMAT_NAMES, default=None,
                         help="trace format (default: detect from the header)")

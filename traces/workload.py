@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import warnings
 
-from sim.argtypes import int_at_least, positive_float
+from sim.frontend.argtypes import int_at_least, positive_float
 
 
 def add_trace_args(parser: argparse.ArgumentParser) -> None:

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 import traces
-from sim import runner
+from sim.core import runner
 from analysis.planning.slo import DEFAULT_STABILITY_TOL, Slo, SloAttainment, ttft_growth
 from analysis.results import goodput_figures
-from sim.config import SimConfig
+from sim.setup.config import SimConfig
 
 MAX_BRACKET_STEPS = 16   # 2**16: the bracket spans rates from 1/65536 to 65536 times the trace's own
 STABILITY = "stability"
@@ -40,8 +40,8 @@ class UnservableWorkloadError(ValueError):
 
 def unservable_reasons(config: SimConfig, trace: pd.DataFrame) -> list[str]:
     """Per request of ``trace``, why one replica of ``config`` can never serve it whatever the load (``""``
-    when it can; :func:`sim.lifecycle.unservable_reason`: longer than a slot or than the usable page pool)."""
-    from sim.lifecycle import unservable_reason
+    when it can; :func:`sim.core.lifecycle.unservable_reason`: longer than a slot or than the usable page pool)."""
+    from sim.core.lifecycle import unservable_reason
     from sim.memory import build_policy
 
     policy_config = build_policy(config).config
@@ -56,7 +56,7 @@ def unservable_requests(config: SimConfig, trace: pd.DataFrame) -> dict[str, int
 
 def unservable_line(counts: dict[str, int], total: int) -> str:
     """``200 of 400 requests (50.0%) can never be served on one replica: 200 need more KV ...``."""
-    from sim.records import REJECT_REASONS
+    from sim.results.records import REJECT_REASONS
 
     rejected = sum(counts.values())
     reasons = "; ".join(f"{n:,} need {REJECT_REASONS[reason]}" for reason, n in sorted(counts.items()))

@@ -34,7 +34,7 @@ def _fraction(text: str) -> float:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    from sim.options import add_config_args
+    from sim.frontend.options import add_config_args
     from traces.workload import add_trace_args
     add_trace_args(parser)
     add_config_args(parser)
@@ -65,7 +65,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 def register(subparsers) -> None:
     """Add the ``capacity`` and ``sweep`` subcommands."""
-    from sim.routers import EXECUTORS, ROUTERS
+    from sim.cluster.routers import EXECUTORS, ROUTERS
     cap = subparsers.add_parser(
         "capacity", help="highest request rate per GPU replica under latency SLOs; replicas for a target rate",
         description="Search the arrival-rate scale of a trace (exponential bracket, then bisection) for the highest "
@@ -83,7 +83,7 @@ def register(subparsers) -> None:
     cap.add_argument("--json", default=None, metavar="FILE",
                      help="also write the result (and every step) as JSON (default: none)")
     cap.add_argument("--force", action="store_true", help="replace an existing --json file")
-    from sim.disagg_options import add_disagg_args
+    from sim.frontend.disagg_options import add_disagg_args
     add_disagg_args(cap, search=True)
     cap.set_defaults(func=cmd_capacity)
     sweep = subparsers.add_parser(
@@ -113,7 +113,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     """``kvsim capacity``: search, print the steps and the answer, optionally check the replica count."""
     from analysis.planning.capacity import check_servable, find_capacity
     from analysis.planning.slo import search_objectives
-    from sim.options import config_from_args
+    from sim.frontend.options import config_from_args
     from traces.workload import load_workload
     if not args.slo:
         raise ValueError("capacity needs --slo, e.g. --slo ttft_p99=2s,tpot_p99=100ms")
@@ -125,7 +125,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     args.routing = args.routing or "round-robin"
     if args.target_rate is not None and not args.target_rate > 0:
         raise ValueError(f"--target-rate must be > 0 req/s, got {args.target_rate}")
-    from sim.disagg_options import check_disagg_flags
+    from sim.frontend.disagg_options import check_disagg_flags
     check_disagg_flags(args)
     if args.pd is not None or args.pd_search is not None:      # disaggregated (docs/disaggregated.md)
         from analysis.planning.disagg_cli import cmd_capacity_disagg
@@ -143,8 +143,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                          "offline workload has not; use kvsim simulate for its throughput")
     check_servable(config, trace, args.allow_rejected)        # refuse before printing anything else
     started = time.perf_counter()
-    from sim.runner import compute_gpu_note
-    # a borrowed VMM profile, sliding windows (sim.config.SimConfig.notes), compute fits of another GPU
+    from sim.core.runner import compute_gpu_note
+    # a borrowed VMM profile, sliding windows (sim.setup.config.SimConfig.notes), compute fits of another GPU
     for note in config.notes + compute_gpu_note(config, getattr(args, "profile", None)):
         print(f"kvsim: note: {note}", file=sys.stderr)
     print(f"capacity search: {config.model} on {config.gpu} (tp={config.tp}{f', pp={config.pp}' if config.pp > 1 else ''}), {config.label}, "
@@ -210,7 +210,7 @@ def _check_replicas(args, config, trace, result) -> dict | None:
     """Simulate the target rate routed over the computed replica count; print whether the SLOs hold."""
     import traces
     from analysis.planning.capacity import base_rate_per_s, judge
-    from sim.routing import run_routed
+    from sim.cluster.routing import run_routed
     from analysis.planning.slo import search_objectives, ttft_growth
     replicas = result.replicas_for(args.target_rate)
     if replicas is None:
@@ -253,8 +253,8 @@ def _check_long_context(jobs) -> None:
     """Refuse the sweep (before anything runs) when a point sets a --max-context beyond its model's native
     context without --allow-long-context: an option error, not a failed point."""
     from analysis.planning.sweep import point_args
-    from sim.catalog import CatalogError, get_model
-    from sim.config import ConfigError
+    from sim.setup.catalog import CatalogError, get_model
+    from sim.setup.config import ConfigError
     for job in jobs:
         args, fields = point_args(job)
         model = fields.get("model", args.model)
@@ -282,12 +282,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     if getattr(args, "profile", None) is not None:   # a bad profile is refused once, before any point runs
-        from sim.latency import read_profile
+        from sim.timing.latency import read_profile
         read_profile(args.profile)
     jobs = make_jobs(grid, base_settings(args), args.job)
     _check_long_context(jobs)
     from analysis.planning.sweep import point_args
-    from sim.disagg_options import check_disagg_flags
+    from sim.frontend.disagg_options import check_disagg_flags
     for job in jobs:                  # a bad --pd, --kv-link, ... value is refused before any point runs
         check_disagg_flags(point_args(job)[0], allow_unused=True)
     from analysis.output import OutputDir, command_inputs

@@ -5,7 +5,7 @@ cheapest configuration of a sweep that meets the SLOs.
     replica $/hour        = GPUs per replica x $/GPU-hour        (the GPU's catalogue price or --usd-per-gpu-hour)
     requests per $        = capacity req/s x 3600 / replica $/hour
 
-Prices come from ``sim/catalog.toml`` (``usd_per_gpu_hour`` with ``price_source``: public on-demand prices with
+Prices come from ``sim/setup/catalog.toml`` (``usd_per_gpu_hour`` with ``price_source``: public on-demand prices with
 their date) or a GPU TOML; a GPU without a price gives no cost figure (``None``), never a guess.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ COST_COLUMNS = ("gpus_per_replica", "usd_per_gpu_hour", "replica_usd_per_hour", 
 
 
 def replica_usd_per_hour(config, gpus: int | None = None) -> float | None:
-    """Dollars per hour of one replica of ``config`` (:class:`sim.config.SimConfig`): ``tp x pp x $/GPU-hour``,
+    """Dollars per hour of one replica of ``config`` (:class:`sim.setup.config.SimConfig`): ``tp x pp x $/GPU-hour``,
     or ``gpus x $/GPU-hour`` for a deployment that states its GPUs (a disaggregated P:D one); ``None`` when
     the GPU has no price."""
     price = config.gpu_spec.usd_per_gpu_hour
@@ -61,7 +61,7 @@ def add_cost_columns(table: pd.DataFrame, jobs, point_args) -> pd.DataFrame:
     if table.empty:
         return table
     from analysis.planning.slo import objectives
-    from sim.options import config_from_args
+    from sim.frontend.options import config_from_args
     values = {name: [] for name in COST_COLUMNS[:-1]}
     for job, (_, row) in zip(jobs, table.iterrows()):
         try:

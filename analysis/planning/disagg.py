@@ -2,14 +2,14 @@
 
 A deployment's capacity is found exactly as one replica's (:mod:`analysis.planning.capacity`): the trace's
 arrival rate is scaled until the SLOs or the queue's stability fail, bracketing then bisecting; here the
-simulated system is the whole deployment of P prefill and D decode instances (:mod:`sim.disagg`), so the
+simulated system is the whole deployment of P prefill and D decode instances (:mod:`sim.cluster.disagg`), so the
 capacity is in served requests/s for ``P * tp_prefill + D * tp_decode`` GPUs. **Goodput per GPU** is that
 capacity divided by the GPUs (DistServe, Zhong et al. OSDI'24, section 2: "per-GPU goodput", the request rate
 served within the SLOs per GPU), the figure that ranks deployments of different sizes; a co-located replica's
 is its capacity over its tensor-parallel degree.
 
 :func:`search_deployments` evaluates, within a GPU budget, co-located deployments of ``R`` replicas at each
-tensor-parallel degree (behind least-outstanding routing, co-simulated: :func:`sim.routing.run_routed`) and
+tensor-parallel degree (behind least-outstanding routing, co-simulated: :func:`sim.cluster.routing.run_routed`) and
 every P:D with every degree per role, and ranks them by goodput per GPU. Deployments are compared at equal GPU
 counts as well: more instances absorb bursts better (a router spreads a burst over more queues), so a 4-GPU
 P:D deployment is weighed against 4 co-located replicas, not against one. For a target rate R a deployment
@@ -28,13 +28,13 @@ from analysis.planning.capacity import (CapacityResult, Evaluation, UnservableWo
                                         capacity_result, find_capacity, judge, search_capacity, unservable_line)
 from analysis.planning.slo import DEFAULT_STABILITY_TOL, Slo, ttft_growth
 
-STALLED = "stalled"      # a failed point: the deployment stalled (sim.disagg.DisaggStallError)
+STALLED = "stalled"      # a failed point: the deployment stalled (sim.cluster.disagg.DisaggStallError)
 
 
 def disagg_unservable_reasons(config, trace: pd.DataFrame) -> list[str]:
-    """Per request, why the deployment ``config`` (:class:`sim.disagg.DisaggConfig`) can never serve it: its
+    """Per request, why the deployment ``config`` (:class:`sim.cluster.disagg.DisaggConfig`) can never serve it: its
     prompt exceeds a prefill instance's slot or pool, or its last KV a decode instance's (``""`` if it can)."""
-    from sim.lifecycle import unservable_reason
+    from sim.core.lifecycle import unservable_reason
     from sim.memory import build_policy
 
     prefill, decode = build_policy(config.prefill).config, build_policy(config.decode).config
@@ -53,7 +53,7 @@ def make_disagg_evaluator(config, trace: pd.DataFrame, slos: tuple[Slo, ...], pr
     """``scale -> Evaluation``: the deployment serving ``trace`` at ``scale`` times its rate; the rate counts
     served requests only, over the whole deployment."""
     import traces
-    from sim.disagg import DisaggStallError, run_disagg
+    from sim.cluster.disagg import DisaggStallError, run_disagg
 
     base_rate = base_rate_per_s(trace)
 
@@ -142,7 +142,7 @@ def find_colocated_capacity(config, trace: pd.DataFrame, replicas: int, slos: tu
                             on_step: Callable[[Evaluation], None] | None = None, allow_rejected: bool = False,
                             start_scale: float = 1.0) -> CapacityResult:
     """Capacity (served requests/s) of ``replicas`` co-located replicas of ``config`` behind least-outstanding
-    routing, co-simulated (:func:`sim.routing.run_routed`); one replica is :func:`find_capacity`.
+    routing, co-simulated (:func:`sim.cluster.routing.run_routed`); one replica is :func:`find_capacity`.
 
     Raises:
         UnservableWorkloadError: as :func:`find_capacity`.
@@ -152,7 +152,7 @@ def find_colocated_capacity(config, trace: pd.DataFrame, replicas: int, slos: tu
                              allow_rejected=allow_rejected)
     import traces
     from analysis.planning.capacity import check_servable
-    from sim.routing import run_routed
+    from sim.cluster.routing import run_routed
 
     reasons = check_servable(config, trace, allow_rejected)
     counts = Counter(filter(None, reasons))
@@ -221,9 +221,9 @@ def search_deployments(args, trace: pd.DataFrame, slos: tuple[Slo, ...], max_gpu
     else: model, GPU, policies, link, streaming, profile, tolerance, stability, allow_rejected). A search's
     bracket starts at the highest passing scale found so far for as many GPUs (or scaled up from fewer GPUs):
     fewer steps, the same bracketing from there. Returns the results in candidate order."""
-    from sim.catalog import CatalogError
-    from sim.config import ConfigError
-    from sim.disagg_options import disagg_config_from_args, role_config
+    from sim.setup.catalog import CatalogError
+    from sim.setup.config import ConfigError
+    from sim.frontend.disagg_options import disagg_config_from_args, role_config
 
     results: list[DeploymentResult] = []
     scale_at_gpus: dict[int, float] = {}          # GPUs -> highest passing scale so far (bracket starts)

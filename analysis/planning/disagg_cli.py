@@ -26,7 +26,7 @@ def _step_header(slos, prefix: str = "") -> str:
 def cmd_capacity_disagg(args: argparse.Namespace) -> int:
     """Capacity of ``--pd P:D``, or the ``--pd-search`` ranking; exit status 1 when nothing passes."""
     from analysis.planning.slo import search_objectives
-    from sim.disagg_options import disagg_config_from_args, parse_tp_list, role_config
+    from sim.frontend.disagg_options import disagg_config_from_args, parse_tp_list, role_config
     from traces.workload import load_workload
 
     if args.check_replicas:
@@ -122,8 +122,8 @@ def _search(args, trace, slos, tps: list[int]) -> tuple[int, dict]:
 # ---- sweep points ------------------------------------------------------------------------------------------
 def simulate_point(args: argparse.Namespace, overrides: dict, trace_loader) -> tuple[str, dict]:
     """A sweep point with ``pd``: the deployment's summary (the nested role tables as JSON text)."""
-    from sim.disagg import run_disagg
-    from sim.disagg_options import disagg_config_from_args
+    from sim.cluster.disagg import run_disagg
+    from sim.frontend.disagg_options import disagg_config_from_args
 
     config = disagg_config_from_args(args, **overrides)
     trace = trace_loader(config.seed, config.slot_max_tokens)
@@ -137,7 +137,7 @@ def capacity_point(args: argparse.Namespace, overrides: dict, trace_loader) -> t
     """A capacity sweep point with ``pd``: the deployment's capacity, GPUs and goodput per GPU."""
     from analysis.planning.disagg import find_disagg_capacity
     from analysis.planning.slo import search_objectives
-    from sim.disagg_options import disagg_config_from_args
+    from sim.frontend.disagg_options import disagg_config_from_args
 
     if not args.slo:
         raise ValueError("--job capacity needs --slo (e.g. ttft_p99=2s,tpot_p99=100ms)")

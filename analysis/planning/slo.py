@@ -20,7 +20,7 @@ every one of them at once (:class:`SloAttainment`)::
     goodput     = #met / makespan_s         (the span of throughput_req_per_s: first arrival to last completion)
 
 ``tpot_us`` is the request's own mean gap after its first token, ``(completion - first token) / (output - 1)``
-(:mod:`sim.request`); a request of one output token has none, and meets any TPOT bound (no token of it was
+(:mod:`sim.core.request`); a request of one output token has none, and meets any TPOT bound (no token of it was
 late; vLLM's benchmark counts its TPOT as 0). A capacity search with ``--allow-rejected`` leaves the requests
 that can never fit one replica out of the denominator, as it leaves them out of the capacity
 (:func:`attainment_of`). The capacity found under an attainment objective is DistServe's goodput: the highest
@@ -275,26 +275,5 @@ def format_duration(value_us: float) -> str:
     return f"{value_us:.4g}us"
 
 
-def ttft_growth(requests: pd.DataFrame) -> float:
-    """Slope of TTFT over arrival time in the steady-state window (s/s, module docstring); 0.0 for tiny runs.
-
-    Args:
-        requests: per-request table (``arrival_at_us``, ``ttft_us``, ``status``).
-    """
-    finished = requests[requests["status"] == "finished"]
-    return ttft_growth_of(finished["arrival_at_us"].to_numpy(dtype=float), finished["ttft_us"].to_numpy(dtype=float))
-
-
-def ttft_growth_of(arrivals_us: np.ndarray, ttft_us: np.ndarray) -> float:
-    """:func:`ttft_growth` of the finished requests' arrivals and TTFTs (us, in request order)."""
-    arrivals_us = np.asarray(arrivals_us, dtype=float)
-    ttft_us = np.asarray(ttft_us, dtype=float)
-    defined = np.isfinite(ttft_us)
-    arrivals_us, ttft_us = arrivals_us[defined], ttft_us[defined]
-    if len(arrivals_us) < 8:
-        return 0.0
-    steady = arrivals_us >= np.sort(arrivals_us)[len(arrivals_us) // 4]
-    x_us, y_us = arrivals_us[steady], ttft_us[steady]
-    spread = x_us - x_us.mean()
-    denominator = float(np.dot(spread, spread))
-    return float(np.dot(spread, y_us - y_us.mean()) / denominator) if denominator > 0 else 0.0
+# the queueing trend is computed with the run summary, below analysis (sim.results.summary); re-exported here
+from sim.results.summary import ttft_growth, ttft_growth_of  # noqa: E402,F401

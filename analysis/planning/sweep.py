@@ -2,7 +2,7 @@
 
 A grid axis is any ``kvsim simulate`` option (``page_size``, ``policy``, ``max_batch``, ``scheduler``,
 ``token_budget``, ``sync_mapping``, ``deferred_reclaim``, ``memory_util``, ``rate_scale``, ``num_requests``,
-``tp``, ``pp``, ``gpu``, ``model``, ``seed``, ``trace``, ...) or any :class:`sim.config.SimConfig` field
+``tp``, ``pp``, ``gpu``, ``model``, ``seed``, ``trace``, ...) or any :class:`sim.setup.config.SimConfig` field
 (``eager_lookahead_steps``, ``block_size_tokens``, ...)::
 
     --grid page_size=64KiB,256KiB,2MiB --grid policy=vattention,paged:block=16 --grid max_batch=128,256
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.config import POLICIES, SimConfig
+from sim.setup.config import POLICIES, SimConfig
 
 JOBS = ("simulate", "capacity")
 # options of the parsed command line that do not change a point's result
@@ -44,14 +44,14 @@ _ON_OFF = {"on": True, "true": True, "1": True, "yes": True, "off": False, "fals
 @functools.lru_cache(maxsize=1)
 def _reference_parser() -> argparse.ArgumentParser:
     """A parser holding every simulate option, to look up an axis's destination and value type."""
-    from sim.options import add_config_args
+    from sim.frontend.options import add_config_args
     from traces.workload import add_trace_args
     parser = argparse.ArgumentParser(add_help=False)
     add_trace_args(parser)
     add_config_args(parser)
     parser.add_argument("--policy", default=None)
     parser.add_argument("--profile", default=None)
-    from sim.disagg_options import add_disagg_args
+    from sim.frontend.disagg_options import add_disagg_args
     add_disagg_args(parser)               # pd, kv_link, kv_stream, prefill/decode policy and tp (issue 22)
     return parser
 

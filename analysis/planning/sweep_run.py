@@ -17,7 +17,7 @@ from pathlib import Path
 
 from analysis.planning.sweep import PointJob, load_point, point_args, save_point
 
-from sim.routers import EXECUTORS  # noqa: E402  (re-exported)
+from sim.cluster.routers import EXECUTORS  # noqa: E402  (re-exported)
 
 
 @functools.lru_cache(maxsize=8)
@@ -33,7 +33,7 @@ def _workload(trace, trace_format, arrival, num_requests, rate_scale, seed: int,
 
 
 def _point_config_and_trace(job: PointJob):
-    from sim.options import config_from_args
+    from sim.frontend.options import config_from_args
     args, overrides = point_args(job)
     config = config_from_args(args, **overrides)
     trace = _workload(args.trace, args.trace_format, args.arrival, args.num_requests, args.rate_scale,
@@ -44,7 +44,7 @@ def _point_config_and_trace(job: PointJob):
 def _disagg_point(job: PointJob, kind: str) -> tuple[str, dict] | None:
     """A point of a disaggregated deployment (a ``pd`` axis or ``--pd``): ``simulate`` or ``capacity``
     (:mod:`analysis.planning.disagg_cli`); None for a co-located point (``pd`` unset or ``none``)."""
-    from sim.disagg_options import pd_of
+    from sim.frontend.disagg_options import pd_of
     args, overrides = point_args(job)
     if pd_of(args) is None:
         return None
@@ -59,7 +59,7 @@ def _disagg_point(job: PointJob, kind: str) -> tuple[str, dict] | None:
 def _simulate(job: PointJob) -> tuple[str, dict]:
     from analysis.planning.slo import point_objectives
     from analysis.results import with_goodput
-    from sim.runner import run_simulation
+    from sim.core.runner import run_simulation
     if (point := _disagg_point(job, "simulate")) is not None:
         return point
     args, config, trace = _point_config_and_trace(job)

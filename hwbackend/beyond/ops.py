@@ -30,7 +30,7 @@ from typing import Any
 
 from hwbackend.vmm.kvcache import KVCache, KVCacheLayout, _attempt
 from hwbackend.vmm.transaction import Transaction
-from sim.plan import MapOp, UnmapOp
+from sim.memory.plan import MapOp, UnmapOp
 
 MemsetFn = Callable[[int, int], None]
 CopyFn = Callable[[int, int, int], None]

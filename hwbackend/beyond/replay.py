@@ -101,7 +101,7 @@ class PhaseTimedLoop(ReplayLoop):
 
 
 def _iteration_columns() -> tuple:
-    from sim.records import ITERATION_COLUMNS
+    from sim.results.records import ITERATION_COLUMNS
     return ITERATION_COLUMNS
 
 

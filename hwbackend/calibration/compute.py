@@ -1,5 +1,5 @@
 """Compute calibration: time real iterations over a grid of batch shapes and fit the simulator's
-:class:`sim.compute.RooflineComputeModel` to them (``kvsim calibrate --compute``).
+:class:`sim.timing.compute.RooflineComputeModel` to them (``kvsim calibrate --compute``).
 
 Each grid point is one iteration shape: ``decodes`` sequences of one token at a given context, plus
 prefill chunks of ``tokens`` new tokens after ``context`` cached ones. It is run through the replay's own
@@ -14,7 +14,7 @@ The fit (least squares on relative error, ``scipy.optimize.least_squares`` from 
 ``flops_efficiency``, ``bw_efficiency``, ``attention_flops_efficiency`` and ``overhead_us``; the profile
 gets ``compute.roofline`` and ``compute.fit_error`` (median, p90, max of ``|model / measured - 1|`` over the
 grid), plus ``compute.tiled_roofline`` (the roofline with a launch floor and a mixed-batch term,
-:mod:`hwbackend.calibration.compute_tiled`), which ``sim.runner.load_models`` prefers when present.
+:mod:`hwbackend.calibration.compute_tiled`), which ``sim.core.runner.load_models`` prefers when present.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import numpy as np
 from hwbackend.calibration.compute_tiled import fit_tiled
 from hwbackend.calibration.fitting import best_fit, fit_error
 from hwbackend.replay.model import BatchInputs, SeqWork
-from sim.compute import BatchShape, RooflineComputeModel, attention_block_terms
+from sim.timing.compute import BatchShape, RooflineComputeModel, attention_block_terms
 
 FIT_FIELDS = ("flops_efficiency", "bw_efficiency", "attention_flops_efficiency", "overhead_us")
 FIT_BOUNDS = ((0.05, 0.05, 0.01, 0.0), (1.0, 1.0, 1.0, 50_000.0))
@@ -48,13 +48,13 @@ class GridPoint:
         return seqs + [SeqWork(first_slot + self.decodes + j, c, t, True) for j, (t, c) in enumerate(self.chunks)]
 
     def shape(self) -> BatchShape:
-        """The simulator's view of this iteration (as ``sim.engine._shape``)."""
+        """The simulator's view of this iteration (as ``sim.core.engine._shape``)."""
         return batch_shape(self.work())
 
 
 def batch_shape(work: list[SeqWork]) -> BatchShape:
-    """BatchShape of a list of sequences (pairs: ``t * (context + (t + 1) / 2)``, as ``sim.engine._shape``),
-    with FlashAttention-2's thread blocks and the keys they read (:func:`sim.compute.attention_block_terms`)."""
+    """BatchShape of a list of sequences (pairs: ``t * (context + (t + 1) / 2)``, as ``sim.core.engine._shape``),
+    with FlashAttention-2's thread blocks and the keys they read (:func:`sim.timing.compute.attention_block_terms`)."""
     blocks = [attention_block_terms(w.tokens, w.computed) for w in work]
     return BatchShape(new_tokens=sum(w.tokens for w in work),
                       attention_pairs=sum(w.tokens * (w.computed + (w.tokens + 1) / 2) for w in work),
@@ -163,7 +163,7 @@ def run_compute_calibration(model_name: str, profile_path: str, device: str = "c
     from hwbackend.replay.model import DecoderModel
     from hwbackend.replay.cli import choose_attention, warm_up
     from hwbackend.replay.kv import open_kv
-    from sim.config import SimConfig
+    from sim.setup.config import SimConfig
 
     config = SimConfig(model=model_name, sync_mapping=True)
     shape = config.model_spec.per_worker(config.tp)

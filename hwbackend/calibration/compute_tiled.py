@@ -9,10 +9,10 @@ roofline plus the two effects the H200 grid shows it lacks (``profiles/h200.json
 2. **Host launch floor.** Eager PyTorch launches ~450 kernels per iteration; below ~50 decodes the
    iteration is host-bound at ~8.5-9 ms whatever the batch: ``iteration = max(launch_floor_us, roofline)``.
 
-Mixed batches are recognised from :class:`sim.compute.BatchShape` alone: a batch holds a chunk exactly when
+Mixed batches are recognised from :class:`sim.timing.compute.BatchShape` alone: a batch holds a chunk exactly when
 ``new_tokens > logit_sequences`` (a decode adds one token and one logit row). The simulator's
-:class:`sim.compute.RooflineComputeModel` implements both terms (``mixed_tile_rows``, ``launch_floor_us``);
-this module fits them; ``sim.runner`` uses the fit whenever a profile holds it.
+:class:`sim.timing.compute.RooflineComputeModel` implements both terms (``mixed_tile_rows``, ``launch_floor_us``);
+this module fits them; ``sim.core.runner`` uses the fit whenever a profile holds it.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from hwbackend.calibration.fitting import best_fit, fit_error
-from sim.compute import BatchShape, RooflineComputeModel
+from sim.timing.compute import BatchShape, RooflineComputeModel
 
 TILED_FIELDS = ("flops_efficiency", "bw_efficiency", "attention_flops_efficiency", "overhead_us", "tile_rows",
                 "launch_floor_us")
@@ -29,7 +29,7 @@ TILED_BOUNDS = ((0.05, 0.05, 0.01, 0.0, 0.0, 0.0), (1.0, 1.0, 1.0, 50_000.0, 512
 
 def build(base: RooflineComputeModel, params: dict) -> RooflineComputeModel:
     """The simulator's compute model for ``params`` (keys :data:`TILED_FIELDS`): the roofline fields plus
-    ``mixed_tile_rows`` and ``launch_floor_us`` of :class:`sim.compute.RooflineComputeModel`."""
+    ``mixed_tile_rows`` and ``launch_floor_us`` of :class:`sim.timing.compute.RooflineComputeModel`."""
     fields = {k: float(params[k]) for k in TILED_FIELDS[:4]}
     fields.update(mixed_tile_rows=float(params["tile_rows"]), launch_floor_us=float(params["launch_floor_us"]))
     return base.with_overrides(fields)

@@ -16,7 +16,7 @@ prefill chunk) over the VMM-backed cache (:func:`hwbackend.replay.kv.open_kv`), 
 Points whose K/V do not fit ``pool_tokens`` (tokens rounded up to whole page groups) are left out. Each point
 is timed as :func:`hwbackend.calibration.compute._time_iteration_us` times a replay iteration (executor step
 over mapped pages, host inputs, forward, token copy), ``warmup`` times then ``repeats`` times; the rows keep
-the median and the 10th / 90th percentiles (microseconds) with the point's :class:`sim.compute.BatchShape`
+the median and the 10th / 90th percentiles (microseconds) with the point's :class:`sim.timing.compute.BatchShape`
 fields, so that :mod:`hwbackend.calibration.inloop` fits on grid rows and replay rows alike.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ GRID_COLUMNS = ("family", "point", "decodes", "chunk_tokens", "chunk_context", "
                 "kv_read_tokens", "logit_sequences", "max_context_tokens", "attention_blocks", "block_keys",
                 "graphed", "measured_us", "p10_us", "p90_us")
 """Columns of ``grid.parquet``: the point (family, index, decodes, chunk tokens / context; -1 without a chunk),
-its batch shape (:class:`sim.compute.BatchShape` fields), whether it ran as a CUDA graph, and its times (us)."""
+its batch shape (:class:`sim.timing.compute.BatchShape` fields), whether it ran as a CUDA graph, and its times (us)."""
 
 DECODE_BATCHES = (1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128, 160, 192, 256)
 DECODE_CONTEXTS = (128, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -119,7 +119,7 @@ def _long_points(add: Any, max_context: int) -> None:
 
 
 def shape_row(seqs: list[tuple[int, int]]) -> dict:
-    """:class:`sim.compute.BatchShape` fields of a point (``seqs``: ``(new tokens, cached)`` per sequence; each
+    """:class:`sim.timing.compute.BatchShape` fields of a point (``seqs``: ``(new tokens, cached)`` per sequence; each
     sequence's chunk emits a token, as a decode or a prompt's last chunk does)."""
     from hwbackend.calibration.compute import batch_shape
     from hwbackend.replay.model import SeqWork
@@ -218,7 +218,7 @@ def run_grid(model_name: str, out_dir: str | Path, device: str = "cuda:0", max_c
     from hwbackend.replay.cli import choose_attention, warm_up
     from hwbackend.replay.kv import open_kv
     from hwbackend.replay.model import DecoderModel, capture_decode_graphs
-    from sim.config import SimConfig
+    from sim.setup.config import SimConfig
 
     out = Path(out_dir)
     if (out / "grid.parquet").exists():

@@ -8,7 +8,7 @@ really forms, decode iterations as CUDA graphs next to eager mixed batches): fit
 iteration-time models on measured serving steps.
 
 Each replay iteration gives one row (``iterations.parquet`` joined with ``shapes.parquet`` on
-``iteration``): its :class:`sim.compute.BatchShape` and a target time in microseconds::
+``iteration``): its :class:`sim.timing.compute.BatchShape` and a target time in microseconds::
 
     step_us    = median sync_stall_us of the iterations that mapped nothing (the policy step on the host)
     mapping_us = max(sync_stall_us - step_us, 0)    where the iteration mapped on the critical path, else 0
@@ -17,9 +17,9 @@ Each replay iteration gives one row (``iterations.parquet`` joined with ``shapes
 and from synchronous-mapping runs the cost of one page-group growth inside the loop,
 ``sum(mapping_us) / sum(sync_map_page_groups)``, against the profile's isolated measurement
 (``page_group_growth``): their ratio is ``vmm_in_loop.growth_scale``
-(:meth:`sim.latency.VmmLatencyModel.page_group_map_us` applies it).
+(:meth:`sim.timing.latency.VmmLatencyModel.page_group_map_us` applies it).
 
-The fit: :class:`sim.compute.RooflineComputeModel` fields :data:`INLOOP_FIELDS` (with ``decode_graphs``
+The fit: :class:`sim.timing.compute.RooflineComputeModel` fields :data:`INLOOP_FIELDS` (with ``decode_graphs``
 set from the runs' ``config.json``), least squares on relative error with a soft-L1 loss (scale 5%), from
 several starts (``scipy.optimize.least_squares``). Errors are reported overall and for decode-only and
 mixed iterations separately (median, p90, max of ``|model / measured - 1|``).
@@ -36,7 +36,7 @@ import pandas as pd
 
 from hwbackend.calibration.fitting import best_fit, fit_error
 from hwbackend.calibration.run_files import SHAPE_FIELDS, config_from_run
-from sim.compute import RooflineComputeModel
+from sim.timing.compute import RooflineComputeModel
 
 INLOOP_FIELDS = ("flops_efficiency", "bw_efficiency", "attention_flops_efficiency", "overhead_us",
                  "mixed_tile_rows", "launch_floor_us", "decode_overhead_us", "attention_bytes_factor",
@@ -256,12 +256,12 @@ def load_grid_rows(grid_dir: str | Path) -> pd.DataFrame:
 
 
 BLOCK_SHAPE_FIELDS = ("attention_blocks", "block_keys")
-"""Shape columns logged since 2026-12-01 (:func:`sim.compute.attention_block_terms`); 0 (unknown) for older runs."""
+"""Shape columns logged since 2026-12-01 (:func:`sim.timing.compute.attention_block_terms`); 0 (unknown) for older runs."""
 
 
 def shape_columns(rows: pd.DataFrame) -> list[np.ndarray]:
     """The :data:`SHAPE_FIELDS` and :data:`BLOCK_SHAPE_FIELDS` columns as float arrays, in the order of
-    :meth:`sim.compute.RooflineComputeModel.iteration_us_array` (unknown longest contexts and block terms as 0)."""
+    :meth:`sim.timing.compute.RooflineComputeModel.iteration_us_array` (unknown longest contexts and block terms as 0)."""
     return [np.nan_to_num(rows[c].to_numpy(dtype=float)) if c in rows else np.zeros(len(rows))
             for c in SHAPE_FIELDS + BLOCK_SHAPE_FIELDS]
 
@@ -279,7 +279,7 @@ def fit_decode_correction(model: RooflineComputeModel, rows: pd.DataFrame, ridge
 
     Returns:
         ``(fields, errors)``: ``decode_batch_knots`` / ``decode_batch_correction_us`` for
-        :meth:`sim.compute.RooflineComputeModel.with_overrides`, and the decode-only fit error with them.
+        :meth:`sim.timing.compute.RooflineComputeModel.with_overrides`, and the decode-only fit error with them.
     """
     from scipy.optimize import least_squares
 
@@ -323,7 +323,7 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "", g
     Raises:
         InLoopError: for a run that cannot be used, or runs of different models / GPUs / decode-graph modes.
     """
-    from sim.config import SimConfig
+    from sim.setup.config import SimConfig
 
     resolved = [Path(d).resolve() for d in run_dirs]
     if len(set(resolved)) != len(resolved):
@@ -390,7 +390,7 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "", g
 
 
 def _run_config(run_dir: str, meta: dict) -> Any:
-    """The :class:`sim.config.SimConfig` of a run's ``config.json``; the decoder the run computed
+    """The :class:`sim.setup.config.SimConfig` of a run's ``config.json``; the decoder the run computed
     (``transformer_shape``, where recorded) must be its configured model's (one worker's).
 
     Raises:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from hwbackend.replay.model import BatchInputs, SeqWork, attend
-from sim.catalog import ModelSpec
+from sim.setup.catalog import ModelSpec
 
 DEFAULT_GRID = [[(1, c)] * b for b in (8, 32, 128) for c in (512, 2048, 4096)] + [[(2048, 2048)], [(1, 1024)] * 32 + [(1024, 0)]]
 """Sequences ``(new tokens, cached tokens)`` of each grid point: decode batches and two prefill shapes."""

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.config import SimConfig
+from sim.setup.config import SimConfig
 
 SHAPE_FIELDS = ("new_tokens", "attention_pairs", "kv_read_tokens", "logit_sequences", "max_context_tokens")
 """Columns of a replay's ``shapes.parquet`` besides ``iteration`` (the batch shape of each iteration)."""
@@ -95,8 +95,8 @@ def config_from_run(config: dict, source: str | None = None) -> SimConfig:
         RunInputError: not a JSON object, a missing field, a value of the wrong type or an impossible one; one
             line naming the field and the value (and ``source``).
     """
-    from sim.catalog import get_gpu, get_model
-    from sim.config import KV_LAYOUTS, POLICIES, PREEMPTION_MODES, SCHEDULERS, ZERO_MODES
+    from sim.setup.catalog import get_gpu, get_model
+    from sim.setup.config import KV_LAYOUTS, POLICIES, PREEMPTION_MODES, SCHEDULERS, ZERO_MODES
 
     where = f"{source}: " if source else ""
     if not isinstance(config, dict):

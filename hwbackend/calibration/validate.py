@@ -4,11 +4,11 @@ The hardware run directory (``python -m hwbackend.replay.cli``, or a fresh repla
 holds the configuration (``config.json``) and, in ``requests.parquet``, every replayed request's arrival
 (already rate-scaled), prompt and output tokens: :func:`trace_of_run` rebuilds the replayed trace slice
 from them (runs written before that carried it as ``trace.parquet``, still read). The simulator
-(:func:`sim.runner.run_simulation`) runs that same :class:`sim.config.SimConfig` on that same table. The error of a statistic is ``sim / hw - 1``.
+(:func:`sim.core.runner.run_simulation`) runs that same :class:`sim.setup.config.SimConfig` on that same table. The error of a statistic is ``sim / hw - 1``.
 
 Compared (percentiles linear-interpolated, as ``analysis.results``): iteration latency, TTFT, TPOT
 (finished requests) and E2E at p50 / p90 / p99; TBT at p50 / p90 / p99 (nearest rank over all output tokens,
-:func:`sim.records.tbt_stats_us`) where the hardware run recorded it (replays since 2026-12-01); synchronous mapping stall (total of the mapping part,
+:func:`sim.results.records.tbt_stats_us`) where the hardware run recorded it (replays since 2026-12-01); synchronous mapping stall (total of the mapping part,
 :func:`hwbackend.calibration.inloop.mapping_stall_us`: the replay's stall also times the policy step on the host
 every iteration, which the simulator does not count as a stall; and the number of iterations that mapped on
 the critical path); page groups mapped (total and synchronous); peak mapped memory.
@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from hwbackend.calibration.run_files import RunInputError, _read_parquet, load_hw_run
-from sim.config import SimConfig
+from sim.setup.config import SimConfig
 
 LATENCY_METRICS = (("iteration latency", "iterations", "duration_us", 1e3, "ms"),
                    ("TTFT", "requests", "ttft_us", 1e3, "ms"), ("TPOT", "requests", "tpot_us", 1e3, "ms"),
@@ -111,13 +111,13 @@ def overlay_html(hw, sim, path: str | Path, title: str) -> Path:
 
 
 def simulate(config: SimConfig, trace: pd.DataFrame, profile: str | None, compute_model: str = "auto"):
-    """The simulator's run (:func:`sim.runner.run_simulation`) with the profile's compute model
-    (:data:`sim.runner.COMPUTE_MODELS`; ``auto``: in-loop fit, else tiled, else roofline).
+    """The simulator's run (:func:`sim.core.runner.run_simulation`) with the profile's compute model
+    (:data:`sim.core.runner.COMPUTE_MODELS`; ``auto``: in-loop fit, else tiled, else roofline).
 
     Raises:
         ValueError: a compute model the profile does not hold (or any but auto/roofline without a profile).
     """
-    from sim.runner import run_simulation
+    from sim.core.runner import run_simulation
 
     return run_simulation(config, trace, profile, compute_model=compute_model)
 
@@ -148,7 +148,7 @@ def same_batches_error(hw_dir: str | Path, config: SimConfig, profile: str | Non
     ``shapes.parquet``."""
     if not (Path(hw_dir) / "shapes.parquet").is_file():
         return None
-    from sim.runner import load_models
+    from sim.core.runner import load_models
     from hwbackend.calibration.inloop import InLoopError, load_rows, shape_columns
 
     try:
@@ -267,7 +267,7 @@ def matching_compute_model(run_config: dict, profile: str | None, compute_model:
     decodes: that fit describes another loop. Any explicit choice is kept."""
     if compute_model != "auto" or profile is None or run_config.get("cuda_graphs"):
         return compute_model
-    from sim.latency import read_profile
+    from sim.timing.latency import read_profile
 
     data = read_profile(profile)
     in_loop = ((data.get("compute_in_loop") or {}).get("params") or {})
@@ -345,7 +345,7 @@ def check_out_dir(out_dir: str | Path, force: bool = False) -> None:
 
 
 def check_profile(profile: str | Path | None) -> None:
-    """``--profile`` readable as a calibration profile (:func:`sim.latency.read_profile`) before anything is
+    """``--profile`` readable as a calibration profile (:func:`sim.timing.latency.read_profile`) before anything is
     simulated; None (the built-in latencies) passes.
 
     Raises:
@@ -354,7 +354,7 @@ def check_profile(profile: str | Path | None) -> None:
     """
     if profile is None:
         return
-    from sim.latency import read_profile
+    from sim.timing.latency import read_profile
 
     path = Path(profile)
     if path.is_dir():
@@ -444,7 +444,7 @@ def _replay_unavailable() -> str | None:
 
 def _fresh_replay(args, hw_out: Path) -> Path:
     """Replay the workload of ``args`` on the GPU and save the run in ``hw_out``."""
-    from sim.options import config_from_args
+    from sim.frontend.options import config_from_args
     from traces.workload import load_workload
     from hwbackend.replay.cli import replay, write_hw_run
 

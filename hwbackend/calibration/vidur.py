@@ -17,7 +17,7 @@ with the PyTorch profiler (CUDA kernel time, milliseconds: ``vidur/profiling/com
   bytes``, and Vidur's predictor reads tokens back as ``size / embedding_dim / 2``
   (``sklearn_execution_time_predictor.py``).
 
-What is fitted (:func:`fit_profile`), in kvsim's roofline terms (:mod:`sim.compute`):
+What is fitted (:func:`fit_profile`), in kvsim's roofline terms (:mod:`sim.timing.compute`):
 
 * GEMMs: ``flops_efficiency`` and ``bw_efficiency`` of ``t(T) = max(2 T P / (e_F F), 2 P / (e_B B))`` per layer
   and worker (``P`` the four projections' parameters per worker, ``F`` the catalogue's bf16 peak, ``B`` its HBM
@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.catalog import get_gpu
+from sim.setup.catalog import get_gpu
 
 MLP_COLUMNS = tuple(f"time_stats.{op}.{stat}" for op in (
     "emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",

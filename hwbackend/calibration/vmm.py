@@ -29,7 +29,7 @@ import numpy as np
 
 from hwbackend.vmm.driver import CudaVmmDriver, GpuUnavailableError
 from hwbackend.vmm.kvcache import KVCache, KVCacheLayout
-from sim.plan import MapOp, Plan, UnmapOp
+from sim.memory.plan import MapOp, Plan, UnmapOp
 
 MIB = 1 << 20
 DEFAULT_PAGE_SIZES_BYTES = (2 * MIB, 4 * MIB, 32 * MIB)
@@ -137,7 +137,7 @@ def measure_page_group_growth(driver: CudaVmmDriver, model_name: str, page_size_
     ``sync_us`` is the wall time of :meth:`KVCache.apply` (transaction bookkeeping included);
     ``sync_in_driver_us`` the part spent inside the driver calls of that growth.
     """
-    from sim.catalog import get_model
+    from sim.setup.catalog import get_model
 
     model = get_model(model_name)
     tokens_per_page = model.tokens_per_page(page_size_bytes)

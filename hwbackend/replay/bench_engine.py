@@ -54,7 +54,7 @@ def run_bench(compute: str, out: Path, model_name: str, max_context: int, warmup
     from hwbackend.replay.engine import build_model
     from hwbackend.replay.kv import open_kv
     from hwbackend.replay.model import capture_decode_graphs
-    from sim.config import SimConfig
+    from sim.setup.config import SimConfig
 
     started = time.perf_counter()
     config = SimConfig(model=model_name, sync_mapping=True, max_context_tokens=max_context, allow_long_context=True)
@@ -100,7 +100,7 @@ def run_check(out: Path, model_name: str) -> dict:
 
     from hwbackend.replay.engine import EngineBatch, EngineDecoderModel, split_kv_decode
     from hwbackend.replay.model import BatchInputs, DecoderModel, SeqWork, attend
-    from sim.config import SimConfig
+    from sim.setup.config import SimConfig
 
     spec = SimConfig(model=model_name).model_spec
     result: dict = {}

@@ -28,7 +28,7 @@ import pandas as pd
 from hwbackend.replay.model import DecoderModel
 from hwbackend.replay.loop import ReplayLoop
 from hwbackend.replay.kv import open_kv
-from sim.catalog import ModelSpec
+from sim.setup.catalog import ModelSpec
 
 TINY_SHAPE = ModelSpec(name="tiny-decoder", num_layers=2, hidden_size=256, num_q_heads=8, num_kv_heads=8, head_dim=128,
                        ffn_size=512, vocab_size=1000, max_context_tokens=8192)
@@ -191,7 +191,7 @@ def _results_module() -> Any:
 
 
 def build_parser(prog: str = "python -m hwbackend.replay.cli", description: str | None = None) -> argparse.ArgumentParser:
-    from sim.options import add_config_args
+    from sim.frontend.options import add_config_args
     from traces.workload import add_trace_args
 
     parser = argparse.ArgumentParser(prog=prog, description=description or __doc__.splitlines()[0])
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m hwbackend.replay.
          description: str | None = None) -> int:
     """Entry point; exit 0 on success, 2 for an option, trace or machine that cannot be used (one line on
     stderr, checked before the replay starts)."""
-    from sim.options import config_from_args
+    from sim.frontend.options import config_from_args
     from traces.workload import load_workload
 
     args = build_parser(prog, description).parse_args(argv)

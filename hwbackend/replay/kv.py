@@ -15,7 +15,7 @@ from typing import Any
 
 from hwbackend.vmm.executor import Executor
 from hwbackend.vmm.kvcache import KVCache, KVCacheLayout
-from sim.catalog import ModelSpec
+from sim.setup.catalog import ModelSpec
 from sim.memory import build_policy
 
 
@@ -36,7 +36,7 @@ class ReplayKV:
 
 
 def layout_for(config: Any, shape: ModelSpec) -> KVCacheLayout:
-    """Cache layout for a :class:`sim.config.SimConfig` and the decoder's shape.
+    """Cache layout for a :class:`sim.setup.config.SimConfig` and the decoder's shape.
 
     Raises:
         ValueError: if the shape's page holds a different number of tokens than the config's policy expects.

@@ -1,8 +1,8 @@
-"""Hardware replay: the simulator's serving loop (``sim/engine.py``) run in real time on the GPU.
+"""Hardware replay: the simulator's serving loop (``sim/core/engine.py``) run in real time on the GPU.
 
-The same scheduler (:data:`sim.scheduler.SCHEDULERS`), the same memory policy (:func:`sim.memory.build_policy`,
+The same scheduler (:data:`sim.core.scheduler.SCHEDULERS`), the same memory policy (:func:`sim.memory.build_policy`,
 applied by :class:`hwbackend.vmm.executor.Executor` with real VMM calls) and the same request bookkeeping
-(:class:`sim.request.Request`) as the simulator; compute is a real decoder forward pass
+(:class:`sim.core.request.Request`) as the simulator; compute is a real decoder forward pass
 (:class:`hwbackend.replay.model.DecoderModel`) over the VMM-backed K/V. One iteration, timed on the host clock::
 
     start ─ accept arrivals ─ schedule (admit = alloc_slot) ─ executor.step(targets) [preempt, retry] ─┐
@@ -13,7 +13,7 @@ applied by :class:`hwbackend.vmm.executor.Executor` with real VMM calls) and the
 ``duration_us = end - start`` (iterations tile the busy timeline as in the simulator);
 ``compute_us = duration_us - sync_stall_us`` (host scheduling and bookkeeping included: that is what a
 serving loop costs). Requests arrive by their trace timestamps on the wall clock (``now - t0``).
-Records follow :mod:`sim.records` exactly; times in microseconds since the replay's start.
+Records follow :mod:`sim.results.records` exactly; times in microseconds since the replay's start.
 """
 from __future__ import annotations
 
@@ -27,23 +27,23 @@ import numpy as np
 import pandas as pd
 
 from hwbackend.replay.model import BatchInputs, SeqWork
-from sim.compute import attention_block_terms
-from sim.lifecycle import RequestBookkeeping
-from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS, tbt_stats_us
-from sim.request import Request
-from sim.scheduler import SCHEDULERS, schedule_iteration
+from sim.timing.compute import attention_block_terms
+from sim.core.lifecycle import RequestBookkeeping
+from sim.results.records import ITERATION_COLUMNS, REQUEST_COLUMNS, tbt_stats_us
+from sim.core.request import Request
+from sim.core.scheduler import SCHEDULERS, schedule_iteration
 
 SHAPE_COLUMNS = ("iteration", "new_tokens", "attention_pairs", "kv_read_tokens", "logit_sequences",
                  "max_context_tokens", "attention_blocks", "block_keys")
-"""``shapes.parquet``: :class:`sim.compute.BatchShape` of each hardware iteration (tokens; pairs = (query, key)
+"""``shapes.parquet``: :class:`sim.timing.compute.BatchShape` of each hardware iteration (tokens; pairs = (query, key)
 pairs attention computes, ``sum t * (context + (t + 1) / 2)``; attention thread blocks and the keys they read,
-:func:`sim.compute.attention_block_terms`, logged since 2026-12-01)."""
-ARRIVAL_TICKS_PER_S = 10_000_000  # as sim.engine: arrivals quantised to the Azure trace's 100 ns tick
+:func:`sim.timing.compute.attention_block_terms`, logged since 2026-12-01)."""
+ARRIVAL_TICKS_PER_S = 10_000_000  # as sim.core.engine: arrivals quantised to the Azure trace's 100 ns tick
 
 
 @dataclass
 class ReplayOutput:
-    """Raw records (tuples in the order of :mod:`sim.records`) and counters (as ``SimOutput.counters``)."""
+    """Raw records (tuples in the order of :mod:`sim.results.records`) and counters (as ``SimOutput.counters``)."""
 
     request_records: list[tuple]
     iteration_records: list[tuple]
@@ -52,7 +52,7 @@ class ReplayOutput:
 
     def shapes_frame(self) -> pd.DataFrame:
         """Per iteration, what it computed (:data:`SHAPE_COLUMNS`): the simulator's
-        :class:`sim.compute.BatchShape`, so that a compute model can be fitted on the loop's own iterations
+        :class:`sim.timing.compute.BatchShape`, so that a compute model can be fitted on the loop's own iterations
         (:mod:`hwbackend.calibration.inloop`)."""
         return pd.DataFrame.from_records(self.shape_records, columns=list(SHAPE_COLUMNS))
 
@@ -64,7 +64,7 @@ class ReplayOutput:
 
 
 def requests_from_trace(trace: pd.DataFrame, slot_max_tokens: int) -> list[Request]:
-    """Requests of a canonical trace, arrivals quantised as in ``sim.engine._requests_from_trace``.
+    """Requests of a canonical trace, arrivals quantised as in ``sim.core.engine._requests_from_trace``.
 
     Raises:
         ValueError: if a request needs more KV tokens than a slot holds (clip the trace first).
@@ -83,7 +83,7 @@ class ReplayLoop(RequestBookkeeping):
     """Serves a trace on a model and an open :class:`hwbackend.replay.kv.ReplayKV`.
 
     Args:
-        config: the :class:`sim.config.SimConfig` (scheduler, budget, policy knobs; ``preemption`` must be
+        config: the :class:`sim.setup.config.SimConfig` (scheduler, budget, policy knobs; ``preemption`` must be
             ``recompute``: swapping is not implemented on hardware).
         trace: canonical table, arrival-sorted. model: a :class:`hwbackend.replay.model.DecoderModel` (or any
             object with ``device`` and ``forward``; an optional ``batch_inputs`` replaces :class:`BatchInputs`:
@@ -188,7 +188,7 @@ class ReplayLoop(RequestBookkeeping):
         # columns the hardware has no counterpart for (block tables, swap, zeroing) are 0
         self.iteration_records.append(tuple(record.get(c, 0.0) for c in ITERATION_COLUMNS))
 
-    # ---- phases (mirroring sim.engine.Simulator) ------------------------------------------------------
+    # ---- phases (mirroring sim.core.engine.Simulator) ------------------------------------------------------
     def _admit(self, request: Request, first_tokens: int) -> int:
         """The scheduler's ``admit``: tokens scheduled (``first_tokens``; no prefix cache here), 0 if refused."""
         slot = self.executor.alloc_slot(*self._admission_args(request, first_tokens))
@@ -203,7 +203,7 @@ class ReplayLoop(RequestBookkeeping):
         return first_tokens
 
     def _reserve(self, batch: list) -> tuple[list, bool]:
-        """The running part's memory (:func:`sim.scheduler.schedule_iteration`): ``(batch, preempted)``."""
+        """The running part's memory (:func:`sim.core.scheduler.schedule_iteration`): ``(batch, preempted)``."""
         before = self._preemptions
         return self._step(batch), self._preemptions > before
 

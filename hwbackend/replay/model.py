@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.catalog import ModelSpec
+from sim.setup.catalog import ModelSpec
 
 ATTENTION_BACKENDS = ("varlen", "gather", "reference")
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from hwbackend.vmm.kvcache import KVCache
 from sim.memory.vattention import VAttentionConfig, VAttentionPolicy
-from sim.plan import MapOp, Plan, UnmapOp
+from sim.memory.plan import MapOp, Plan, UnmapOp
 
 
 class BackgroundMappingError(RuntimeError):

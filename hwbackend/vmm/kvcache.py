@@ -1,5 +1,5 @@
 """The KV cache over reserved virtual memory: 2N' reservations, a pool of physical handles, page groups
-mapped and unmapped per slot as transactions (domain.md "Mechanism"; ``sim/plan.py`` for the layout).
+mapped and unmapped per slot as transactions (domain.md "Mechanism"; ``sim/memory/plan.py`` for the layout).
 
 Virtual layout (one reservation per sub-tensor ``t``; K of layers 0..N'-1, then V of layers 0..N'-1)::
 
@@ -8,7 +8,7 @@ Virtual layout (one reservation per sub-tensor ``t``; K of layers 0..N'-1, then 
     reservation size = B * slot_stride_bytes,  slot_stride_bytes = P * G
 
 A page group is page ``p`` of slot ``s`` in all 2N' reservations, so mapping one takes 2N' handles of
-``G`` bytes from the pool. :meth:`KVCache.apply` performs a whole :class:`sim.plan.Plan` as one
+``G`` bytes from the pool. :meth:`KVCache.apply` performs a whole :class:`sim.memory.plan.Plan` as one
 transaction: if any call fails (say the 40th ``cuMemMap``), every map done so far is unmapped, every
 unmap redone, every handle returned, and the error re-raised: pool and mappings are as before.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 from hwbackend.vmm.driver import VmmDriver
 from hwbackend.vmm.transaction import Transaction
-from sim.plan import MapOp, Plan, UnmapOp
+from sim.memory.plan import MapOp, Plan, UnmapOp
 
 KV_LAYOUTS = ("per-layer", "cross-layer")
 
@@ -64,10 +64,10 @@ class KVCacheLayout:
     @classmethod
     def for_model(cls, model: Any, num_slots: int, max_context_tokens: int, page_size_bytes: int,
                   tp: int = 1, kv_layout: str = "per-layer") -> "KVCacheLayout":
-        """Layout for a :class:`sim.catalog.ModelSpec` on one of ``tp`` workers.
+        """Layout for a :class:`sim.setup.catalog.ModelSpec` on one of ``tp`` workers.
 
         ``kv_layout``: ``per-layer`` (2N' sub-tensors) or ``cross-layer`` (2 sub-tensors holding all N'
-        layers; ``sim.config.SimConfig.kv_layout``).
+        layers; ``sim.setup.config.SimConfig.kv_layout``).
         """
         if kv_layout not in KV_LAYOUTS:
             raise ValueError(f"kv_layout {kv_layout!r}: choose one of {', '.join(KV_LAYOUTS)}")

@@ -37,7 +37,7 @@ from hwbackend.vmm.executor import Executor
 from hwbackend.vmm.kvcache import KVCache
 from hwbackend.vmm.tp_worker import TPWorker
 from sim.memory.vattention import VAttentionPolicy
-from sim.plan import Plan
+from sim.memory.plan import Plan
 
 
 class TPStepError(RuntimeError):

@@ -25,7 +25,7 @@ from typing import Any
 
 from hwbackend.vmm.kvcache import KVCache
 from hwbackend.vmm.transaction import Transaction
-from sim.plan import Plan
+from sim.memory.plan import Plan
 
 
 def stage_plan(cache: KVCache, plan: Plan) -> Transaction:

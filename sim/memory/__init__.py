@@ -1,7 +1,7 @@
-"""Memory managers: pure policy logic (no SimPy, no I/O) that returns :class:`sim.plan.Plan` objects.
+"""Memory managers: pure policy logic (no SimPy, no I/O) that returns :class:`sim.memory.plan.Plan` objects.
 
 All three policies share one interface (that of :class:`VAttentionPolicy`) and one accounting unit, the
-*allocation unit* of :class:`sim.config.SimConfig` (``tokens_per_page`` tokens, ``page_group_bytes`` bytes):
+*allocation unit* of :class:`sim.setup.config.SimConfig` (``tokens_per_page`` tokens, ``page_group_bytes`` bytes):
 
 * ``vattention``: a page group (one VMM page in each of the 2N' K/V sub-tensors), deferred reclamation,
   eager allocation, low watermark, asynchronous mapper;
@@ -17,7 +17,7 @@ from sim.memory.vattention import VAttentionConfig, VAttentionPolicy
 
 
 def build_policy(config) -> VAttentionPolicy:
-    """The memory policy a :class:`sim.config.SimConfig` describes (with a prefix cache when
+    """The memory policy a :class:`sim.setup.config.SimConfig` describes (with a prefix cache when
     ``config.prefix_caching``: vAttention shares pages and copies a partial last page; paged shares blocks)."""
     vattention = config.policy == "vattention"
     policy_config = VAttentionConfig(

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sim.memory.vattention import VAttentionConfig, VAttentionPolicy
-from sim.plan import MapOp, Plan, UnmapOp
+from sim.memory.plan import MapOp, Plan, UnmapOp
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """vAttention memory policy: slots, a physical page-group pool, deferred and low-watermark reclamation,
-eager allocation. Pure logic: every decision is returned as a :class:`sim.plan.Plan`; nothing here
+eager allocation. Pure logic: every decision is returned as a :class:`sim.memory.plan.Plan`; nothing here
 knows about time, SimPy or CUDA (domain.md "Mechanism"; Prabhu et al., vAttention, ASPLOS'25).
 
 Accounting unit: the **page group** (one page of ``page_size_bytes`` in each of the 2N' sub-tensors of a
@@ -20,12 +20,12 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sim.plan import EMPTY_PLAN, MapOp, Plan, UnmapOp
+from sim.memory.plan import EMPTY_PLAN, MapOp, Plan, UnmapOp
 
 
 def knob_range_error(knobs) -> str:
     """Why the watermark and eager-allocation knobs of ``knobs`` (an object with :class:`VAttentionConfig`'s field
-    names, such as a :class:`sim.config.SimConfig`) are out of range (``"field=value: ..."``), or ``""``:
+    names, such as a :class:`sim.setup.config.SimConfig`) are out of range (``"field=value: ..."``), or ``""``:
     watermark fractions lie in [0, 0.5), eager settings are >= 0."""
     for name in ("low_watermark_frac", "admission_watermark_frac"):
         if not 0 <= getattr(knobs, name) < 0.5:

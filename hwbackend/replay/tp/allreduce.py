@@ -10,7 +10,7 @@ For each token count ``T`` (default 1..2048, the replay's batch sizes and chunk 
   worth), replayed ``--graph-replays`` times; the time per all-reduce is the replay's time over their number.
 
 Per layer a decoder iteration runs two of them, so ``2 * num_layers * all-reduce`` is the communication an
-iteration adds at TP > 1 (the simulator's ``comm_us`` models only the bandwidth part, ``sim/compute.py``). The
+iteration adds at TP > 1 (the simulator's ``comm_us`` models only the bandwidth part, ``sim/timing/compute.py``). The
 result (``--out``, JSON) records every rank's device, GPU name and UUID and the NCCL version.
 
 Example (``docs/tp2/device-replay.sh``)::

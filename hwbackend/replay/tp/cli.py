@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     from hwbackend.replay.kv import layout_for
     from hwbackend.replay.tp.replay import replay_tp
     from hwbackend.replay.tp.session import PeerSpec
-    from sim.options import config_from_args
+    from sim.frontend.options import config_from_args
     from traces.workload import load_workload
 
     args = build_parser().parse_args(argv)

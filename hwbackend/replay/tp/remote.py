@@ -33,7 +33,7 @@ from hwbackend.vmm.kvcache import KVCache
 from hwbackend.vmm.tp import TPCacheGroup, TPExecutor
 from hwbackend.vmm.tp_worker import TPWorker
 from sim.memory.vattention import VAttentionPolicy
-from sim.plan import Plan
+from sim.memory.plan import Plan
 
 DRIVER_CALLS = ("live_objects", "inject_fault", "clear_faults", "pending_faults", "mem_info")
 """Driver methods a coordinator may call on a peer's driver (tests inject faults; checks read leaks)."""

@@ -31,7 +31,7 @@ class ShardedDecoderModel(DecoderModel):
     """Rank ``rank``'s shard of the decoder of shape ``full_shape`` (``shape`` is ``full_shape.per_worker(tp)``).
 
     Args:
-        full_shape: the whole model's :class:`sim.catalog.ModelSpec`. tp, rank: degree and this rank.
+        full_shape: the whole model's :class:`sim.setup.catalog.ModelSpec`. tp, rank: degree and this rank.
         device, seed, attention: as :class:`DecoderModel`. group: the ``torch.distributed`` group of the
             all-reduces (None: the default group; unused at ``tp`` 1).
     """

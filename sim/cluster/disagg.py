@@ -1,0 +1,840 @@
+"""Disaggregated prefill and decode: P prefill instances and D decode instances co-simulated in one SimPy
+environment, the KV cache moving between them over a modelled link (:mod:`sim.timing.kvlink`).
+
+Each instance is a full :class:`sim.core.engine.Simulator` with its own configuration (memory policy, page pool,
+tensor-parallel degree, scheduler, seed) and its own KV pool. A request goes through (times in us)::
+
+    arrival ── router: least-outstanding prefill instance ──► prefill instance: queue, admission, chunked
+    prefill of the prompt with output_tokens = 1 semantics (the prefill emits the first token, as in Splitwise
+    and DistServe); its KV stays on the prefill instance
+        ── at prefill end (pull, the default): the router picks the least-outstanding decode instance and hands
+           the request over (Simulator.submit(computed_tokens=prompt)) ──► decode instance: queue, admission
+           maps (allocates) the prompt's pages ── the transfer starts when the admission iteration's
+           synchronous phase (page maps) ends, the links are free ──► KV lands: the prefill instance frees its
+           copy; the decode instance starts decoding the remaining output - 1 tokens
+        ── with layer-wise streaming: the request is handed over to the least-outstanding decode instance when
+           its prefill starts (Splitwise assigns the decode machine up front and sends each layer's KV as soon as
+           it is computed, Patel et al. ISCA'24 sections 4.2-4.3); the decode instance maps its pages when it
+           admits it, possibly before the prefill ends, and takes the KV layer by layer as each chunk of the
+           prefill computes it (:func:`sim.timing.kvlink.streamed_finish_us`); its pages are held from admission on
+
+A request decodes only after its KV has landed: until then it holds its slot and pages on the decode instance
+but is not in the running set (vLLM's disaggregated decode keeps such requests in WAITING_FOR_REMOTE_KVS in the
+same way). Time to first token counts the transfer: the first token reaches the user with the hand-over,
+when the KV has landed (vLLM's disaggregated-serving proxy and NVIDIA Dynamo stream tokens from the decode
+worker); the column ``prefill_done_at_us`` holds when the prefill computed it. A request with one output token
+finishes on its prefill instance and transfers nothing.
+
+Transfers use ``min(tp_prefill, tp_decode)`` links in parallel (one per GPU); a prefill instance's outgoing
+link and a decode instance's incoming link carry one transfer at a time (FIFO in the order transfers are
+started); the bytes are the prompt's KV for the whole model, ``prompt_tokens * kv_bytes_per_token(tp=1)``.
+
+Preemption inside an instance is the instance's own (recompute or swap); a decode instance that preempts a
+landed request by recompute re-prefills it locally (as a co-located engine would). Prefix caching is not
+modelled in disaggregated runs.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from sim.core import runner
+from sim.setup.config import ConfigError, SimConfig
+from sim.core.engine import ARRIVAL_TICK_US, ARRIVAL_TICKS_PER_S, Simulator
+from sim.timing.kvlink import LINKS, KvLink, streamed_finish_us
+from sim.core.lifecycle import unservable_reason
+from sim.results.records import REQUEST_COLUMNS, tbt_stats_us
+from sim.core.request import Request
+from sim.units import US_PER_MS, US_PER_S
+
+ROLES = ("prefill", "decode")
+KV_STREAM_MODES = ("off", "layerwise")
+
+DISAGG_REQUEST_COLUMNS = REQUEST_COLUMNS + (
+    "prefill_instance", "decode_instance", "prefill_done_at_us", "decode_admitted_at_us", "kv_mapped_at_us",
+    "kv_transfer_start_at_us", "kv_landed_at_us", "kv_transfer_bytes", "kv_transfer_us", "kv_handover_us")
+"""Per-request columns of a disaggregated run: the co-located ones (``first_token_at_us`` is when the KV
+landed, ``first_scheduled_at_us`` / ``sched_delay_us`` refer to the prefill instance), then the instance
+indices (-1: none), when the prefill emitted the first token, when the decode instance admitted the request
+and its pages were mapped, when the transfer started and landed, its bytes and duration
+(``landed - start``, latency included), and the hand-over time ``landed - prefill done`` (decode queueing,
+mapping and the part of the transfer not overlapped with the prefill)."""
+
+_PD = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
+
+
+class DisaggStallError(RuntimeError):
+    """The deployment stopped with requests unfinished and nothing left to happen: a cycle of full pools (with
+    layer-wise streaming, decode pages held for prefills that wait for prefill pages held by KV waiting for
+    those decode pages). A modelled outcome of the deployment at this load, not a simulator fault; the message
+    names the state."""
+
+
+def parse_pd(text: str) -> tuple[int, int]:
+    """``"1:2"`` -> ``(1, 2)``: prefill and decode instance counts.
+
+    Raises:
+        ValueError: one line naming ``--pd`` and the value.
+    """
+    match = _PD.match(str(text))
+    if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
+        raise ValueError(f"--pd {text!r}: expected P:D, prefill and decode instances, whole numbers >= 1, e.g. 1:2")
+    return int(match.group(1)), int(match.group(2))
+
+
+def parse_kv_stream(text: str) -> bool:
+    """``off`` -> False, ``layerwise`` -> True.
+
+    Raises:
+        ValueError: naming ``--kv-stream`` and the value.
+    """
+    value = str(text).strip().lower()
+    if value not in KV_STREAM_MODES:
+        raise ValueError(f"--kv-stream {text!r}: choose one of {', '.join(KV_STREAM_MODES)}")
+    return value == "layerwise"
+
+
+@dataclass(frozen=True)
+class DisaggConfig:
+    """A disaggregated deployment: ``num_prefill`` instances of ``prefill`` and ``num_decode`` of ``decode``.
+
+    Attributes:
+        prefill / decode: each role's instance configuration (policy, pool, tp, scheduler, ...); instance i of
+            the prefill role runs with seed ``prefill.seed + i``, decode instance j with ``decode.seed + P + j``.
+        num_prefill / num_decode: P and D.
+        link: the KV link (:mod:`sim.timing.kvlink`).
+        streaming: layer-wise streaming of the KV during the prefill (else the transfer follows the prefill).
+
+    Raises:
+        ConfigError: counts below 1, roles serving different models or slot lengths, pipeline parallelism,
+            prefix caching.
+    """
+
+    prefill: SimConfig
+    decode: SimConfig
+    num_prefill: int = 1
+    num_decode: int = 1
+    link: KvLink = LINKS["ib"]
+    streaming: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_prefill < 1 or self.num_decode < 1:
+            raise ConfigError(f"--pd {self.num_prefill}:{self.num_decode}: both counts must be >= 1")
+        if self.prefill.model != self.decode.model:
+            raise ConfigError(f"prefill and decode instances must serve one model, got {self.prefill.model} and "
+                              f"{self.decode.model}")
+        if self.prefill.slot_max_tokens != self.decode.slot_max_tokens:
+            raise ConfigError("prefill and decode instances must have one slot length (--max-context)")
+        if getattr(self.prefill, "pp", 1) > 1 or getattr(self.decode, "pp", 1) > 1:
+            raise ConfigError("--pd: pipeline parallelism (--pp) is not modelled in disaggregated deployments; use "
+                              "--prefill-tp / --decode-tp")
+        if self.prefill.prefix_caching or self.decode.prefix_caching:
+            raise ConfigError("--pd: prefix caching is not modelled in disaggregated runs; leave prefix=on out")
+
+    @property
+    def pd(self) -> str:
+        return f"{self.num_prefill}:{self.num_decode}"
+
+    @property
+    def prefill_gpus(self) -> int:
+        return self.num_prefill * self.prefill.tp
+
+    @property
+    def decode_gpus(self) -> int:
+        return self.num_decode * self.decode.tp
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of the whole deployment: ``P * tp_prefill + D * tp_decode``."""
+        return self.prefill_gpus + self.decode_gpus
+
+    @property
+    def links(self) -> int:
+        """Parallel links of one transfer: ``min(tp_prefill, tp_decode)`` (one per GPU)."""
+        return min(self.prefill.tp, self.decode.tp)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes of one token over the whole model (all layers, all KV heads, K and V)."""
+        return self.prefill.model_spec.kv_bytes_per_token(1)
+
+    @property
+    def label(self) -> str:
+        """``1:2 prefill vattention 2 MiB async (tp 1) | decode ... | ib``."""
+        return (f"P:D {self.pd}, prefill {self.prefill.label} (tp {self.prefill.tp}), decode {self.decode.label} "
+                f"(tp {self.decode.tp}), kv link {self.link.name}" + (", layer-wise" if self.streaming else ""))
+
+    @property
+    def seed(self) -> int:
+        return self.prefill.seed
+
+    @property
+    def slot_max_tokens(self) -> int:
+        return self.prefill.slot_max_tokens
+
+    def to_dict(self) -> dict:
+        """For ``config.json``: the deployment, the link, and each role's :meth:`SimConfig.to_dict`."""
+        return {"disaggregated": True, "pd": self.pd, "num_prefill": self.num_prefill, "num_decode": self.num_decode,
+                "gpus": self.gpus, "model": self.prefill.model, "gpu": self.prefill.gpu,
+                "kv_link": {"name": self.link.name, "bandwidth_bytes_per_s": self.link.bandwidth_bytes_per_s,
+                            "latency_us": self.link.latency_us, "source": self.link.source, "links": self.links},
+                "kv_stream": "layerwise" if self.streaming else "off", "kv_bytes_per_token": self.kv_bytes_per_token,
+                "label": self.label, "seed": self.seed, "slot_max_tokens": self.slot_max_tokens,
+                "prefill": self.prefill.to_dict(), "decode": self.decode.to_dict()}
+
+
+class _ComputeClock:
+    """A compute model that tells its instance when an iteration's compute starts. The engine asks for an
+    iteration's compute time once its synchronous phase (page maps, block tables, swap, clearing) has ended,
+    at the simulated time compute starts; everything else is delegated to the wrapped model."""
+
+    def __init__(self, model, on_start: Callable[[float], None]):
+        self._model, self._on_start = model, on_start
+
+    def iteration_us(self, shape) -> float:
+        compute_us = self._model.iteration_us(shape)
+        self._on_start(compute_us)
+        return compute_us
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+class PrefillInstance(Simulator):
+    """A prefill instance: requests arrive with one output token; a request handed over keeps its slot and
+    pages (``held``) after its prefill until :meth:`free_held` (the transfer has landed).
+
+    While slots are held, a request that cannot get pages is preempted (and waits at the head of the queue)
+    rather than rejected as ``pages``, and an empty iteration waits for a slot to be freed: the pool is full of
+    KV on its way out, which every landing gives back.
+
+    Args:
+        index: instance number within the role.
+        on_prefilled: ``(instance, request) -> bool`` called when a request's prefill emits its first token;
+            True: keep its KV for a transfer.
+        on_started: ``(instance, request)`` called when an iteration first schedules a request (streaming:
+            the hand-over to a decode instance); None: not called.
+        on_rejected: ``(instance, request)`` called when a request is rejected at run time.
+        record_chunks: keep each request's prefill chunks ``(compute start, compute end, tokens)`` for
+            layer-wise streaming.
+    """
+
+    _cohort_ok = False    # the request lifecycle differs here (sim.core.cohort assumes the plain one)
+
+    role = "prefill"
+
+    def __init__(self, index: int, config: SimConfig, env: simpy.Environment, vmm, compute,
+                 on_prefilled: Callable[["PrefillInstance", Request], bool],
+                 on_started: Callable[["PrefillInstance", Request], None] | None = None,
+                 on_rejected: Callable[["PrefillInstance", Request], None] | None = None, record_chunks: bool = False):
+        super().__init__(config, _empty_trace(), vmm=vmm, compute=compute, env=env)
+        self.index = index
+        self.compute = _ComputeClock(self.compute, self._compute_started)
+        self._on_prefilled, self._on_started, self._on_rejected = on_prefilled, on_started, on_rejected
+        self._started: set[Request] = set()
+        self.chunks: dict[Request, list] | None = {} if record_chunks else None
+        self.held: set[Request] = set()
+        self.compute_start_us = 0.0               # when the current (or last) iteration's compute started
+        self._release_wait: simpy.Event | None = None
+        self.process: simpy.Process | None = None
+        self.kv_bytes_sent = 0
+
+    def start(self) -> None:
+        """Start the serving process and keep it (the cluster waits for every prefill instance to end)."""
+        self.process = self.env.process(self._serve())
+
+    def _compute_started(self, compute_us: float) -> None:
+        self.compute_start_us = self.env.now
+
+    def _schedule(self):
+        batch, plan, preempted = yield from super()._schedule()
+        if self._on_started is not None:
+            for request, _ in batch:
+                if request not in self._started:
+                    self._started.add(request)
+                    self._on_started(self, request)
+        return batch, plan, preempted
+
+    def _finish_iteration(self, batch, done_us, iteration=None):
+        if self.chunks is not None:
+            for request, tokens in batch:
+                if tokens:
+                    if request.computed == 0 or request not in self.chunks:      # (re-)prefill from scratch
+                        self.chunks[request] = []
+                    self.chunks[request].append((self.compute_start_us, done_us, tokens))
+        super()._finish_iteration(batch, done_us, iteration)
+
+    def _release(self, request: Request) -> None:
+        if request.generated == request.output_tokens and self._on_prefilled(self, request):
+            self.running.remove(request)
+            self.held.add(request)
+            return
+        super()._release(request)
+
+    def _drop(self, request: Request, status: str) -> None:
+        if status == "rejected" and request.reject_reason == "pages" and self.held:
+            request.reject_reason = ""          # no pages now, but held KV will be freed: wait for it
+            self._preempt(request)
+            return
+        super()._drop(request, status)
+        if status == "rejected" and self._on_rejected is not None:
+            self._on_rejected(self, request)
+
+    def free_held(self, request: Request) -> None:
+        """The transfer of ``request``'s KV has landed: give its slot back (as a finished request's)."""
+        self.held.remove(request)
+        self._free_slot(request)
+        if self._release_wait is not None and not self._release_wait.triggered:
+            self._release_wait.succeed()
+
+    def _unblock_admission(self):
+        """Nothing could be scheduled and nothing runs: while slots are held for transfers, wait for one to
+        be freed instead of rejecting the head of the queue."""
+        if self.held and not self.running:
+            if (yield from self._settle_mapper()):
+                return
+            self._release_wait = self.env.event()
+            yield self._release_wait
+            return
+        head = self.waiting[0] if self.waiting else None
+        yield from super()._unblock_admission()
+        if head is not None and head.status == "rejected" and self._on_rejected is not None:
+            self._on_rejected(self, head)
+
+
+class DecodeInstance(Simulator):
+    """A decode instance: requests are handed over with their prompt KV computed elsewhere
+    (:meth:`hand_over`); admission maps their pages; they join the running set when their KV lands
+    (:meth:`land`). No fast-forwarding of decode runs (hand-overs arrive at times no router knows ahead)."""
+
+    _cohort_ok = False    # the request lifecycle differs here (sim.core.cohort assumes the plain one)
+
+    role = "decode"
+
+    def __init__(self, index: int, config: SimConfig, env: simpy.Environment, vmm, compute,
+                 on_mapped: Callable[["DecodeInstance", Request], None]):
+        super().__init__(config, _empty_trace(), vmm=vmm, compute=compute, env=env, coalesce=False)
+        self.index = index
+        self.compute = _ComputeClock(self.compute, self._compute_started)
+        self._on_mapped = on_mapped
+        self.awaiting: set[Request] = set()       # handed over, KV not landed yet
+        self.in_transfer: list[Request] = []      # admitted (pages mapped), KV not landed yet
+        self._just_admitted: list[Request] = []
+        self._landing_wait: simpy.Event | None = None
+        self.compute_start_us = 0.0               # when the current (or last) iteration's compute started
+        self.kv_bytes_received = 0
+
+    def hand_over(self, request_id: int, prompt_tokens: int, output_tokens: int) -> Request:
+        """A request whose prompt KV is being computed or sent elsewhere arrives now; returns it."""
+        request = self.submit(request_id, prompt_tokens, output_tokens, computed_tokens=prompt_tokens)
+        self.awaiting.add(request)
+        return request
+
+    def _schedule(self):
+        """Schedule as usual; requests admitted now whose KV has not landed leave the batch and the running
+        set (their pages are mapped in this iteration, charged as usual). When nothing else runs, the
+        iteration maps their pages only (zero tokens: no compute)."""
+        batch, plan, preempted = yield from super()._schedule()
+        admitted = [request for request, _ in batch if request in self.awaiting]
+        if admitted:
+            for request in admitted:
+                self.running.remove(request)
+                self.in_transfer.append(request)
+            self._just_admitted.extend(admitted)
+            batch = [(r, t) for r, t in batch if r not in self.awaiting] or [(r, 0) for r in admitted]
+        return batch, plan, preempted
+
+    def _drop(self, request: Request, status: str) -> None:
+        if status == "rejected" and request.reject_reason == "pages" and self.in_transfer:
+            request.reject_reason = ""          # no pages now, but requests in transfer hold them: wait
+            self._preempt(request)
+            return
+        super()._drop(request, status)
+
+    def _compute_started(self, compute_us: float) -> None:
+        self.compute_start_us = self.env.now
+        if self._just_admitted:
+            admitted, self._just_admitted = self._just_admitted, []
+            for request in admitted:
+                self._on_mapped(self, request)
+
+    def land(self, request: Request) -> None:
+        """``request``'s KV has landed now: it joins the running set; its first token is emitted now."""
+        self.awaiting.discard(request)
+        self.in_transfer.remove(request)
+        request.first_token_at_us = request.last_token_at_us = self.env.now
+        self.running.append(request)
+        self._wake()
+
+    def cancel(self, request: Request, reason: str) -> None:
+        """A handed-over request will never get its KV (its prefill was rejected): drop it as rejected."""
+        self._accept_arrivals(self.env.now)
+        self.awaiting.discard(request)
+        if request in self.in_transfer:
+            self.in_transfer.remove(request)
+            self._perform_free(self.policy.free_slot(request.slot, self.policy.completed_iteration))
+            request.slot = -1
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        else:
+            raise RuntimeError(f"internal error: request {request.request_id} is neither waiting nor in transfer")
+        request.status, request.reject_reason = "rejected", reason
+        self.num_done += 1
+        self._wake()
+
+    def _wake(self) -> None:
+        for event in (self._arrival, self._landing_wait):
+            if event is not None and not event.triggered:
+                event.succeed()
+
+    def _unblock_admission(self):
+        """Nothing could be scheduled and nothing runs: while admitted requests wait for their KV, wait for a
+        landing (their pages fill the pool) instead of rejecting the head of the queue."""
+        if self.in_transfer and not self.running:
+            if (yield from self._settle_mapper()):
+                return
+            self._landing_wait = self.env.event()
+            yield self._landing_wait
+            return
+        yield from super()._unblock_admission()
+
+
+def _empty_trace() -> pd.DataFrame:
+    return pd.DataFrame({"request_id": pd.Series([], dtype=np.int64), "arrival_s": pd.Series([], dtype=float),
+                         "prompt_tokens": pd.Series([], dtype=np.int64), "output_tokens": pd.Series([], dtype=np.int64)})
+
+
+class _Handover:
+    """One request's path through the deployment (times in us, NaN until known)."""
+
+    __slots__ = ("request_id", "arrival_us", "prompt", "output", "prefill_index", "decode_index", "prefill_req",
+                 "decode_req", "prefill_done_us", "mapped_us", "start_us", "landed_us", "bytes", "reject_reason")
+
+    def __init__(self, request_id: int, arrival_us: float, prompt: int, output: int):
+        self.request_id, self.arrival_us, self.prompt, self.output = request_id, arrival_us, prompt, output
+        self.prefill_index = self.decode_index = -1
+        self.prefill_req: Request | None = None
+        self.decode_req: Request | None = None
+        self.prefill_done_us = self.mapped_us = self.start_us = self.landed_us = math.nan
+        self.bytes = 0
+        self.reject_reason = ""
+
+
+@dataclass
+class DisaggRun:
+    """A finished disaggregated run.
+
+    Attributes:
+        config: the deployment.
+        requests: per-request table (:data:`DISAGG_REQUEST_COLUMNS`, times in us on the trace's clock).
+        iterations: every instance's iteration table with ``role`` and ``instance`` columns.
+        summary: the run summary (:func:`summarize_disagg`).
+        instances: each instance's own :class:`analysis.results.RunResult`, prefill instances first.
+    """
+
+    config: DisaggConfig
+    requests: pd.DataFrame
+    iterations: pd.DataFrame
+    summary: dict
+    instances: list = field(default_factory=list, repr=False)
+
+
+class DisaggCluster:
+    """P prefill and D decode instances in one SimPy environment, a router and the KV transfers.
+
+    Args:
+        config: the deployment.
+        trace: canonical table, ``request_id`` = row number, sorted by arrival, every request within the slot
+            length.
+        profile_path: calibration profile applied to every instance (:func:`sim.core.runner.load_models`).
+        models: ``role -> (vmm, compute)`` to use instead of the profile's (tests: constant models).
+
+    Raises:
+        ValueError: request ids that are not row numbers.
+    """
+
+    def __init__(self, config: DisaggConfig, trace: pd.DataFrame, profile_path: str | None = None,
+                 models: dict | None = None):
+        if not np.array_equal(trace["request_id"].to_numpy(), np.arange(len(trace))):
+            raise ValueError("a disaggregated run needs request ids 0..n-1 in arrival order (renumber the trace)")
+        self.config, self.trace, self.profile_path = config, trace, profile_path
+        self.env = simpy.Environment()
+        self.meta: list[dict] = []
+        self.prefills = [self._instance(PrefillInstance, i, replace(config.prefill, seed=config.seed + i), models,
+                                        on_prefilled=self._prefilled, record_chunks=config.streaming,
+                                        on_started=self._started if config.streaming else None,
+                                        on_rejected=self._rejected)
+                         for i in range(config.num_prefill)]
+        self.decodes = [self._instance(DecodeInstance, j, replace(config.decode, seed=config.decode.seed
+                                                                   + config.num_prefill + j), models,
+                                       on_mapped=self._mapped) for j in range(config.num_decode)]
+        self.sender_free_us = [0.0] * config.num_prefill
+        self.receiver_free_us = [0.0] * config.num_decode
+        self.handovers: list[_Handover] = []
+        self._by_prefill: dict[Request, _Handover] = {}
+        self._by_decode: dict[Request, _Handover] = {}
+        self.pending = 0                       # handed over, not landed (nor cancelled)
+        self._all_landed: simpy.Event | None = None
+        self._bytes_per_us = config.link.bytes_per_us(config.links)
+        self._layers = config.prefill.model_spec.num_layers
+
+    def _instance(self, cls, index: int, config: SimConfig, models: dict | None, **hooks):
+        config = runner.profile_config_overrides(config, self.profile_path)
+        role = cls.role
+        if models is not None:
+            vmm, compute = models[role]
+        else:
+            vmm, compute = runner.load_models(config, self.profile_path)
+        instance = cls(index, config, self.env, vmm, compute, **hooks)
+        instance.open_arrivals()
+        instance.start()
+        self.meta.append({**config.to_dict(), "role": role, "instance": index,
+                          "vmm_latency_source": getattr(vmm, "source", "")})
+        return instance
+
+    # ---- the run ---------------------------------------------------------------------------------------
+    def run(self) -> DisaggRun:
+        """Simulate to the last request and build the result.
+
+        Raises:
+            DisaggStallError: when the environment runs out of events with requests unfinished (a cycle of full
+                pools between instances).
+        """
+        router = self.env.process(self._router())
+        self.env.process(self._closer(router))
+        self.env.run()
+        unfinished = [h.request_id for h in self.handovers if not self._resolved(h)]
+        if unfinished or len(self.handovers) != len(self.trace):
+            held = sum(len(instance.held) for instance in self.prefills)
+            waiting = sum(len(instance.in_transfer) for instance in self.decodes)
+            raise DisaggStallError(
+                f"the disaggregated deployment {self.config.pd} stalled at t={self.env.now / US_PER_S:.3f} s with "
+                f"{len(unfinished)} requests unfinished (first: {unfinished[:5]}): {held} prefill slots hold KV "
+                f"waiting for decode pages, {waiting} decode slots wait for KV"
+                + ("; layer-wise streaming holds decode pages while prefills wait: try --kv-stream off or larger "
+                   "pools" if self.config.streaming else ""))
+        return self._result()
+
+    @staticmethod
+    def _resolved(handover: _Handover) -> bool:
+        """Whether the request reached its end: rejected, or finished on its last instance."""
+        if handover.reject_reason:
+            return True
+        prefill = handover.prefill_req
+        if prefill is None or prefill.status not in ("finished", "rejected"):
+            return False
+        if prefill.status == "rejected" or handover.output == 1:
+            return True
+        return handover.decode_req is not None and handover.decode_req.status in ("finished", "rejected")
+
+    def _router(self):
+        env, trace = self.env, self.trace
+        arrivals_us = np.round(trace["arrival_s"].to_numpy(dtype=float) * ARRIVAL_TICKS_PER_S) * ARRIVAL_TICK_US
+        prefill_config, decode_config = self.prefills[0].policy.config, self.decodes[0].policy.config
+        assigned_p = [0] * len(self.prefills)
+        rows = zip(arrivals_us, trace["request_id"], trace["prompt_tokens"], trace["output_tokens"])
+        for arrival_us, request_id, prompt, output in rows:
+            for instance in self.prefills:     # no instance fast-forwards past an arrival it might receive
+                instance.arrival_horizon_us = float(arrival_us)
+            if arrival_us > env.now:
+                yield env.timeout(arrival_us - env.now)
+            handover = _Handover(int(request_id), float(arrival_us), int(prompt), int(output))
+            self.handovers.append(handover)
+            reason = unservable_reason(prefill_config, handover.prompt) or (
+                unservable_reason(decode_config, handover.prompt + handover.output - 1) if handover.output > 1 else "")
+            if reason:       # never fits an instance of one role: rejected before any work
+                handover.reject_reason = reason
+                continue
+            p = _least_outstanding(self.prefills, assigned_p)
+            handover.prefill_index = p
+            handover.prefill_req = self.prefills[p].submit(handover.request_id, handover.prompt, 1)
+            self._by_prefill[handover.prefill_req] = handover
+        for instance in self.prefills:
+            instance.arrival_horizon_us = float("inf")
+
+    def _hand_over(self, handover: _Handover) -> None:
+        d = _least_outstanding(self.decodes, self._decode_assigned)
+        handover.decode_index = d
+        handover.decode_req = self.decodes[d].hand_over(handover.request_id, handover.prompt, handover.output)
+        self._by_decode[handover.decode_req] = handover
+        self.pending += 1
+
+    @property
+    def _decode_assigned(self) -> list[int]:
+        return [len(instance.requests) for instance in self.decodes]
+
+    def _started(self, instance: PrefillInstance, request: Request) -> None:
+        """Streaming: the prefill starts; hand the request over now so that the decode side maps its pages
+        and takes the KV layer by layer as the prefill computes it."""
+        handover = self._by_prefill[request]
+        if handover.output > 1 and handover.decode_req is None:
+            self._hand_over(handover)
+
+    def _rejected(self, instance: PrefillInstance, request: Request) -> None:
+        """A prefill rejected at run time: a decode instance already holding the request drops it."""
+        handover = self._by_prefill[request]
+        if handover.decode_req is not None and handover.decode_req.status not in ("finished", "rejected"):
+            self.decodes[handover.decode_index].cancel(handover.decode_req, request.reject_reason)
+            self._settled()
+
+    def _prefilled(self, instance: PrefillInstance, request: Request) -> bool:
+        handover = self._by_prefill[request]
+        handover.prefill_done_us = self.env.now
+        if handover.output == 1:
+            return False
+        if not self.config.streaming:
+            self._hand_over(handover)
+        elif not math.isnan(handover.mapped_us):
+            self._start_transfer(handover)
+        return True
+
+    def _mapped(self, instance: DecodeInstance, request: Request) -> None:
+        handover = self._by_decode[request]
+        handover.mapped_us = self.env.now
+        if not math.isnan(handover.prefill_done_us):
+            self._start_transfer(handover)
+
+    def _start_transfer(self, handover: _Handover) -> None:
+        """Both ends are ready (pages mapped on the decode side; the prefill done, or streaming): reserve the
+        links and schedule the landing."""
+        p, d = handover.prefill_index, handover.decode_index
+        handover.bytes = handover.prompt * self.config.kv_bytes_per_token
+        ready_us = max(handover.mapped_us, self.sender_free_us[p], self.receiver_free_us[d])
+        if self.config.streaming:
+            chunks = self.prefills[p].chunks.pop(handover.prefill_req, [])
+            first_us, last_us = streamed_finish_us(ready_us, chunks, self.config.kv_bytes_per_token, self._layers,
+                                                   self._bytes_per_us)
+        else:
+            first_us, last_us = ready_us, ready_us + handover.bytes / self._bytes_per_us
+        self.sender_free_us[p] = self.receiver_free_us[d] = last_us
+        handover.start_us, handover.landed_us = first_us, last_us + self.config.link.latency_us
+        self.prefills[p].kv_bytes_sent += handover.bytes
+        self.decodes[d].kv_bytes_received += handover.bytes
+        self.env.process(self._land(handover))
+
+    def _land(self, handover: _Handover):
+        yield self.env.timeout(handover.landed_us - self.env.now)
+        self.prefills[handover.prefill_index].free_held(handover.prefill_req)
+        self.decodes[handover.decode_index].land(handover.decode_req)
+        self._settled()
+
+    def _settled(self) -> None:
+        self.pending -= 1
+        if not self.pending and self._all_landed is not None and not self._all_landed.triggered:
+            self._all_landed.succeed()
+
+    def _closer(self, router: simpy.Process):
+        """Close the prefill instances once every request is routed; close the decode instances once every
+        prefill instance has ended and every hand-over has landed (or was cancelled)."""
+        yield router
+        for instance in self.prefills:
+            instance.close()
+        yield simpy.AllOf(self.env, [instance.process for instance in self.prefills])
+        while self.pending:
+            self._all_landed = self.env.event()
+            yield self._all_landed
+        for instance in self.decodes:
+            instance.close()
+
+    # ---- results ---------------------------------------------------------------------------------------
+    def _result(self) -> DisaggRun:
+        from sim.results.summary import build_result
+
+        instances = []
+        for meta, instance in zip(self.meta, [*self.prefills, *self.decodes]):
+            meta = {**meta, "trace_source": f"{self.trace.attrs.get('source', 'trace')} | {meta['role']} "
+                                            f"{meta['instance']}"}
+            instances.append(build_result(instance.output(), meta))
+        requests = self._requests_table()
+        frames = [result.iterations.assign(role=instance.role, instance=instance.index)
+                  for result, instance in zip(instances, [*self.prefills, *self.decodes])]
+        iterations = pd.concat(frames, ignore_index=True)
+        # decode instances step every iteration (no fast-forwarded runs): tbt_us holds every gap
+        decode_gaps_us = np.concatenate([np.asarray(instance.tbt_us, dtype=float) for instance in self.decodes])
+        summary = summarize_disagg(self.config, requests, iterations, instances, tbt_stats_us(decode_gaps_us, []),
+                                   [*self.prefills, *self.decodes])
+        return DisaggRun(self.config, requests, iterations, summary, instances)
+
+    def _requests_table(self) -> pd.DataFrame:
+        rows = []
+        nan = math.nan
+        for h in self.handovers:
+            pr, dr = h.prefill_req, h.decode_req
+            status, reason = "finished", h.reject_reason
+            first = completion = scheduled = decode_admitted = nan
+            preemptions = recomputed = 0
+            slot = -1
+            if reason:
+                status = "rejected"
+            else:
+                preemptions, recomputed, scheduled = pr.preemptions, pr.recomputed_tokens, pr.first_scheduled_at_us
+                slot = pr.last_slot
+                if pr.status == "rejected":
+                    status, reason = "rejected", pr.reject_reason
+                elif h.output == 1:
+                    first, completion = pr.first_token_at_us, pr.completion_at_us
+                if dr is not None:
+                    preemptions += dr.preemptions
+                    recomputed += dr.recomputed_tokens
+                    decode_admitted, slot = dr.first_scheduled_at_us, dr.last_slot
+                    if status == "finished":
+                        if dr.status == "finished":
+                            first, completion = h.landed_us, dr.completion_at_us
+                        else:
+                            status, reason = "rejected", dr.reject_reason
+            ttft = first - h.arrival_us
+            tpot = (completion - first) / (h.output - 1) if h.output > 1 else nan
+            rows.append((h.request_id, h.arrival_us, h.prompt, h.output, first, completion, ttft, tpot,
+                         completion - h.arrival_us, preemptions, slot, status, 0, scheduled, scheduled - h.arrival_us,
+                         0, recomputed, reason, h.prefill_index, h.decode_index, h.prefill_done_us, decode_admitted,
+                         h.mapped_us, h.start_us, h.landed_us, h.bytes, h.landed_us - h.start_us,
+                         h.landed_us - h.prefill_done_us))
+        table = pd.DataFrame.from_records(rows, columns=list(DISAGG_REQUEST_COLUMNS))
+        for name in ("first_token_at_us", "completion_at_us", "ttft_us", "tpot_us", "e2e_us", "first_scheduled_at_us",
+                     "sched_delay_us", "prefill_done_at_us", "decode_admitted_at_us", "kv_mapped_at_us",
+                     "kv_transfer_start_at_us", "kv_landed_at_us", "kv_transfer_us", "kv_handover_us"):
+            table[name] = table[name].astype(float)
+        return table
+
+
+def _least_outstanding(instances: list, assigned: list[int]) -> int:
+    """The instance with the fewest outstanding requests; ties: fewer assigned so far, then the lower index
+    (the rule of :mod:`sim.cluster.routing`)."""
+    choice = min(range(len(instances)), key=lambda i: (instances[i].outstanding, assigned[i], i))
+    assigned[choice] += 1
+    return choice
+
+
+# ---- summary ---------------------------------------------------------------------------------------------
+_ADDITIVE_KEYS = ("map_page_groups", "unmap_page_groups", "map_calls", "unmap_calls", "swap_out_bytes",
+                  "swap_in_bytes", "swap_total_ms", "pool_bytes", "peak_mapped_bytes", "mapping_critical_ms")
+
+
+def _stats_ms(values_us, name: str) -> dict:
+    finite = np.asarray(values_us, dtype=float)
+    finite = finite[np.isfinite(finite)]
+    out = {f"{name}_p{q}_ms": float(np.percentile(finite, q) / US_PER_MS) if len(finite) else math.nan
+           for q in (50, 90, 99)}
+    out[f"{name}_mean_ms"] = float(finite.mean() / US_PER_MS) if len(finite) else math.nan
+    out[f"{name}_max_ms"] = float(finite.max() / US_PER_MS) if len(finite) else math.nan
+    return out
+
+
+def instance_figures(result, instance, span_us: float) -> dict:
+    """One instance's utilisation, queueing and memory.
+
+    ``utilisation`` = time in iterations / the run's span (first arrival to last completion); ``compute_share``
+    = time computing / span; ``queue_delay_*_ms`` = arrival at the instance (hand-over for a decode instance)
+    to its first scheduling there, over the requests it served; ``mean_waiting`` = requests waiting per
+    iteration, mean over iterations; memory per tensor-parallel worker.
+    """
+    iterations, summary, config = result.iterations, result.summary, result.config
+    group_bytes = config["page_group_bytes"]
+    served = result.requests[result.requests["status"] == "finished"]
+    busy_us = float(iterations["duration_us"].sum()) if len(iterations) else 0.0
+    figures = {
+        "role": instance.role, "instance": instance.index, "tp": int(config["tp"]), "policy": config["label"],
+        "requests": int(len(result.requests)), "iterations": int(len(iterations)),
+        "utilisation": busy_us / span_us if span_us > 0 else math.nan,
+        "compute_share": float(iterations["compute_us"].sum()) / span_us if span_us > 0 and len(iterations) else 0.0,
+        "mean_batch_size": summary["mean_batch_size"],
+        "mean_waiting": float(iterations["num_waiting"].mean()) if len(iterations) else 0.0,
+        **{k.replace("sched_delay", "queue_delay"): v for k, v in _stats_ms(served["sched_delay_us"],
+                                                                            "sched_delay").items()},
+        "peak_mapped_bytes": summary["peak_mapped_bytes"], "pool_bytes": summary["pool_bytes"],
+        "mean_used_bytes": float(iterations["used_page_groups"].mean() * group_bytes) if len(iterations) else 0.0,
+        "preemptions": summary["preemptions"], "sync_stall_total_ms": summary["sync_stall_total_ms"],
+        "kv_bytes_sent": int(getattr(instance, "kv_bytes_sent", 0)),
+        "kv_bytes_received": int(getattr(instance, "kv_bytes_received", 0)),
+    }
+    return figures
+
+
+def summarize_disagg(config: DisaggConfig, requests: pd.DataFrame, iterations: pd.DataFrame, instances: list,
+                     tbt: dict, simulators: list) -> dict:
+    """The run summary: the co-located summary's keys over the whole deployment (latencies from the merged
+    request table; counters summed over instances, ``peak_mapped_bytes`` and ``pool_bytes`` as sums of each
+    instance's own), then the deployment (``pd``, ``gpus``), the transfers (``kv_transfer_bytes``,
+    ``kv_transfer_*_ms``: link time, latency included; ``kv_handover_*_ms``: prefill end to landing), flat
+    per-role figures (``prefill_utilisation``, ``decode_queue_delay_p99_ms``, ...) and the nested tables
+    ``roles`` and ``instances`` (:func:`instance_figures`)."""
+    from sim.results.summary import summarize
+
+    counters = {"sync_map_page_groups": 0, "sync_unmap_page_groups": 0, "bg_map_page_groups": 0,
+                "bg_unmap_page_groups": 0, "pool_page_groups": 0, **tbt}
+    decode_dict = config.decode.to_dict()
+    summary = summarize(requests, iterations, counters, decode_dict)
+    for key in _ADDITIVE_KEYS:
+        summary[key] = sum(result.summary.get(key, 0) for result in instances)
+    maps = summary["map_page_groups"]
+    background = sum(r.summary["map_page_groups"] * np.nan_to_num(r.summary["background_map_share"]) for r in instances)
+    summary["background_map_share"] = background / maps if maps else math.nan
+    summary["mapping_worker_ms"] = []
+    finished = requests[requests["status"] == "finished"]
+    moved = finished[finished["kv_transfer_bytes"] > 0]
+    start_us = float(requests["arrival_at_us"].min()) if len(requests) else 0.0
+    end_us = float(finished["completion_at_us"].max()) if len(finished) else start_us
+    span_us = max(end_us - start_us, 1e-3)
+    per_instance = [instance_figures(result, sim, span_us) for result, sim in zip(instances, simulators)]
+    roles = {}
+    for role, role_config, count in (("prefill", config.prefill, config.num_prefill),
+                                     ("decode", config.decode, config.num_decode)):
+        rows = [row for row in per_instance if row["role"] == role]
+        delays = (finished["first_scheduled_at_us"] - finished["arrival_at_us"] if role == "prefill"
+                  else finished["decode_admitted_at_us"] - finished["prefill_done_at_us"])
+        if role == "decode" and config.streaming:      # handed over when the prefill starts
+            delays = finished["decode_admitted_at_us"] - finished["first_scheduled_at_us"]
+        roles[role] = {
+            "instances": count, "tp": role_config.tp, "gpus": count * role_config.tp, "policy": role_config.label,
+            "utilisation_mean": float(np.mean([r["utilisation"] for r in rows])),
+            "utilisation_max": float(np.max([r["utilisation"] for r in rows])),
+            "compute_share_mean": float(np.mean([r["compute_share"] for r in rows])),
+            **{k.replace("sched_delay", "queue_delay"): v for k, v in _stats_ms(delays, "sched_delay").items()},
+            "mean_waiting": float(np.mean([r["mean_waiting"] for r in rows])),
+            "peak_mapped_bytes_max": int(max(r["peak_mapped_bytes"] for r in rows)),
+            "pool_bytes_per_instance": int(rows[0]["pool_bytes"]),
+            "preemptions": int(sum(r["preemptions"] for r in rows)),
+            "iterations": int(sum(r["iterations"] for r in rows)),
+            "mean_batch_size": float(np.mean([r["mean_batch_size"] for r in rows])),
+        }
+    summary.update({
+        "disaggregated": True, "pd": config.pd, "gpus": config.gpus, "prefill_gpus": config.prefill_gpus,
+        "decode_gpus": config.decode_gpus, "kv_link": config.link.name, "kv_stream": "layerwise" if config.streaming else "off",
+        "throughput_req_per_s_per_gpu": summary["throughput_req_per_s"] / config.gpus,
+        "kv_transfer_bytes": int(requests["kv_transfer_bytes"].sum()), "kv_transfers": int((requests["kv_transfer_bytes"] > 0).sum()),
+        **_stats_ms(moved["kv_transfer_us"], "kv_transfer"), **_stats_ms(moved["kv_handover_us"], "kv_handover"),
+    })
+    for role, table in roles.items():
+        summary.update({f"{role}_{key}": value for key, value in table.items()
+                        if key in ("utilisation_mean", "queue_delay_p50_ms", "queue_delay_p99_ms", "peak_mapped_bytes_max",
+                                   "preemptions", "mean_batch_size")})
+    summary["roles"] = roles
+    summary["instances"] = {f"{row['role']}{row['instance']}": row for row in per_instance}
+    return summary
+
+
+def run_disagg(config: DisaggConfig, trace: pd.DataFrame, profile_path: str | None = None,
+               models: dict | None = None) -> DisaggRun:
+    """Simulate ``trace`` on the deployment ``config`` (see :class:`DisaggCluster`)."""
+    return DisaggCluster(config, trace, profile_path, models).run()
+
+
+def disagg_run_result(run: DisaggRun, trace_source: str = ""):
+    """The run as an :class:`analysis.results.RunResult` (``write_run`` writes its directory: requests and
+    iterations with the extra columns, the summary with the per-role tables, ``config.json`` with both roles)."""
+    from sim.results.summary import RunResult
+
+    config = {**run.config.to_dict(), "trace_source": trace_source,
+              "instances": [result.config for result in run.instances]}
+    return RunResult(run.requests, run.iterations, run.summary, config)
+
+
+__all__ = ["DISAGG_REQUEST_COLUMNS", "DecodeInstance", "DisaggCluster", "DisaggConfig", "DisaggRun", "DisaggStallError", "KV_STREAM_MODES",
+           "PrefillInstance", "ROLES", "disagg_run_result", "instance_figures", "parse_kv_stream", "parse_pd",
+           "run_disagg", "summarize_disagg"]

@@ -1,0 +1,199 @@
+"""Exact statistics of float64 columns too large to hold twice (issue 18): order statistics across sorted
+arrays, numpy's linear-interpolated percentile and numpy's pairwise sum reproduced bit for bit, and Parquet
+columns read row group by row group. Used by the bounded replica merge (:mod:`sim.cluster.replica_merge`) and by a
+streamed run's summary (:func:`analysis.results.build_result`)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+_SIGN = 1 << 63
+_PAIRWISE_LEAF = 1 << 16
+
+
+# ---- exact order statistics across sorted arrays -------------------------------------------------------
+
+def _key(value: float) -> int:
+    """The float's position in the order of float64 values, as an integer (monotone; -0.0 just below 0.0)."""
+    bits = int(np.array([value], dtype=np.float64).view(np.int64)[0])
+    return bits if bits >= 0 else -(bits & (_SIGN - 1)) - 1
+
+
+def _value(key: int) -> float:
+    """Inverse of :func:`_key`."""
+    bits = key if key >= 0 else (-key - 1) | _SIGN
+    return float(np.array([bits], dtype=np.uint64).view(np.float64)[0])
+
+
+def kth_smallest(arrays: list, k: int, cumulative: list | None = None) -> float:
+    """The k-th smallest value (1-based) of the union of sorted float arrays, exactly.
+
+    Args:
+        arrays: ascending float64 arrays without NaN (memory-mapped ones are read only where searched); empty
+            ones allowed.
+        k: 1 <= k <= the total count.
+        cumulative: for weighted values, per array the cumulative weights (``cumulative[i][j]`` = weight of
+            ``arrays[i][:j + 1]``); the k-th smallest is then the smallest value whose cumulative weight over the
+            union reaches k (nearest rank).
+
+    Raises:
+        ValueError: k out of range, or a NaN among the values.
+    """
+    pairs = [(a, None if cumulative is None else c) for a, c in zip(arrays, cumulative or [None] * len(arrays))
+             if len(a)]
+    total = sum(len(a) if c is None else int(c[-1]) for a, c in pairs)
+    if not 1 <= k <= total:
+        raise ValueError(f"k={k} outside 1..{total}")
+    if any(np.isnan(a[-1]) for a, _ in pairs):
+        raise ValueError("NaN among the values")
+
+    def at_most(value: float) -> int:
+        count = 0
+        for a, c in pairs:
+            index = int(np.searchsorted(a, value, side="right"))
+            count += index if c is None else (int(c[index - 1]) if index else 0)
+        return count
+
+    low = min(_key(float(a[0])) for a, _ in pairs)
+    high = max(_key(float(a[-1])) for a, _ in pairs)
+    while low < high:               # smallest key whose value has at least k values at most it
+        middle = (low + high) // 2
+        if at_most(_value(middle)) >= k:
+            high = middle
+        else:
+            low = middle + 1
+    found = _value(low)
+    for a, _ in pairs:              # the value as stored (0.0 and -0.0 compare equal)
+        index = int(np.searchsorted(a, found, side="left"))
+        if index < len(a) and a[index] == found:
+            return float(a[index])
+    return found
+
+
+def linear_percentile(count: int, q: float, kth) -> float:
+    """``np.percentile(values, q)`` (linear interpolation) of ``count`` values, bit for bit, from
+    ``kth(i)``, the i-th smallest value (0-based): numpy's virtual index ``(count - 1) * q / 100``, its two
+    neighbours and its interpolation (``numpy.lib._function_base_impl._lerp``)."""
+    quantile = np.true_divide(q, 100)
+    virtual = (count - 1) * quantile
+    previous = np.floor(virtual)
+    if virtual >= count - 1:        # numpy takes the last value for both neighbours
+        low = high = count - 1
+        previous = np.float64(-1.0)
+    else:
+        low = int(previous)
+        high = low + 1
+    gamma = float(virtual - previous)
+    a = np.float64(kth(low))
+    b = a if high == low else np.float64(kth(high))
+    diff = b - a
+    result = a + diff * gamma
+    if gamma >= 0.5:
+        result = b - diff * (1 - gamma)
+    return float(result)
+
+
+# ---- numpy's pairwise summation over a concatenation ---------------------------------------------------
+
+def pairwise_sum(length: int, take, leaf: int = _PAIRWISE_LEAF) -> float:
+    """``np.sum`` of a float64 array of ``length`` values, bit for bit, without holding it: ``take(start, stop)``
+    returns the contiguous values ``[start, stop)`` (called with increasing ranges). numpy sums a contiguous
+    array pairwise (halves rounded down to a multiple of 8, blocks of at most 128 values unrolled by 8), so the
+    tree is walked here and every subtree of at most ``leaf`` values (at least 128, numpy's block) is summed by
+    ``np.add.reduce``."""
+    leaf = max(leaf, 128)
+
+    def subtree(start: int, n: int):
+        if n <= leaf:
+            return np.add.reduce(take(start, start + n))
+        half = n // 2
+        half -= half % 8
+        return subtree(start, half) + subtree(start + half, n - half)
+
+    return float(subtree(0, length)) if length else 0.0
+
+
+class Concatenation:
+    """Sequential reads of arrays laid end to end, loading one part at a time (``loaders[i]()`` returns part i,
+    ``lengths[i]`` long)."""
+
+    def __init__(self, loaders: list, lengths: list[int]):
+        self.loaders, self.lengths = loaders, [int(n) for n in lengths]
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths, dtype=np.int64)]).tolist()
+        self.length = self.offsets[-1]
+        self._part, self._values = -1, None
+
+    def _load(self, part: int) -> np.ndarray:
+        if part != self._part:
+            self._values = None
+            self._values = np.ascontiguousarray(self.loaders[part](), dtype=np.float64)
+            if len(self._values) != self.lengths[part]:
+                raise ValueError(f"part {part}: {len(self._values)} values, expected {self.lengths[part]}")
+            self._part = part
+        return self._values
+
+    def take(self, start: int, stop: int) -> np.ndarray:
+        pieces = []
+        part = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        while start < stop:
+            while self.offsets[part + 1] <= start:
+                part += 1
+            end = min(stop, self.offsets[part + 1])
+            values = self._load(part)
+            pieces.append(values[start - self.offsets[part]:end - self.offsets[part]])
+            start = end
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+
+# ---- Parquet columns ------------------------------------------------------------------------------------
+
+def read_column(path: str | Path, name: str, dtype=np.float64) -> np.ndarray:
+    """One column of a Parquet file as a numpy array, filled row group by row group (no second copy of the
+    whole column, as reading a table and converting it makes)."""
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(path)
+    out = np.empty(parquet.metadata.num_rows, dtype=dtype)
+    start = 0
+    for group in range(parquet.num_row_groups):
+        values = parquet.read_row_group(group, columns=[name]).column(0).to_numpy()
+        out[start:start + len(values)] = values
+        start += len(values)
+    return out
+
+
+def row_groups(path: str | Path, name: str, nan_as_zero: bool = False) -> Concatenation:
+    """A column of a Parquet file as a :class:`Concatenation` of its row groups (``nan_as_zero``: NaN read
+    as 0, as pandas sums)."""
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(path)
+
+    def loader(group: int):
+        def load():
+            values = parquet.read_row_group(group, columns=[name]).column(0).to_numpy().astype(np.float64)
+            return np.where(np.isnan(values), 0.0, values) if nan_as_zero else values
+        return load
+
+    return Concatenation([loader(g) for g in range(parquet.num_row_groups)],
+                         [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)])
+
+
+def column_sum(path: str | Path, name: str) -> float:
+    """``float(pd.read_parquet(path, columns=[name])[name].sum())`` bit for bit, one row group at a time."""
+    column = row_groups(path, name, nan_as_zero=True)
+    return pairwise_sum(column.length, column.take)
+
+
+def distinct_counts(values: np.ndarray, counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct values of an ascending array and the cumulative count (or weight) up to each (the layout
+    :func:`kth_smallest` takes with ``cumulative``)."""
+    if not len(values):
+        return values[:0].copy(), np.zeros(0, dtype=np.int64)
+    starts = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]]))
+    if counts is None:
+        cumulative = np.append(starts[1:], len(values)).astype(np.int64)
+    else:
+        cumulative = np.cumsum(np.add.reduceat(counts, starts)).astype(np.int64)
+    return values[starts].copy(), cumulative

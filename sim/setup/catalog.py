@@ -1,0 +1,65 @@
+"""Catalogue of models and GPUs: built-in entries read from ``catalog.toml`` (data, not code), or a user's file
+(``--model PATH`` to a Hugging Face ``config.json`` or a TOML, ``--gpu PATH`` to a TOML; :mod:`sim.setup.model_files`).
+The shapes and every derived size (weights, KV bytes per token, tokens per page, pipeline stages) are in
+:mod:`sim.setup.specs`, re-exported here.
+"""
+from __future__ import annotations
+
+import tomllib
+from functools import cache
+from importlib import resources
+
+from sim.setup.model_files import is_file_reference, load_gpu_file, load_model_file
+from sim.setup.specs import DTYPE_BYTES, GPU_FIELDS, MODEL_FIELDS, CatalogError, GPUSpec, ModelSpec
+
+__all__ = ["DTYPE_BYTES", "GPU_FIELDS", "MODEL_FIELDS", "CatalogError", "GPUSpec", "ModelSpec", "get_gpu", "get_model",
+           "gpu_names", "is_file_reference", "model_names"]
+
+
+@cache
+def _catalog() -> dict:
+    with resources.files("sim.setup").joinpath("catalog.toml").open("rb") as handle:
+        return tomllib.load(handle)
+
+
+def model_names() -> list[str]:
+    """Names of the catalogued models."""
+    return sorted(_catalog()["models"])
+
+
+def gpu_names() -> list[str]:
+    """Names of the catalogued GPUs."""
+    return sorted(_catalog()["gpus"])
+
+
+def get_model(name: str) -> ModelSpec:
+    """Look a model up by name (case-insensitive), or read it from a Hugging Face ``config.json`` or a TOML file
+    (:func:`sim.setup.model_files.load_model_file`; a relative path is tried from the working directory, then from the
+    repository root, so ``models/mixtral-8x7b.json`` works from anywhere).
+
+    Raises:
+        CatalogError: for an unknown name (the message lists the known models), or a missing, unreadable or
+            inconsistent file (one line naming the file and the field).
+    """
+    from pathlib import Path
+    if is_file_reference(name) or (name.lower() not in _catalog()["models"] and Path(name).is_dir()):
+        return load_model_file(name)
+    entry = _catalog()["models"].get(name.lower())
+    if entry is None:
+        raise CatalogError(f"unknown model {name!r}; known models: {', '.join(model_names())}; or give a "
+                           "Hugging Face config.json or a model TOML file (e.g. models/mixtral-8x7b.json)")
+    return ModelSpec(name=name.lower(), **entry)
+
+
+def get_gpu(name: str) -> GPUSpec:
+    """Look a GPU up by name (case-insensitive), or read it from a TOML file (:func:`sim.setup.model_files.load_gpu_file`).
+
+    Raises:
+        CatalogError: for an unknown name (the message lists the known GPUs), or a bad file (naming the field).
+    """
+    if is_file_reference(name):
+        return load_gpu_file(name)
+    entry = _catalog()["gpus"].get(name.lower())
+    if entry is None:
+        raise CatalogError(f"unknown GPU {name!r}; known GPUs: {', '.join(gpu_names())}; or give a GPU TOML file")
+    return GPUSpec(name=name.lower(), **{k: (int(v) if k == "hbm_bytes" else v) for k, v in entry.items()})

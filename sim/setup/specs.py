@@ -1,0 +1,479 @@
+"""Model and GPU shapes (:class:`ModelSpec`, :class:`GPUSpec`) and every size derived from them; entries come from
+the catalogue (:mod:`sim.setup.catalog`, ``catalog.toml``) or a user's file (:mod:`sim.setup.model_files`).
+
+Every derived size is a method computed from the public shapes, never typed twice. Sizes per worker: ``tp``
+tensor-parallel workers shard heads, MLP widths, experts' widths and the vocabulary (Megatron / vLLM); a
+pipeline stage (:meth:`ModelSpec.pipeline_stages`) holds a contiguous range of layers.
+
+* Weights per worker ``weight_bytes(tp)``: linear layers at ``dtype_bytes`` per parameter (Q, K, V, O projections,
+  or MLA's low-rank projections; the MLP, 3 matrices ``hidden x width`` when gated (SwiGLU), 2 when not; every
+  expert of a MoE layer, its router and shared experts: all experts are resident) plus norms (2 per layer and the
+  final one), the input embedding and the LM head at :attr:`ModelSpec.activation_bytes` (fp8 checkpoints keep
+  them in bf16); tied embeddings are one table.
+* KV bytes per token per layer ``kv_bytes_per_token_per_layer(tp)``: GQA/MHA ``2 x H' x D x P_kv`` (K and V,
+  ``H' = num_kv_heads / tp``, domain.md "The problem"); MLA one latent of ``kv_lora_rank + qk_rope_head_dim``
+  elements per token (what vLLM caches; replicated on every tensor-parallel worker). ``kv_bytes_per_token(tp)``
+  sums the layers.
+* Bytes per token in one K or V sub-tensor (vAttention's per-layer tensor) ``sub_tensor_bytes_per_token(tp)``;
+  tokens per page ``floor(G / sub_tensor_bytes_per_token)`` (domain.md, "Mechanism").
+* Compute per token (:mod:`sim.timing.compute`): ``active_linear_params(tp)``: dense layers, and in MoE layers the
+  router, ``experts_per_token`` routed experts and the shared experts.
+
+Sliding-window layers (``sliding_window_tokens``, ``sliding_window_layers``) hold at most the window's KV per
+request: :meth:`ModelSpec.kv_bytes_for_tokens`; the simulated memory managers still map every token of every
+layer (docs/models.md says what that does to a run).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+
+class CatalogError(ValueError):
+    """An unknown model or GPU, an unreadable or inconsistent model/GPU file, or an impossible parallel degree;
+    the message names the choices, or the file and field."""
+
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+"""Bytes per element of the weight and KV dtypes accepted by ``--weight-dtype`` / ``--kv-dtype``."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a decoder-only transformer (public config). All sizes in elements unless named ``*_bytes``.
+
+    Attributes:
+        name: catalogue key (e.g. ``"llama-3-8b"``) or the file a user model was read from.
+        num_layers: N, decoder layers (of this pipeline stage, for a stage view).
+        hidden_size: model width.
+        num_q_heads / num_kv_heads: attention heads (GQA when KV heads < Q heads).
+        head_dim: D, elements per head (MLA: the query/key head, ``qk_nope_head_dim + qk_rope_head_dim``).
+        ffn_size: MLP intermediate width of a dense layer.
+        vocab_size: embedding rows.
+        max_context_tokens: native context window (``max_position_embeddings``).
+        dtype_bytes: P, bytes per weight element of the linear layers (2 for bf16, 1 for fp8).
+        kv_dtype_bytes: bytes per KV-cache element; 0 = :attr:`activation_bytes` (bf16 for bf16 or fp8 weights).
+        mlp_gated: gated MLP (SwiGLU: gate, up, down = 3 matrices) or a plain one (up, down = 2).
+        tie_word_embeddings: the LM head is the input embedding (one table).
+        attention_bias: Q, K, V projections carry biases (Qwen2, OPT, GPT-2, GPT-NeoX, Phi-2).
+        attention_out_bias: the output projection carries a bias (OPT, GPT-2, GPT-NeoX, Phi-2).
+        mlp_bias: the MLP's projections carry biases (OPT, GPT-2, GPT-J, GPT-NeoX, Phi-2).
+        lm_head_bias: the LM head carries a bias of ``vocab_size`` (GPT-J, Phi-2).
+        norms_per_layer: normalisation layers per decoder layer: 2 (pre-attention, pre-MLP), 1 for a parallel
+            block (GPT-J, Falcon-7B, Phi-2), 4 for Gemma 2/3 (pre and post each sub-block).
+        norm_bias: the norms are LayerNorms with a bias (``2 h`` each: OPT, GPT-2/J/NeoX, Falcon, Phi-2), not
+            RMSNorms (``h``).
+        qk_norm: per-head RMSNorms of ``head_dim`` on queries and keys (Qwen3, Gemma 3).
+        position_embedding_tokens: rows of a learned absolute position embedding (GPT-2 ``n_positions``, OPT
+            ``max_position_embeddings + 2``); 0 = rotary or none.
+        num_experts: routed experts per MoE layer (0 = dense model).
+        num_shared_experts: shared experts per MoE layer (DeepSeek), each ``moe_ffn_size`` wide.
+        experts_per_token: routed experts each token runs (top-k).
+        moe_ffn_size: intermediate width of one expert.
+        first_dense_layers: the first layers are dense MLPs of ``ffn_size`` (DeepSeek ``first_k_dense_replace``).
+        kv_lora_rank / qk_rope_head_dim / qk_nope_head_dim / v_head_dim / q_lora_rank: Multi-head Latent
+            Attention (DeepSeek-V2/V3); ``kv_lora_rank`` 0 = GQA/MHA. ``q_lora_rank`` 0 = full-rank queries.
+        sliding_window_tokens: attention window of the sliding-window layers (0 = none).
+        sliding_window_layers: how many layers use the window.
+        stage_index / num_stages: the pipeline stage this view is (0 of 1: the whole model); the first stage
+            holds the embedding, the last the final norm and the LM head.
+        source: where the shape was read from (``catalog.toml`` or the file).
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_size: int
+    vocab_size: int
+    max_context_tokens: int
+    dtype_bytes: int = 2
+    kv_dtype_bytes: int = 0
+    mlp_gated: bool = True
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    attention_out_bias: bool = False
+    mlp_bias: bool = False
+    lm_head_bias: bool = False
+    norms_per_layer: int = 2
+    norm_bias: bool = False
+    qk_norm: bool = False
+    position_embedding_tokens: int = 0
+    num_experts: int = 0
+    num_shared_experts: int = 0
+    experts_per_token: int = 0
+    moe_ffn_size: int = 0
+    first_dense_layers: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    q_lora_rank: int = 0
+    sliding_window_tokens: int = 0
+    sliding_window_layers: int = 0
+    stage_index: int = 0
+    num_stages: int = 1
+    source: str = "catalog.toml"
+
+    # ---- kinds -------------------------------------------------------------------------------------
+    @property
+    def uses_mla(self) -> bool:
+        """Multi-head Latent Attention: one compressed latent per token and layer in the KV cache."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def uses_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes of activations, norms, the embedding and the LM head: the weight dtype, at least 2 (an fp8
+        checkpoint keeps them in bf16, as vLLM's fp8 linear method quantizes linear layers only)."""
+        return max(self.dtype_bytes, 2)
+
+    @property
+    def kv_element_bytes(self) -> int:
+        """Bytes per KV-cache element: :attr:`kv_dtype_bytes`, else :attr:`activation_bytes`."""
+        return self.kv_dtype_bytes or self.activation_bytes
+
+    @property
+    def has_embedding(self) -> bool:
+        """This (stage of the) model holds the input embedding (the first pipeline stage)."""
+        return self.stage_index == 0
+
+    @property
+    def has_lm_head(self) -> bool:
+        """This (stage of the) model holds the final norm and the LM head (the last pipeline stage)."""
+        return self.stage_index == self.num_stages - 1
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.first_dense_layers if self.uses_moe else 0
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    # ---- tensor parallelism ---------------------------------------------------------------------------
+    def check_tp(self, tp: int) -> None:
+        """Raise :class:`CatalogError` unless ``tp`` divides the KV and Q heads (needed to shard them; MLA: the
+        Q heads, its latent is replicated)."""
+        kv_heads = 1 if self.uses_mla else self.num_kv_heads
+        if tp < 1 or (not self.uses_mla and self.num_kv_heads % tp) or self.num_q_heads % tp:
+            heads = (f"{self.num_q_heads} query heads" if self.uses_mla else
+                     f"{self.num_kv_heads} KV heads and {self.num_q_heads} query heads")
+            raise CatalogError(
+                f"--tp {tp} does not divide {self.name}'s {heads}; use one of "
+                f"{[t for t in (1, 2, 4, 8) if (self.uses_mla or kv_heads % t == 0) and self.num_q_heads % t == 0]}")
+
+    DECODER_FIELDS = ("num_layers", "hidden_size", "num_q_heads", "num_kv_heads", "head_dim", "ffn_size", "vocab_size")
+    """The sizes a decoder is built from (``hwbackend.replay.model.DecoderModel``; recorded by a replay as
+    ``transformer_shape``)."""
+
+    def per_worker(self, tp: int = 1) -> "ModelSpec":
+        """The shape one of ``tp`` tensor-parallel workers computes (Megatron sharding): query and KV heads and
+        the MLP width divided by ``tp``; layers, hidden size, head size and vocabulary as the model's.
+
+        Raises:
+            CatalogError: when ``tp`` does not divide the heads.
+        """
+        self.check_tp(tp)
+        return replace(self, num_q_heads=self.num_q_heads // tp, num_kv_heads=self.num_kv_heads // tp,
+                       ffn_size=self.ffn_size // tp)
+
+    def decoder_shape(self) -> dict:
+        """The :data:`DECODER_FIELDS` as a dict."""
+        return {name: getattr(self, name) for name in self.DECODER_FIELDS}
+
+    # ---- KV cache ------------------------------------------------------------------------------------
+    def kv_heads_per_worker(self, tp: int = 1) -> int:
+        """H', KV heads held by one tensor-parallel worker (MLA: 1, the latent, replicated on every worker)."""
+        self.check_tp(tp)
+        return 1 if self.uses_mla else self.num_kv_heads // tp
+
+    def sub_tensor_bytes_per_token(self, tp: int = 1) -> int:
+        """Bytes one token occupies in one per-layer K (or V) tensor on one worker: ``H' * D * P_kv``; MLA: the
+        latent, ``(kv_lora_rank + qk_rope_head_dim) * P_kv`` (one tensor per layer)."""
+        if self.uses_mla:
+            self.check_tp(tp)
+            return (self.kv_lora_rank + self.qk_rope_head_dim) * self.kv_element_bytes
+        return self.kv_heads_per_worker(tp) * self.head_dim * self.kv_element_bytes
+
+    def kv_bytes_per_token_per_layer(self, tp: int = 1) -> int:
+        """KV bytes one token adds to one layer on one worker: GQA ``2 H' D P_kv``; MLA the latent."""
+        return (1 if self.uses_mla else 2) * self.sub_tensor_bytes_per_token(tp)
+
+    def kv_bytes_per_token(self, tp: int = 1) -> int:
+        """KV-cache bytes per token on one worker, all layers: GQA ``2 * N * H' * D * P_kv``; MLA
+        ``N * (kv_lora_rank + qk_rope_head_dim) * P_kv``."""
+        if self.uses_mla:
+            return self.num_layers * self.sub_tensor_bytes_per_token(tp)
+        return 2 * self.num_layers * self.sub_tensor_bytes_per_token(tp)
+
+    def kv_bytes_for_tokens(self, tokens: int, tp: int = 1) -> int:
+        """KV bytes of one request holding ``tokens`` tokens on one worker, with sliding-window layers capped at
+        their window: ``full layers * per_layer * tokens + sliding layers * per_layer * min(tokens, window)``."""
+        per_layer = self.kv_bytes_per_token_per_layer(tp)
+        sliding = self.sliding_window_layers if self.sliding_window_tokens else 0
+        window = min(tokens, self.sliding_window_tokens) if sliding else 0
+        return (self.num_layers - sliding) * per_layer * tokens + sliding * per_layer * window
+
+    def num_sub_tensors(self) -> int:
+        """2N' per-layer K and V virtual tensors on one worker (MLA: N', one latent tensor per layer); a page
+        group maps one page in each."""
+        return self.num_layers if self.uses_mla else 2 * self.num_layers
+
+    def tokens_per_page(self, page_size_bytes: int, tp: int = 1) -> int:
+        """Tokens that fit in one page of one sub-tensor: ``floor(G / (H' * D * P_kv))`` (0 if none fits)."""
+        return page_size_bytes // self.sub_tensor_bytes_per_token(tp)
+
+    # ---- parameters ----------------------------------------------------------------------------------
+    def mlp_params(self, width: int) -> int:
+        """Parameters of one MLP of intermediate ``width``: ``3 h w`` gated (SwiGLU), ``2 h w`` plain; with
+        :attr:`mlp_bias` the up (and gate) biases ``w`` (``2 w`` gated) and the down bias ``h``."""
+        h, matrices = self.hidden_size, 3 if self.mlp_gated else 2
+        bias = (matrices - 1) * width + h if self.mlp_bias else 0
+        return matrices * h * width + bias
+
+    def attention_params(self) -> tuple[int, int]:
+        """``(sharded, replicated)`` parameters of one layer's attention: GQA Q, K, V, O (+ QKV biases);
+        MLA (DeepSeek-V2 section 2.1): ``q_a`` (``h x q_lora``, replicated) with its norm and ``q_b``
+        (``q_lora x Hq (nope + rope)``), or one ``h x Hq (nope + rope)`` without ``q_lora_rank``; ``kv_a``
+        (``h x (kv_lora + rope)``, replicated) with its norm; ``kv_b`` (``kv_lora x Hq (nope + v)``);
+        ``o`` (``Hq v x h``). Replicated parts are vLLM's ``ReplicatedLinear`` layers; the output projection's
+        bias (:attr:`attention_out_bias`, ``h``) is replicated (vLLM's ``RowParallelLinear`` keeps it whole)."""
+        h, heads = self.hidden_size, self.num_q_heads
+        out_bias = h if self.attention_out_bias else 0
+        if not self.uses_mla:
+            sharded = 2 * h * heads * self.head_dim + 2 * h * self.num_kv_heads * self.head_dim
+            if self.attention_bias:
+                sharded += heads * self.head_dim + 2 * self.num_kv_heads * self.head_dim
+            return sharded, out_bias
+        qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+        if self.q_lora_rank:
+            q_sharded, q_replicated = self.q_lora_rank * heads * qk, h * self.q_lora_rank + self.q_lora_rank
+        else:
+            q_sharded, q_replicated = h * heads * qk, 0
+        kv_replicated = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+        kv_b = self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+        out = heads * self.v_head_dim * h
+        return q_sharded + kv_b + out, q_replicated + kv_replicated + out_bias
+
+    def _layer_params(self, moe: bool, active: bool) -> tuple[int, int]:
+        """``(sharded, replicated)`` linear parameters of one dense or MoE layer; ``active``: only the experts
+        one token runs (top-k routed + shared) instead of all resident ones."""
+        sharded, replicated = self.attention_params()
+        if not moe:
+            return sharded + self.mlp_params(self.ffn_size), replicated
+        experts = (self.experts_per_token if active else self.num_experts) + self.num_shared_experts
+        router = self.hidden_size * self.num_experts
+        return sharded + experts * self.mlp_params(self.moe_ffn_size), replicated + router
+
+    def linear_params_per_layer(self, tp: int = 1, moe: bool = False) -> int:
+        """Parameters of one layer's projections and MLP (all experts, for a MoE layer) on one worker."""
+        sharded, replicated = self._layer_params(moe, active=False)
+        return sharded // tp + replicated
+
+    def linear_params(self, tp: int = 1) -> int:
+        """Resident linear parameters of all layers on one worker (every expert)."""
+        dense = self.num_dense_layers * self.linear_params_per_layer(tp)
+        return dense + (self.num_moe_layers * self.linear_params_per_layer(tp, moe=True) if self.uses_moe else 0)
+
+    def active_linear_params(self, tp: int = 1) -> int:
+        """Linear parameters one token runs through on one worker (FLOPs ``2 x`` this): dense layers, and in MoE
+        layers attention, router, ``experts_per_token`` routed and the shared experts."""
+        if not self.uses_moe:
+            return self.num_layers * self.linear_params_per_layer(tp)
+        sharded, replicated = self._layer_params(moe=True, active=True)
+        return self.num_dense_layers * self.linear_params_per_layer(tp) + self.num_moe_layers * (sharded // tp + replicated)
+
+    def routed_expert_bytes(self, tp: int = 1) -> int:
+        """Bytes of the routed experts of all MoE layers on one worker (read only for the experts a batch picks)."""
+        return self.num_moe_layers * (self.num_experts * self.mlp_params(self.moe_ffn_size) // tp) * self.dtype_bytes
+
+    def embedding_params(self, tp: int = 1) -> int:
+        """Embedding and LM-head parameters on one worker (vocab-parallel): two tables, one when tied, and the
+        head's bias (:attr:`lm_head_bias`); a pipeline stage holds the embedding (first) and/or the head (last).
+        A learned position embedding is :meth:`position_embedding_params`."""
+        tables = (int(self.has_embedding) + int(self.has_lm_head) if not self.tie_word_embeddings
+                  else int(self.has_embedding or self.has_lm_head))
+        head_bias = self.vocab_size if self.lm_head_bias and self.has_lm_head else 0
+        return (tables * self.vocab_size * self.hidden_size + head_bias) // tp
+
+    def position_embedding_params(self) -> int:
+        """Learned absolute position embedding on the first stage: ``position_embedding_tokens x h``, whole on
+        every worker (vLLM's GPT-2 and OPT keep it an unsharded ``nn.Embedding``)."""
+        return self.position_embedding_tokens * self.hidden_size if self.has_embedding else 0
+
+    def norm_params(self) -> int:
+        """Norm weights: :attr:`norms_per_layer` per layer (and Qwen3/Gemma-3 query and key norms of
+        ``head_dim`` each), and the final norm on the stage holding the LM head; LayerNorms
+        (:attr:`norm_bias`) hold a weight and a bias, RMSNorms a weight."""
+        per_norm = self.hidden_size * (2 if self.norm_bias else 1)
+        per_layer = self.norms_per_layer * per_norm + (2 * self.head_dim if self.qk_norm else 0)
+        return self.num_layers * per_layer + (per_norm if self.has_lm_head else 0)
+
+    def _unsharded_small_params(self, tp: int) -> int:
+        """Norms, embedding and head (vocab-parallel) and learned positions held by one worker."""
+        return self.norm_params() + self.embedding_params(tp) + self.position_embedding_params()
+
+    def weight_bytes(self, tp: int = 1) -> int:
+        """Weight bytes held by one worker: linear layers at ``dtype_bytes`` (all experts resident); norms,
+        embedding and LM head (vocab-parallel, one table when tied) at :attr:`activation_bytes`.
+
+        Raises:
+            CatalogError: when ``tp`` does not divide the heads.
+        """
+        self.check_tp(tp)
+        return self.linear_params(tp) * self.dtype_bytes + self._unsharded_small_params(tp) * self.activation_bytes
+
+    def unread_embedding_bytes(self, tp: int = 1) -> int:
+        """Weight bytes an iteration does not stream: the input embedding (only the batch's rows are gathered),
+        unless it is tied to an LM head on this worker (then it is read as the head), and a learned position
+        embedding (gathered by position)."""
+        positions = self.position_embedding_params() * self.activation_bytes
+        if not self.has_embedding or (self.tie_word_embeddings and self.has_lm_head):
+            return positions
+        return self.vocab_size * self.hidden_size * self.activation_bytes // tp + positions
+
+    def total_params(self) -> int:
+        """All parameters of the (stage of the) model: linear (with biases), norms, embedding, head and learned
+        positions."""
+        return self.linear_params(1) + self._unsharded_small_params(1)
+
+    def active_params(self) -> int:
+        """Parameters one token runs through (MoE: top-k and shared experts; the LM head counted once)."""
+        return self.active_linear_params(1) + self._unsharded_small_params(1)
+
+    @property
+    def attention_qk_dim(self) -> int:
+        """Elements per (query, key) dot product: ``head_dim``; MLA absorbed (vLLM's decode path):
+        ``kv_lora_rank + qk_rope_head_dim``."""
+        return self.kv_lora_rank + self.qk_rope_head_dim if self.uses_mla else self.head_dim
+
+    @property
+    def attention_v_dim(self) -> int:
+        """Elements per value row: ``head_dim``; MLA absorbed: ``kv_lora_rank``."""
+        return self.kv_lora_rank if self.uses_mla else self.head_dim
+
+    # ---- pipeline parallelism ---------------------------------------------------------------------------
+    def pipeline_layers(self, pp: int) -> list[int]:
+        """Layers of each of ``pp`` pipeline stages, as vLLM partitions them (``vllm/distributed/utils.py``
+        ``get_pp_indices``): ``N // pp`` each, the remainder one each to the stages before the last, from the
+        second-to-last backwards (the first and last hold the embedding and the head).
+
+        Raises:
+            CatalogError: for ``pp < 1`` or more stages than layers.
+        """
+        if not 1 <= pp <= self.num_layers:
+            raise CatalogError(f"--pp {pp}: {self.name} has {self.num_layers} layers; pipeline stages must lie in "
+                               f"[1, {self.num_layers}]")
+        layers = [self.num_layers // pp] * pp
+        for index in range(2, self.num_layers % pp + 2):
+            layers[-index] += 1
+        return layers
+
+    def pipeline_stages(self, pp: int) -> list["ModelSpec"]:
+        """The model as each of ``pp`` pipeline stages holds it: its layers (dense layers first, as in the
+        model), embedding on the first, final norm and LM head on the last; sliding-window layers pro rata.
+
+        Raises:
+            CatalogError: for an impossible ``pp`` (:meth:`pipeline_layers`).
+        """
+        if pp == 1 and self.num_stages == 1:
+            return [self]
+        stages, start = [], 0
+        for index, layers in enumerate(self.pipeline_layers(pp)):
+            dense = max(0, min(start + layers, self.first_dense_layers) - start)
+            sliding = self.sliding_window_layers * layers // self.num_layers
+            stages.append(replace(self, num_layers=layers, first_dense_layers=dense, sliding_window_layers=sliding,
+                                  stage_index=index, num_stages=pp))
+            start += layers
+        return stages
+
+    # ---- records -----------------------------------------------------------------------------------------
+    def derived_figures(self, tp: int = 1) -> dict:
+        """The sizes a run depends on, for ``config.json`` (bytes and parameter counts, per worker where named)."""
+        attention = "mla" if self.uses_mla else ("mha" if self.num_kv_heads == self.num_q_heads else "gqa")
+        figures = {
+            "source": self.source, "attention": attention, "mlp": "gated" if self.mlp_gated else "plain",
+            "tie_word_embeddings": self.tie_word_embeddings, "weight_bytes_per_param": self.dtype_bytes,
+            "kv_bytes_per_element": self.kv_element_bytes, "total_params": self.total_params(),
+            "active_params_per_token": self.active_params(), "weight_bytes_per_worker": self.weight_bytes(tp),
+            "kv_bytes_per_token_per_layer_per_worker": self.kv_bytes_per_token_per_layer(tp),
+            "kv_bytes_per_token_per_worker": self.kv_bytes_per_token(tp),
+            "sub_tensors_per_worker": self.num_sub_tensors(),
+            "sliding_window_tokens": self.sliding_window_tokens, "sliding_window_layers": self.sliding_window_layers,
+        }
+        if self.uses_moe:
+            figures.update(experts=self.num_experts, experts_per_token=self.experts_per_token,
+                           shared_experts=self.num_shared_experts, moe_layers=self.num_moe_layers,
+                           routed_expert_bytes_per_worker=self.routed_expert_bytes(tp))
+        if self.sliding_window_tokens and self.sliding_window_layers:
+            figures["kv_bytes_per_request_at_context_per_worker"] = self.kv_bytes_for_tokens(self.max_context_tokens, tp)
+        return figures
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """An accelerator from vendor datasheets (sources in catalog.toml). Rates per second, sizes in bytes.
+
+    Attributes:
+        name / full_name: catalogue key (or the user file) and the product.
+        hbm_bytes: device memory (what the driver reports where measured, else the datasheet's decimal GB).
+        bf16_flops / fp8_flops: dense tensor-core peaks (no sparsity); ``fp8_flops`` 0 = no fp8 tensor cores.
+        mem_bw_bytes_per_s: device-memory bandwidth.
+        nvlink_bytes_per_s: GPU-to-GPU bandwidth per direction inside a server (NVLink, Infinity Fabric, or
+            PCIe peer-to-peer for cards without a switch fabric): tensor-parallel all-reduces and pipeline sends.
+        pcie_bytes_per_s: host link per direction (swapping).
+        usd_per_gpu_hour: public on-demand price per GPU-hour (``None``: no public price recorded).
+        price_source: where and when the price was read.
+        vmm_measured: the VMM latency distributions were measured on this GPU (only the H200); others borrow them.
+        source: the datasheet.
+        flops_efficiency / bw_efficiency: achieved fractions of ``bf16_flops`` (GEMMs of many tokens) and of
+            ``mem_bw_bytes_per_s`` (GEMMs of few tokens: weight streaming) that become the roofline's defaults on
+            this GPU (:class:`sim.timing.compute.RooflineComputeModel`); 0 = not sourced: the H200's measured figures.
+        elementwise_bw_efficiency: achieved fraction of the bandwidth of the elementwise operators (informational:
+            the roofline has no elementwise term); 0 = not sourced.
+        efficiency_source: where those fractions come from (catalog.toml).
+    """
+
+    name: str
+    full_name: str
+    hbm_bytes: int
+    bf16_flops: float
+    mem_bw_bytes_per_s: float
+    nvlink_bytes_per_s: float
+    pcie_bytes_per_s: float
+    fp8_flops: float = 0.0
+    usd_per_gpu_hour: float | None = None
+    price_source: str = ""
+    vmm_measured: bool = False
+    source: str = ""
+    flops_efficiency: float = 0.0
+    bw_efficiency: float = 0.0
+    elementwise_bw_efficiency: float = 0.0
+    efficiency_source: str = ""
+
+    VMM_PROFILE_GPU = "h200"
+    """The GPU whose measured VMM latencies (``profiles/h200.json``, the built-in defaults) every run uses."""
+
+    @property
+    def efficiency_note(self) -> str:
+        """Where this GPU's compute efficiencies come from, or that it borrows the H200's."""
+        if self.flops_efficiency and self.bw_efficiency:
+            return self.efficiency_source
+        return ("no sourced efficiencies for this GPU: the H200's measured 788/989 of peak FLOP/s and 4.3/4.8 of "
+                "HBM bandwidth are used (docs/models.md)")
+
+    @property
+    def vmm_borrowed_from(self) -> str | None:
+        """The GPU whose VMM latency measurements this one uses (``None`` when measured on this one)."""
+        return None if self.vmm_measured else self.VMM_PROFILE_GPU
+
+
+GPU_FIELDS = tuple(f.name for f in fields(GPUSpec) if f.name != "name")
+MODEL_FIELDS = tuple(f.name for f in fields(ModelSpec) if f.name not in ("name", "stage_index", "num_stages", "source"))
+
+
