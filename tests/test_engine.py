@@ -75,16 +75,16 @@ def test_coalesced_runs_equal_step_by_step(policy):
 
 @pytest.mark.parametrize("policy", ["vattention", "paged"])
 def test_decode_runs_as_arrays_equal_plain_steps(policy, monkeypatch):
-    """A decode run's steps past sim.core.engine.PLAIN_RUN_STEPS are computed as arrays: the same records, bit for
+    """A decode run's steps past sim.core.decode_runs.PLAIN_RUN_STEPS are computed as arrays: the same records, bit for
     bit, as computing every step in plain floats (long outputs, sparse arrivals: runs of hundreds of steps)."""
-    import sim.core.engine
+    import sim.core.decode_runs
 
     rng = np.random.default_rng(3)
     rows = [(float(t), int(p), int(o)) for t, p, o in zip(np.cumsum(rng.exponential(2.0, 25)),
                                                           rng.integers(1, 3000, 25), rng.integers(1, 1500, 25))]
     outputs = []
     for plain_steps in (0, 5, 10**9):
-        monkeypatch.setattr(sim.core.engine, "PLAIN_RUN_STEPS", plain_steps)
+        monkeypatch.setattr(sim.core.decode_runs, "PLAIN_RUN_STEPS", plain_steps)
         out, requests, iterations = run(rows, vmm=VmmLatencyModel.h200_defaults(), compute=_roofline(), policy=policy)
         outputs.append((requests, iterations, {k: v for k, v in out.counters.items() if k != "tbt_samples"}))
     assert (outputs[0][1]["batch_size"] > 0).all() and len(outputs[0][1]) > 5 * out.decode_runs
@@ -189,7 +189,7 @@ def test_iteration_records_in_chunks_equal_one_table(tmp_path, streamed):
     whole = run(rows, vmm=VmmLatencyModel.h200_defaults(), compute=_roofline())[2]
     sim = Simulator(SimConfig(), trace(rows), vmm=VmmLatencyModel.h200_defaults(), compute=_roofline(),
                     records_path=str(tmp_path / "it.parquet") if streamed else None)
-    sim.results.recorder.chunk_iterations = 7
+    sim.recorder.chunk_iterations = 7
     out = sim.run()
     chunked = out.iterations_frame()
     assert len(whole) > 7 * 5 and chunked.equals(whole)

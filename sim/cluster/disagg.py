@@ -37,21 +37,22 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 import simpy
 
+from sim.cluster.disagg_instances import DecodeInstance, PrefillInstance
+from sim.cluster.disagg_summary import disagg_run_result, instance_figures, summarize_disagg  # noqa: F401  (re-exported)
 from sim.core import runner
 from sim.setup.config import ConfigError, SimConfig
-from sim.core.engine import ARRIVAL_TICK_US, ARRIVAL_TICKS_PER_S, Simulator
+from sim.core.engine import ARRIVAL_TICK_US, ARRIVAL_TICKS_PER_S
 from sim.timing.kvlink import LINKS, KvLink, streamed_finish_us
 from sim.core.lifecycle import unservable_reason
 from sim.results.records import REQUEST_COLUMNS, tbt_stats_us
 from sim.core.request import Request
-from sim.units import US_PER_MS, US_PER_S
+from sim.units import US_PER_S
 
 ROLES = ("prefill", "decode")
 KV_STREAM_MODES = ("off", "layerwise")
@@ -187,227 +188,6 @@ class DisaggConfig:
                 "kv_stream": "layerwise" if self.streaming else "off", "kv_bytes_per_token": self.kv_bytes_per_token,
                 "label": self.label, "seed": self.seed, "slot_max_tokens": self.slot_max_tokens,
                 "prefill": self.prefill.to_dict(), "decode": self.decode.to_dict()}
-
-
-class _ComputeClock:
-    """A compute model that tells its instance when an iteration's compute starts. The engine asks for an
-    iteration's compute time once its synchronous phase (page maps, block tables, swap, clearing) has ended,
-    at the simulated time compute starts; everything else is delegated to the wrapped model."""
-
-    def __init__(self, model, on_start: Callable[[float], None]):
-        self._model, self._on_start = model, on_start
-
-    def iteration_us(self, shape) -> float:
-        compute_us = self._model.iteration_us(shape)
-        self._on_start(compute_us)
-        return compute_us
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
-
-
-class PrefillInstance(Simulator):
-    """A prefill instance: requests arrive with one output token; a request handed over keeps its slot and
-    pages (``held``) after its prefill until :meth:`free_held` (the transfer has landed).
-
-    While slots are held, a request that cannot get pages is preempted (and waits at the head of the queue)
-    rather than rejected as ``pages``, and an empty iteration waits for a slot to be freed: the pool is full of
-    KV on its way out, which every landing gives back.
-
-    Args:
-        index: instance number within the role.
-        on_prefilled: ``(instance, request) -> bool`` called when a request's prefill emits its first token;
-            True: keep its KV for a transfer.
-        on_started: ``(instance, request)`` called when an iteration first schedules a request (streaming:
-            the hand-over to a decode instance); None: not called.
-        on_rejected: ``(instance, request)`` called when a request is rejected at run time.
-        record_chunks: keep each request's prefill chunks ``(compute start, compute end, tokens)`` for
-            layer-wise streaming.
-    """
-
-    _cohort_ok = False    # the request lifecycle differs here (sim.core.cohort assumes the plain one)
-
-    role = "prefill"
-
-    def __init__(self, index: int, config: SimConfig, env: simpy.Environment, vmm, compute,
-                 on_prefilled: Callable[["PrefillInstance", Request], bool],
-                 on_started: Callable[["PrefillInstance", Request], None] | None = None,
-                 on_rejected: Callable[["PrefillInstance", Request], None] | None = None, record_chunks: bool = False):
-        super().__init__(config, _empty_trace(), vmm=vmm, compute=compute, env=env)
-        self.index = index
-        self.compute = _ComputeClock(self.compute, self._compute_started)
-        self._on_prefilled, self._on_started, self._on_rejected = on_prefilled, on_started, on_rejected
-        self._started: set[Request] = set()
-        self.chunks: dict[Request, list] | None = {} if record_chunks else None
-        self.held: set[Request] = set()
-        self.compute_start_us = 0.0               # when the current (or last) iteration's compute started
-        self._release_wait: simpy.Event | None = None
-        self.process: simpy.Process | None = None
-        self.kv_bytes_sent = 0
-
-    def start(self) -> None:
-        """Start the serving process and keep it (the cluster waits for every prefill instance to end)."""
-        self.process = self.env.process(self._serve())
-
-    def _compute_started(self, compute_us: float) -> None:
-        self.compute_start_us = self.env.now
-
-    def _schedule(self):
-        batch, plan, preempted = yield from super()._schedule()
-        if self._on_started is not None:
-            for request, _ in batch:
-                if request not in self._started:
-                    self._started.add(request)
-                    self._on_started(self, request)
-        return batch, plan, preempted
-
-    def _finish_iteration(self, batch, done_us, iteration=None):
-        if self.chunks is not None:
-            for request, tokens in batch:
-                if tokens:
-                    if request.computed == 0 or request not in self.chunks:      # (re-)prefill from scratch
-                        self.chunks[request] = []
-                    self.chunks[request].append((self.compute_start_us, done_us, tokens))
-        super()._finish_iteration(batch, done_us, iteration)
-
-    def _release(self, request: Request) -> None:
-        if request.generated == request.output_tokens and self._on_prefilled(self, request):
-            self.running.remove(request)
-            self.held.add(request)
-            return
-        super()._release(request)
-
-    def _drop(self, request: Request, status: str) -> None:
-        if status == "rejected" and request.reject_reason == "pages" and self.held:
-            request.reject_reason = ""          # no pages now, but held KV will be freed: wait for it
-            self._preempt(request)
-            return
-        super()._drop(request, status)
-        if status == "rejected" and self._on_rejected is not None:
-            self._on_rejected(self, request)
-
-    def free_held(self, request: Request) -> None:
-        """The transfer of ``request``'s KV has landed: give its slot back (as a finished request's)."""
-        self.held.remove(request)
-        self._free_slot(request)
-        if self._release_wait is not None and not self._release_wait.triggered:
-            self._release_wait.succeed()
-
-    def _unblock_admission(self):
-        """Nothing could be scheduled and nothing runs: while slots are held for transfers, wait for one to
-        be freed instead of rejecting the head of the queue."""
-        if self.held and not self.running:
-            if (yield from self._settle_mapper()):
-                return
-            self._release_wait = self.env.event()
-            yield self._release_wait
-            return
-        head = self.waiting[0] if self.waiting else None
-        yield from super()._unblock_admission()
-        if head is not None and head.status == "rejected" and self._on_rejected is not None:
-            self._on_rejected(self, head)
-
-
-class DecodeInstance(Simulator):
-    """A decode instance: requests are handed over with their prompt KV computed elsewhere
-    (:meth:`hand_over`); admission maps their pages; they join the running set when their KV lands
-    (:meth:`land`). No fast-forwarding of decode runs (hand-overs arrive at times no router knows ahead)."""
-
-    _cohort_ok = False    # the request lifecycle differs here (sim.core.cohort assumes the plain one)
-
-    role = "decode"
-
-    def __init__(self, index: int, config: SimConfig, env: simpy.Environment, vmm, compute,
-                 on_mapped: Callable[["DecodeInstance", Request], None]):
-        super().__init__(config, _empty_trace(), vmm=vmm, compute=compute, env=env, coalesce=False)
-        self.index = index
-        self.compute = _ComputeClock(self.compute, self._compute_started)
-        self._on_mapped = on_mapped
-        self.awaiting: set[Request] = set()       # handed over, KV not landed yet
-        self.in_transfer: list[Request] = []      # admitted (pages mapped), KV not landed yet
-        self._just_admitted: list[Request] = []
-        self._landing_wait: simpy.Event | None = None
-        self.compute_start_us = 0.0               # when the current (or last) iteration's compute started
-        self.kv_bytes_received = 0
-
-    def hand_over(self, request_id: int, prompt_tokens: int, output_tokens: int) -> Request:
-        """A request whose prompt KV is being computed or sent elsewhere arrives now; returns it."""
-        request = self.submit(request_id, prompt_tokens, output_tokens, computed_tokens=prompt_tokens)
-        self.awaiting.add(request)
-        return request
-
-    def _schedule(self):
-        """Schedule as usual; requests admitted now whose KV has not landed leave the batch and the running
-        set (their pages are mapped in this iteration, charged as usual). When nothing else runs, the
-        iteration maps their pages only (zero tokens: no compute)."""
-        batch, plan, preempted = yield from super()._schedule()
-        admitted = [request for request, _ in batch if request in self.awaiting]
-        if admitted:
-            for request in admitted:
-                self.running.remove(request)
-                self.in_transfer.append(request)
-            self._just_admitted.extend(admitted)
-            batch = [(r, t) for r, t in batch if r not in self.awaiting] or [(r, 0) for r in admitted]
-        return batch, plan, preempted
-
-    def _drop(self, request: Request, status: str) -> None:
-        if status == "rejected" and request.reject_reason == "pages" and self.in_transfer:
-            request.reject_reason = ""          # no pages now, but requests in transfer hold them: wait
-            self._preempt(request)
-            return
-        super()._drop(request, status)
-
-    def _compute_started(self, compute_us: float) -> None:
-        self.compute_start_us = self.env.now
-        if self._just_admitted:
-            admitted, self._just_admitted = self._just_admitted, []
-            for request in admitted:
-                self._on_mapped(self, request)
-
-    def land(self, request: Request) -> None:
-        """``request``'s KV has landed now: it joins the running set; its first token is emitted now."""
-        self.awaiting.discard(request)
-        self.in_transfer.remove(request)
-        request.first_token_at_us = request.last_token_at_us = self.env.now
-        self.running.append(request)
-        self._wake()
-
-    def cancel(self, request: Request, reason: str) -> None:
-        """A handed-over request will never get its KV (its prefill was rejected): drop it as rejected."""
-        self._accept_arrivals(self.env.now)
-        self.awaiting.discard(request)
-        if request in self.in_transfer:
-            self.in_transfer.remove(request)
-            self._perform_free(self.policy.free_slot(request.slot, self.policy.completed_iteration))
-            request.slot = -1
-        elif request in self.waiting:
-            self.waiting.remove(request)
-        else:
-            raise RuntimeError(f"internal error: request {request.request_id} is neither waiting nor in transfer")
-        request.status, request.reject_reason = "rejected", reason
-        self.num_done += 1
-        self._wake()
-
-    def _wake(self) -> None:
-        for event in (self._arrival, self._landing_wait):
-            if event is not None and not event.triggered:
-                event.succeed()
-
-    def _unblock_admission(self):
-        """Nothing could be scheduled and nothing runs: while admitted requests wait for their KV, wait for a
-        landing (their pages fill the pool) instead of rejecting the head of the queue."""
-        if self.in_transfer and not self.running:
-            if (yield from self._settle_mapper()):
-                return
-            self._landing_wait = self.env.event()
-            yield self._landing_wait
-            return
-        yield from super()._unblock_admission()
-
-
-def _empty_trace() -> pd.DataFrame:
-    return pd.DataFrame({"request_id": pd.Series([], dtype=np.int64), "arrival_s": pd.Series([], dtype=float),
-                         "prompt_tokens": pd.Series([], dtype=np.int64), "output_tokens": pd.Series([], dtype=np.int64)})
 
 
 class _Handover:
@@ -711,128 +491,10 @@ def _least_outstanding(instances: list, assigned: list[int]) -> int:
     return choice
 
 
-# ---- summary ---------------------------------------------------------------------------------------------
-_ADDITIVE_KEYS = ("map_page_groups", "unmap_page_groups", "map_calls", "unmap_calls", "swap_out_bytes",
-                  "swap_in_bytes", "swap_total_ms", "pool_bytes", "peak_mapped_bytes", "mapping_critical_ms")
-
-
-def _stats_ms(values_us, name: str) -> dict:
-    finite = np.asarray(values_us, dtype=float)
-    finite = finite[np.isfinite(finite)]
-    out = {f"{name}_p{q}_ms": float(np.percentile(finite, q) / US_PER_MS) if len(finite) else math.nan
-           for q in (50, 90, 99)}
-    out[f"{name}_mean_ms"] = float(finite.mean() / US_PER_MS) if len(finite) else math.nan
-    out[f"{name}_max_ms"] = float(finite.max() / US_PER_MS) if len(finite) else math.nan
-    return out
-
-
-def instance_figures(result, instance, span_us: float) -> dict:
-    """One instance's utilisation, queueing and memory.
-
-    ``utilisation`` = time in iterations / the run's span (first arrival to last completion); ``compute_share``
-    = time computing / span; ``queue_delay_*_ms`` = arrival at the instance (hand-over for a decode instance)
-    to its first scheduling there, over the requests it served; ``mean_waiting`` = requests waiting per
-    iteration, mean over iterations; memory per tensor-parallel worker.
-    """
-    iterations, summary, config = result.iterations, result.summary, result.config
-    group_bytes = config["page_group_bytes"]
-    served = result.requests[result.requests["status"] == "finished"]
-    busy_us = float(iterations["duration_us"].sum()) if len(iterations) else 0.0
-    figures = {
-        "role": instance.role, "instance": instance.index, "tp": int(config["tp"]), "policy": config["label"],
-        "requests": int(len(result.requests)), "iterations": int(len(iterations)),
-        "utilisation": busy_us / span_us if span_us > 0 else math.nan,
-        "compute_share": float(iterations["compute_us"].sum()) / span_us if span_us > 0 and len(iterations) else 0.0,
-        "mean_batch_size": summary["mean_batch_size"],
-        "mean_waiting": float(iterations["num_waiting"].mean()) if len(iterations) else 0.0,
-        **{k.replace("sched_delay", "queue_delay"): v for k, v in _stats_ms(served["sched_delay_us"],
-                                                                            "sched_delay").items()},
-        "peak_mapped_bytes": summary["peak_mapped_bytes"], "pool_bytes": summary["pool_bytes"],
-        "mean_used_bytes": float(iterations["used_page_groups"].mean() * group_bytes) if len(iterations) else 0.0,
-        "preemptions": summary["preemptions"], "sync_stall_total_ms": summary["sync_stall_total_ms"],
-        "kv_bytes_sent": int(getattr(instance, "kv_bytes_sent", 0)),
-        "kv_bytes_received": int(getattr(instance, "kv_bytes_received", 0)),
-    }
-    return figures
-
-
-def summarize_disagg(config: DisaggConfig, requests: pd.DataFrame, iterations: pd.DataFrame, instances: list,
-                     tbt: dict, simulators: list) -> dict:
-    """The run summary: the co-located summary's keys over the whole deployment (latencies from the merged
-    request table; counters summed over instances, ``peak_mapped_bytes`` and ``pool_bytes`` as sums of each
-    instance's own), then the deployment (``pd``, ``gpus``), the transfers (``kv_transfer_bytes``,
-    ``kv_transfer_*_ms``: link time, latency included; ``kv_handover_*_ms``: prefill end to landing), flat
-    per-role figures (``prefill_utilisation``, ``decode_queue_delay_p99_ms``, ...) and the nested tables
-    ``roles`` and ``instances`` (:func:`instance_figures`)."""
-    from sim.results.summary import summarize
-
-    counters = {"sync_map_page_groups": 0, "sync_unmap_page_groups": 0, "bg_map_page_groups": 0,
-                "bg_unmap_page_groups": 0, "pool_page_groups": 0, **tbt}
-    decode_dict = config.decode.to_dict()
-    summary = summarize(requests, iterations, counters, decode_dict)
-    for key in _ADDITIVE_KEYS:
-        summary[key] = sum(result.summary.get(key, 0) for result in instances)
-    maps = summary["map_page_groups"]
-    background = sum(r.summary["map_page_groups"] * np.nan_to_num(r.summary["background_map_share"]) for r in instances)
-    summary["background_map_share"] = background / maps if maps else math.nan
-    summary["mapping_worker_ms"] = []
-    finished = requests[requests["status"] == "finished"]
-    moved = finished[finished["kv_transfer_bytes"] > 0]
-    start_us = float(requests["arrival_at_us"].min()) if len(requests) else 0.0
-    end_us = float(finished["completion_at_us"].max()) if len(finished) else start_us
-    span_us = max(end_us - start_us, 1e-3)
-    per_instance = [instance_figures(result, sim, span_us) for result, sim in zip(instances, simulators)]
-    roles = {}
-    for role, role_config, count in (("prefill", config.prefill, config.num_prefill),
-                                     ("decode", config.decode, config.num_decode)):
-        rows = [row for row in per_instance if row["role"] == role]
-        delays = (finished["first_scheduled_at_us"] - finished["arrival_at_us"] if role == "prefill"
-                  else finished["decode_admitted_at_us"] - finished["prefill_done_at_us"])
-        if role == "decode" and config.streaming:      # handed over when the prefill starts
-            delays = finished["decode_admitted_at_us"] - finished["first_scheduled_at_us"]
-        roles[role] = {
-            "instances": count, "tp": role_config.tp, "gpus": count * role_config.tp, "policy": role_config.label,
-            "utilisation_mean": float(np.mean([r["utilisation"] for r in rows])),
-            "utilisation_max": float(np.max([r["utilisation"] for r in rows])),
-            "compute_share_mean": float(np.mean([r["compute_share"] for r in rows])),
-            **{k.replace("sched_delay", "queue_delay"): v for k, v in _stats_ms(delays, "sched_delay").items()},
-            "mean_waiting": float(np.mean([r["mean_waiting"] for r in rows])),
-            "peak_mapped_bytes_max": int(max(r["peak_mapped_bytes"] for r in rows)),
-            "pool_bytes_per_instance": int(rows[0]["pool_bytes"]),
-            "preemptions": int(sum(r["preemptions"] for r in rows)),
-            "iterations": int(sum(r["iterations"] for r in rows)),
-            "mean_batch_size": float(np.mean([r["mean_batch_size"] for r in rows])),
-        }
-    summary.update({
-        "disaggregated": True, "pd": config.pd, "gpus": config.gpus, "prefill_gpus": config.prefill_gpus,
-        "decode_gpus": config.decode_gpus, "kv_link": config.link.name, "kv_stream": "layerwise" if config.streaming else "off",
-        "throughput_req_per_s_per_gpu": summary["throughput_req_per_s"] / config.gpus,
-        "kv_transfer_bytes": int(requests["kv_transfer_bytes"].sum()), "kv_transfers": int((requests["kv_transfer_bytes"] > 0).sum()),
-        **_stats_ms(moved["kv_transfer_us"], "kv_transfer"), **_stats_ms(moved["kv_handover_us"], "kv_handover"),
-    })
-    for role, table in roles.items():
-        summary.update({f"{role}_{key}": value for key, value in table.items()
-                        if key in ("utilisation_mean", "queue_delay_p50_ms", "queue_delay_p99_ms", "peak_mapped_bytes_max",
-                                   "preemptions", "mean_batch_size")})
-    summary["roles"] = roles
-    summary["instances"] = {f"{row['role']}{row['instance']}": row for row in per_instance}
-    return summary
-
-
 def run_disagg(config: DisaggConfig, trace: pd.DataFrame, profile_path: str | None = None,
                models: dict | None = None) -> DisaggRun:
     """Simulate ``trace`` on the deployment ``config`` (see :class:`DisaggCluster`)."""
     return DisaggCluster(config, trace, profile_path, models).run()
-
-
-def disagg_run_result(run: DisaggRun, trace_source: str = ""):
-    """The run as an :class:`analysis.results.RunResult` (``write_run`` writes its directory: requests and
-    iterations with the extra columns, the summary with the per-role tables, ``config.json`` with both roles)."""
-    from sim.results.summary import RunResult
-
-    config = {**run.config.to_dict(), "trace_source": trace_source,
-              "instances": [result.config for result in run.instances]}
-    return RunResult(run.requests, run.iterations, run.summary, config)
 
 
 __all__ = ["DISAGG_REQUEST_COLUMNS", "DecodeInstance", "DisaggCluster", "DisaggConfig", "DisaggRun", "DisaggStallError", "KV_STREAM_MODES",

@@ -1,5 +1,11 @@
 """Memory managers: pure policy logic (no SimPy, no I/O) that returns :class:`sim.memory.plan.Plan` objects.
 
+Public API: :func:`build_policy` (a :class:`sim.setup.config.SimConfig` -> its policy),
+:class:`VAttentionPolicy` / :class:`VAttentionConfig` (:mod:`sim.memory.vattention`),
+:class:`PrefixCachingPolicy` / :class:`PrefixHit` (:mod:`sim.memory.prefix`), and the plans both executors carry
+out (:mod:`sim.memory.plan`: ``Plan``, ``MapOp``, ``UnmapOp``, ``EMPTY_PLAN``). Imports nothing of ``sim`` but
+itself.
+
 All three policies share one interface (that of :class:`VAttentionPolicy`) and one accounting unit, the
 *allocation unit* of :class:`sim.setup.config.SimConfig` (``tokens_per_page`` tokens, ``page_group_bytes`` bytes):
 

@@ -1,0 +1,243 @@
+"""Fast-forwarded decoding (a part of :class:`sim.core.engine.Simulator`): runs of identical pure-decode
+iterations advanced in one SimPy event, and the decode cohort (:class:`sim.core.cohort.DecodeCohort`) that
+advances plain decodes in aggregate; the records are those of stepping every iteration (``tests/test_engine.py``,
+``tests/test_cohort.py``, ``python bench/engine_hashes.py``).
+
+:class:`DecodeRuns` is a mixin: its methods use the simulator's state set up by
+:meth:`sim.core.engine.Simulator.__init__`.
+"""
+from __future__ import annotations
+
+import bisect
+import itertools
+from array import array
+
+import numpy as np
+
+from sim.core.request import Request
+from sim.core.scheduler import Batch
+from sim.results.recorder import extend_array
+
+PLAIN_RUN_STEPS = 64
+"""A fast-forwarded decode run expected to be at most this long is computed one step at a time in plain floats
+(cheaper than numpy's per-call overhead); a longer one as arrays, with the same floats."""
+
+
+class DecodeRuns:
+    """Decode runs and the decode cohort of :class:`sim.core.engine.Simulator` (module docstring)."""
+
+    def _cohort_pass_args(self) -> dict:
+        """Keyword arguments of :meth:`_iteration_pass` for the cohort (none without one)."""
+        if self.cohort is None:
+            return {}
+        if not self.cohort.size:
+            return {"running": self._solo}
+        return {"running": self._solo, "cohort": (self._cohort_scheduled, self.cohort)}
+
+    def _cohort_tokens(self, done_us: float) -> None:
+        """TBT of one cohort iteration ending at ``done_us``: members that joined since the last one from their
+        own last token, the others (one gap for all of them) from the cohort's last emission."""
+        cohort, tbt = self.cohort, self.tbt_us
+        for request in cohort.joiners:
+            tbt.append(done_us - request.last_token_at_us)
+        rest = cohort.size - len(cohort.joiners)
+        if rest:
+            self.tbt_run_gaps_us.append(done_us - cohort.last_emit_us)
+            self.tbt_run_weights.append(rest)
+
+    def _cohort_iteration_done(self, done_us: float, members: int) -> None:
+        """After a stepped iteration: the cohort's tokens (when it ran), then members in and out."""
+        if members:
+            self._cohort_tokens(done_us)
+            self.cohort.advance(1)
+            self.cohort.last_emit_us = done_us
+        self._cohort_regroup()
+
+    def _cohort_regroup(self) -> None:
+        """Members due to be handled alone go back to :attr:`_solo` (in running order); running requests in
+        plain decode that can run >= 2 iterations without finishing or needing a page (mapped, and with the
+        asynchronous mapper ``eager_lookahead_steps`` ahead: :func:`_decode_steps_left`), with no background
+        map in flight for their slot, join. Then the TBT buffers are folded if they are full (:meth:`_fold_tbt`)."""
+        cohort, solo = self.cohort, self._solo
+        for request in cohort.due():
+            cohort.leave(request)
+            bisect.insort(solo, request, key=_admitted_order)
+        tokens_per_page, mapped, in_flight = self.config.tokens_per_page, self.policy.mapped, self.policy.in_flight_maps
+        ahead = self.config.eager_lookahead_steps if self.mapper else 0
+        keep = []
+        for request in solo:
+            generated, slot = request.generated, request.slot
+            if generated and request.prompt_tokens + generated - request.computed == 1 and not in_flight[slot]:
+                steps = _decode_steps_left(request, mapped[slot] * tokens_per_page, ahead)
+                if steps >= 2:
+                    cohort.join(request, steps, mapped[slot])
+                    continue
+            keep.append(request)
+        if len(keep) != len(solo):
+            self._solo = keep
+        if len(self.tbt_us) + len(self.tbt_run_gaps_us) >= self._tbt_fold_at:
+            self._fold_tbt()
+
+    def _dissolve_cohort(self) -> None:
+        """Write every member back and hand it to :attr:`_solo` (end of run)."""
+        if self.cohort is None:
+            return
+        for request in [r for r in self.running if r in self.cohort]:
+            self.cohort.leave(request)
+            bisect.insort(self._solo, request, key=_admitted_order)
+
+    def _decode_run(self, batch: Batch, iteration: int):
+        """Fast-forward k >= 2 pure-decode iterations in one event when nothing can change inside them:
+        no arrival before the last one starts, no completion, every step and look-ahead target already
+        mapped, the mapper idle with no background work. The steps are cut at the next arrival
+        (:meth:`_run_steps`). With a decode cohort the run is the whole cohort's (every running request in it),
+        up to the first member due to leave, its shape and page crossings from the cohort's totals; without
+        one, from two passes over the batch (:meth:`_run_shape`). Returns k (0 when not eligible)."""
+        cohort = self.cohort
+        if (self._pending_plans or self._pending_zero_groups or self._pending_copy_bytes
+                or (self.mapper and not self.mapper.idle)):
+            return 0
+        if cohort is not None:
+            if batch or not self._cohort_scheduled or cohort.size != len(self.running):
+                return 0
+            steps, shape = cohort.steps_left(), None
+        else:
+            if len(batch) != len(self.running):
+                return 0
+            shape = self._run_shape(batch)
+            steps = shape[0] if shape is not None else 0
+        if steps < 2:
+            return 0
+        if self.mapper and self.policy.has_background_work():
+            # look-ahead targets are within the mapped pages (run length >= 2), so only eager or
+            # low-watermark work can come back
+            background = self.policy.background_plan({})
+            if background:
+                self.mapper.submit(background)  # the mapper has work: step normally this time
+                return 0
+        if cohort is not None:
+            kv_read, longest, active_mapped = cohort.kv_tokens(), cohort.longest(), cohort.mapped_sum
+        else:
+            _, kv_read, longest, active_mapped, used, crossings = shape
+        size = len(self.running)
+        block_table_us = self._block_table_us_of(active_mapped)   # constant: no block is added inside the run
+        starts_us, compute_us, gaps_us = self._run_steps(size, kv_read, longest, steps, block_table_us)
+        steps = len(compute_us)
+        if steps < 2:
+            return 0
+        yield self.env.timeout(starts_us[steps] - self.env.now)
+        if cohort is not None:
+            used, crossings = cohort.used_now + cohort.crossing_now(), cohort.crossings()
+        self._record_decode_run(iteration, starts_us, compute_us, used, crossings, kv_read, active_mapped,
+                                block_table_us)
+        extend_array(self.tbt_run_gaps_us, gaps_us[1:])
+        self.tbt_run_weights.extend(array("q", [size]) * (steps - 1))
+        if cohort is not None:
+            self._cohort_tokens(starts_us[1])
+            cohort.advance(steps)
+            cohort.last_emit_us = starts_us[steps]
+        else:
+            first_done_us, last_done_us = starts_us[1], starts_us[steps]
+            tbt = self.tbt_us
+            for request, _ in batch:
+                request.computed += steps
+                request.generated += steps
+                tbt.append(first_done_us - request.last_token_at_us)
+                request.last_token_at_us = last_done_us
+        self.policy.iteration_completed(iteration + steps - 1)
+        if cohort is not None:
+            self._cohort_regroup()
+        return steps
+
+    def _run_shape(self, batch: Batch) -> tuple | None:
+        """Two passes over a pure-decode batch. ``None`` if a request is not a plain decode (a chunk, or the
+        1-token last chunk of a prefill that emits the first token) or the run would be shorter than 2 steps
+        (the first pass stops there); else ``(steps, kv_read_tokens, longest_context, active_mapped_page_groups,
+        used_page_groups, crossings)``: the iterations before a completion, a page map or (async) a look-ahead
+        map would be needed, the cached tokens read by the first step, the longest context, the page groups the
+        batch holds and uses in the first step, and ``crossings`` (step % tokens_per_page -> requests whose
+        used pages grow by one at such a step)."""
+        tokens_per_page, mapped = self.config.tokens_per_page, self.policy.mapped
+        ahead = self.config.eager_lookahead_steps if self.mapper else 0
+        if batch[-1][1] != 1:        # a prefill chunk (they come last): not a run
+            return None
+        steps = batch[0][0].output_tokens
+        for request, tokens in batch:
+            if tokens != 1 or request.generated == 0:
+                return None
+            steps = _decode_steps_left(request, mapped[request.slot] * tokens_per_page, ahead, steps)
+            if steps < 2:
+                return None
+        kv_read = longest = active_mapped = used = 0
+        crossings: dict[int, int] = {}
+        for request, _ in batch:
+            computed = request.computed
+            kv_read += computed
+            if computed > longest:
+                longest = computed
+            active_mapped += mapped[request.slot]
+            used += -(-(computed + 1) // tokens_per_page)
+            residue = -computed % tokens_per_page     # its used pages grow at steps j with j % per_page == residue
+            crossings[residue] = crossings.get(residue, 0) + 1
+        return steps, kv_read, longest, active_mapped, used, crossings
+
+    def _run_steps(self, size: int, kv_read: int, longest: int, steps: int, block_table_us: float):
+        """The steps of a decode run of at most ``steps`` iterations that start before the next arrival:
+        computed one at a time in plain floats while the run looks short (the next arrival within
+        :data:`PLAIN_RUN_STEPS` steps of the first step's length), else all ``steps`` as arrays and cut there
+        (the same floats). Returns ``(starts_us, compute_us, gaps_us)``: k + 1 start times (the last one the
+        run's end), k compute times and k durations (us; lists of floats, or float arrays for a long run)."""
+        next_arrival_us = (self.requests[self._next_arrival].arrival_at_us
+                           if self._next_arrival < len(self.requests) else float("inf"))
+        if self._open:                    # requests not submitted yet may arrive: stop at the router's next one
+            next_arrival_us = min(next_arrival_us, self.arrival_horizon_us)
+        compute, start_us = self.compute, self.env.now
+        pairs = float(kv_read + size)
+        if hasattr(compute, "decode_run_iter"):
+            durations = compute.decode_run_iter(size, kv_read, pairs, steps, longest + 1)
+        else:
+            durations = iter(compute.decode_run_us(size, kv_read, pairs, steps, longest + 1).tolist())
+        first_us = next(durations)
+        if steps > PLAIN_RUN_STEPS and next_arrival_us - start_us > PLAIN_RUN_STEPS * (first_us + block_table_us):
+            all_us = compute.decode_run_us(size, kv_read, pairs, steps, longest + 1)
+            ends_us = np.cumsum(np.concatenate(([start_us], all_us + block_table_us)))
+            k = int(np.searchsorted(ends_us[:-1], next_arrival_us, side="left"))
+            return ends_us[: k + 1], all_us[:k], np.diff(ends_us[: k + 1])
+        starts_us, compute_us, gaps_us = [start_us], [], []
+        for duration_us in itertools.chain((first_us,), durations):
+            if start_us >= next_arrival_us:
+                break
+            end_us = start_us + (duration_us + block_table_us)
+            compute_us.append(duration_us)
+            gaps_us.append(end_us - start_us)
+            starts_us.append(end_us)
+            start_us = end_us
+        return starts_us, compute_us, gaps_us
+
+    def _record_decode_run(self, iteration: int, starts_us, compute_us, used: int, crossings: dict,
+                           kv_read: int, active_mapped: int, block_table_us: float) -> None:
+        """One block of iteration records for a decode run (:meth:`IterationRecorder.add_run`); its used page
+        groups and tail waste bytes step by step follow from the first step's and the page crossings."""
+        size, policy = len(self.running), self.policy   # the batch is every running request
+        tokens_per_page, kv_bytes_per_token = self.config.tokens_per_page, self._kv_bytes_per_token
+        waste = (active_mapped * tokens_per_page - (kv_read + size)) * kv_bytes_per_token
+        self.recorder.add_run(iteration, starts_us, compute_us, (
+            size, len(self.running), len(self.waiting), policy.physical_page_groups, policy.free_page_groups,
+            policy.deferred_page_groups), block_table_us,
+            (used, waste, size * kv_bytes_per_token, tokens_per_page, crossings))
+
+
+def _admitted_order(request: Request) -> int:
+    return request.admitted_order
+
+
+def _decode_steps_left(request: Request, mapped_tokens: int, ahead: int, bound: int | None = None) -> int:
+    """Iterations a request in plain decode can run (at most ``bound``) before the one that emits its last token,
+    or before its step or its look-ahead (``ahead`` tokens past it, with the asynchronous mapper) needs a page
+    beyond ``mapped_tokens``: the length of a fast-forwarded run, and a cohort member's stay."""
+    steps = request.output_tokens - request.generated - 1
+    if bound is not None and bound < steps:
+        steps = bound
+    if request.final_kv_tokens > mapped_tokens and mapped_tokens - request.computed - ahead < steps:
+        steps = mapped_tokens - request.computed - ahead
+    return steps
