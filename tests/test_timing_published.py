@@ -1,4 +1,4 @@
-"""Checks of kvsim's built-in roofline against published decode-iteration times (issue 31, item 5).
+"""Checks of kvsim's built-in roofline against published iteration times, TTFTs and throughputs (issue 31, item 5).
 
 Figures: issue 31's reading of Sarathi-Serve (Agrawal et al., OSDI'24): a Mistral-7B decode iteration of 32
 sequences x 4K context on one A100 takes ~20 ms; Yi-34B at TP2 on two A100s ~40 ms (the paper's exact figure or
@@ -24,13 +24,12 @@ Further checks (issue 31 item 5; each source's exact setup is beside its table b
 """
 from __future__ import annotations
 
-import pytest
-
-from sim.catalog import get_gpu, get_model
 import dataclasses
 
 import numpy as np
+import pytest
 
+from sim.catalog import get_gpu, get_model
 from sim.compute import (H200_BW_EFFICIENCY, H200_FLOPS_EFFICIENCY, BatchShape, RooflineComputeModel,
                          decode_batch)
 from sim.engines import engine_preset
