@@ -222,6 +222,7 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
                                       else iterations["clear_copy_us"].sum() if "clear_copy_us" in iterations
                                       else 0.0) / US_PER_MS),
         **_prefix_summary(requests, finished, counters, calls_per_group),
+        **_tier_summary(requests, counters),
     }
     summary.update(goodput_figures(requests, slos, span_s))
     return summary
@@ -260,6 +261,21 @@ def _prefix_summary(requests: pd.DataFrame, finished: pd.DataFrame, counters: di
             "prefix_map_calls_added": int(counters["prefix_shared_maps"] * calls_per_group),
             "prefix_cow_tokens": int(counters["prefix_cow_tokens"]), "cow_copy_bytes": int(counters.get("cow_bytes", 0)),
             "prefix_evictions": int(counters["prefix_evictions"])}
+
+
+def _tier_summary(requests: pd.DataFrame, counters: dict) -> dict:
+    """KV-tier figures (present only with ``--kv-tier``): the tier store's counters (``tier_<kind>_*``:
+    hit and miss tokens, promotions, demotions, bytes and time each way, resident pages; sim.memory.tiers) and
+    each tier's hit ratio over the prompt tokens of first admissions (``tier_<kind>_hit_ratio``)."""
+    out = {key: value for key, value in counters.items() if key.startswith("tier_")}
+    if not out:
+        return {}
+    admitted = requests[requests["first_scheduled_at_us"].notna()] if "first_scheduled_at_us" in requests else requests
+    prompt = int(admitted["prompt_tokens"].sum())
+    for column in (c for c in requests.columns if c.endswith("_hit_tokens") and c != "prefix_hit_tokens"):
+        kind = column.removesuffix("_hit_tokens")
+        out[f"tier_{kind}_hit_ratio"] = int(requests[column].sum()) / prompt if prompt else float("nan")
+    return out
 
 
 SUMMARY_ITERATION_COLUMNS = ["duration_us", "sync_stall_us"]

@@ -28,6 +28,7 @@ from sim.latency import VmmLatencyModel
 from sim.lifecycle import RequestBookkeeping
 from sim.mapper import AsyncMapper
 from sim.memory import build_policy
+from sim.tier_charges import TierCharges
 from sim.plan import EMPTY_PLAN, MapOp, Plan, UnmapOp
 from sim.records import ITERATION_COLUMNS, REQUEST_COLUMNS, tbt_distinct_us, tbt_stats_us
 from sim.recorder import IterationRecorder, extend_array
@@ -57,6 +58,7 @@ class SimOutput:
     request_records: list[tuple]
     recorder: IterationRecorder
     counters: dict
+    extra_request_columns: dict | None = None     # column -> values in request order (KV tiers: hit tokens)
 
     @property
     def decode_runs(self) -> int:
@@ -69,7 +71,8 @@ class SimOutput:
 
     def requests_frame(self) -> pd.DataFrame:
         """Per-request records (columns :data:`REQUEST_COLUMNS`), in request order."""
-        return pd.DataFrame.from_records(self.request_records, columns=list(REQUEST_COLUMNS))
+        frame = pd.DataFrame.from_records(self.request_records, columns=list(REQUEST_COLUMNS))
+        return frame.assign(**self.extra_request_columns) if self.extra_request_columns else frame
 
 
 class VmmCost:
@@ -245,6 +248,7 @@ class Simulator(RequestBookkeeping):
         self.zero_bytes = {"critical": 0, "background": 0}
         self.cow_bytes = 0
         self.swap = SwapSpace(config)
+        self.tiers = TierCharges(self) if getattr(self.policy, "tier_store", None) is not None else None
         self.scheduler = SCHEDULERS[config.scheduler]
         self.requests = _requests_from_trace(trace, config.slot_max_tokens)
         self.progress = progress
@@ -329,7 +333,7 @@ class Simulator(RequestBookkeeping):
             "bg_unmap_page_groups": self.mapper.unmaps_done if self.mapper else 0,
             "mapper_busy_us": self.mapper.busy_us if self.mapper else 0.0,
             "swap_out_bytes": self.swap.out_bytes, "swap_in_bytes": self.swap.in_bytes,
-            "swap_total_us": self.swap.total_us,
+            "swap_total_us": self.swap.total_us, **(self.tiers.counters() if self.tiers else {}),
             "mapping_worker_us": list(getattr(self.cost, "worker_us", [])),
             "mapping_critical_us": getattr(self.cost, "critical_us", 0.0),
             "zero_critical_bytes": self.zero_bytes["critical"], "zero_background_bytes": self.zero_bytes["background"],
@@ -340,7 +344,8 @@ class Simulator(RequestBookkeeping):
             "tbt_samples": (self.tbt_us, self.tbt_run_gaps_us, self.tbt_run_weights),
         }
         self.recorder.close()
-        return SimOutput([r.record(self.config.frontend_overhead_us) for r in self.requests], self.recorder, counters)
+        return SimOutput([r.record(self.config.frontend_overhead_us) for r in self.requests], self.recorder, counters,
+                         self.tiers.request_columns(self.requests) if self.tiers else None)
 
     def _serve(self):
         env, iteration = self.env, 0
@@ -370,7 +375,7 @@ class Simulator(RequestBookkeeping):
                     continue
             waited_us = env.now - start_at_us          # waiting for the mapper's op in progress
             block_table_us = self._block_table_us(batch, members)
-            swap_us = self.swap.take_pending_us()
+            swap_us = self.swap.take_pending_us() + (self.tiers.take_critical_us() if self.tiers else 0.0)
             if self._pending_plans or plan:
                 plans = [p for p in (*self._pending_plans, plan) if p]     # an empty plan costs nothing (0.0)
                 self._pending_plans = []
@@ -392,6 +397,11 @@ class Simulator(RequestBookkeeping):
             if self.mapper and (targets or self.policy.has_background_work()):   # else the plan is empty
                 self.mapper.submit(self.policy.background_plan(targets))
             yield env.timeout(compute_us)
+            if self.tiers is not None:        # a layer-by-layer load: the part the compute did not hide
+                exposed_us = self.tiers.take_exposed_us(compute_us)
+                if exposed_us:
+                    yield env.timeout(exposed_us)
+                    swap_us += exposed_us
             self.policy.iteration_completed(iteration)
             bg_maps, bg_unmaps = self._background_since_last_record()
             self.recorder.add((
@@ -422,6 +432,8 @@ class Simulator(RequestBookkeeping):
         if self.prefix and request.hash_ids is not None and not request.computed:
             # look the cache up first, then ask only for the pages beyond the hit (vLLM v1)
             hit_tokens, *cached = self.policy.admission_credit(request.hash_ids, request.prompt_tokens)
+            if self.tiers is not None:      # pages loadable from the tiers need fresh page groups, not credit
+                hit_tokens += self.tiers.credit_tokens(request, hit_tokens)
             first = hit_tokens + min(first_tokens, request.remaining - hit_tokens)
         slot = self.policy.alloc_slot(first, reserve, committed, tuple(cached))
         if slot is None:
@@ -437,10 +449,11 @@ class Simulator(RequestBookkeeping):
             return 0
         if self.prefix:
             self.policy.record_admission(self._last_hit, preempted=request.preemptions > 0)
+            tier_tokens = self.tiers.commit(request) if self.tiers is not None else 0
             if request.preemptions:
-                request.preempted_hit_tokens += hit_tokens
+                request.preempted_hit_tokens += hit_tokens - tier_tokens
             else:
-                request.prefix_hit_tokens = hit_tokens
+                request.prefix_hit_tokens = hit_tokens - tier_tokens
         if self.zero_mode == "on-reuse":
             self._pending_zero_groups += stale_groups
         self._pending_plans.append(plan)
@@ -461,6 +474,10 @@ class Simulator(RequestBookkeeping):
         self._pending_copy_bytes += hit.cow_tokens * self._kv_bytes_per_token
         request.computed += hit.hit_tokens     # a swapped-in request keeps its KV (no lookup: hit 0)
         self._last_hit = hit
+        if self.tiers is not None:             # pages past the HBM hit loaded from DRAM / SSD
+            loaded = self.tiers.plan(request, ids, hit)
+            request.computed += loaded
+            return hit.hit_tokens + loaded
         return hit.hit_tokens
 
     def _schedule(self):
@@ -815,7 +832,7 @@ class Simulator(RequestBookkeeping):
         one, from two passes over the batch (:meth:`_run_shape`). Returns k (0 when not eligible)."""
         cohort = self.cohort
         if (self._pending_plans or self._pending_zero_groups or self._pending_copy_bytes
-                or (self.mapper and not self.mapper.idle)):
+                or (self.mapper and not self.mapper.idle) or (self.tiers and self.tiers.pending)):
             return 0
         if cohort is not None:
             if batch or not self._cohort_scheduled or cohort.size != len(self.running):

@@ -5,7 +5,7 @@ A policy is written ``NAME[:key=value,key=value,...]`` (``kvsim simulate --polic
     vattention:page=2MiB            vattention:page=256KiB,sync      vattention:deferred=off
     vattention:create=ondemand      vattention:lookahead=0,eager=0   paged:block=16   static:max_len=4096
     vattention:layout=cross-layer   vattention:batched=on            vattention:zero=on-reuse
-    paged:admission=chunk           vattention:prefix=on
+    paged:admission=chunk           vattention:prefix=on             paged:prefix=on,evict=radix-leaf
 
 :data:`POLICY_KEYS` maps each policy's keys to the SimConfig field they set and the parser of the value
 (meanings and defaults: :class:`sim.config.SimConfig`; ``kvsim compare --help`` lists them).
@@ -36,7 +36,8 @@ def _choice(*choices: str):
 _COMMON = {"preempt": ("preemption", _choice("recompute", "swap")),
            "prefix": ("prefix_caching", _on_off),
            "zero": ("zero_on_reuse", _choice("off", "on-reuse", "on-free")),
-           "admission": ("admission", _choice("whole-prompt", "chunk"))}
+           "admission": ("admission", _choice("whole-prompt", "chunk")),
+           "evict": ("prefix_evict", _choice("lru", "radix-leaf", "page"))}
 POLICY_KEYS: dict[str, dict] = {
     "vattention": {
         "page": ("page_size_bytes", parse_size_bytes),
