@@ -268,14 +268,20 @@ def _tier_summary(requests: pd.DataFrame, counters: dict) -> dict:
     hit and miss tokens, promotions, demotions, bytes and time each way, resident pages; sim.memory.tiers) and
     each tier's hit ratio over the prompt tokens of first admissions (``tier_<kind>_hit_ratio``)."""
     out = {key: value for key, value in counters.items() if key.startswith("tier_")}
-    if not out:
-        return {}
+    return {**out, **tier_hit_ratios(requests, with_hbm=False)} if out else {}
+
+
+def tier_hit_ratios(requests: pd.DataFrame, with_hbm: bool = True) -> dict:
+    """Hit ratio of each KV tier over the prompt tokens of first admissions: ``tier_<kind>_hit_ratio`` from the
+    ``<kind>_hit_tokens`` columns, and (``with_hbm``) ``prefix_hit_ratio`` from ``prefix_hit_tokens`` (the
+    merged table of routed replicas, whose summary has no prefix counters)."""
+    columns = [c for c in requests.columns if c in ("dram_hit_tokens", "ssd_hit_tokens")]
+    if with_hbm and "prefix_hit_tokens" in requests and (columns or requests["prefix_hit_tokens"].any()):
+        columns.append("prefix_hit_tokens")
     admitted = requests[requests["first_scheduled_at_us"].notna()] if "first_scheduled_at_us" in requests else requests
     prompt = int(admitted["prompt_tokens"].sum())
-    for column in (c for c in requests.columns if c.endswith("_hit_tokens") and c != "prefix_hit_tokens"):
-        kind = column.removesuffix("_hit_tokens")
-        out[f"tier_{kind}_hit_ratio"] = int(requests[column].sum()) / prompt if prompt else float("nan")
-    return out
+    return {("prefix_hit_ratio" if c == "prefix_hit_tokens" else f"tier_{c.removesuffix('_hit_tokens')}_hit_ratio"):
+            int(requests[c].sum()) / prompt if prompt else float("nan") for c in columns}
 
 
 SUMMARY_ITERATION_COLUMNS = ["duration_us", "sync_stall_us"]
