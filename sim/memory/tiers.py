@@ -82,7 +82,7 @@ class TierSpec:
         read_bytes_per_s: tier -> GPU rate (bytes/s), the load path.
         write_bytes_per_s: GPU -> tier rate (bytes/s), the store path.
         latency_us: fixed cost of one transfer (us), paid once per load or store batch.
-        source: where the rates come from (``default`` until a profile or the user sets them).
+        source: where the rates come from (``default: ...`` until a profile or the user sets them).
     """
 
     kind: str
@@ -134,7 +134,7 @@ def parse_kv_tier(text: str) -> TierSpec:
         except ValueError as exc:
             raise ValueError(f"--kv-tier {text!r}: {exc}") from None
         given = True
-    return TierSpec(kind, capacity, read, write, latency, "user-given" if given else source)
+    return TierSpec(kind, capacity, read, write, latency, "user-given" if given else f"{DEFAULT_SOURCE}: {source}")
 
 
 def check_tiers(tiers: Sequence[TierSpec]) -> str | None:
@@ -157,7 +157,7 @@ def with_host_copy_profile(tiers: Sequence[TierSpec], profile: dict) -> tuple[Ti
     return tuple(replace(tier, read_bytes_per_s=float(section["h2d_bytes_per_s"]),
                          write_bytes_per_s=float(section["d2h_bytes_per_s"]), latency_us=float(section["latency_us"]),
                          source=f"profile host_copy ({section.get('source', 'measured')})")
-                 if tier.kind == "dram" and tier.source == DEFAULT_SOURCE else tier for tier in tiers)
+                 if tier.kind == "dram" and tier.source.startswith(DEFAULT_SOURCE) else tier for tier in tiers)
 
 
 class TierStore:
