@@ -268,7 +268,14 @@ def _tier_summary(requests: pd.DataFrame, counters: dict) -> dict:
     hit and miss tokens, promotions, demotions, bytes and time each way, resident pages; sim.memory.tiers) and
     each tier's hit ratio over the prompt tokens of first admissions (``tier_<kind>_hit_ratio``)."""
     out = {key: value for key, value in counters.items() if key.startswith("tier_")}
-    return {**out, **tier_hit_ratios(requests, with_hbm=False)} if out else {}
+    if not out:
+        return {}
+    admitted = requests[requests["first_scheduled_at_us"].notna()] if "first_scheduled_at_us" in requests else requests
+    out["tier_prompt_tokens"] = int(admitted["prompt_tokens"].sum())      # the ratios' denominator (replica merges)
+    for kind in ("dram", "ssd"):
+        if f"{kind}_hit_tokens" in requests:
+            out[f"tier_{kind}_request_hit_tokens"] = int(requests[f"{kind}_hit_tokens"].sum())
+    return {**out, **tier_hit_ratios(requests, with_hbm=False)}
 
 
 def tier_hit_ratios(requests: pd.DataFrame, with_hbm: bool = True) -> dict:

@@ -423,6 +423,12 @@ def _tier_totals(summary: dict, present: list) -> None:
             and isinstance(v, (int, float)) and not k.endswith("_hit_ratio")}
     for key in keys:
         summary[key] = sum(res.summary.get(key, 0) for _, res in present)
+    prompt = summary.get("tier_prompt_tokens", 0)
+    if prompt:       # hit ratios over every replica's first admissions
+        for kind in ("dram", "ssd"):
+            if f"tier_{kind}_request_hit_tokens" in summary:
+                summary[f"tier_{kind}_hit_ratio"] = summary[f"tier_{kind}_request_hit_tokens"] / prompt
+        summary["prefix_hit_ratio"] = sum(res.summary.get("prefill_tokens_saved", 0) for _, res in present) / prompt
 
 
 def _summary_columns(result: RunResult) -> pd.DataFrame:
