@@ -13,7 +13,7 @@ from analysis.output import OUT_RULE, OutputDir, command_inputs, default_out_dir
 from sim import __version__
 from sim.frontend.argtypes import int_at_least
 from sim.frontend.options import add_config_args, config_from_args
-from sim.cluster.routers import EXECUTORS, ROUTERS
+from sim.cluster.routers import EXECUTORS, ROUTERS, routing_spec
 from traces.workload import add_trace_args, load_workload, prefix_note
 
 
@@ -163,7 +163,8 @@ def _simulate_replicas(args: argparse.Namespace, config, trace, out) -> int:
             shutil.rmtree(records)
     result.relocate(out.path)
     print_summary(result, wall_s=wall_s, out_dir=out.path)
-    how = "co-simulated" if args.routing == "least-outstanding" else f"{args.executor} executor"
+    how = ("co-simulated" if args.routing.partition(":")[0] in ("least-outstanding", "prefix-aware", "prefix-approx")
+           else f"{args.executor} executor")
     print(f"{args.replicas} replicas ({args.routing}, {how}): requests per replica "
           f"{', '.join(str(int((routed.assignment == r).sum())) for r in range(args.replicas))}")
     return 0
@@ -332,8 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--replicas", type=int_at_least(1), default=1,
                      help="serve the trace on N replicas behind --routing; state-free routings simulate the replicas "
                           "apart, in parallel, and merge their records (exactly as co-simulated)")
-    sim.add_argument("--routing", choices=ROUTERS,
-                     default="round-robin", help="request router over --replicas (least-outstanding co-simulates)")
+    sim.add_argument("--routing", type=routing_spec, metavar="ROUTER[:key=value,...]",
+                     default="round-robin", help=f"request router over --replicas: {', '.join(ROUTERS)}; "
+                     "least-outstanding and the cache-aware prefix-aware[:overlap_weight=W,load_weight=V] / "
+                     "prefix-approx[:...,ttl_s=S] co-simulate (docs/tiers.md)")
     sim.add_argument("--executor", choices=EXECUTORS, default="local",
                      help="where the replicas run: a local process pool or Ray")
     sim.add_argument("--workers", type=int_at_least(1), default=None,

@@ -18,7 +18,7 @@ import pandas as pd
 
 from sim.results.summary import (SUMMARY_ITERATION_COLUMNS, RunResult, _column, _percentiles,  # noqa: F401
                                  _prefix_summary, _tbt_summary, build_result, iteration_counts,
-                                 iteration_counts_of_file, summarize)
+                                 iteration_counts_of_file, summarize, tier_hit_ratios)
 
 RUN_FILES = ("requests.parquet", "iterations.parquet", "summary.json", "config.json")
 

@@ -124,6 +124,24 @@ def summary_lines(summary: dict) -> list[tuple[str, str]]:
             values = [summary[k] for k in key] if isinstance(key, tuple) else [summary[key]]
             value = fmt.format(*values)
         rows.append((label, value))
+    return rows + tier_lines(summary)
+
+
+def tier_lines(summary: dict) -> list[tuple[str, str]]:
+    """One line per KV tier below HBM (``--kv-tier``; none otherwise): hit ratio over prompt tokens, pages
+    loaded (promoted) and demoted, bytes read / written and link time each way (analysis.results._tier_summary)."""
+    rows = []
+    if "prefix_hit_ratio" in summary and any(k.startswith("tier_") for k in summary):
+        rows.append(("tier hbm", f"hit {summary['prefix_hit_ratio']:.1%} of prompt tokens, "
+                                 f"{summary.get('tier_hbm_demotions', 0):,} pages evicted down"))
+    for kind in ("dram", "ssd"):
+        if f"tier_{kind}_hit_tokens" not in summary:
+            continue
+        get = lambda name: summary.get(f"tier_{kind}_{name}", 0)   # noqa: E731
+        rows.append((f"tier {kind}", f"hit {get('hit_ratio'):.1%}, loaded {get('promotions'):,} / stored "
+                                     f"{get('inserted'):,} / demoted {get('demotions'):,} pages, read "
+                                     f"{format_bytes(get('bytes_read'))} {get('read_ms'):.0f} ms, written "
+                                     f"{format_bytes(get('bytes_written'))} {get('write_ms'):.0f} ms"))
     return rows
 
 

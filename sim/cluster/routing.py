@@ -29,7 +29,7 @@ from sim.core import runner
 import simpy
 
 from sim.results.summary import (SUMMARY_ITERATION_COLUMNS, RunResult, build_result, iteration_counts,
-                                 iteration_counts_of_file, summarize)
+                                 iteration_counts_of_file, summarize, tier_hit_ratios)
 from sim.setup.config import SimConfig
 from sim.core.engine import ARRIVAL_TICK_US, ARRIVAL_TICKS_PER_S, Simulator
 from sim.results.records import tbt_stats_us
@@ -398,6 +398,7 @@ def merge_replicas(results: list[RunResult | None], config: SimConfig) -> tuple[
         zero.update(tbt_stats_us(singles, [(gaps, weights) for _, gaps, weights in samples]))
         zero["tbt_mean_us"] = merged_tbt_mean([tbt_token_sum(s) for s in samples], zero["tbt_tokens"])
     summary = summarize(requests, iterations, zero, config.to_dict(), counts)
+    summary.update(tier_hit_ratios(requests) if config.prefix_caching else {})
     return requests, _replica_totals(summary, present, results)
 
 
@@ -405,6 +406,7 @@ def _replica_totals(summary: dict, present: list, results: list) -> dict:
     """The merged summary's counters that add up over replicas (and the replica count)."""
     for key in _ADDITIVE_KEYS + ("mapping_critical_ms",):
         summary[key] = sum(res.summary.get(key, 0) for _, res in present)
+    _tier_totals(summary, present)
     # per tensor-parallel worker, summed over the replicas (every replica has the same TP degree)
     summary["mapping_worker_ms"] = [sum(ms) for ms in zip(*(res.summary.get("mapping_worker_ms", [])
                                                            for _, res in present))]
@@ -413,6 +415,20 @@ def _replica_totals(summary: dict, present: list, results: list) -> dict:
                      for _, res in present)
     summary.update(background_map_share=background / maps if maps else float("nan"), replicas=len(results))
     return summary
+
+
+def _tier_totals(summary: dict, present: list) -> None:
+    """KV-tier counters (``tier_*``, numbers) summed over the replicas; text keys (sources, policies) kept."""
+    keys = {k for _, res in present for k, v in res.summary.items() if k.startswith("tier_")
+            and isinstance(v, (int, float)) and not k.endswith("_hit_ratio")}
+    for key in keys:
+        summary[key] = sum(res.summary.get(key, 0) for _, res in present)
+    prompt = summary.get("tier_prompt_tokens", 0)
+    if prompt:       # hit ratios over every replica's first admissions
+        for kind in ("dram", "ssd"):
+            if f"tier_{kind}_request_hit_tokens" in summary:
+                summary[f"tier_{kind}_hit_ratio"] = summary[f"tier_{kind}_request_hit_tokens"] / prompt
+        summary["prefix_hit_ratio"] = sum(res.summary.get("prefill_tokens_saved", 0) for _, res in present) / prompt
 
 
 def _summary_columns(result: RunResult) -> pd.DataFrame:
@@ -434,11 +450,13 @@ def _replica_counts(result: RunResult) -> dict:
 
 def co_simulate_least_outstanding(config: SimConfig, trace: pd.DataFrame, num_replicas: int,
                                   profile_path: str | None = None,
-                                  assignment: np.ndarray | None = None) -> tuple[np.ndarray, list[RunResult | None]]:
+                                  assignment: np.ndarray | None = None,
+                                  chooser=None) -> tuple[np.ndarray, list[RunResult | None]]:
     """Least-outstanding routing, co-simulated: one environment, R open-arrival simulators (replica r with
     seed ``config.seed + r``) and a router process that submits each request at its arrival time. With
     ``assignment`` the router follows it instead (a state-free router co-simulated: the check that splitting
-    the trace equals co-simulation).
+    the trace equals co-simulation). With ``chooser`` (a cache-aware router, :mod:`sim.cluster.routers_prefix`) the
+    router asks it instead: ``chooser(simulators, assigned_so_far, now_us, prompt_tokens, hash_ids) -> replica``.
 
     Returns:
         ``(assignment, results)``: replica index per request and each replica's :class:`RunResult`.
@@ -455,7 +473,7 @@ def co_simulate_least_outstanding(config: SimConfig, trace: pd.DataFrame, num_re
         replicas.append((replica_config, vmm, simulator))
     fixed = assignment
     assignment = np.empty(len(trace), dtype=np.int64)
-    env.process(_router(env, trace, [s for _, _, s in replicas], assignment, fixed))
+    env.process(_router(env, trace, [s for _, _, s in replicas], assignment, fixed, chooser))
     env.run()
     results = []
     for replica, (replica_config, vmm, simulator) in enumerate(replicas):
@@ -469,7 +487,7 @@ def co_simulate_least_outstanding(config: SimConfig, trace: pd.DataFrame, num_re
 
 
 def _router(env: simpy.Environment, trace: pd.DataFrame, simulators: list, assignment: np.ndarray,
-            fixed: np.ndarray | None = None):
+            fixed: np.ndarray | None = None, chooser=None):
     arrivals_us = np.round(trace["arrival_s"].to_numpy(dtype=float) * ARRIVAL_TICKS_PER_S) * ARRIVAL_TICK_US
     hash_ids = trace["hash_ids"] if "hash_ids" in trace.columns else [None] * len(trace)
     assigned = [0] * len(simulators)
@@ -480,6 +498,7 @@ def _router(env: simpy.Environment, trace: pd.DataFrame, simulators: list, assig
         if arrival_us > env.now:
             yield env.timeout(arrival_us - env.now)
         choice = (int(fixed[index]) if fixed is not None else
+                  chooser(simulators, assigned, env.now, int(prompt), ids) if chooser is not None else
                   min(range(len(simulators)), key=lambda r: (simulators[r].outstanding, assigned[r], r)))
         simulators[choice].submit(int(request_id), int(prompt), int(output), ids)
         assigned[choice] += 1
@@ -506,13 +525,18 @@ def run_routed(config: SimConfig, trace: pd.DataFrame, num_replicas: int, routin
     Raises:
         ValueError: for an unknown routing or executor, R < 1, or request ids that are not row numbers.
     """
-    if routing not in ROUTERS:
+    from sim.cluster.routers_prefix import PREFIX_ROUTERS, make_chooser, parse_routing
+    name, params = parse_routing(routing)
+    if name not in ROUTERS:
         raise ValueError(f"--routing {routing!r}: choose one of {', '.join(ROUTERS)}")
     if num_replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {num_replicas}")
     if not np.array_equal(trace["request_id"].to_numpy(), np.arange(len(trace))):
         raise ValueError("routing needs request ids 0..n-1 in arrival order (renumber the trace)")
-    if routing == "least-outstanding":
+    if name in PREFIX_ROUTERS:          # cache-aware: co-simulated, the chooser reads the replicas' state
+        chooser = make_chooser(name, params, config.prefix_block_tokens)
+        assignment, results = co_simulate_least_outstanding(config, trace, num_replicas, profile_path, chooser=chooser)
+    elif routing == "least-outstanding":
         assignment, results = co_simulate_least_outstanding(config, trace, num_replicas, profile_path)
     else:
         assignment = assign(trace, num_replicas, routing, config.seed)

@@ -24,6 +24,8 @@ class Admission:
         if self.prefix and request.hash_ids is not None and not request.computed:
             # look the cache up first, then ask only for the pages beyond the hit (vLLM v1)
             hit_tokens, *cached = self.policy.admission_credit(request.hash_ids, request.prompt_tokens)
+            if self.tiers is not None:      # pages loadable from the tiers need fresh page groups, not credit
+                hit_tokens += self.tiers.credit_tokens(request, hit_tokens)
             first = hit_tokens + min(first_tokens, request.remaining - hit_tokens)
         slot = self.policy.alloc_slot(first, reserve, committed, tuple(cached))
         if slot is None:
@@ -39,10 +41,11 @@ class Admission:
             return 0
         if self.prefix:
             self.policy.record_admission(self._last_hit, preempted=request.preemptions > 0)
+            tier_tokens = self.tiers.commit(request) if self.tiers is not None else 0
             if request.preemptions:
-                request.preempted_hit_tokens += hit_tokens
+                request.preempted_hit_tokens += hit_tokens - tier_tokens
             else:
-                request.prefix_hit_tokens = hit_tokens
+                request.prefix_hit_tokens = hit_tokens - tier_tokens
         if self.zero_mode == "on-reuse":
             self._pending_zero_groups += stale_groups
         self._pending_plans.append(plan)
@@ -63,6 +66,10 @@ class Admission:
         self._pending_copy_bytes += hit.cow_tokens * self._kv_bytes_per_token
         request.computed += hit.hit_tokens     # a swapped-in request keeps its KV (no lookup: hit 0)
         self._last_hit = hit
+        if self.tiers is not None:             # pages past the HBM hit loaded from DRAM / SSD
+            loaded = self.tiers.plan(request, ids, hit)
+            request.computed += loaded
+            return hit.hit_tokens + loaded
         return hit.hit_tokens
 
     def _schedule(self):

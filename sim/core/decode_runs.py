@@ -95,7 +95,7 @@ class DecodeRuns:
         one, from two passes over the batch (:meth:`_run_shape`). Returns k (0 when not eligible)."""
         cohort = self.cohort
         if (self._pending_plans or self._pending_zero_groups or self._pending_copy_bytes
-                or (self.mapper and not self.mapper.idle)):
+                or (self.mapper and not self.mapper.idle) or (self.tiers and self.tiers.pending)):
             return 0
         if cohort is not None:
             if batch or not self._cohort_scheduled or cohort.size != len(self.running):

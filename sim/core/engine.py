@@ -29,6 +29,7 @@ from sim.timing.latency import VmmLatencyModel
 from sim.core.lifecycle import RequestBookkeeping
 from sim.core.mapper import AsyncMapper
 from sim.memory import build_policy
+from sim.core.tier_charges import TierCharges
 from sim.memory.plan import Plan
 from sim.results.records import ITERATION_COLUMNS, REQUEST_COLUMNS, tbt_distinct_us, tbt_stats_us
 from sim.results.recorder import IterationRecorder
@@ -55,6 +56,7 @@ class SimOutput:
     request_records: list[tuple]
     recorder: IterationRecorder
     counters: dict
+    extra_request_columns: dict | None = None     # column -> values in request order (KV tiers: hit tokens)
 
     @property
     def decode_runs(self) -> int:
@@ -67,7 +69,8 @@ class SimOutput:
 
     def requests_frame(self) -> pd.DataFrame:
         """Per-request records (columns :data:`REQUEST_COLUMNS`), in request order."""
-        return pd.DataFrame.from_records(self.request_records, columns=list(REQUEST_COLUMNS))
+        frame = pd.DataFrame.from_records(self.request_records, columns=list(REQUEST_COLUMNS))
+        return frame.assign(**self.extra_request_columns) if self.extra_request_columns else frame
 
 
 class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
@@ -127,6 +130,7 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
         self.zero_bytes = {"critical": 0, "background": 0}
         self.cow_bytes = 0
         self.swap = SwapSpace(config)
+        self.tiers = TierCharges(self) if getattr(self.policy, "tier_store", None) is not None else None
         self.scheduler = SCHEDULERS[config.scheduler]
         self.requests = _requests_from_trace(trace, config.slot_max_tokens)
         self.progress = progress
@@ -211,7 +215,7 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
             "bg_unmap_page_groups": self.mapper.unmaps_done if self.mapper else 0,
             "mapper_busy_us": self.mapper.busy_us if self.mapper else 0.0,
             "swap_out_bytes": self.swap.out_bytes, "swap_in_bytes": self.swap.in_bytes,
-            "swap_total_us": self.swap.total_us,
+            "swap_total_us": self.swap.total_us, **(self.tiers.counters() if self.tiers else {}),
             "mapping_worker_us": list(getattr(self.cost, "worker_us", [])),
             "mapping_critical_us": getattr(self.cost, "critical_us", 0.0),
             "zero_critical_bytes": self.zero_bytes["critical"], "zero_background_bytes": self.zero_bytes["background"],
@@ -222,7 +226,8 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
             "tbt_samples": (self.tbt_us, self.tbt_run_gaps_us, self.tbt_run_weights),
         }
         self.recorder.close()
-        return SimOutput([r.record(self.config.frontend_overhead_us) for r in self.requests], self.recorder, counters)
+        return SimOutput([r.record(self.config.frontend_overhead_us) for r in self.requests], self.recorder, counters,
+                         self.tiers.request_columns(self.requests) if self.tiers else None)
 
     def _serve(self):
         env, iteration = self.env, 0
@@ -252,7 +257,7 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
                     continue
             waited_us = env.now - start_at_us          # waiting for the mapper's op in progress
             block_table_us = self._block_table_us(batch, members)
-            swap_us = self.swap.take_pending_us()
+            swap_us = self.swap.take_pending_us() + (self.tiers.take_critical_us() if self.tiers else 0.0)
             if self._pending_plans or plan:
                 plans = [p for p in (*self._pending_plans, plan) if p]     # an empty plan costs nothing (0.0)
                 self._pending_plans = []
@@ -274,6 +279,11 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
             if self.mapper and (targets or self.policy.has_background_work()):   # else the plan is empty
                 self.mapper.submit(self.policy.background_plan(targets))
             yield env.timeout(compute_us)
+            if self.tiers is not None:        # a layer-by-layer load: the part the compute did not hide
+                exposed_us = self.tiers.take_exposed_us(compute_us)
+                if exposed_us:
+                    yield env.timeout(exposed_us)
+                    swap_us += exposed_us
             self.policy.iteration_completed(iteration)
             bg_maps, bg_unmaps = self._background_since_last_record()
             self.recorder.add((

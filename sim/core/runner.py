@@ -183,6 +183,9 @@ def profile_config_overrides(config: SimConfig, profile_path: str | None) -> Sim
         value = (profile.get(section) or {}).get(key)
         if value is not None and getattr(config, field_name) == SimConfig.__dataclass_fields__[field_name].default:
             overrides[field_name] = float(value)
+    if config.kv_tiers and profile.get("host_copy"):     # the DRAM tier's measured host-copy rates
+        from sim.memory.tiers import with_host_copy_profile
+        overrides["kv_tiers"] = with_host_copy_profile(config.kv_tiers, profile)
     return config.with_overrides(overrides) if overrides else config
 
 

@@ -73,6 +73,25 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host-swap", type=size_arg, default="4GiB",
                         help="host memory for swapped KV (vLLM swap_space)")
     parser.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the run's random generator")
+    parser.add_argument("--kv-tier", type=_kv_tier, action="append", default=None, metavar="KIND:SIZE[,...]",
+                        help="a prefix-cache tier below HBM, repeatable, from HBM down: dram:SIZE or ssd:SIZE with "
+                             "optional bw=, read_bw=, write_bw=, latency= (defaults: dram 55 GB/s PCIe Gen5, ssd 13/6.6 "
+                             "GB/s NVMe Gen5; docs/tiers.md); needs prefix=on (default: HBM only)")
+    parser.add_argument("--kv-tier-write", choices=("write-back", "write-through"), default="write-back",
+                        help="when pages reach the first tier: on HBM eviction (write-back, a critical-path copy) or "
+                             "when computed (write-through, asynchronous)")
+    parser.add_argument("--kv-tier-load", choices=("sync", "layerwise", "auto"), default="sync",
+                        help="tier hits: loaded before the iteration, overlapped layer by layer, or loaded only when "
+                             "faster than recomputing (auto)")
+
+
+def _kv_tier(text: str):
+    """A ``--kv-tier`` value (:func:`sim.memory.tiers.parse_kv_tier`)."""
+    from sim.memory.tiers import parse_kv_tier
+    try:
+        return parse_kv_tier(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--kv-tier {text!r}: ")) from None
 
 
 RESERVABLE_VA_BYTES = 64 * 1024 ** 4
@@ -128,6 +147,9 @@ def _config_from_args(args: argparse.Namespace, **overrides):
                   allow_long_context=bool(getattr(args, "allow_long_context", False)),
                   pp=getattr(args, "pp", 1), weight_dtype=getattr(args, "weight_dtype", None),
                   kv_dtype=getattr(args, "kv_dtype", None), usd_per_gpu_hour=getattr(args, "usd_per_gpu_hour", None))
+    if getattr(args, "kv_tier", None):
+        values.update(kv_tiers=tuple(args.kv_tier), tier_write_policy=args.kv_tier_write,
+                      tier_load_policy=args.kv_tier_load)
     values.update(_engine_values(args))
     values.update(overrides)
     spec = getattr(args, "policy", None)

@@ -7,6 +7,7 @@ A policy is written ``NAME[:key=value,key=value,...]`` (``kvsim simulate --polic
     vattention:layout=cross-layer   vattention:batched=on            vattention:zero=on-reuse
     paged:admission=chunk           vattention:prefix=on             paged:kernel=fa2-paged
     paged:kernel=vllm-v0,prefill_factor=1.1                          vattention:page=64KiB,driver=modified
+    paged:prefix=on,evict=radix-leaf
 
 :data:`POLICY_KEYS` maps each policy's keys to the SimConfig field they set and the parser of the value
 (meanings and defaults: :class:`sim.setup.config.SimConfig`; ``kvsim compare --help`` lists them).
@@ -55,7 +56,8 @@ def _factor(value: str) -> float:
 _COMMON = {"preempt": ("preemption", _choice("recompute", "swap")),
            "prefix": ("prefix_caching", _on_off),
            "zero": ("zero_on_reuse", _choice("off", "on-reuse", "on-free")),
-           "admission": ("admission", _choice("whole-prompt", "chunk"))}
+           "admission": ("admission", _choice("whole-prompt", "chunk")),
+           "evict": ("prefix_evict", _choice("lru", "radix-leaf", "page"))}
 POLICY_KEYS: dict[str, dict] = {
     "vattention": {
         "page": ("page_size_bytes", parse_size_bytes),

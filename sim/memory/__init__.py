@@ -36,8 +36,23 @@ def build_policy(config) -> VAttentionPolicy:
         low_watermark_frac=config.low_watermark_frac if vattention else 0.0,
         admission_watermark_frac=0.0 if config.policy == "static" else config.admission_watermark_frac)
     if config.prefix_caching:
-        return PrefixCachingPolicy(policy_config, config.prefix_block_tokens, cow_partial=vattention)
+        policy = PrefixCachingPolicy(policy_config, config.prefix_block_tokens, cow_partial=vattention)
+        _attach_eviction_and_tiers(policy, config)
+        return policy
     return VAttentionPolicy(policy_config)
+
+
+def _attach_eviction_and_tiers(policy: PrefixCachingPolicy, config) -> None:
+    """The eviction policy (``config.prefix_evict``, with 2 MiB regions of cache pages for ``page``) and the
+    tier store below HBM (``config.kv_tiers``; pages of ``tokens_per_page x kv_bytes_per_token`` bytes)."""
+    from sim.memory.eviction import VICTIMS
+    from sim.memory.tiers import TierStore
+    policy.victims = VICTIMS[config.prefix_evict]
+    page_bytes = config.tokens_per_page * config.model_spec.sub_tensor_bytes_per_token(config.tp)
+    policy.pages_per_region = max(1, (2 * 1024 * 1024) // page_bytes)
+    if config.kv_tiers:
+        policy.tier_store = TierStore(config.kv_tiers, config.tokens_per_page * config.model_spec.kv_bytes_per_token(config.tp),
+                                      config.tokens_per_page, config.tier_write_policy)
 
 
 __all__ = ["PrefixCachingPolicy", "PrefixHit", "VAttentionConfig", "VAttentionPolicy", "build_policy"]

@@ -30,6 +30,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sim.memory.eviction import VICTIMS
 from sim.memory.vattention import VAttentionConfig, VAttentionPolicy
 from sim.memory.plan import MapOp, Plan, UnmapOp
 
@@ -76,6 +77,12 @@ class PrefixCachingPolicy(VAttentionPolicy):
         self._active_refs: dict[tuple, int] = {}                    # entry -> active slots mapping it
         self._freeable = 0                                          # entries no active slot maps
         self._unprepared: set[int] = set()      # allocated slots that admit_prefix has not prepared yet
+        # eviction policy and lower tiers (sim.memory.eviction, sim.memory.tiers); the chain's parent links
+        self.victims = VICTIMS["lru"]
+        self.pages_per_region = 1
+        self.tier_store = None
+        self._parent: dict[tuple, tuple] = {}
+        self._children: dict[tuple, int] = {}
         # shared_pages: pages served from the cache (fresh pages saved); shared_maps: of those, the ones mapped
         # anew into the slot (map calls sharing adds; a slot that already maps the entry needs none)
         self.stats = {"lookups": 0, "hit_tokens": 0, "shared_pages": 0, "shared_maps": 0, "cow_tokens": 0,
@@ -104,8 +111,13 @@ class PrefixCachingPolicy(VAttentionPolicy):
         return self.config.pool_page_groups - held - self.free_page_groups
 
     # ---- entry references (kept incrementally) ----------------------------------------------------------
-    def _new_entry(self, key: tuple, slot: int) -> None:
+    def _new_entry(self, key: tuple, slot: int, parent: tuple | None = None) -> None:
         self.cache[key] = {slot}
+        if parent is not None:
+            self._parent[key] = parent
+            self._children[parent] = self._children.get(parent, 0) + 1
+        if self.tier_store is not None:
+            self.tier_store.on_donate(key)
         self._active_refs[key] = 1 if self.active[slot] else 0
         self._freeable += self._active_refs[key] == 0
 
@@ -151,9 +163,11 @@ class PrefixCachingPolicy(VAttentionPolicy):
         the pool; no VMM call). Returns how many were evicted."""
         evicted = 0
         while evicted < page_groups and self._unmapped:
-            key, _ = self._unmapped.popitem(last=False)
-            self._drop_key(key)
-            evicted += 1
+            for key in self.victims(self):
+                self._drop_key(key)
+                if self.tier_store is not None:
+                    self.tier_store.on_evict(key)
+                evicted += 1
         self.free_page_groups += evicted
         self.dirty_free_page_groups += evicted
         self.stats["evictions"] += evicted
@@ -162,6 +176,11 @@ class PrefixCachingPolicy(VAttentionPolicy):
     def _drop_key(self, key: tuple) -> None:
         del self.cache[key]
         self._freeable -= self._active_refs.pop(key) == 0
+        parent = self._parent.pop(key, None)
+        if parent is not None:
+            self._children[parent] -= 1
+            if not self._children[parent]:
+                del self._children[parent]
         for chain_id in self._partials_of.pop(key, []):
             if self._partial_index.get(chain_id) == key:
                 del self._partial_index[chain_id]
@@ -333,7 +352,7 @@ class PrefixCachingPolicy(VAttentionPolicy):
             key = self.page_key(chain, page)
             if key in self.cache:
                 break                         # computed concurrently by another request: keep it private
-            self._new_entry(key, slot)
+            self._new_entry(key, slot, self.page_key(chain, page - 1) if page else None)
             self._index_partials(chain, page, key)
             self.slot_keys[slot].append(key)
             self.shared[slot] += 1

@@ -194,6 +194,7 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
                                       else iterations["clear_copy_us"].sum() if "clear_copy_us" in iterations
                                       else 0.0) / US_PER_MS),
         **_prefix_summary(requests, finished, counters, calls_per_group),
+        **_tier_summary(requests, counters),
     }
     return summary
 
@@ -231,6 +232,34 @@ def _prefix_summary(requests: pd.DataFrame, finished: pd.DataFrame, counters: di
             "prefix_map_calls_added": int(counters["prefix_shared_maps"] * calls_per_group),
             "prefix_cow_tokens": int(counters["prefix_cow_tokens"]), "cow_copy_bytes": int(counters.get("cow_bytes", 0)),
             "prefix_evictions": int(counters["prefix_evictions"])}
+
+
+def _tier_summary(requests: pd.DataFrame, counters: dict) -> dict:
+    """KV-tier figures (present only with ``--kv-tier``): the tier store's counters (``tier_<kind>_*``:
+    hit and miss tokens, promotions, demotions, bytes and time each way, resident pages; sim.memory.tiers) and
+    each tier's hit ratio over the prompt tokens of first admissions (``tier_<kind>_hit_ratio``)."""
+    out = {key: value for key, value in counters.items() if key.startswith("tier_")}
+    if not out:
+        return {}
+    admitted = requests[requests["first_scheduled_at_us"].notna()] if "first_scheduled_at_us" in requests else requests
+    out["tier_prompt_tokens"] = int(admitted["prompt_tokens"].sum())      # the ratios' denominator (replica merges)
+    for kind in ("dram", "ssd"):
+        if f"{kind}_hit_tokens" in requests:
+            out[f"tier_{kind}_request_hit_tokens"] = int(requests[f"{kind}_hit_tokens"].sum())
+    return {**out, **tier_hit_ratios(requests, with_hbm=False)}
+
+
+def tier_hit_ratios(requests: pd.DataFrame, with_hbm: bool = True) -> dict:
+    """Hit ratio of each KV tier over the prompt tokens of first admissions: ``tier_<kind>_hit_ratio`` from the
+    ``<kind>_hit_tokens`` columns, and (``with_hbm``) ``prefix_hit_ratio`` from ``prefix_hit_tokens`` (the
+    merged table of routed replicas, whose summary has no prefix counters)."""
+    columns = [c for c in requests.columns if c in ("dram_hit_tokens", "ssd_hit_tokens")]
+    if with_hbm and "prefix_hit_tokens" in requests and (columns or requests["prefix_hit_tokens"].any()):
+        columns.append("prefix_hit_tokens")
+    admitted = requests[requests["first_scheduled_at_us"].notna()] if "first_scheduled_at_us" in requests else requests
+    prompt = int(admitted["prompt_tokens"].sum())
+    return {("prefix_hit_ratio" if c == "prefix_hit_tokens" else f"tier_{c.removesuffix('_hit_tokens')}_hit_ratio"):
+            int(requests[c].sum()) / prompt if prompt else float("nan") for c in columns}
 
 
 SUMMARY_ITERATION_COLUMNS = ["duration_us", "sync_stall_us"]

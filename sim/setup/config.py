@@ -24,6 +24,21 @@ class ConfigError(ValueError):
     """An impossible configuration; the message names the option and the value."""
 
 
+def _tier_error(config) -> str | None:
+    """Why the KV tier and eviction settings are refused (sim.memory.tiers, sim.memory.eviction), or None."""
+    from sim.memory.eviction import EVICTION_POLICIES
+    from sim.memory.tiers import LOAD_POLICIES, WRITE_POLICIES, check_tiers
+    if config.prefix_evict not in EVICTION_POLICIES:
+        return f"evict={config.prefix_evict!r}: choose one of {', '.join(EVICTION_POLICIES)}"
+    if config.tier_write_policy not in WRITE_POLICIES:
+        return f"--kv-tier-write {config.tier_write_policy!r}: choose one of {', '.join(WRITE_POLICIES)}"
+    if config.tier_load_policy not in LOAD_POLICIES:
+        return f"--kv-tier-load {config.tier_load_policy!r}: choose one of {', '.join(LOAD_POLICIES)}"
+    if config.kv_tiers and not config.prefix_caching:
+        return "--kv-tier holds prefix-cache pages: turn the prefix cache on (--policy vattention:prefix=on or paged:prefix=on)"
+    return check_tiers(config.kv_tiers)
+
+
 def vllm_budget_error(token_budget: int, max_batch_slots: int) -> str:
     """The refusal of a ``vllm`` scheduler whose token budget is below its request slots, naming both fields and
     their flags. vLLM refuses ``max_num_batched_tokens < max_num_seqs`` ("must be greater than or equal to
@@ -116,6 +131,12 @@ class SimConfig:
             (docs/serving-semantics.md); 0 by default, an engine preset's otherwise.
         cuda_graph_decodes: decodes as CUDA graphs (the compute model's ``decode_graphs``) when not ``None``; ``None``:
             the compute model's default (eager) or a profile's fitted value.
+        kv_tiers: the prefix cache's tiers below HBM, from HBM down (:class:`sim.memory.tiers.TierSpec`,
+            ``--kv-tier``); ``()``: HBM only. Needs ``prefix_caching``.
+        tier_write_policy / tier_load_policy: ``write-back`` | ``write-through`` and ``sync`` | ``layerwise`` |
+            ``auto`` (:mod:`sim.memory.tiers`).
+        prefix_evict: the HBM prefix cache's eviction policy, ``lru`` (vLLM v1, default), ``radix-leaf``
+            (SGLang) or ``page`` (:mod:`sim.memory.eviction`; policy key ``evict=``).
     """
 
     model: str = "llama-3-8b"
@@ -165,8 +186,15 @@ class SimConfig:
     engine: str | None = None
     frontend_overhead_us: float = 0.0
     cuda_graph_decodes: bool | None = None
+    kv_tiers: tuple = ()
+    tier_write_policy: str = "write-back"
+    tier_load_policy: str = "sync"
+    prefix_evict: str = "lru"
 
     def __post_init__(self) -> None:
+        tier_error = _tier_error(self)
+        if tier_error:
+            raise ConfigError(tier_error)
         if not (isinstance(self.frontend_overhead_us, (int, float)) and 0 <= self.frontend_overhead_us < float("inf")):
             raise ConfigError(f"--frontend-overhead-ms must be a finite number >= 0, got "
                               f"{self.frontend_overhead_us / 1000 if isinstance(self.frontend_overhead_us, (int, float)) else self.frontend_overhead_us!r}")
