@@ -58,7 +58,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
             for index, run in enumerate(runs.values()):
                 write_run(run, stage / f"run{index}")
                 run.path = out.path / f"run{index}"
-    print_comparison(table, trace.attrs.get("source", ""), base, time.perf_counter() - started, out.path)
+    print_comparison(table, trace.attrs.get("source", ""), base, time.perf_counter() - started, out.path,
+                     next(iter(runs.values())).summary)
     return 0
 
 
@@ -129,7 +130,8 @@ def _simulate_replicas(args: argparse.Namespace, config, trace, out) -> int:
     from analysis.summary import print_summary
     from sim.replica_merge import write_merged_iterations, write_merged_requests
     from sim.routing import run_routed
-    from sim.runner import profile_config_overrides
+    from analysis.results import compute_model_entry
+    from sim.runner import compute_model_source, profile_config_overrides
 
     if args.report:
         raise ValueError("--report covers one replica's run; leave it out with --replicas (kvsim report DIR "
@@ -151,7 +153,9 @@ def _simulate_replicas(args: argparse.Namespace, config, trace, out) -> int:
         requests = write_merged_requests(routed.replicas, stage / "requests.parquet") if on_disk else routed.requests
         meta = {**profile_config_overrides(config, args.profile).to_dict(),
                 "trace_source": trace.attrs.get("source", "trace"), "replicas": args.replicas,
-                "routing": args.routing, "executor": args.executor}
+                "routing": args.routing, "executor": args.executor,
+                "compute_model": compute_model_source(config, args.profile)[1]}
+        routed.summary.update(compute_model_entry(meta))
         result = RunResult(requests, iterations, routed.summary, meta)
         write_run(result, stage)
         if records.exists():

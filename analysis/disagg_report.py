@@ -71,6 +71,8 @@ def print_disagg_summary(summary: dict, label: str, source: str, wall_s: float |
 
     print(f"trace: {source}")
     print(label)
+    if summary.get("compute_model"):
+        print(f"compute model: {summary['compute_model']}")
     for line in attention_lines(summary):
         print(f"WARNING: {line}")
     keep = {"requests finished / total", "throughput", "output tokens", "TTFT p50 / p90 / p99", "TPOT p50 / p90 / p99",
@@ -115,6 +117,10 @@ def cmd_simulate_disagg(args: argparse.Namespace) -> int:
         raise ValueError(str(exc)) from None
     wall_s = time.perf_counter() - started
     source = trace.attrs.get("source", "in-memory table")
+    from analysis.results import compute_model_entry
+    from sim.runner import compute_model_source
+    run.summary.update(compute_model_entry({"compute_model": compute_model_source(config.prefill, args.profile)[1],
+                                            "gpu": config.prefill.gpu}))
     result = disagg_run_result(run, source)
     with out.writing() as stage:
         write_run(result, stage)

@@ -133,6 +133,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         print(f"kvsim: note: {note}", file=sys.stderr)
     print(f"capacity search: {config.model} on {config.gpu} (tp={config.tp}{f', pp={config.pp}' if config.pp > 1 else ''}), {config.label}, "
           f"{len(trace):,} requests of {trace.attrs.get('source', 'trace')}")
+    from analysis.results import compute_model_text
+    from sim.runner import compute_model_source
+    print(f"compute model: {compute_model_text(compute_model_source(config, args.profile)[1], config.gpu)}")
     print(f"SLOs: {', '.join(map(str, slos))}; stable: TTFT growth <= {args.stability_tol:g} s/s; "
           f"tolerance {args.tolerance:.1%}")
     if slos[-1].metric == "sched_delay_p50" and "sched_delay" not in args.slo:
