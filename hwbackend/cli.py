@@ -31,6 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                "kvsim-profile/1 JSON profile (docs/profile-format.md); with "
                                                "--compute, fit the compute model and add it to the profile.")
     add_arguments(parser)
+    for action in parser._actions:      # one spelling of a device for calibrate and validate: 0 or cuda:0
+        if "--device" in action.option_strings:
+            action.type, action.help = device_ordinal, "CUDA device: an ordinal or cuda:N"
     _set_help(parser, "--force", "replace an existing --out profile as a whole (with --from-run: the profile's "
                                  "compute_in_loop section)")
     parser.add_argument("--compute", action="store_true",
@@ -40,8 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--from-run", action="append", default=None, metavar="RUN_DIR",
                         help="fit the compute model on a hardware replay's own iterations (repeatable; no GPU "
                              "needed) and add compute_in_loop / vmm_in_loop to the profile --out")
-    parser.add_argument("--grid", action="append", default=None, metavar="GRID_DIR",
-                        help="with --from-run: also fit on a calibration grid (python -m hwbackend.calibration.grid; "
+    parser.add_argument("--grid-dir", "--grid", dest="grid", action="append", default=None, metavar="GRID_DIR",
+                        help="(--grid: old spelling, deprecated; sweep's --grid is a grid axis) "
+                             "with --from-run: also fit on a calibration grid (python -m hwbackend.calibration.grid; "
                              "repeatable); each run carries equal weight, and the grids together as much as one run")
     parser.add_argument("--form", default="A", choices=("A", "B", "C", "D", "E", "auto"),
                         help="with --from-run: compute-model form to fit: A (roofline attention + longest-sequence "
@@ -60,11 +64,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_profile(val)
     add_out(val, "directory for validation.md, errors.csv, overlay.html (default: none, print only)")
     add_quiet(val)
-    val.add_argument("--device", default="cuda:0", help="device of a fresh replay")
+    val.add_argument("--device", type=lambda text: f"cuda:{device_ordinal(text)}", default="cuda:0",
+                     help="CUDA device of a fresh replay: an ordinal or cuda:N")
     val.add_argument("--compute-model", choices=("auto", "in-loop", "tiled", "roofline"), default="auto",
                      help="simulator compute model from the profile: auto (the first present of compute_in_loop, "
                           "compute.tiled_roofline, compute.roofline; default), in-loop, tiled, or roofline")
     val.set_defaults(func=_validate)
+
+
+def device_ordinal(text: str) -> int:
+    """A CUDA device as ``calibrate --device`` and ``validate --device`` take it: ``0`` or ``cuda:0`` -> 0.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else (argparse names the flag).
+    """
+    digits = text.strip().lower().removeprefix("cuda:")
+    if not digits.isdigit():
+        raise argparse.ArgumentTypeError(f"not a CUDA device (0, 1, ... or cuda:N): {text!r}")
+    return int(digits)
 
 
 def _set_help(parser: argparse.ArgumentParser, flag: str, text: str) -> None:
@@ -78,7 +95,7 @@ def _run(args: argparse.Namespace) -> int:
     if (args.grid or args.form != "A") and not args.from_run:
         import sys
 
-        print("kvsim: error: calibrate: --grid and --form fit with --from-run RUN_DIR (a hardware replay; the grid alone "
+        print("kvsim: error: calibrate: --grid-dir and --form fit with --from-run RUN_DIR (a hardware replay; the grid alone "
               "is measured with python -m hwbackend.calibration.grid)", file=sys.stderr)
         return 2
     if args.from_run:
