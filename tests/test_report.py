@@ -65,9 +65,9 @@ def test_each_figure_has_its_traces_per_run(small_runs, num_runs):
 
 def test_runs_have_one_colour_each_and_share_the_axes(small_runs):
     views = run_views([load_run(p) for p in small_runs], ["async", "sync"])
-    fig = latency_figure(views)   # per run: min/max band, line, stall markers
+    fig = latency_figure(views)   # every run's band, then every run's line on top, then the stall markers
     assert [t.line.color if t.mode == "lines" else t.marker.color for t in fig.data] == [
-        views[0].colour] * 3 + [views[1].colour] * 3
+        views[0].colour, views[1].colour] * 3
     assert views[0].colour != views[1].colour
     assert {t.xaxis for t in fig.data} == {None}   # one set of axes (plotly's default x)
 
