@@ -99,9 +99,6 @@ def cmd_simulate_disagg(args: argparse.Namespace) -> int:
     from sim.disagg_options import disagg_config_from_args
     from traces.workload import load_workload
 
-    if getattr(args, "report", False):
-        raise ValueError("--report covers co-located runs; a --pd run's tables are in its run directory "
-                         "(requests.parquet, iterations.parquet with role and instance columns, summary.json)")
     config = disagg_config_from_args(args)
     out = OutputDir(args.out if args.out is not None else default_out_dir(), args.force)
     if args.profile is not None:
@@ -124,9 +121,15 @@ def cmd_simulate_disagg(args: argparse.Namespace) -> int:
     result = disagg_run_result(run, source)
     with out.writing() as stage:
         write_run(result, stage)
+        result.path = out.path          # the report names the run's final directory, not the staging one
+        if getattr(args, "report", False):   # one series per prefill and decode instance (analysis.figures)
+            from analysis.report import write_report
+            write_report([result], stage / "report.html")
     result.path = out.path
     print_disagg_summary(run.summary, f"{config.prefill.model} on {config.prefill.gpu}: {config.label}, seed {config.seed}",
                          source, wall_s, out.path)
+    if getattr(args, "report", False):
+        print(f"report: {out.path / 'report.html'}")
     return 0
 
 

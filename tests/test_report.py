@@ -250,3 +250,10 @@ def test_bands_are_light_and_under_every_line(small_runs):
     kinds = ["band" if t.fill == "toself" else t.mode for t in fig.data]
     assert kinds == ["band", "band", "lines", "lines", "markers", "markers"]
     assert BAND_OPACITY <= 0.1 and fig.data[0].fillcolor.endswith(f"{BAND_OPACITY})")
+
+
+def test_simulate_pd_report_writes_the_instances_report(tmp_path):
+    out = tmp_path / "pd"
+    assert main(["simulate", "--pd", "1:1", "--num-requests", "20", "--out", str(out), "--quiet", "--report"]) == 0
+    page = (out / "report.html").read_text()
+    assert "prefill 0" in page and "decode 0" in page and "P:D" in page
