@@ -82,7 +82,7 @@ TABLES = (
 def run_table(table: DocTable, scratch: Path) -> int:
     """Run one table's command, print its header, output lines and summary keys; returns its exit status."""
     out = scratch / table.name
-    argv = [sys.executable, "cli.py", *table.argv, "--out", str(out), "--quiet"]
+    argv = [sys.executable, "cli.py", *table.argv, "--out", str(out)]     # not a terminal: no progress bar
     print(f"== {table.name}: {table.where}\n$ kvsim {' '.join(table.argv)}", flush=True)
     started = time.perf_counter()
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
