@@ -418,7 +418,7 @@ def _fresh_replay(args) -> Path | None:
         from traces.workload import load_workload
         from hwbackend.replay.cli import replay, write_hw_run
     except Exception as exc:  # no GPU or no torch: the comparison needs a saved run
-        print(f"kvsim validate: no --hw-run and no usable GPU ({exc}); pass --hw-run DIR", file=sys.stderr)
+        print(f"kvsim: error: validate: no --hw-run and no usable GPU ({exc}); pass --hw-run DIR", file=sys.stderr)
         return None
     config = config_from_args(args)
     trace, _ = load_workload(args, config.seed, config.slot_max_tokens)
