@@ -310,6 +310,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
           f"{failed} failed, {time.perf_counter() - started:.1f} s wall ({args.executor})")
     for _, row in table[table["status"] != "ok"].iterrows():
         print(f"  failed: {' '.join(f'{a}={row[a]}' for a in grid)}: {row['error']}")
+    if "compute_model" in table:      # which compute model produced the points' times (one line per model)
+        for model in table["compute_model"].dropna().unique():
+            print(f"compute model: {model}")
     from analysis.planning.cost import cheapest_line
     print(cheapest_line(table, list(grid)))
     print("wrote " + ", ".join(str(f) for f in files))
