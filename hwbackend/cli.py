@@ -62,7 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     val.add_argument("--hw-run", default=None, help="hardware run directory (python -m hwbackend.replay.cli); "
                                                     "default: replay now on the GPU")
     add_profile(val)
-    add_out(val, "directory for validation.md, errors.csv, overlay.html (default: none, print only)")
+    add_out(val, "directory for validation.md, errors.csv, overlay.html (default: none: the table is only printed, "
+                 "and a fresh replay's hardware run goes to runs/validate/hw)")
     add_quiet(val)
     val.add_argument("--device", type=lambda text: f"cuda:{device_ordinal(text)}", default="cuda:0",
                      help="CUDA device of a fresh replay: an ordinal or cuda:N")
