@@ -51,7 +51,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     _note_long_context(base)
     print_config_notes(base, args.profile)
     started = time.perf_counter()
-    runs = run_policies(base, args.policy, trace, args.profile, workers=args.workers, keep_tables=args.save_runs)
+    from analysis.flags import Progress
+    with Progress(len(args.policy), args.quiet, "policies run") as progress:
+        runs = run_policies(base, args.policy, trace, args.profile, workers=args.workers,
+                            keep_tables=args.save_runs, on_done=progress)
     table = comparison_table({label: run.summary for label, run in runs.items()})
     with out.writing() as stage:
         table.to_csv(stage / "compare.csv")
@@ -61,7 +64,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
             for index, run in enumerate(runs.values()):
                 write_run(run, stage / f"run{index}")
                 run.path = out.path / f"run{index}"
-    print_comparison(table, trace.attrs.get("source", ""), base, time.perf_counter() - started, out.path)
+    print_comparison(table, trace.attrs.get("source", ""), base, time.perf_counter() - started, out.path,
+                     next(iter(runs.values())).summary)
     return 0
 
 
@@ -133,7 +137,8 @@ def _simulate_replicas(args: argparse.Namespace, config, trace, out) -> int:
     from analysis.summary import print_summary
     from sim.cluster.replica_merge import write_merged_iterations, write_merged_requests
     from sim.cluster.routing import run_routed
-    from sim.core.runner import profile_config_overrides
+    from analysis.results import compute_model_entry
+    from sim.core.runner import compute_model_source, profile_config_overrides
 
     if args.report:
         raise ValueError("--report covers one replica's run; leave it out with --replicas (kvsim report DIR "
@@ -155,7 +160,9 @@ def _simulate_replicas(args: argparse.Namespace, config, trace, out) -> int:
         requests = write_merged_requests(routed.replicas, stage / "requests.parquet") if on_disk else routed.requests
         meta = {**profile_config_overrides(config, args.profile).to_dict(),
                 "trace_source": trace.attrs.get("source", "trace"), "replicas": args.replicas,
-                "routing": args.routing, "executor": args.executor}
+                "routing": args.routing, "executor": args.executor,
+                "compute_model": compute_model_source(config, args.profile)[1]}
+        routed.summary.update(compute_model_entry(meta))
         result = RunResult(requests, iterations, routed.summary, meta)
         write_run(result, stage)
         if records.exists():
@@ -170,26 +177,11 @@ def _simulate_replicas(args: argparse.Namespace, config, trace, out) -> int:
     return 0
 
 
-class _progress:
-    """A rich progress bar on a terminal for runs of more than 2,000 requests; silent otherwise."""
-
-    def __init__(self, total: int, quiet: bool):
-        self.total, self.bar, self.task = total, None, None
-        if not quiet and total > 2000 and sys.stderr.isatty():
-            from rich.progress import Progress
-            self.bar = Progress(transient=True)
-
-    def __enter__(self):
-        if self.bar is None:
-            return None
-        self.bar.start()
-        self.task = self.bar.add_task("simulating", total=self.total)
-        return lambda done, total: self.bar.update(self.task, completed=done)
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.stop()
-        return False
+def _progress(total: int, quiet: bool):
+    """The simulate progress bar (:class:`analysis.flags.Progress`): on a terminal, for runs of more than 2,000
+    requests; silent otherwise."""
+    from analysis.flags import Progress
+    return Progress(total, quiet, "simulating", min_total=2000)
 
 
 # key -> (values, meaning, default as written in a spec or None: the SimConfig field's default). The keys listed
@@ -312,6 +304,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from analysis.flags import add_out, add_profile, add_quiet
     parser = Parser(
         prog="kvsim", description="Trace-driven simulator of LLM-serving KV-cache memory management (vAttention, "
                                   "PagedAttention, static reservation) with a CUDA VMM hardware backend.")
@@ -322,14 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
                          epilog=OUT_RULE + ".")
     add_trace_args(sim)
     add_config_args(sim)
-    sim.add_argument("--profile", default=None,
-                     help="calibration profile JSON (kvsim calibrate) for VMM latencies (default: the built-in "
-                          "H200 latencies)")
-    sim.add_argument("--out", default=None, help="run directory, new or empty (default: runs/sim-<UTC time>)")
-    sim.add_argument("--force", action="store_true",
-                     help="replace the kvsim result in --out as a whole (nothing else is ever deleted)")
+    add_profile(sim)
+    add_out(sim, "run directory, new or empty (default: runs/sim-<UTC time>)")
     sim.add_argument("--report", action="store_true", help="also write report.html into the run directory")
-    sim.add_argument("--quiet", action="store_true", help="no progress display")
+    add_quiet(sim)
     sim.add_argument("--replicas", type=int_at_least(1), default=1,
                      help="serve the trace on N replicas behind --routing; state-free routings simulate the replicas "
                           "apart, in parallel, and merge their records (exactly as co-simulated)")
@@ -355,12 +344,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a policy to run (repeat), e.g. --policy vattention:page=2MiB --policy paged:block=16")
     add_trace_args(comp)
     add_config_args(comp)
-    comp.add_argument("--profile", default=None,
-                      help="calibration profile JSON for VMM latencies (default: the built-in H200 latencies)")
-    comp.add_argument("--out", default=None,
-                      help="directory for compare.csv / compare.parquet, new or empty (default: runs/compare-<UTC time>)")
-    comp.add_argument("--force", action="store_true",
-                      help="replace the kvsim result in --out as a whole, saved runs included")
+    add_profile(comp)
+    add_out(comp, "directory for compare.csv / compare.parquet, new or empty (default: runs/compare-<UTC time>)",
+            force_extra="saved runs included")
+    add_quiet(comp)
     comp.add_argument("--save-runs", action="store_true", help="also write each policy's run directory (run0, run1, ...)")
     comp.add_argument("--workers", type=int_at_least(1), default=None, help="parallel processes (default: one per core)")
     comp.set_defaults(func=cmd_compare)
@@ -384,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except (ValueError, OSError) as exc:
-        print(f"kvsim: error: {exc}", file=sys.stderr)
+        from analysis.flags import ERROR_PREFIX
+        print(f"{ERROR_PREFIX}{exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kvsim: interrupted", file=sys.stderr)

@@ -68,10 +68,11 @@ def _run_one(job: tuple[str, SimConfig, pd.DataFrame, str | None, bool]):
 
 
 def run_policies(base: SimConfig, specs: list[str], trace: pd.DataFrame, profile: str | None = None,
-                 workers: int | None = None, keep_tables: bool = True) -> dict:
+                 workers: int | None = None, keep_tables: bool = True, on_done=None) -> dict:
     """Simulate ``trace`` once per policy spec (in parallel processes); returns ``{spec: RunResult}`` in
     the order given. Results do not depend on ``workers`` (each run has its own seeded generator).
-    ``keep_tables=False`` returns summaries only (empty request/iteration tables).
+    ``keep_tables=False`` returns summaries only (empty request/iteration tables). ``on_done(done, total)``,
+    when given, is called as each run finishes (in the order given; a progress display).
 
     Raises:
         ConfigError: for a bad spec or an impossible configuration (before anything runs).
@@ -81,9 +82,17 @@ def run_policies(base: SimConfig, specs: list[str], trace: pd.DataFrame, profile
     jobs = [(spec, base.with_overrides(parse_policy(spec)), trace, profile, keep_tables) for spec in specs]
     workers = workers or min(len(jobs), os.cpu_count() or 1)
     if workers <= 1:
-        return dict(map(_run_one, jobs))
+        return dict(_reporting(map(_run_one, jobs), len(jobs), on_done))
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        return dict(pool.map(_run_one, jobs))
+        return dict(_reporting(pool.map(_run_one, jobs), len(jobs), on_done))
+
+
+def _reporting(results, total: int, on_done):
+    """``results`` passed through, calling ``on_done(done, total)`` after each (when given)."""
+    for done, item in enumerate(results, start=1):
+        yield item
+        if on_done is not None:
+            on_done(done, total)
 
 
 def run_labels(runs) -> list[str]:

@@ -71,6 +71,8 @@ def print_disagg_summary(summary: dict, label: str, source: str, wall_s: float |
 
     print(f"trace: {source}")
     print(label)
+    if summary.get("compute_model"):
+        print(f"compute model: {summary['compute_model']}")
     for line in attention_lines(summary):
         print(f"WARNING: {line}")
     keep = {"requests finished / total", "throughput", "output tokens", "TTFT p50 / p90 / p99", "TPOT p50 / p90 / p99",
@@ -97,9 +99,6 @@ def cmd_simulate_disagg(args: argparse.Namespace) -> int:
     from sim.frontend.disagg_options import disagg_config_from_args
     from traces.workload import load_workload
 
-    if getattr(args, "report", False):
-        raise ValueError("--report covers co-located runs; a --pd run's tables are in its run directory "
-                         "(requests.parquet, iterations.parquet with role and instance columns, summary.json)")
     config = disagg_config_from_args(args)
     out = OutputDir(args.out if args.out is not None else default_out_dir(), args.force, inputs=command_inputs(args))
     if args.profile is not None:
@@ -117,12 +116,22 @@ def cmd_simulate_disagg(args: argparse.Namespace) -> int:
         raise ValueError(str(exc)) from None
     wall_s = time.perf_counter() - started
     source = trace.attrs.get("source", "in-memory table")
+    from analysis.results import compute_model_entry
+    from sim.core.runner import compute_model_source
+    run.summary.update(compute_model_entry({"compute_model": compute_model_source(config.prefill, args.profile)[1],
+                                            "gpu": config.prefill.gpu}))
     result = disagg_run_result(run, source)
     with out.writing() as stage:
         write_run(result, stage)
+        result.path = out.path          # the report names the run's final directory, not the staging one
+        if getattr(args, "report", False):   # one series per prefill and decode instance (analysis.figures)
+            from analysis.report import write_report
+            write_report([result], stage / "report.html")
     result.path = out.path
     print_disagg_summary(run.summary, f"{config.prefill.model} on {config.prefill.gpu}: {config.label}, seed {config.seed}",
                          source, wall_s, out.path)
+    if getattr(args, "report", False):
+        print(f"report: {out.path / 'report.html'}")
     return 0
 
 

@@ -31,7 +31,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from analysis.downsample import MAX_POINTS, bin_sums, bucket_mean, cdf_points, min_max_band, nice_window
+from analysis.downsample import BAND_BUCKETS, MAX_POINTS, bin_sums, bucket_mean, cdf_points, min_max_band, nice_window
 from analysis.results import RunResult
 from sim.units import GIB, US_PER_MS, US_PER_S
 
@@ -53,7 +53,7 @@ TRACES_PER_RUN = {"latency": 3, "batch": 2, "pool": len(POOL_PARTS), "tail_waste
                   "mapping": len(MAPPING_PARTS)}
 TIME_AXIS = "time since start (s)"
 LINE_OPACITY = 0.85  # timelines of several runs overlap: let the one below show through
-BAND_OPACITY = 0.18  # fill of a min/max band
+BAND_OPACITY = 0.07  # fill of a min/max band: light, so that the mean lines drawn over it stay readable
 
 
 @dataclass
@@ -67,27 +67,39 @@ class RunView:
     symbol: str = "x"
     width: float = 2.0   # line width: earlier runs (drawn first, underneath) slightly wider, so both show
     replica: int | None = None   # one replica of a multi-replica run (kvsim simulate --replicas); None: all rows
+    role: str | None = None      # one instance of a disaggregated run (kvsim simulate --pd): "prefill" / "decode"
+    instance: int | None = None  # ... and its number within the role
 
     @cached_property
     def iterations(self) -> pd.DataFrame:
-        """The iteration table (this view's replica's rows) plus ``time_s`` (start, s) and ``duration_ms``."""
+        """The iteration table (this view's replica's or instance's rows) plus ``time_s`` (start, s),
+        ``end_s`` (start + duration, s) and ``duration_ms``."""
         it = self.result.iterations
         if self.replica is not None:
             it = it[it["replica"] == self.replica]
-        return it.assign(time_s=it["start_at_us"] / US_PER_S, duration_ms=it["duration_us"] / US_PER_MS)
+        if self.role is not None:
+            it = it[(it["role"] == self.role) & (it["instance"] == self.instance)]
+        return it.assign(time_s=it["start_at_us"] / US_PER_S, duration_ms=it["duration_us"] / US_PER_MS,
+                         end_s=(it["start_at_us"] + it["duration_us"]) / US_PER_S)
 
     @cached_property
     def finished(self) -> pd.DataFrame:
-        """Finished requests only (this view's replica's)."""
+        """Finished requests only (this view's replica's, or those its instance served)."""
         req = self.result.requests
         if self.replica is not None and "replica" in req:
             req = req[req["replica"] == self.replica]
+        if self.role is not None and f"{self.role}_instance" in req:
+            req = req[req[f"{self.role}_instance"] == self.instance]
         return req[req["status"] == "finished"]
 
     @property
     def page_group_gib(self) -> float:
-        """Size of one pool unit (page group, block) in GiB."""
-        return float(self.result.config.get("page_group_bytes", 0)) / GIB
+        """Size of one pool unit (page group, block) in GiB (of this view's instance in a disaggregated run)."""
+        config = self.result.config
+        if self.role is not None:
+            config = next((c for c in config.get("instances", []) if c.get("role") == self.role
+                           and c.get("instance") == self.instance), config.get(self.role) or {})
+        return float(config.get("page_group_bytes", 0)) / GIB
 
 
 def _layout(fig: go.Figure, height: int, **axes) -> go.Figure:
@@ -105,37 +117,85 @@ def _rgba(colour: str, alpha: float) -> str:
     return f"rgba({r}, {g}, {b}, {alpha})"
 
 
+def idle_cuts(x: np.ndarray, ends: np.ndarray, gap: float) -> np.ndarray:
+    """Positions where a line drawn through ``x`` (sorted) must break: the next point starts more than ``gap``
+    after the previous one ended (``ends``, same order), i.e. the instance sat idle in between."""
+    if len(x) < 2:
+        return np.zeros(0, dtype=int)
+    return np.flatnonzero(x[1:] - ends[:-1] > gap) + 1
+
+
+def _broken(values: np.ndarray, cuts: np.ndarray) -> np.ndarray:
+    """``values`` (float) with a NaN inserted before each of ``cuts`` (plotly does not join lines across NaN)."""
+    return np.insert(np.asarray(values, dtype=float), cuts, np.nan, axis=0)
+
+
 def add_timeline(fig: go.Figure, view: RunView, x: np.ndarray, y: np.ndarray, unit: str, fmt: str = ".2f",
-                 **where) -> None:
-    """Two traces of one run: the min/max band (a closed, filled outline; empty when every point is drawn) and
-    the line (bucket means, or every point), in the run's colour and dash style, one legend entry for both."""
+                 ends: np.ndarray | None = None, **where) -> None:
+    """Two traces of one run: the min/max band (:func:`add_band`) and the line (:func:`add_line`)."""
     band = min_max_band(x, y)
+    add_band(fig, view, band, **where)
+    add_line(fig, view, band, unit, fmt, x, ends, **where)
+
+
+def add_band(fig: go.Figure, view: RunView, band, **where) -> None:
+    """The min/max band of one run (a closed, filled outline, light: :data:`BAND_OPACITY`; empty when every
+    point is drawn), one outline per run of adjacent non-empty buckets (None between them: not across gaps)."""
     bx, by = [], []
-    if band.downsampled:   # one closed outline per run of adjacent buckets (None between them: not across gaps)
+    if band.downsampled:
         for part in band.segments():
             bx += [*band.x[part], *band.x[part][::-1], None]
             by += [*band.hi[part], *band.lo[part][::-1], None]
     fig.add_scatter(x=bx, y=by, mode="lines", fill="toself", fillcolor=_rgba(view.colour, BAND_OPACITY),
                     line=dict(width=0, color=view.colour), name=f"{view.label}: min-max", legendgroup=view.label,
                     showlegend=False, hoverinfo="skip", **where)
+
+
+def add_line(fig: go.Figure, view: RunView, band, unit: str, fmt: str, x: np.ndarray | None = None,
+             ends: np.ndarray | None = None, **where) -> None:
+    """The line of one run (bucket means, or every point), in the run's colour and dash style, broken at idle
+    gaps: between buckets with an empty one between them, or, drawn whole, where the next iteration starts more
+    than one bucket's width (span / BAND_BUCKETS) after the previous one ended (``ends``: iteration ends of the
+    points ``x``, in any order)."""
     if band.downsampled:
-        custom = np.column_stack([band.lo, band.hi])
+        cuts = np.asarray([part.start for part in band.segments()[1:]], dtype=int)
+        custom = _broken(np.column_stack([band.lo, band.hi]), cuts)
         hover = (f"t=%{{x:.3f}} s<br>mean %{{y:{fmt}}} {unit}<br>min %{{customdata[0]:{fmt}}}, "
                  f"max %{{customdata[1]:{fmt}}} {unit}<extra>{view.label}</extra>")
     else:
+        cuts = np.zeros(0, dtype=int)
+        if ends is not None and len(band.x) > 1:
+            order = np.argsort(np.asarray(x, dtype=float), kind="stable")
+            span = float(band.x[-1] - band.x[0])
+            cuts = idle_cuts(band.x, np.asarray(ends, dtype=float)[order], span / BAND_BUCKETS)
         custom, hover = None, f"t=%{{x:.3f}} s<br>%{{y:{fmt}}} {unit}<extra>{view.label}</extra>"
-    fig.add_scatter(x=band.x, y=band.mean, mode="lines", name=view.label, legendgroup=view.label,
-                    opacity=LINE_OPACITY, line=dict(color=view.colour, width=view.width - 0.5, dash=view.dash),
+    fig.add_scatter(x=_broken(band.x, cuts), y=_broken(band.mean, cuts), mode="lines", name=view.label,
+                    legendgroup=view.label, opacity=LINE_OPACITY, connectgaps=False,
+                    line=dict(color=view.colour, width=view.width - 0.5, dash=view.dash),
                     customdata=custom, hovertemplate=hover, **where)
+
+
+def add_timelines(fig: go.Figure, views: list[RunView], column: str, unit: str, fmt: str = ".2f",
+                  scale: float = 1.0) -> None:
+    """Every run's band first, then every run's line on top (a band never covers another run's line)."""
+    series = []
+    for view in views:
+        it = view.iterations
+        x, y = it["time_s"].to_numpy(), it[column].to_numpy(dtype=float) / scale
+        band = min_max_band(x, y)
+        add_band(fig, view, band)
+        series.append((view, band, x, it["end_s"].to_numpy()))
+    for view, band, x, ends in series:
+        add_line(fig, view, band, unit, fmt, x, ends)
 
 
 def latency_figure(views: list[RunView]) -> go.Figure:
     """Iteration latency (ms) over time (line and min/max band); every iteration with a synchronous-mapping
     stall as a marker in the run's colour and symbol."""
     fig = go.Figure()
-    for view in views:
+    add_timelines(fig, views, "duration_ms", "ms")
+    for view in views:                         # markers above every band and line
         it = view.iterations
-        add_timeline(fig, view, it["time_s"].to_numpy(), it["duration_ms"].to_numpy(), "ms")
         stalls = it[it["sync_stall_us"] > 0]   # never downsampled: each stall is one marker
         fig.add_scatter(x=stalls["time_s"], y=stalls["duration_ms"], mode="markers",
                         name=f"{view.label}: sync-mapping stalls ({len(stalls):,})", legendgroup=view.label,
@@ -151,9 +211,7 @@ def latency_figure(views: list[RunView]) -> go.Figure:
 def batch_figure(views: list[RunView]) -> go.Figure:
     """Requests in each iteration's batch over time."""
     fig = go.Figure()
-    for view in views:
-        it = view.iterations
-        add_timeline(fig, view, it["time_s"].to_numpy(), it["batch_size"].to_numpy(dtype=float), "requests", ".1f")
+    add_timelines(fig, views, "batch_size", "requests", ".1f")
     return _layout(fig, 380,
                    xaxis_title=TIME_AXIS, yaxis_title="batch size (requests)")
 
@@ -196,9 +254,7 @@ def pool_figure(views: list[RunView]) -> go.Figure:
 def tail_waste_figure(views: list[RunView]) -> go.Figure:
     """Tail waste of running requests (GiB): mapped memory past each request's last token."""
     fig = go.Figure()
-    for view in views:
-        it = view.iterations
-        add_timeline(fig, view, it["time_s"].to_numpy(), it["tail_waste_bytes"].to_numpy() / GIB, "GiB", ".3f")
+    add_timelines(fig, views, "tail_waste_bytes", "GiB", ".3f", scale=GIB)
     return _layout(fig, 380, xaxis_title=TIME_AXIS, yaxis_title="tail waste (GiB)")
 
 
@@ -287,18 +343,38 @@ def replicas_of(result: RunResult) -> list[int]:
     return sorted(int(k) for k in it["replica"].unique()) if "replica" in it else []
 
 
+MAX_INSTANCE_VIEWS = 8
+"""Instances of one disaggregated run drawn as series of their own (prefill ones first; the rest are in the
+tables)."""
+
+
+def instances_of(result: RunResult) -> list[tuple[str, int]]:
+    """``(role, instance)`` of a disaggregated run's iterations, prefill first (``[]`` for a co-located run)."""
+    it = result.iterations
+    if "role" not in it or "instance" not in it:
+        return []
+    pairs = it[["role", "instance"]].drop_duplicates()
+    return sorted(((str(r), int(i)) for r, i in pairs.itertuples(index=False)),
+                  key=lambda pair: (pair[0] != "prefill", pair))
+
+
 def replica_views(views: list[RunView], max_replicas: int = MAX_REPLICA_VIEWS) -> list[RunView]:
     """The series the figures draw: a run of several replicas as one series per replica (its first
     ``max_replicas``; each replica has its own clock from 0, so one series would interleave their iterations),
-    every other run as it is. When a run is split, every series gets its own style as :func:`run_views` gives
-    them; otherwise ``views`` is returned unchanged."""
+    a disaggregated run as one series per prefill and decode instance (its first :data:`MAX_INSTANCE_VIEWS`:
+    the instances run at once, so one series would join their iterations), every other run as it is. When a
+    run is split, every series gets its own style as :func:`run_views` gives them; otherwise ``views`` is
+    returned unchanged."""
     expanded = []
     for view in views:
-        replicas = replicas_of(view.result)
-        if len(replicas) <= 1:
-            expanded.append(view)
-        else:
+        replicas, instances = replicas_of(view.result), instances_of(view.result)
+        if len(replicas) > 1:
             expanded += [replace(view, label=f"{view.label} · replica {k}", replica=k) for k in replicas[:max_replicas]]
+        elif instances:
+            expanded += [replace(view, label=f"{view.label} · {role} {k}", role=role, instance=k)
+                         for role, k in instances[:MAX_INSTANCE_VIEWS]]
+        else:
+            expanded.append(view)
     if len(expanded) == len(views):
         return views
     return [replace(view, colour=RUN_COLOURS[i % len(RUN_COLOURS)], dash=RUN_DASHES[i % len(RUN_DASHES)],

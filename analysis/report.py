@@ -26,15 +26,23 @@ from analysis.figures import FIGURES, MAX_REPLICA_VIEWS, RunView, replica_views,
 from analysis.results import RunResult
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
-CONFIG_ROWS = (  # (label, config key)
-    ("policy", "policy"), ("model", "model"), ("GPU", "gpu"), ("tensor parallel", "tp"),
-    ("page size (bytes)", "page_size_bytes"), ("synchronous mapping", "sync_mapping"),
-    ("deferred reclaim", "deferred_reclaim"), ("scheduler", "scheduler"), ("token budget", "token_budget"),
-    ("request slots", "max_batch_slots"), ("memory utilisation", "memory_util_frac"),
-    ("slot length (tokens)", "slot_max_tokens"), ("preemption", "preemption"), ("seed", "seed"),
-    ("trace", "trace_source"),
-    ("VMM latencies", "vmm_latency_source"),
+CONFIG_ROWS = (  # (label, config key, policies it applies to: None = every policy)
+    ("policy", "policy", None), ("model", "model", None), ("GPU", "gpu", None), ("tensor parallel", "tp", None),
+    ("page size (bytes)", "page_size_bytes", ("vattention",)), ("synchronous mapping", "sync_mapping", ("vattention",)),
+    ("deferred reclaim", "deferred_reclaim", ("vattention",)), ("KV layout", "kv_layout", ("vattention",)),
+    ("block size (tokens)", "block_size_tokens", ("paged",)),
+    ("tokens reserved per request", "max_len_tokens", ("static",)),
+    ("scheduler", "scheduler", None), ("token budget", "token_budget", None),
+    ("request slots", "max_batch_slots", None), ("memory utilisation", "memory_util_frac", None),
+    ("slot length (tokens)", "slot_max_tokens", None), ("preemption", "preemption", None),
+    ("prefix caching", "prefix_caching", ("vattention", "paged")), ("seed", "seed", None),
+    ("trace", "trace_source", None),
+    ("VMM latencies", "vmm_latency_source", ("vattention",)), ("compute model", "compute_model", None),
 )
+DISAGG_ROWS = (("P:D", "pd"), ("GPUs", "gpus"), ("KV link", "kv_link"), ("KV streaming", "kv_stream"),
+               ("deployment", "label"), ("trace", "trace_source"))
+"""A disaggregated run's own settings (``kvsim simulate --pd``); each role's policy settings follow, from
+``config.json``'s ``prefill`` and ``decode`` sections."""
 # The page never scrolls sideways (checked at 1,400 px in tests/test_report_screens.py): long paths and labels
 # wrap anywhere, a table wider than the page scrolls inside its own box, plots take the page's width.
 STYLE = """
@@ -85,25 +93,73 @@ def _tidy(value):
     return value.item() if hasattr(value, "item") else value
 
 
+NOT_APPLICABLE = "n/a"
+"""A setting's cell for a run whose policy does not have it (another run of the table does)."""
+
+
+def run_settings(config: dict) -> dict[str, object]:
+    """A run's settings as ``{row label: value}``: the :data:`CONFIG_ROWS` that apply to its policy, and for a
+    disaggregated run (``config["disaggregated"]``) :data:`DISAGG_ROWS` then each role's rows, labelled
+    ``prefill: ...`` / ``decode: ...``."""
+    if config.get("disaggregated"):
+        settings = {name: config.get(key, "") for name, key in DISAGG_ROWS}
+        if isinstance(settings["KV link"], dict):        # the link's spec: its name (the rest is in config.json)
+            settings["KV link"] = settings["KV link"].get("name", "")
+        for role in ("prefill", "decode"):
+            own = run_settings({k: v for k, v in (config.get(role) or {}).items() if k != "trace_source"})
+            settings.update({f"{role}: {name}": value for name, value in own.items() if name != "trace"})
+        return settings
+    policy = config.get("policy", "vattention")
+    return {name: config.get(key, "") for name, key, policies in CONFIG_ROWS
+            if (policies is None or policy in policies) and (key in config or key in ("policy", "trace_source"))}
+
+
+def config_rows(runs: list[RunResult]) -> list[tuple[str, list]]:
+    """The Runs table: a directory row, then every setting that applies to at least one run's policy
+    (:func:`run_settings`), :data:`NOT_APPLICABLE` in the cells of the runs it does not apply to."""
+    per_run = [run_settings(r.config) for r in runs]
+    names = list(dict.fromkeys(name for settings in per_run for name in settings))
+    rows = [(name, [settings.get(name, NOT_APPLICABLE) for settings in per_run]) for name in names]
+    return [("directory", [str(r.path) if r.path else "(in memory)" for r in runs]), *rows]
+
+
 def summary_section(runs: list[RunResult], labels: list[str]) -> str:
     """The Runs and Summary sections: configuration, the comparison metrics, and every summary key."""
-    config_rows = [(name, [r.config.get(key, "") for r in runs]) for name, key in CONFIG_ROWS]
-    config_rows.insert(0, ("directory", [str(r.path) if r.path else "(in memory)" for r in runs]))
+    config_rows_ = config_rows(runs)
     table = comparison_table(dict(zip(labels, (r.summary for r in runs))))
     metric_rows = [(column, [_tidy(v) for v in table[column]]) for column in table.columns]
     keys = list(dict.fromkeys(k for r in runs for k in r.summary))
     all_rows = [(key, [r.summary.get(key, float("nan")) for r in runs]) for key in keys]
     note = ("<p class='note'>Highlighted rows differ between the runs.</p>" if len(runs) > 1 else "")
-    return (f"<h2>Runs</h2>{note}{html_table(config_rows, labels, mark_differences=True)}"
+    return (f"<h2>Runs</h2>{note}{html_table(config_rows_, labels, mark_differences=True)}"
             f"<h2>Summary</h2>{html_table(metric_rows, labels)}"
             f"<details><summary>every summary.json key</summary>{html_table(all_rows, labels)}</details>")
 
 
+def no_iterations_reason(run: RunResult) -> str:
+    """Why a run has no iterations, in words (for the header and the empty figures)."""
+    summary = run.summary
+    requests, rejected = int(summary.get("requests", 0)), int(summary.get("rejected", 0))
+    if requests == 0:
+        return "its workload has no requests"
+    if rejected == requests:
+        reasons = summary.get("rejected_by_reason") or {}
+        why = f" ({', '.join(f'{n:,} {r}' for r, n in sorted(reasons.items()))})" if reasons else ""
+        return f"all {requests:,} requests were rejected{why}"
+    return "no iteration was run"
+
+
 def figure_sections(views: list[RunView]) -> list[str]:
-    """One ``<section>`` per figure of :data:`analysis.figures.FIGURES` (plotly.js not included)."""
+    """One ``<section>`` per figure of :data:`analysis.figures.FIGURES` (plotly.js not included); series
+    without iterations are left out, and a figure with none left says so instead of drawing empty axes."""
     sections = []
+    drawn = [view for view in views if len(view.iterations)]
     for fig_id, heading, note, build in FIGURES:
-        div = pio.to_html(build(views), config=PLOT_CONFIG, include_plotlyjs=False, full_html=False,
+        if not drawn:
+            sections.append(f'<section id="section-{fig_id}"><h2>{html.escape(heading)}</h2>'
+                            f'<p class="note empty">Nothing to draw: no run has iterations.</p></section>')
+            continue
+        div = pio.to_html(build(drawn), config=PLOT_CONFIG, include_plotlyjs=False, full_html=False,
                           div_id=f"fig-{fig_id}")
         sections.append(f'<section id="section-{fig_id}"><h2>{html.escape(heading)}</h2>'
                         f'<p class="note">{html.escape(note)}</p>{div}</section>')
@@ -114,13 +170,21 @@ def _header(runs: list[RunResult], labels: list[str], views: list[RunView]) -> s
     items = "".join(f"<li><b>{html.escape(label)}</b> ({_style_name(view)}): <span class='path'>"
                     f"{html.escape(str(r.path or '(in memory)'))}</span>, "
                     f"{r.summary.get('requests', 0):,} requests, {r.summary.get('iterations', 0):,} iterations"
-                    f"{_replica_note(r)}</li>"
+                    f"{_replica_note(r)}{_empty_note(r)}</li>"
                     for r, label, view in zip(runs, labels, views))
     return (f"<h1>kvsim report</h1><ul>{items}</ul><p class='note'>Each run has its own colour, dash style and "
             f"marker. Timelines longer than {BAND_BUCKETS:,} points are drawn as the mean per time bucket "
             f"({BAND_BUCKETS:,} buckets) inside a shaded band from the bucket's minimum to its maximum; stacked "
             "areas are bucket means; every synchronous-mapping stall is drawn. Drag to zoom, double-click to "
             "reset; click a legend entry to hide it.</p>")
+
+
+def _empty_note(run: RunResult) -> str:
+    """For a run without iterations: a line saying so and why (its figures are left out)."""
+    if run.summary.get("iterations", 0):
+        return ""
+    return (f" <b class='empty'>&mdash; no iterations: {html.escape(no_iterations_reason(run))}; its figures are "
+            "empty</b>")
 
 
 def _replica_note(run: RunResult) -> str:

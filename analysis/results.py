@@ -18,7 +18,8 @@ import pandas as pd
 
 from sim.results.summary import (SUMMARY_ITERATION_COLUMNS, RunResult, _column, _percentiles,  # noqa: F401
                                  _prefix_summary, _tbt_summary, build_result, iteration_counts,
-                                 iteration_counts_of_file, summarize, tier_hit_ratios)
+                                 iteration_counts_of_file, summarize, tier_hit_ratios,
+                                 ROOFLINE_CAVEAT, compute_model_entry, compute_model_text)
 
 RUN_FILES = ("requests.parquet", "iterations.parquet", "summary.json", "config.json")
 

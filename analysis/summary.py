@@ -152,6 +152,7 @@ def print_summary(result, wall_s: float | None = None, out_dir: Path | None = No
     console.print(f"trace: {config.get('trace_source')}")
     console.print(f"model {config['model']} on {config['gpu']} (tp={config['tp']}{_pp(config.get('pp', 1))}), {_policy_line(config)}, "
                   f"scheduler {config['scheduler']} (budget {config['token_budget']}), seed {config['seed']}")
+    compute_line(console, result.summary)
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
@@ -169,12 +170,22 @@ def print_summary(result, wall_s: float | None = None, out_dir: Path | None = No
         console.print(f"simulated in {wall_s:.2f} s wall" + (f"; results in {out_dir}/" if out_dir else ""))
 
 
-def print_comparison(table, trace_source: str, base, wall_s: float, out_dir: Path) -> None:
-    """Print the comparison table with metrics as rows and policies as columns."""
+def compute_line(console: Console, summary: dict) -> None:
+    """Print which compute model produced the times (the summary's ``compute_model``, with the roofline's
+    caveat: :func:`analysis.results.compute_model_text`), when the summary records it."""
+    if summary.get("compute_model"):
+        console.print(f"compute model: {summary['compute_model']}", highlight=False)
+
+
+def print_comparison(table, trace_source: str, base, wall_s: float, out_dir: Path,
+                     summary: dict | None = None) -> None:
+    """Print the comparison table with metrics as rows and policies as columns; ``summary`` (one run's) names
+    the compute model every run used."""
     console = Console(width=max(100, 34 + 26 * len(table)))
     console.print(f"trace: {trace_source}")
     console.print(f"model {base.model} on {base.gpu} (tp={base.tp}{_pp(base.pp)}), scheduler {base.scheduler} "
                   f"(budget {base.token_budget}), max batch {base.max_batch_slots}, seed {base.seed}")
+    compute_line(Console(width=120, soft_wrap=True), summary or {})
     grid = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     grid.add_column("metric")
     for label in table.index:

@@ -21,6 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ``kvsim validate [--hw-run DIR] [--profile P] [--out DIR] [workload and config options]`` compares the
     simulator with a hardware replay (``docs/validation/README.md``).
     """
+    from analysis.flags import add_out, add_profile, add_quiet
     from sim.frontend.options import add_config_args
     from traces.workload import add_trace_args
     from hwbackend.calibration.vmm import add_arguments
@@ -30,6 +31,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                "kvsim-profile/1 JSON profile (docs/profile-format.md); with "
                                                "--compute, fit the compute model and add it to the profile.")
     add_arguments(parser)
+    for action in parser._actions:      # one spelling of a device for calibrate and validate: 0 or cuda:0
+        if "--device" in action.option_strings:
+            action.type, action.help = device_ordinal, "CUDA device: an ordinal or cuda:N"
+    _set_help(parser, "--force", "replace an existing --out profile as a whole (with --from-run: the profile's "
+                                 "compute_in_loop section)")
     parser.add_argument("--compute", action="store_true",
                         help="measure iteration times over a grid of batch shapes and fit the compute model")
     parser.add_argument("--model", default="llama-3-8b", help="model of --compute (catalogue name)")
@@ -37,8 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--from-run", action="append", default=None, metavar="RUN_DIR",
                         help="fit the compute model on a hardware replay's own iterations (repeatable; no GPU "
                              "needed) and add compute_in_loop / vmm_in_loop to the profile --out")
-    parser.add_argument("--grid", action="append", default=None, metavar="GRID_DIR",
-                        help="with --from-run: also fit on a calibration grid (python -m hwbackend.calibration.grid; "
+    parser.add_argument("--grid-dir", "--grid", dest="grid", action="append", default=None, metavar="GRID_DIR",
+                        help="(--grid: old spelling, deprecated; sweep's --grid is a grid axis) "
+                             "with --from-run: also fit on a calibration grid (python -m hwbackend.calibration.grid; "
                              "repeatable); each run carries equal weight, and the grids together as much as one run")
     parser.add_argument("--form", default="A", choices=("A", "B", "C", "D", "E", "auto"),
                         help="with --from-run: compute-model form to fit: A (roofline attention + longest-sequence "
@@ -60,23 +67,42 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_config_args(val)
     val.add_argument("--hw-run", default=None, help="hardware run directory (python -m hwbackend.replay.cli); "
                                                     "default: replay now on the GPU")
-    val.add_argument("--profile", default=None, help="calibration profile for the simulator (vmm + compute)")
-    val.add_argument("--out", default=None, help="directory for validation.md, errors.csv, overlay.html, new or "
-                                                 "empty (default: none with --hw-run, else runs/validate-<UTC time>)")
-    val.add_argument("--force", action="store_true",
-                     help="replace the kvsim result in --out as a whole (nothing else is ever deleted)")
-    val.add_argument("--device", default="cuda:0", help="device of a fresh replay")
+    add_profile(val)
+    add_out(val, "directory for validation.md, errors.csv, overlay.html, new or empty (default: none with --hw-run, "
+                 "else runs/validate-<UTC time>)")
+    add_quiet(val)
+    val.add_argument("--device", type=lambda text: f"cuda:{device_ordinal(text)}", default="cuda:0",
+                     help="CUDA device of a fresh replay: an ordinal or cuda:N")
     val.add_argument("--compute-model", choices=("auto", "in-loop", "tiled", "roofline"), default="auto",
                      help="simulator compute model from the profile: auto (the first present of compute_in_loop, "
                           "compute.tiled_roofline, compute.roofline; default), in-loop, tiled, or roofline")
     val.set_defaults(func=_validate)
 
 
+def device_ordinal(text: str) -> int:
+    """A CUDA device as ``calibrate --device`` and ``validate --device`` take it: ``0`` or ``cuda:0`` -> 0.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else (argparse names the flag).
+    """
+    digits = text.strip().lower().removeprefix("cuda:")
+    if not digits.isdigit():
+        raise argparse.ArgumentTypeError(f"not a CUDA device (0, 1, ... or cuda:N): {text!r}")
+    return int(digits)
+
+
+def _set_help(parser: argparse.ArgumentParser, flag: str, text: str) -> None:
+    """Replace the help of ``flag`` (an option another module added) with ``text``."""
+    for action in parser._actions:
+        if flag in action.option_strings:
+            action.help = text
+
+
 def _run(args: argparse.Namespace) -> int:
     if (args.grid or args.form != "A") and not args.from_run:
         import sys
 
-        print("kvsim calibrate: --grid and --form fit with --from-run RUN_DIR (a hardware replay; the grid alone "
+        print("kvsim: error: calibrate: --grid-dir and --form fit with --from-run RUN_DIR (a hardware replay; the grid alone "
               "is measured with python -m hwbackend.calibration.grid)", file=sys.stderr)
         return 2
     if args.from_vidur:
@@ -100,7 +126,7 @@ def _compute(args: argparse.Namespace) -> int:
             raise RuntimeError("torch sees no CUDA device")
         from hwbackend.calibration.compute import run_compute_calibration
     except Exception as exc:
-        print(f"kvsim calibrate --compute needs an NVIDIA GPU with torch: {exc}", file=sys.stderr)
+        print(f"kvsim: error: calibrate --compute needs an NVIDIA GPU with torch: {exc}", file=sys.stderr)
         return 2
     sections = run_compute_calibration(args.model, args.out, f"cuda:{args.device}", paged=not args.no_paged,
                                        created_by=" ".join(["kvsim", *sys.argv[1:]]))
@@ -120,18 +146,18 @@ def _from_vidur(args: argparse.Namespace) -> int:
     from hwbackend.calibration.vidur import VidurError, default_provenance, import_directory
 
     if args.compute or args.from_run:
-        print("kvsim calibrate: --from-vidur imports saved CSVs; leave out --compute and --from-run", file=sys.stderr)
+        print("kvsim: error: calibrate: --from-vidur imports saved CSVs; leave out --compute and --from-run", file=sys.stderr)
         return 2
     root = Path(args.from_vidur)
     if not root.is_dir():
-        print(f"kvsim calibrate: --from-vidur {root}: not a directory (a microsoft/vidur checkout)", file=sys.stderr)
+        print(f"kvsim: error: calibrate: --from-vidur {root}: not a directory (a microsoft/vidur checkout)", file=sys.stderr)
         return 2
     out_dir = Path(args.out) if args.out and not str(args.out).endswith(".json") else Path("profiles")
     try:
         written = import_directory(root, out_dir, default_provenance(root, " ".join(["kvsim", *sys.argv[1:]])),
                                    force=args.force)
     except VidurError as exc:
-        print(f"kvsim calibrate: {exc}", file=sys.stderr)
+        print(f"kvsim: error: calibrate: {exc}", file=sys.stderr)
         return 1 if "pass --force" in str(exc) else 2
     for path in written:
         print(f"wrote {path}")
@@ -149,12 +175,12 @@ def _from_runs(args: argparse.Namespace) -> int:
     from hwbackend.calibration.inloop import InLoopError, calibrate_from_runs
 
     if args.compute:
-        print("kvsim calibrate: --from-run fits on saved runs; leave out --compute", file=sys.stderr)
+        print("kvsim: error: calibrate: --from-run fits on saved runs; leave out --compute", file=sys.stderr)
         return 2
     out = Path(args.out)
     if not out.is_file():
         what = "is a directory" if out.is_dir() else "does not exist"
-        print(f"kvsim calibrate: --from-run adds to an existing profile (its vmm section and page-group growths are "
+        print(f"kvsim: error: calibrate: --from-run adds to an existing profile (its vmm section and page-group growths are "
               f"needed): {out} {what}; pass --out PROFILE, e.g. a copy of the GPU's VMM profile "
               f"(cp profiles/h200.json {out if not out.is_dir() else 'my-h200.json'}, then --force to replace its fit)",
               file=sys.stderr)
@@ -162,32 +188,32 @@ def _from_runs(args: argparse.Namespace) -> int:
     try:
         profile = json.loads(out.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        print(f"kvsim calibrate: cannot read the profile {out}: {exc}", file=sys.stderr)
+        print(f"kvsim: error: calibrate: cannot read the profile {out}: {exc}", file=sys.stderr)
         return 2
     if not isinstance(profile, dict) or profile.get("format") != "kvsim-profile/1" or not isinstance(
             profile.get("vmm"), dict):
-        print(f"kvsim calibrate: {out} is not a kvsim-profile/1 profile with a vmm section (kvsim calibrate writes "
+        print(f"kvsim: error: calibrate: {out} is not a kvsim-profile/1 profile with a vmm section (kvsim calibrate writes "
               "one on the GPU; docs/profile-format.md)", file=sys.stderr)
         return 2
     if "compute_in_loop" in profile and not args.force:
-        print(f"kvsim calibrate: {out} already holds compute_in_loop; pass --force to replace it", file=sys.stderr)
+        print(f"kvsim: error: calibrate: {out} already holds compute_in_loop; pass --force to replace it", file=sys.stderr)
         return 1
     try:
         sections = calibrate_from_runs(args.from_run, profile, command=" ".join(["kvsim", *sys.argv[1:]]),
                                        grid_dirs=args.grid or [], form=args.form)
     except InLoopError as exc:
-        print(f"kvsim calibrate: {exc}", file=sys.stderr)
+        print(f"kvsim: error: calibrate: {exc}", file=sys.stderr)
         return 2
     if "vmm_in_loop" in profile and "vmm_in_loop" not in sections:
-        print("kvsim calibrate: note: no run mapped synchronously, so the profile's vmm_in_loop is removed "
+        print("kvsim: note: no run mapped synchronously, so the profile's vmm_in_loop is removed "
               "(it belonged to the replaced fit)", file=sys.stderr)
     missing_context = [r["dir"] for r in sections["compute_in_loop"]["runs"] if not r["max_context_logged"]]
     if missing_context:
-        print(f"kvsim calibrate: warning: {', '.join(missing_context)}: shapes.parquet has no max_context_tokens "
+        print(f"kvsim: warning: {', '.join(missing_context)}: shapes.parquet has no max_context_tokens "
               "(older replays), so wave_us_per_token (the longest sequence's cost) is not fitted", file=sys.stderr)
     no_blocks = [r["dir"] for r in sections["compute_in_loop"]["runs"] if not r.get("block_terms_logged", True)]
     if no_blocks and sections["compute_in_loop"].get("form", "A") != "A":
-        print(f"kvsim calibrate: warning: {', '.join(no_blocks)}: shapes.parquet has no attention_blocks / block_keys "
+        print(f"kvsim: warning: {', '.join(no_blocks)}: shapes.parquet has no attention_blocks / block_keys "
               "(replays before 2026-12-01), so the block form estimates them for those runs' iterations (one block "
               "per 128 chunk tokens over cached + new keys, low for long chunks)", file=sys.stderr)
     profile.pop("vmm_in_loop", None)
@@ -198,7 +224,7 @@ def _from_runs(args: argparse.Namespace) -> int:
           f"{len(fit['runs'])} run(s); fit error (|model / measured - 1|) {json.dumps(fit['fit_error'].get('all_corrected', fit['fit_error']['all']))}")
     total = sum(r["iterations"] for r in fit["runs"])
     if total < MIN_ITERATIONS:
-        print(f"kvsim calibrate: warning: {total} iterations are few for {len(fit['params'])} fitted fields; "
+        print(f"kvsim: warning: {total} iterations are few for {len(fit['params'])} fitted fields; "
               f"a replay of a few minutes gives >= {MIN_ITERATIONS:,}", file=sys.stderr)
     if "vmm_in_loop" in sections:
         v = sections["vmm_in_loop"]
@@ -209,15 +235,18 @@ def _from_runs(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     """``kvsim validate``; a bad run directory, ``--profile`` or ``--out`` (ValueError / OSError, the message
-    naming the file, field and value) prints one ``kvsim validate: ...`` line and exits 2."""
+    naming the file, field and value) prints one ``kvsim: error: ...`` line and exits 2."""
     import sys
 
     from hwbackend.calibration.validate import command
 
+    from analysis.flags import ERROR_PREFIX, Progress
+
     try:
-        return command(args)
+        with Progress(None, args.quiet, "validating (simulation; replay without --hw-run)"):
+            return command(args)
     except BrokenPipeError:
         raise  # cli.main: output piped into e.g. head, not an error
     except (ValueError, OSError) as exc:
-        print(f"kvsim validate: {exc}", file=sys.stderr)
+        print(f"{ERROR_PREFIX}{exc}", file=sys.stderr)
         return 2

@@ -137,7 +137,7 @@ def test_calibrate_grid_needs_a_run(capsys):
     from cli import main
 
     assert main(["calibrate", "--grid", "docs/validation/cross-workload/grid", "--out", "x.json"]) == 2
-    assert "--grid and --form fit with --from-run" in capsys.readouterr().err
+    assert "--grid-dir and --form fit with --from-run" in capsys.readouterr().err
 
 
 def test_simulator_passes_the_block_terms_of_each_iteration():

@@ -320,7 +320,6 @@ def test_simulate_pd_writes_a_run_with_transfers_and_role_tables(tmp_path, capsy
     (["--kv-link", "ib"], ["--kv-link", "--pd"]),
     (["--pd", "1:1", "--prefill-tp", "3"], ["--prefill-tp 3"]),
     (["--pd", "1:1", "--decode-policy", "paged:prefix=on"], ["prefix caching"]),
-    (["--pd", "1:1", "--report"], ["--report"]),
 ])
 def test_simulate_pd_bad_input_is_one_line(tmp_path, capsys, argv, words):
     from cli import main

@@ -58,7 +58,7 @@ def test_simulate_refuses_a_max_context_beyond_the_model_and_the_override_is_rec
 
 @pytest.mark.parametrize("command, out_flag", [
     (["compare", "--policy", "vattention", "--policy", "paged", "--workers", "1"], "--out"),
-    (["capacity", "--slo", "ttft_p99=2s", "--quiet"], "--json"),
+    (["capacity", "--slo", "ttft_p99=2s", "--quiet"], "--out"),
     (["sweep", "--grid", "seed=0,1", "--quiet", "--workers", "1"], "--out"),
 ])
 def test_every_command_with_max_context_refuses_it_beyond_the_model(tmp_path, long_trace, capsys, command, out_flag):
@@ -96,7 +96,7 @@ def no_work(monkeypatch):
 WRITERS = {  # command -> (argv before the output flag, output flag)
     "simulate": (["simulate", "--num-requests", "5"], "--out"),
     "compare": (["compare", "--policy", "vattention", "--policy", "paged", "--num-requests", "5"], "--out"),
-    "capacity": (["capacity", "--slo", "ttft_p99=2s", "--num-requests", "5"], "--json"),
+    "capacity": (["capacity", "--slo", "ttft_p99=2s", "--num-requests", "5"], "--out"),
     "sweep": (["sweep", "--grid", "seed=0", "--num-requests", "5"], "--out"),
     "report": (["report", "some-run"], "--out"),
     "traces convert": (["traces", "convert", "some.csv"], "--out"),

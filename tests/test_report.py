@@ -65,9 +65,9 @@ def test_each_figure_has_its_traces_per_run(small_runs, num_runs):
 
 def test_runs_have_one_colour_each_and_share_the_axes(small_runs):
     views = run_views([load_run(p) for p in small_runs], ["async", "sync"])
-    fig = latency_figure(views)   # per run: min/max band, line, stall markers
+    fig = latency_figure(views)   # every run's band, then every run's line on top, then the stall markers
     assert [t.line.color if t.mode == "lines" else t.marker.color for t in fig.data] == [
-        views[0].colour] * 3 + [views[1].colour] * 3
+        views[0].colour, views[1].colour] * 3
     assert views[0].colour != views[1].colour
     assert {t.xaxis for t in fig.data} == {None}   # one set of axes (plotly's default x)
 
@@ -177,3 +177,83 @@ def test_a_multi_replica_run_is_drawn_one_series_per_replica():
     assert {t.name for t in fig.data if t.name} >= {"six · replica 3", "single"}
     html = build_report_html([single, multi])
     assert "6 replicas, figures draw replicas 0, 1, 2, 3 as series of their own (the tables hold all)" in html
+
+
+# ---- issue 36, item 14: --pd runs, idle gaps, runs without iterations, settings per policy, band under lines --
+from analysis.figures import BAND_OPACITY, idle_cuts, replica_views  # noqa: E402
+from analysis.report import NOT_APPLICABLE, config_rows, run_settings  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pd_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pd") / "run"
+    assert main(["simulate", "--pd", "1:2", "--num-requests", "40", "--out", str(out), "--quiet"]) == 0
+    return load_run(out)
+
+
+def test_a_pd_report_fills_its_tables_and_draws_each_instance_apart(pd_run):
+    views = replica_views(run_views([pd_run], ["pd"]))
+    assert [v.label for v in views] == ["pd · prefill 0", "pd · decode 0", "pd · decode 1"]
+    for view in views:        # each series holds only its instance's iterations, and its own pool size
+        assert set(view.iterations["role"]) == {view.role} and set(view.iterations["instance"]) == {view.instance}
+        assert view.page_group_gib == pytest.approx(128 / 1024)        # 2 MiB pages x 64 sub-tensors (8B)
+    assert sum(len(v.iterations) for v in views) == len(pd_run.iterations)
+    settings = run_settings(pd_run.config)
+    assert settings["P:D"] == "1:2" and settings["GPUs"] == 3 and settings["KV link"] == "ib"
+    assert settings["prefill: policy"] == settings["decode: policy"] == "vattention"
+    page = build_report_html([pd_run])
+    assert "prefill: page size (bytes)" in page and "decode 1" in page and "prefill 0" in page
+    assert "TTFT p99 (ms)" in page                    # the summary table is filled from summary.json
+
+
+def test_lines_break_at_idle_gaps_and_nowhere_else():
+    x = np.array([0.0, 1.0, 2.0, 100.0, 101.0])       # busy 0-3 s, idle 3-100 s, busy again
+    ends = x + 1.0                                     # back-to-back 1 s iterations within a busy period
+    assert idle_cuts(x, ends, gap=0.1).tolist() == [3]
+    run = synthetic_run(50, num_stalls=0)
+    it = run.iterations
+    late = it.index >= 25                              # the second half starts 60 s after the first ends
+    it.loc[late, "start_at_us"] += 60e6
+    fig = latency_figure(run_views([run], ["gap"]))
+    line = next(t for t in fig.data if t.mode == "lines" and t.fill != "toself")
+    y = np.asarray(line.y, dtype=float)
+    assert np.isnan(y).sum() == 1 and np.isnan(y[25]) and len(y) == 51
+
+
+def test_a_run_without_iterations_says_so():
+    req = pd.DataFrame(0, index=np.arange(3), columns=list(REQUEST_COLUMNS)).assign(
+        status="rejected", reject_reason="slot", arrival_at_us=[0.0, 1.0, 2.0])
+    it = pd.DataFrame({c: pd.Series(dtype=float) for c in ITERATION_COLUMNS})
+    counters = {"sync_map_page_groups": 0, "bg_map_page_groups": 0, "sync_unmap_page_groups": 0,
+                "bg_unmap_page_groups": 0, "pool_page_groups": 900}
+    empty = RunResult(req, it, summarize(req, it, counters, CONFIG), CONFIG)
+    page = build_report_html([empty])
+    assert "no iterations: all 3 requests were rejected" in page
+    assert page.count("Nothing to draw: no run has iterations.") == len(FIGURES)
+    with_one = build_report_html([empty, synthetic_run(100, 3)])    # the other run is still drawn
+    assert "Nothing to draw" not in with_one and "no iterations: all 3 requests" in with_one
+
+
+def test_the_run_table_shows_only_the_settings_of_each_policy():
+    vat = {"policy": "vattention", "page_size_bytes": 2**21, "sync_mapping": False, "block_size_tokens": 16,
+           "max_len_tokens": None, "model": "m"}
+    paged = {**vat, "policy": "paged"}
+    assert "block size (tokens)" not in run_settings(vat) and "page size (bytes)" in run_settings(vat)
+    assert "page size (bytes)" not in run_settings(paged) and run_settings(paged)["block size (tokens)"] == 16
+    rows = dict(config_rows([RunResult(None, None, {}, vat), RunResult(None, None, {}, paged)]))
+    assert rows["page size (bytes)"] == [2**21, NOT_APPLICABLE] and rows["block size (tokens)"] == [NOT_APPLICABLE, 16]
+    assert "tokens reserved per request" not in rows       # no static run in the table
+
+
+def test_bands_are_light_and_under_every_line(small_runs):
+    fig = latency_figure(run_views([load_run(p) for p in small_runs], ["async", "sync"]))
+    kinds = ["band" if t.fill == "toself" else t.mode for t in fig.data]
+    assert kinds == ["band", "band", "lines", "lines", "markers", "markers"]
+    assert BAND_OPACITY <= 0.1 and fig.data[0].fillcolor.endswith(f"{BAND_OPACITY})")
+
+
+def test_simulate_pd_report_writes_the_instances_report(tmp_path):
+    out = tmp_path / "pd"
+    assert main(["simulate", "--pd", "1:1", "--num-requests", "20", "--out", str(out), "--quiet", "--report"]) == 0
+    page = (out / "report.html").read_text()
+    assert "prefill 0" in page and "decode 0" in page and "P:D" in page

@@ -101,7 +101,7 @@ def test_report_loads_without_errors_and_draws_every_figure(two_runs, report, tm
     figures = result["figures"]
     assert {fig_id: f["traces"] for fig_id, f in figures.items()} == {f"fig-{k}": 2 * n for k, n in per_run.items()}
     assert all(f["drawn"] for f in figures.values())
-    # trace 5 of the latency figure (band, line, markers per run) is the sync run's stall markers: one drawn
+    # trace 5 of the latency figure (every run's band, then lines, then markers) is the sync run's stall markers: one drawn
     # point per stalled iteration
     stalls = int((load_run(two_runs[1]).iterations["sync_stall_us"] > 0).sum())
     assert stalls > 0 and figures["fig-latency"]["points"][5] == stalls

@@ -1,4 +1,4 @@
-"""``kvsim validate --hw-run`` on malformed input: one ``kvsim validate: ...`` line naming the file, the field /
+"""``kvsim validate --hw-run`` on malformed input: one ``kvsim: error: ...`` line naming the file, the field /
 column / row and the value, exit status 2, nothing simulated (every check runs before the simulation, so these
 tests take milliseconds each). The runs are tmp_path copies of a committed hardware run, corrupted one way each."""
 from __future__ import annotations
@@ -48,7 +48,7 @@ def refused(capsys, *argv: str) -> str:
     captured = capsys.readouterr()
     assert captured.out == ""
     lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("kvsim validate: "), captured.err
+    assert len(lines) == 1 and lines[0].startswith("kvsim: error: "), captured.err
     assert "Traceback" not in captured.err
     return lines[0]
 
@@ -177,7 +177,7 @@ def test_out_and_profile_are_checked_before_simulating(run, tmp_path, capsys):
     user_file = tmp_path / "passwd"
     user_file.write_text("keep me\n")
     assert refused(capsys, "--hw-run", str(run), "--out", str(user_file)) == \
-        f"kvsim validate: --out {user_file} is a file, not a directory"
+        f"kvsim: error: --out {user_file} is a file, not a directory"
     assert f"{user_file} is not a directory" in refused(capsys, "--hw-run", str(run), "--out", str(user_file / "sub"))
     assert user_file.read_text() == "keep me\n"
     done = tmp_path / "done"
@@ -187,7 +187,7 @@ def test_out_and_profile_are_checked_before_simulating(run, tmp_path, capsys):
     assert f"--out {done} holds files named like a kvsim result (validation.md)" in line and "--force" in line
     assert (done / "validation.md").read_text() == "an earlier validation\n"
     line = refused(capsys, "--hw-run", str(run), "--profile", str(tmp_path))
-    assert line == (f"kvsim validate: --profile {tmp_path} is a directory, not a profile JSON file (kvsim calibrate "
+    assert line == (f"kvsim: error: --profile {tmp_path} is a directory, not a profile JSON file (kvsim calibrate "
                     "writes one, e.g. profiles/h200.json)")
     assert f"{tmp_path / 'none.json'}" in refused(capsys, "--hw-run", str(run), "--profile", str(tmp_path / "none.json"))
     # the run itself is checked before the simulation too, whatever --out says

@@ -43,8 +43,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                              "counts served requests only (default: refuse, naming how many and why)")
     parser.add_argument("--policy", default=None, help="memory policy spec, e.g. vattention:page=256KiB | paged:block=16 "
                                                        "| static (keys: 'kvsim compare --help') (default: vattention)")
-    parser.add_argument("--profile", default=None, help="calibration profile JSON for VMM latencies (default: the "
-                                                         "built-in H200 latencies)")
+    from analysis.flags import add_profile, add_quiet
+    add_profile(parser)
     parser.add_argument("--slo", default=None, help="objectives METRIC=DURATION,...: metrics ttft|tpot|e2e|tbt|"
                                                     "sched_delay _p50|_p90|_p99|_mean and tbt_max, durations with a "
                                                     "unit, e.g. ttft_p99=2s,tbt_p99=100ms; ttft|tpot|e2e alone bound each "
@@ -60,7 +60,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stability-tol", type=_fraction, default=0.05,
                         help="max TTFT growth per second of trace time in the steady state (0.05 = the server keeps "
                              "up with >= 95%% of the offered rate)")
-    parser.add_argument("--quiet", action="store_true", help="no per-step / per-point lines")
+    add_quiet(parser)
 
 
 def register(subparsers) -> None:
@@ -80,9 +80,11 @@ def register(subparsers) -> None:
     cap.add_argument("--workers", type=int, default=1, metavar="N",
                      help="evaluate up to N candidate rates at once on a local process pool (the same answer and "
                           "steps as the serial search; points off its path are computed and discarded)")
-    cap.add_argument("--json", default=None, metavar="FILE",
-                     help="also write the result (and every step) as JSON (default: none)")
-    cap.add_argument("--force", action="store_true", help="replace an existing --json file")
+    from analysis.flags import FORCE_HELP, add_out
+    cap.add_argument("--out", dest="json", default=None, metavar="FILE",
+                     help="also write the result (and every step) as a JSON file (default: none)")
+    cap.add_argument("--json", dest="json", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # deprecated: --out
+    cap.add_argument("--force", action="store_true", help=FORCE_HELP)
     from sim.frontend.disagg_options import add_disagg_args
     add_disagg_args(cap, search=True)
     cap.set_defaults(func=cmd_capacity)
@@ -98,11 +100,8 @@ def register(subparsers) -> None:
                        help="local: process pool on this machine; ray: Ray tasks")
     sweep.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local instance)")
     sweep.add_argument("--workers", type=int, default=None, help="parallel processes / local Ray CPUs (default: all cores)")
-    sweep.add_argument("--out", required=True,
-                       help="output directory: new, empty, or a sweep to resume (its finished points are kept)")
-    sweep.add_argument("--force", action="store_true",
-                       help="start afresh: replace the kvsim result in --out as a whole once the sweep is done (no "
-                            "point is reused; a directory holding anything but a kvsim result is refused)")
+    add_out(sweep, "output directory: new, empty, or a sweep to resume (its finished points are kept)",
+            required=True, force_extra="start afresh, once the sweep is done (no point is reused)")
     _add_common(sweep)
     add_disagg_args(sweep)
     sweep.set_defaults(func=cmd_sweep)
@@ -132,7 +131,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         return cmd_capacity_disagg(args)
     if args.json is not None:
         from analysis.output import check_out_file, command_inputs
-        check_out_file(args.json, args.force, "--json", inputs=command_inputs(args))
+        check_out_file(args.json, args.force, "--out", inputs=command_inputs(args))
     slos = search_objectives(args)
     config = config_from_args(args)
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
@@ -149,6 +148,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         print(f"kvsim: note: {note}", file=sys.stderr)
     print(f"capacity search: {config.model} on {config.gpu} (tp={config.tp}{f', pp={config.pp}' if config.pp > 1 else ''}), {config.label}, "
           f"{len(trace):,} requests of {trace.attrs.get('source', 'trace')}")
+    from analysis.results import compute_model_text
+    from sim.core.runner import compute_model_source
+    print(f"compute model: {compute_model_text(compute_model_source(config, args.profile)[1], config.gpu)}")
     print(f"SLOs: {', '.join(map(str, slos))}; stable: TTFT growth <= {args.stability_tol:g} s/s; "
           f"tolerance {args.tolerance:.1%}")
     if slos[-1].metric == "sched_delay_p50" and "sched_delay" not in args.slo:
@@ -157,11 +159,19 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     if not args.quiet:                # --quiet: no per-step lines, so no header for them either
         print(_step_header(slos))
     numbers = itertools.count(1)
-    on_step = None if args.quiet else (lambda e: print(_step_line(next(numbers), e, slos), flush=True))
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    result = find_capacity(config, trace, slos, args.tolerance, args.profile, args.stability_tol, on_step,
-                           allow_rejected=args.allow_rejected, workers=args.workers)
+    from analysis.flags import Progress
+    with Progress(None, args.quiet, "capacity search: simulations done") as progress:
+        def on_step(evaluation) -> None:
+            number = next(numbers)
+            if not args.quiet:
+                print(_step_line(number, evaluation, slos), flush=True)
+            if progress is not None:
+                progress(number)
+        result = find_capacity(config, trace, slos, args.tolerance, args.profile, args.stability_tol,
+                               None if args.quiet else on_step, allow_rejected=args.allow_rejected,
+                               workers=args.workers)
     for line in capacity_lines(result, args.target_rate):
         print(line)
     if result.best is not None:
@@ -318,6 +328,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
           f"{failed} failed, {time.perf_counter() - started:.1f} s wall ({args.executor})")
     for _, row in table[table["status"] != "ok"].iterrows():
         print(f"  failed: {' '.join(f'{a}={row[a]}' for a in grid)}: {row['error']}")
+    if "compute_model" in table:      # which compute model produced the points' times (one line per model)
+        for model in table["compute_model"].dropna().unique():
+            print(f"compute model: {model}")
     from analysis.planning.cost import cheapest_line
     print(cheapest_line(table, list(grid)))
     print("wrote " + ", ".join(str(f) for f in files))

@@ -391,7 +391,7 @@ def command(args) -> int:
     check_profile(args.profile)
     if args.hw_run is None and _replay_unavailable() is not None:
         import sys
-        print(f"kvsim validate: no --hw-run and no usable GPU ({_replay_unavailable()}); pass --hw-run DIR",
+        print(f"kvsim: error: validate: no --hw-run and no usable GPU ({_replay_unavailable()}); pass --hw-run DIR",
               file=sys.stderr)
         return 2
     hw_dir = args.hw_run

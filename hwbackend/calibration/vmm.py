@@ -370,7 +370,7 @@ def command(args: argparse.Namespace, prog: str = "kvsim") -> int:
     """
     out = Path(args.out)
     if out.exists() and not args.force:
-        print(f"{out} exists; pass --force to overwrite it", file=sys.stderr)
+        print(f"kvsim: error: --out {out} exists; pass --force to overwrite it", file=sys.stderr)
         return 1
     try:
         page_sizes = parse_page_sizes(args.page_sizes)
@@ -384,7 +384,7 @@ def command(args: argparse.Namespace, prog: str = "kvsim") -> int:
         profile = run_calibration(page_sizes, args.samples, tuple(m for m in args.models.split(",") if m),
                                   created_by=created_by, under_load=not args.no_load, device_ordinal=args.device)
     except GpuUnavailableError as exc:
-        print(f"kvsim calibrate needs an NVIDIA GPU with CUDA VMM support: {exc}", file=sys.stderr)
+        print(f"kvsim: error: calibrate needs an NVIDIA GPU with CUDA VMM support: {exc}", file=sys.stderr)
         return 2
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(profile, indent=1) + "\n")

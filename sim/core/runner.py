@@ -189,6 +189,26 @@ def profile_config_overrides(config: SimConfig, profile_path: str | None) -> Sim
     return config.with_overrides(overrides) if overrides else config
 
 
+def compute_model_source(config: SimConfig, profile_path: str | None,
+                         compute_model: str = "auto") -> tuple[str, str]:
+    """Which compute model a run of ``config`` uses: ``(chosen, description)``, ``chosen`` one of
+    :data:`COMPUTE_MODELS` but ``auto``, ``description`` as recorded in ``config.json``'s ``compute_model``,
+    e.g. ``"roofline (built-in defaults)"`` or ``"in-loop (compute_in_loop of profiles/h200.json)"``.
+
+    Raises:
+        ProfileError / ValueError: as :func:`resolve_compute_model` (an unreadable profile, a missing section).
+    """
+    if not profile_path:
+        return compute_model, "roofline (built-in defaults)"
+    profile = read_profile(profile_path)
+    chosen = resolve_compute_model(profile, compute_model, config)
+    section = {"in-loop": "compute_in_loop", "tiled": "compute.tiled_roofline", "roofline": "compute.roofline"}
+    other_gpu = measured_on_other_gpu(profile, config)
+    if other_gpu and chosen == "roofline":
+        return chosen, f"roofline (built-in defaults: {profile_path}'s compute fits were measured on {other_gpu})"
+    return chosen, f"{chosen} ({section[chosen]} of {profile_path})"
+
+
 def run_simulation(config: SimConfig, trace: pd.DataFrame, profile_path: str | None = None,
                    progress: Callable[[int, int], None] | None = None, extra_config: dict | None = None,
                    compute_model: str = "auto", records_path: str | None = None) -> RunResult:
@@ -196,15 +216,7 @@ def run_simulation(config: SimConfig, trace: pd.DataFrame, profile_path: str | N
     ``compute_model`` chooses the profile's compute section (see :func:`compute_overrides`); ``records_path``
     streams the per-iteration records into that Parquet file as the run goes (memory stays flat)."""
     config = profile_config_overrides(config, profile_path)
-    if profile_path:
-        profile = read_profile(profile_path)
-        chosen = resolve_compute_model(profile, compute_model, config)
-        section = {"in-loop": "compute_in_loop", "tiled": "compute.tiled_roofline", "roofline": "compute.roofline"}
-        other_gpu = measured_on_other_gpu(profile, config)
-        resolved = (f"roofline (built-in defaults: {profile_path}'s compute fits were measured on {other_gpu})"
-                    if other_gpu and chosen == "roofline" else f"{chosen} ({section[chosen]} of {profile_path})")
-    else:
-        chosen, resolved = compute_model, "roofline (built-in defaults)"
+    chosen, resolved = compute_model_source(config, profile_path, compute_model)
     vmm, compute = load_models(config, profile_path, chosen)
     if config.tp > 1 and vmm.tp_worker_scale.get(config.tp, 1.0) != 1.0:
         vmm.source += f", each of {config.tp} workers x{vmm.tp_worker_scale[config.tp]:g} (vmm_tp)"

@@ -196,6 +196,7 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
         **_prefix_summary(requests, finished, counters, calls_per_group),
         **_tier_summary(requests, counters),
     }
+    summary.update(compute_model_entry(config))     # which compute model produced the times (issue 36)
     return summary
 
 
@@ -232,6 +233,25 @@ def _prefix_summary(requests: pd.DataFrame, finished: pd.DataFrame, counters: di
             "prefix_map_calls_added": int(counters["prefix_shared_maps"] * calls_per_group),
             "prefix_cow_tokens": int(counters["prefix_cow_tokens"]), "cow_copy_bytes": int(counters.get("cow_bytes", 0)),
             "prefix_evictions": int(counters["prefix_evictions"])}
+
+
+ROOFLINE_CAVEAT = "not validated for {gpu} with a serving engine (docs/validation/README.md; --profile for a fit)"
+"""Said beside a roofline's times: the built-in roofline's efficiencies come from four H200 decode iterations
+(domain.md), and a profile's ``compute.roofline`` from an isolated grid, neither from an engine's iterations."""
+
+
+def compute_model_text(description: str, gpu: str) -> str:
+    """The summary's ``compute_model``: ``description`` (``config.json``'s ``compute_model``, as
+    :func:`sim.core.runner.compute_model_source` writes it) with :data:`ROOFLINE_CAVEAT` for a roofline."""
+    return f"{description}; {ROOFLINE_CAVEAT.format(gpu=gpu)}" if description.startswith("roofline") else description
+
+
+def compute_model_entry(config: dict) -> dict:
+    """``{"compute_model": text}`` (:func:`compute_model_text`) when ``config`` records its compute model
+    (``config.json`` of :func:`sim.core.runner.run_simulation`), else ``{}``."""
+    if not isinstance(config.get("compute_model"), str):
+        return {}
+    return {"compute_model": compute_model_text(config["compute_model"], str(config.get("gpu", "this GPU")))}
 
 
 def _tier_summary(requests: pd.DataFrame, counters: dict) -> dict:
