@@ -184,3 +184,10 @@ def test_the_size_check_sees_a_long_module_and_a_long_class(tmp_path):
     (tmp_path / "pkg" / "klass.py").write_text("class Big:\n" + "    x = 1\n" * 300 + "class Small:\n    y = 2\n")
     (tmp_path / "pkg" / "fits.py").write_text("class Fits:\n" + "    x = 1\n" * 299)
     assert _oversized(tmp_path / "pkg", tmp_path) == {"pkg/long.py", "pkg/klass.py:Big"}
+
+
+def test_paths_anchored_at_the_repository_root_still_find_it_after_the_move():
+    """sim.setup.model_files resolves ``models/x.json`` against the repository root, and catalogue default
+    profiles live in its ``profiles/``: the anchors must be the root (where pyproject.toml is), not ``sim/``."""
+    from sim.setup import model_files
+    assert (model_files.REPO_ROOT / "pyproject.toml").is_file() and (model_files.REPO_ROOT / "profiles").is_dir()

@@ -199,12 +199,14 @@ def _wait_completed(executor: Any, iteration: int, timeout_s: float = 10.0) -> N
 
 
 def run_grid(model_name: str, out_dir: str | Path, device: str = "cuda:0", max_context: int = 65536,
-             warmup_s: float = 10.0, command: str = "", point_set: str = "base") -> Path:
+             warmup_s: float = 10.0, command: str = "", point_set: str = "base", compute: str = "harness") -> Path:
     """Measure the grid on ``device`` and write ``grid.parquet`` and ``grid.json`` (model, configuration,
     GPU, torch, timings) into ``out_dir`` (created; refused if it already holds a ``grid.parquet``).
 
     The configuration is the replay's defaults for ``model_name`` with ``max_context`` tokens per slot
     (``allow_long_context``), 256 slots and synchronous mapping; decode graphs are captured for 1..256.
+    ``compute``: the replay's decoder (:data:`hwbackend.replay.engine.COMPUTE_MODES`: ``harness`` or ``engine``),
+    recorded in ``grid.json`` so that a fit knows which kernels it describes.
 
     Raises:
         FileExistsError: ``out_dir`` already holds a grid. RuntimeError: CUDA / VMM errors, a point that does
@@ -217,7 +219,8 @@ def run_grid(model_name: str, out_dir: str | Path, device: str = "cuda:0", max_c
 
     from hwbackend.replay.cli import choose_attention, warm_up
     from hwbackend.replay.kv import open_kv
-    from hwbackend.replay.model import DecoderModel, capture_decode_graphs
+    from hwbackend.replay.engine import build_model
+    from hwbackend.replay.model import capture_decode_graphs
     from sim.setup.config import SimConfig
 
     out = Path(out_dir)
@@ -227,11 +230,12 @@ def run_grid(model_name: str, out_dir: str | Path, device: str = "cuda:0", max_c
     config = SimConfig(model=model_name, sync_mapping=True, max_context_tokens=max_context, allow_long_context=True)
     shape = config.model_spec.per_worker(config.tp)
     started = time.perf_counter()
-    model = DecoderModel(shape, device=device, seed=config.seed)
+    model = build_model(compute, shape, device, config.seed)
     model.attention, check = choose_attention(model, "auto")
     warm_forwards = warm_up(model, warmup_s)
     kv = open_kv(config, shape, device)
-    meta: dict = {"model": model_name, "max_context_tokens": max_context, "attention_backend": model.attention,
+    meta: dict = {"model": model_name, "compute": compute, "max_context_tokens": max_context,
+                  "attention_backend": model.attention,
                   "warmup_forwards": warm_forwards, "command": command, **check}
     try:
         meta["graph_capture_s"] = round(capture_decode_graphs(model, kv, config.max_batch_slots), 1)
@@ -243,10 +247,17 @@ def run_grid(model_name: str, out_dir: str | Path, device: str = "cuda:0", max_c
                     point_set=point_set)
         gc.collect()
         gc.disable()
+        done: list[dict] = []
+
+        def progress(i: int, n: int, r: dict) -> None:
+            print(f"grid {i + 1}/{n} {r['family']} decodes {r['decodes']} chunk {r['chunk_tokens']} "
+                  f"max ctx {r['max_context_tokens']}: {r['measured_us'] / 1000:.2f} ms", flush=True)
+            done.append(r)
+            if len(done) % 25 == 0:   # a grid cut short by a time limit keeps what it measured
+                pd.DataFrame(done, columns=list(GRID_COLUMNS)).to_parquet(out / "grid.partial.parquet", index=False)
+
         try:
-            rows = measure_points(model, kv, points, progress=lambda i, n, r: print(
-                f"grid {i + 1}/{n} {r['family']} decodes {r['decodes']} chunk {r['chunk_tokens']} "
-                f"max ctx {r['max_context_tokens']}: {r['measured_us'] / 1000:.2f} ms", flush=True))
+            rows = measure_points(model, kv, points, progress=progress)
         finally:
             gc.enable()
     finally:
@@ -255,6 +266,7 @@ def run_grid(model_name: str, out_dir: str | Path, device: str = "cuda:0", max_c
                 wall_s=round(time.perf_counter() - started, 1))
     pd.DataFrame(rows, columns=list(GRID_COLUMNS)).to_parquet(out / "grid.parquet", index=False)
     (out / "grid.json").write_text(json.dumps(meta, indent=1) + "\n")
+    (out / "grid.partial.parquet").unlink(missing_ok=True)
     return out
 
 
@@ -271,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-s", type=float, default=10.0)
     parser.add_argument("--points", choices=POINT_SETS, default="base",
                         help="point set: base (the first grid) or long (16K-128K contexts, large long batches)")
+    parser.add_argument("--compute", choices=("harness", "engine"), default="harness",
+                        help="decoder kernels, as python -m hwbackend.replay.cli --compute (default: harness, the "
+                             "grids before 2026-12)")
     args = parser.parse_args(argv)
     try:
         import torch
@@ -282,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = run_grid(args.model, args.out, args.device, args.max_context, args.warmup_s,
                        command=" ".join(["python -m hwbackend.calibration.grid", *(argv or sys.argv[1:])]),
-                       point_set=args.points)
+                       point_set=args.points, compute=args.compute)
     except FileExistsError as exc:
         print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 2

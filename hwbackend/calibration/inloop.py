@@ -175,10 +175,12 @@ def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
     return float(values[order][np.searchsorted(cumulative, 0.5 * cumulative[-1])])
 
 
-def fit_compute(base: RooflineComputeModel, rows: pd.DataFrame, form: str = "A") -> tuple[dict, dict]:
+def fit_compute(base: RooflineComputeModel, rows: pd.DataFrame, form: str = "A",
+                split_kv_programs: float = 0.0) -> tuple[dict, dict]:
     """Fit :data:`INLOOP_FIELDS` to ``rows.target_us`` (``wave_us_per_token`` only where every row has
     ``max_context_tokens``); returns ``(params, errors)`` (errors: ``all``, ``decode_only``, ``mixed``, each
-    median / p90 / max / n of the absolute relative error)."""
+    median / p90 / max / n of the absolute relative error). ``split_kv_programs`` > 0: the rows come from the
+    engine replay, whose graphed decodes split keys by :func:`sim.timing.compute.engine_decode_splits` (forms C-E)."""
     if form == "A":
         fields = [f for f in FORM_FIELDS[form]
                   if f != "wave_us_per_token" or rows["max_context_tokens"].notna().all()]
@@ -186,7 +188,9 @@ def fit_compute(base: RooflineComputeModel, rows: pd.DataFrame, form: str = "A")
     else:
         fields = list(FORM_FIELDS[form])
         starts = [[{**s, **b}[f] for f in fields] for s in _STARTS for b in _BLOCK_STARTS]
-        base = replace(base, split_kv_slot_tokens=1.0 if form in SPLIT_KV_FORMS else 0.0)
+        split = form in SPLIT_KV_FORMS
+        base = replace(base, split_kv_slot_tokens=1.0 if split else 0.0,
+                       split_kv_programs=split_kv_programs if split else 0.0)
     measured = rows["target_us"].to_numpy(dtype=float)
     weights = row_weights(rows)
     scale = np.sqrt(weights)
@@ -212,6 +216,8 @@ def fit_compute(base: RooflineComputeModel, rows: pd.DataFrame, form: str = "A")
     params = {k: round(float(v), 6) for k, v in zip(fields, best.x)}
     if form in SPLIT_KV_FORMS:
         params["split_kv_sms"] = base.split_kv_sms   # marks the split-KV form; the slot length comes from the run
+        if base.split_kv_programs:
+            params["split_kv_programs"] = base.split_kv_programs   # the engine kernel's split rule
     return params, report
 
 
@@ -343,11 +349,16 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "", g
     rows = pd.concat([r.assign(source=str(d), slot_tokens=float(c.slot_max_tokens))
                       for d, (r, _), c in zip(run_dirs, loaded, configs)] + grids, ignore_index=True)
     base = replace(RooflineComputeModel(config.model_spec, config.gpu_spec, config.tp), decode_graphs=float(graphs))
+    computes = {m.get("compute", "harness") for _, m in loaded} | {_grid_compute(d) for d in grid_dirs}
+    if len(computes) != 1:
+        raise InLoopError(f"runs and grids of different replay computes ({', '.join(sorted(computes))}): the split-KV "
+                          "decode kernels differ; fit one compute at a time")
+    split_kv_programs = ENGINE_SPLIT_KV_PROGRAMS if computes == {"engine"} else 0.0
     if form not in FORMS + ("auto",):
         raise InLoopError(f"form {form!r}: choose one of {', '.join(FORMS)} or auto")
     candidates = {}
     for name in (FORMS if form == "auto" else (form,)):
-        params, errors = fit_compute(base, rows, name)
+        params, errors = fit_compute(base, rows, name, split_kv_programs)
         fitted = base.with_overrides(params)
         if name in SPLIT_KV_FORMS:
             fitted = replace(fitted, split_kv_slot_tokens=1.0)   # per row: its run's slot (predict_rows)
@@ -373,6 +384,7 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "", g
                         for d, (r, m) in zip(run_dirs, loaded)],
                "grids": [{"dir": str(d), "points": len(g)} for d, g in zip(grid_dirs, grids)],
                "models": sorted({c.model for c in configs}),
+               "coverage": coverage_of(rows, sorted({c.model for c in configs})),
                "model": config.model, "gpu": config.gpu, "tp": config.tp, "command": command,
                "method": "least squares (soft-L1, scale 0.05) on relative error of duration_us minus the mapping "
                          "part of sync_stall_us, over every iteration of the runs (hwbackend/calibration/inloop.py)"}
@@ -387,6 +399,34 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "", g
                                    "models": sorted({c.model for c in configs}), "tp": config.tp,
                                    "command": command}
     return sections
+
+
+def coverage_of(rows: pd.DataFrame, models: list[str]) -> dict:
+    """What a fit saw (stored as ``compute_in_loop.coverage``; ``kvsim validate`` warns when a run leaves it):
+    the models, the longest context (tokens, a row's ``max_context_tokens``), the largest decode-only batch and
+    the largest batch with a prefill chunk (sequences, ``logit_sequences``), the most new tokens of an iteration,
+    and the rows fitted on."""
+    longest = np.nan_to_num(rows["max_context_tokens"].to_numpy(dtype=float)) if "max_context_tokens" in rows else [0]
+    decode = rows["decode_only"].to_numpy()
+    batch = rows["logit_sequences"].to_numpy(dtype=float)
+    return {"models": list(models), "max_context_tokens": int(np.max(longest)),
+            "max_decode_batch": int(batch[decode].max()) if decode.any() else 0,
+            "max_mixed_batch": int(batch[~decode].max()) if (~decode).any() else 0,
+            "max_new_tokens": int(rows["new_tokens"].max()), "rows": int(len(rows))}
+
+
+ENGINE_SPLIT_KV_PROGRAMS = 4.0 * 132
+"""Concurrent programs the engine replay's split-KV decode aims at on the H200: ``PROGRAMS_PER_SM`` (4) x 132
+SMs (``hwbackend/replay/engine.py``, ``decode_splits``)."""
+
+
+def _grid_compute(grid_dir: str) -> str:
+    """The replay compute a grid was measured with (``grid.json``'s ``compute``; grids before it: ``harness``)."""
+    try:
+        meta = json.loads((Path(grid_dir) / "grid.json").read_text())
+    except (OSError, ValueError):
+        return "harness"
+    return str(meta.get("compute", "harness")) if isinstance(meta, dict) else "harness"
 
 
 def _run_config(run_dir: str, meta: dict) -> Any:

@@ -318,6 +318,38 @@ def validate_run(hw_dir: str | Path, profile: str | None = None, out_dir: str | 
     return table, hw, sim, same
 
 
+def coverage_notes(profile: str | None, hw_dir: str | Path, config: SimConfig) -> list[str]:
+    """The profile's coverage (``compute_in_loop.coverage``, written by ``kvsim calibrate --from-run``) as one
+    line, then one warning line for each way the run leaves it: another model, a longer context, a larger
+    decode-only or mixed batch (from the run's ``shapes.parquet``). Empty without a profile or coverage."""
+    if not profile:
+        return []
+    from sim.timing.latency import read_profile
+
+    coverage = ((read_profile(profile).get("compute_in_loop") or {}).get("coverage")) or {}
+    if not coverage:
+        return []
+    lines = [f"profile coverage: models {', '.join(coverage.get('models', []))}; contexts to "
+             f"{coverage.get('max_context_tokens', 0):,} tokens; decode-only batches to {coverage.get('max_decode_batch', 0)}, "
+             f"mixed batches to {coverage.get('max_mixed_batch', 0)} sequences"]
+    if config.model not in coverage.get("models", [config.model]):
+        lines.append(f"warning: the run's model {config.model} is not among the profile's models")
+    shapes_path = Path(hw_dir) / "shapes.parquet"
+    if shapes_path.is_file():
+        shapes = pd.read_parquet(shapes_path)
+        decode = shapes["new_tokens"] == shapes["logit_sequences"]
+        checks = (("max_context_tokens", shapes.get("max_context_tokens", pd.Series([0])).max(), "context (tokens)"),
+                  ("max_decode_batch", shapes.loc[decode, "logit_sequences"].max() if decode.any() else 0,
+                   "decode-only batch (sequences)"),
+                  ("max_mixed_batch", shapes.loc[~decode, "logit_sequences"].max() if (~decode).any() else 0,
+                   "mixed batch (sequences)"))
+        for key, value, what in checks:
+            if key in coverage and value > coverage[key]:
+                lines.append(f"warning: the run's largest {what} {int(value):,} exceeds the profile's "
+                             f"{coverage[key]:,}: the fit extrapolates there")
+    return lines
+
+
 VALIDATION_FILES = ("validation.md", "errors.csv", "overlay.html")
 
 
@@ -421,6 +453,8 @@ def _print_validation(args, table, hw, sim, same) -> None:
               "the run's own requests were simulated", flush=True)
     # the label of the settings simulated (config.json's own label was checked against them)
     print(f"{sim.config['label']} ({len(hw.requests)} requests, {len(hw.iterations)} hw iterations)")
+    for line in coverage_notes(args.profile, hw_dir, load_hw_run(hw_dir)[1]):
+        print(line)
     print(markdown_table(table))
     missed = check_targets(table)
     print("targets missed: " + ("; ".join(missed) or "none"))

@@ -44,6 +44,31 @@ COMPUTE_MODES = ("harness", "engine")
 
 DECODE_BLOCK_KEYS = 64
 """Keys per tile of the split-KV decode kernel (vLLM's Triton decode attention uses 64 for head dim 128)."""
+DECODE_TILE = (DECODE_BLOCK_KEYS, 4, 2)
+"""(keys per tile, warps, pipeline stages) of the split-KV decode kernel; ``KVSIM_DECODE_TILE=N,W,S`` overrides it
+(:func:`decode_tile`; the tuning of ``docs/validation/engine-profile/tune_decode.py`` picks one on the GPU)."""
+
+
+def decode_tile() -> tuple[int, int, int]:
+    """The split-KV decode tile (:data:`DECODE_TILE`, or ``KVSIM_DECODE_TILE`` = ``keys,warps,stages``).
+
+    Raises:
+        ValueError: a ``KVSIM_DECODE_TILE`` that is not three integers, keys a power of two in 16..256, warps in
+            1, 2, 4, 8, stages in 1..5.
+    """
+    import os
+
+    text = os.environ.get("KVSIM_DECODE_TILE")
+    if not text:
+        return DECODE_TILE
+    try:
+        keys, warps, stages = (int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"KVSIM_DECODE_TILE={text!r}: expected keys,warps,stages (three integers)") from None
+    if keys not in (16, 32, 64, 128, 256) or warps not in (1, 2, 4, 8) or not 1 <= stages <= 5:
+        raise ValueError(f"KVSIM_DECODE_TILE={text!r}: keys must be a power of two in 16..256, warps 1/2/4/8, "
+                         "stages 1..5")
+    return keys, warps, stages
 MAX_DECODE_SPLITS = 64
 PROGRAMS_PER_SM = 4
 
@@ -181,14 +206,15 @@ def split_kv_decode(q: Any, k_flat: Any, v_flat: Any, starts: Any, lens: Any, sp
         triton_kernels = use_triton(q)
     if not triton_kernels:
         return _split_kv_decode_torch(q, k_flat, v_flat, starts, lens, splits, scale)
+    block_keys, warps, stages = decode_tile()
     part_o = torch.empty((n, hq, splits, dim), device=q.device, dtype=torch.float32)
     part_l = torch.empty((n, hq, splits), device=q.device, dtype=torch.float32)
     out = torch.empty_like(q)
     _decode_split_kernel[(n, hkv, splits)](
         q, k_flat, v_flat, starts, lens, part_o, part_l, q.stride(0), q.stride(1), k_flat.stride(0), k_flat.stride(1),
         v_flat.stride(0), v_flat.stride(1), part_o.stride(0), part_o.stride(1), part_o.stride(2), part_l.stride(0),
-        part_l.stride(1), scale, splits, GROUP=group, BLOCK_G=max(16, _pow2(group)), BLOCK_N=DECODE_BLOCK_KEYS,
-        HEAD_DIM=dim, num_warps=4, num_stages=2)
+        part_l.stride(1), scale, splits, GROUP=group, BLOCK_G=max(16, _pow2(group)), BLOCK_N=block_keys,
+        HEAD_DIM=dim, num_warps=warps, num_stages=stages)
     _decode_merge_kernel[(n, hq)](
         part_o, part_l, out, part_o.stride(0), part_o.stride(1), part_o.stride(2), part_l.stride(0), part_l.stride(1),
         out.stride(0), out.stride(1), splits, BLOCK_S=_pow2(MAX_DECODE_SPLITS), HEAD_DIM=dim)
@@ -205,7 +231,8 @@ def _split_kv_decode_torch(q: Any, k_flat: Any, v_flat: Any, starts: Any, lens: 
     outs = []
     for b in range(q.shape[0]):
         length, start = int(lens[b]), int(starts[b])
-        split_len = -(-(-(-length // splits)) // DECODE_BLOCK_KEYS) * DECODE_BLOCK_KEYS
+        block_keys = decode_tile()[0]
+        split_len = -(-(-(-length // splits)) // block_keys) * block_keys
         qb = q[b].float().view(hkv, group, -1)                                # [H', G, D]
         parts, lses = [], []
         for lo in range(0, length, split_len):

@@ -15,6 +15,24 @@ from sim.timing.pipeline import compute_model_for
 from sim.timing.latency import ProfileError, VmmLatencyModel, read_profile
 
 
+def effective_profile(config: SimConfig, profile_path: str | None) -> str | None:
+    """The profile a run uses: ``profile_path`` as given; when None, the GPU's catalogue default
+    (:func:`sim.setup.catalog.default_profile`, e.g. ``default_profile`` of ``gpus.h200`` in ``sim/setup/catalog.toml``), or
+    None (the built-in roofline) for a GPU without one; ``roofline`` / ``none`` (:data:`sim.setup.catalog.PROFILE_KEYWORDS`,
+    any case) force the built-in models.
+
+    Raises:
+        CatalogError: a catalogue default that names no file under ``profiles/``.
+    """
+    from sim.setup.catalog import PROFILE_KEYWORDS, default_profile
+
+    if profile_path is None:
+        return default_profile(config.gpu)
+    if str(profile_path).lower() in PROFILE_KEYWORDS:
+        return None
+    return profile_path
+
+
 def load_models(config: SimConfig, profile_path: str | None,
                 compute_model: str = "auto") -> tuple[VmmLatencyModel, RooflineComputeModel]:
     """The VMM latency and compute models for ``config``: built-in defaults (the committed H200 profile and the
@@ -30,6 +48,7 @@ def load_models(config: SimConfig, profile_path: str | None,
         ValueError: a ``compute_model`` the profile does not hold.
     """
     compute = compute_model_for(config)     # the roofline, or its pipeline form with config.pp > 1
+    profile_path = effective_profile(config, profile_path)
     if profile_path is None:
         if compute_model not in ("auto", "roofline"):
             raise ValueError(f"--compute-model {compute_model} needs --profile")
@@ -175,6 +194,7 @@ def profile_config_overrides(config: SimConfig, profile_path: str | None) -> Sim
         ProfileError: an unreadable profile or a bad field (:func:`sim.timing.latency.check_profile`: the factors and
             rates must be finite, the paged factor >= 1, the others > 0).
     """
+    profile_path = effective_profile(config, profile_path)
     if profile_path is None:
         return config
     profile = read_profile(profile_path)
@@ -215,8 +235,12 @@ def run_simulation(config: SimConfig, trace: pd.DataFrame, profile_path: str | N
     """Simulate ``trace`` under ``config``; the result's config records the sources of trace and latencies.
     ``compute_model`` chooses the profile's compute section (see :func:`compute_overrides`); ``records_path``
     streams the per-iteration records into that Parquet file as the run goes (memory stays flat)."""
+    given = profile_path
+    profile_path = effective_profile(config, profile_path)
     config = profile_config_overrides(config, profile_path)
     chosen, resolved = compute_model_source(config, profile_path, compute_model)
+    if given is None and profile_path:
+        resolved += f"; the default profile of {config.gpu} (sim/setup/catalog.toml; --profile roofline for the roofline)"
     vmm, compute = load_models(config, profile_path, chosen)
     if config.tp > 1 and vmm.tp_worker_scale.get(config.tp, 1.0) != 1.0:
         vmm.source += f", each of {config.tp} workers x{vmm.tp_worker_scale[config.tp]:g} (vmm_tp)"

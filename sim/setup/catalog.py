@@ -6,6 +6,7 @@ The shapes and every derived size (weights, KV bytes per token, tokens per page,
 from __future__ import annotations
 
 import tomllib
+from pathlib import Path
 from functools import cache
 from importlib import resources
 
@@ -13,7 +14,13 @@ from sim.setup.model_files import is_file_reference, load_gpu_file, load_model_f
 from sim.setup.specs import DTYPE_BYTES, GPU_FIELDS, MODEL_FIELDS, CatalogError, GPUSpec, ModelSpec
 
 __all__ = ["DTYPE_BYTES", "GPU_FIELDS", "MODEL_FIELDS", "CatalogError", "GPUSpec", "ModelSpec", "get_gpu", "get_model",
-           "gpu_names", "is_file_reference", "model_names"]
+           "gpu_names", "is_file_reference", "model_names", "default_profile", "PROFILE_KEYWORDS"]
+
+CATALOG_ONLY_GPU_FIELDS = ("default_profile",)
+"""Keys of a catalogue GPU entry that are not :class:`GPUSpec` fields (read by :func:`default_profile`)."""
+
+PROFILE_KEYWORDS = ("roofline", "none")
+"""``--profile`` values that force the built-in models (the roofline) even where the GPU names a default profile."""
 
 
 @cache
@@ -62,4 +69,24 @@ def get_gpu(name: str) -> GPUSpec:
     entry = _catalog()["gpus"].get(name.lower())
     if entry is None:
         raise CatalogError(f"unknown GPU {name!r}; known GPUs: {', '.join(gpu_names())}; or give a GPU TOML file")
-    return GPUSpec(name=name.lower(), **{k: (int(v) if k == "hbm_bytes" else v) for k, v in entry.items()})
+    return GPUSpec(name=name.lower(), **{k: (int(v) if k == "hbm_bytes" else v) for k, v in entry.items()
+                                         if k not in CATALOG_ONLY_GPU_FIELDS})
+
+
+def default_profile(gpu: str) -> str | None:
+    """The calibration profile a catalogued GPU uses when ``--profile`` is not given: the entry's
+    ``default_profile`` (a file name under the repository's ``profiles/``), as an absolute path, or None (the
+    built-in roofline). GPU files and GPUs without the key have none.
+
+    Raises:
+        CatalogError: a ``default_profile`` that names no file under ``profiles/``.
+    """
+    if is_file_reference(gpu):
+        return None
+    name = (_catalog()["gpus"].get(gpu.lower()) or {}).get("default_profile")
+    if not name:
+        return None
+    path = Path(__file__).resolve().parents[2] / "profiles" / str(name)
+    if not path.is_file():
+        raise CatalogError(f"sim/setup/catalog.toml: gpus.{gpu.lower()}.default_profile {name!r}: no such file {path}")
+    return str(path)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from sim.setup.specs import GPU_FIELDS, MODEL_FIELDS, CatalogError, GPUSpec, ModelSpec
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 TORCH_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "fp8": 1,
                      "float8_e4m3fn": 1, "float8_e5m2": 1}

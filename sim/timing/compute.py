@@ -81,7 +81,7 @@ SCALAR_FIELDS: dict[str, str] = {
     "mixed_tile_rows": ">= 0", "launch_floor_us": ">= 0", "decode_graphs": "0 or 1",
     "decode_overhead_us": ">= 0", "attention_bytes_factor": "> 0", "wave_us_per_token": ">= 0",
     "attention_block_us": ">= 0", "attention_key_us": ">= 0", "attention_prefill_key_us": ">= 0",
-    "attention_slots": "> 0", "split_kv_slot_tokens": ">= 0", "split_kv_sms": "> 0",
+    "attention_slots": "> 0", "split_kv_slot_tokens": ">= 0", "split_kv_sms": "> 0", "split_kv_programs": ">= 0",
     "attention_tail_key_us": ">= 0", "attention_prefill_tail_key_us": ">= 0", "attention_tail_serial": "0 to 1",
     "allreduce_base_us": ">= 0", "allreduce_hop_us": ">= 0", "allreduce_bus_bytes_per_s": ">= 0",
 }
@@ -266,6 +266,7 @@ class RooflineComputeModel:
     allreduce_base_us: float = 0.0
     allreduce_hop_us: float = 0.0
     allreduce_bus_bytes_per_s: float = 0.0
+    split_kv_programs: float = 0.0
 
     def __post_init__(self) -> None:
         """Check every field's type and range (:func:`check_compute_field`), the two decode tables' lengths,
@@ -514,11 +515,16 @@ class RooflineComputeModel:
         tau0, kappa = self.attention_block_us, self.attention_key_us
         kappa_p = self.attention_prefill_key_us or kappa
         kappa_t, kappa_pt = self.attention_tail_key_us or kappa, self.attention_prefill_tail_key_us or kappa_p
-        chunk = self._split_chunk_tokens(logits, heads_kv)
-        decode_blocks = np.where(np.isfinite(chunk), np.maximum(logits, (kv_read + logits) / chunk + logits / 2), logits)
+        if self.split_kv_programs:   # the engine replay's split-KV kernel (engine_decode_splits)
+            splits = engine_decode_splits(logits, heads_kv, self.split_kv_programs)
+            decode_blocks, tail_keys = logits * splits, np.ceil(longest / splits)
+        else:
+            chunk = self._split_chunk_tokens(logits, heads_kv)
+            decode_blocks = np.where(np.isfinite(chunk), np.maximum(logits, (kv_read + logits) / chunk + logits / 2),
+                                     logits)
+            tail_keys = np.minimum(chunk, longest)
         decode_attn = _overlap(heads_kv * (tau0 * decode_blocks + kappa * (kv_read + logits)) / self.attention_slots,
-                               tau0 + kappa_t * np.minimum(chunk, longest), self.attention_tail_serial,
-                               np.maximum, np.minimum)
+                               tau0 + kappa_t * tail_keys, self.attention_tail_serial, np.maximum, np.minimum)
         known = blocks > 0
         n = np.where(known, blocks, logits + np.ceil(np.maximum(new - logits, 0) / ATTENTION_TILE_ROWS))
         k = np.where(known, block_keys, kv_read + new)
@@ -550,13 +556,18 @@ class RooflineComputeModel:
                             self.attention_tail_serial, max, min)
         else:
             heads_kv = max(m.num_kv_heads // tp, 1)
-            chunk = self._split_chunks.get(logits)
-            if chunk is None:
-                chunk = float(self._split_chunk_tokens(np.array([logits]), heads_kv)[0])
-            active = logits if chunk == math.inf else max(logits, (kv_read + logits) / chunk + logits / 2)
+            if self.split_kv_programs:   # the engine replay's split-KV kernel (engine_decode_splits)
+                splits = float(engine_decode_splits(logits, heads_kv, self.split_kv_programs))
+                active, tail_keys = logits * splits, math.ceil(longest / splits)
+            else:
+                chunk = self._split_chunks.get(logits)
+                if chunk is None:
+                    chunk = float(self._split_chunk_tokens(np.array([logits]), heads_kv)[0])
+                active = logits if chunk == math.inf else max(logits, (kv_read + logits) / chunk + logits / 2)
+                tail_keys = min(chunk, longest)
             kappa_t = self.attention_tail_key_us or kappa
             attn = _overlap(heads_kv * (tau0 * active + kappa * (kv_read + logits)) / slots,
-                            tau0 + kappa_t * min(chunk, longest), self.attention_tail_serial, max, min)
+                            tau0 + kappa_t * tail_keys, self.attention_tail_serial, max, min)
         attn *= m.num_layers * self._paged_factor(new, kv_read, logits) * self.layout_attention_factor
         if new > logits or not self.decode_graphs:
             return max(self.launch_floor_us, base + attn + self.overhead_us)
@@ -710,6 +721,27 @@ def _overlap(throughput, tail, serial: float, maximum, minimum):
     if not serial:
         return maximum(throughput, tail)
     return maximum(throughput, tail) + serial * minimum(throughput, tail)
+
+
+ENGINE_MAX_DECODE_SPLITS = 64
+"""Most key splits of the engine replay's split-KV decode (``MAX_DECODE_SPLITS``, ``hwbackend/replay/engine.py``)."""
+
+
+def engine_decode_splits(decodes, kv_heads: int, programs: float):
+    """Key splits per sequence of the engine replay's split-KV decode (``hwbackend.replay.engine.decode_splits``):
+    ``clamp(ceil(programs / (decodes x kv_heads)), 1, ENGINE_MAX_DECODE_SPLITS)``, with ``programs`` the
+    target of concurrent programs (``PROGRAMS_PER_SM x SMs``: 4 x 132 = 528 on the H200). Each sequence's keys
+    are cut into that many splits of ``ceil(len / splits)`` keys, so a decode-only iteration launches
+    ``decodes x kv_heads x splits`` programs per layer, and its longest program reads ``ceil(longest / splits)``
+    keys. In the block model (``_blocks_iteration_us``, ``split_kv_programs > 0``) the attention time per layer
+    is then ``max(H' (tau0 b s + kappa (kv_read + b)) / P, tau0 + kappa_t ceil(longest / s))``: a per-program
+    cost ``tau0`` (us; it carries the split's partial-output write and its share of the log-sum-exp merge), the
+    KV bytes read per key ``kappa`` (us per key and KV head: 2 x head_dim x 2 bytes of K and V), and the tail of
+    the longest split. ``decodes``: an int or an array (then an array of the same shape)."""
+    if np.ndim(decodes):
+        d = np.maximum(np.asarray(decodes, dtype=float) * kv_heads, 1.0)
+        return np.clip(np.ceil(programs / d), 1, ENGINE_MAX_DECODE_SPLITS)
+    return max(1, min(ENGINE_MAX_DECODE_SPLITS, math.ceil(programs / max(1, decodes * kv_heads))))
 
 
 def fa2_num_splits(blocks: int, block_slots: int, n_blocks: int, max_splits: int = 128) -> int:
