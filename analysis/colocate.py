@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import pandas as pd
 
 TABLE_COLUMNS = (("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "TTFT p99 ms"), ("tpot_p50_ms", "TPOT p50 ms"),
                  ("tpot_p99_ms", "TPOT p99 ms"), ("e2e_p50_s", "E2E p50 s"), ("e2e_p99_s", "E2E p99 s"),
@@ -27,7 +26,7 @@ def build_tenants(args) -> list:
         ConfigError / TraceError / CatalogError: a bad key, value, model or trace (naming the tenant).
     """
     from sim.cluster.colocate import Tenant
-    from sim.frontend.colocate_options import parse_tenant_spec, tenant_args, tenant_extras
+    from sim.frontend.colocate_options import parse_tenant_spec, tenant_extras
     from sim.frontend.options import config_from_args
     from sim.setup.config import ConfigError
     from traces.workload import load_workload
@@ -97,7 +96,7 @@ def write_colocated(run, out: Path) -> Path:
     return out
 
 
-def memory_figure(memory: pd.DataFrame, title: str):
+def memory_figure(memory, title: str):
     """Each tenant's mapped KV (GiB) over time, stacked (a plotly figure)."""
     import plotly.graph_objects as go
     fig = go.Figure()
@@ -136,6 +135,39 @@ def cmd_colocate(args) -> int:
               f"{run.pool_bytes / 2**30:.1f} GiB ({time.time() - started:.1f} s) -> {target}")
         print(format_table(tenant_rows(run), sharing.mode))
     return 0
+
+
+def tenant_args(values: dict, shared: argparse.Namespace) -> argparse.Namespace:
+    """The ``simulate`` options of one tenant: the shared flags (GPU, memory-util, seed, page size, tp, profile)
+    overridden by the tenant's keys, parsed by the ordinary parsers (so every value is checked as the flag is).
+
+    Raises:
+        ConfigError: a value the flag's parser refuses (the message names the tenant and key).
+    """
+    import argparse
+    from sim.frontend.colocate_options import FLAG_KEYS, policy_spec
+    from sim.frontend.options import add_config_args
+    from sim.setup.config import ConfigError
+    from traces.workload import add_trace_args
+
+    parser = argparse.ArgumentParser(prog=f"--tenant {values['name']}", add_help=False, exit_on_error=False)
+    add_config_args(parser)
+    add_trace_args(parser)
+    parser.add_argument("--policy", default=None)
+    argv = ["--gpu", shared.gpu, "--memory-util", str(shared.memory_util), "--seed", str(shared.seed),
+            "--page-size", str(shared.page_size), "--tp", str(shared.tp)]
+    for key, flag in FLAG_KEYS.items():
+        if key in values:
+            argv += [flag, values[key]]
+    try:
+        args, extra = parser.parse_known_args(argv)
+    except (argparse.ArgumentError, SystemExit) as exc:
+        raise ConfigError(f"--tenant {values['name']}: {exc}") from None
+    if extra:
+        raise ConfigError(f"--tenant {values['name']}: unexpected {' '.join(extra)}")
+    if args.policy:
+        args.policy = policy_spec(args.policy)
+    return args
 
 
 # ---- capacity --------------------------------------------------------------------------------------------

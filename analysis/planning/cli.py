@@ -88,7 +88,7 @@ def register(subparsers) -> None:
     cap.add_argument("--colocate", action="store_true",
                      help="several models on one GPU (--tenant ... with slo=): the highest common rate scale at which "
                           "every tenant's SLOs hold, for static and elastic sharing (docs/colocate.md)")
-    cap.add_argument("--tenant", action="append", metavar="SPEC", help="with --colocate: a tenant (as kvsim colocate)")
+    cap.add_argument("--tenant", action="append", metavar="SPEC", help="with --colocate: a tenant (as kvsim colocate; repeat) (default: none)")
     cap.add_argument("--compute", choices=("serial", "isolated"), default="serial",
                      help="with --colocate: the tenants' compute (as kvsim colocate) (default: serial)")
     cap.set_defaults(func=cmd_capacity)

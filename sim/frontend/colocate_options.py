@@ -21,14 +21,12 @@
 """
 from __future__ import annotations
 
-import argparse
-
 from sim.setup.config import ConfigError
 
 TENANT_KEYS = ("model", "trace", "name", "rate-scale", "num-requests", "skip-requests", "policy", "scheduler",
                "token-budget", "max-batch", "max-context", "engine", "slo", "floor", "ceiling", "sleep-after",
                "sleep-weights")
-_FLAG_KEYS = {"model": "--model", "trace": "--trace", "rate-scale": "--rate-scale", "num-requests": "--num-requests",
+FLAG_KEYS = {"model": "--model", "trace": "--trace", "rate-scale": "--rate-scale", "num-requests": "--num-requests",
               "skip-requests": "--skip-requests", "policy": "--policy", "scheduler": "--scheduler",
               "token-budget": "--token-budget", "max-batch": "--max-batch", "max-context": "--max-context",
               "engine": "--engine"}
@@ -75,37 +73,7 @@ def _fraction(text: str, what: str) -> float:
     return value
 
 
-def tenant_args(values: dict, shared: argparse.Namespace) -> argparse.Namespace:
-    """The ``simulate`` options of one tenant: the shared flags (GPU, memory-util, seed, page size, tp, profile)
-    overridden by the tenant's keys, parsed by the ordinary parsers (so every value is checked as the flag is).
-
-    Raises:
-        ConfigError: a value the flag's parser refuses (the message names the tenant and key).
-    """
-    from sim.frontend.options import add_config_args
-    from traces.workload import add_trace_args
-
-    parser = argparse.ArgumentParser(prog=f"--tenant {values['name']}", add_help=False, exit_on_error=False)
-    add_config_args(parser)
-    add_trace_args(parser)
-    parser.add_argument("--policy", default=None)
-    argv = ["--gpu", shared.gpu, "--memory-util", str(shared.memory_util), "--seed", str(shared.seed),
-            "--page-size", str(shared.page_size), "--tp", str(shared.tp)]
-    for key, flag in _FLAG_KEYS.items():
-        if key in values:
-            argv += [flag, values[key]]
-    try:
-        args, extra = parser.parse_known_args(argv)
-    except (argparse.ArgumentError, SystemExit) as exc:
-        raise ConfigError(f"--tenant {values['name']}: {exc}") from None
-    if extra:
-        raise ConfigError(f"--tenant {values['name']}: unexpected {' '.join(extra)}")
-    if args.policy:
-        args.policy = _policy_spec(args.policy)
-    return args
-
-
-def _policy_spec(text: str) -> str:
+def policy_spec(text: str) -> str:
     """``vattention:page=2MiB:deferred=off`` -> ``vattention:page=2MiB,deferred=off`` (commas separate tenant keys)."""
     name, sep, rest = text.partition(":")
     return name + (sep + rest.replace(":", ",") if rest else "")
