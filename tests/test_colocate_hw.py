@@ -72,3 +72,10 @@ def test_two_executors_with_their_own_policies_share_the_pool():
         assert pool.held_pages[0] == HELD_AFTER_FREE
     pool.close()
     assert drv.live_objects() == NO_LEAK
+
+
+def test_handover_script_dry_run_on_the_emulated_driver(capsys):
+    from hwbackend.calibration.colocate_handover import main
+    assert main(["--emulated", "--bursts", "1", "--burst-groups", "1"]) == 0
+    # B maps 56 of A's 64 returned handles, then A maps those 56 back (and 8 of its own)
+    assert '"handed_over_pages": 112' in capsys.readouterr().out
