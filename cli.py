@@ -351,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--save-runs", action="store_true", help="also write each policy's run directory (run0, run1, ...)")
     comp.add_argument("--workers", type=int_at_least(1), default=None, help="parallel processes (default: one per core)")
     comp.set_defaults(func=cmd_compare)
-    for module in ("traces.cli", "hwbackend.cli", "analysis.cli", "analysis.planning.cli"):
+    for module in ("traces.cli", "hwbackend.cli", "analysis.cli", "analysis.planning.cli", "analysis.colocate"):
         try:
             register = __import__(module, fromlist=["register"]).register
         except (ImportError, AttributeError):

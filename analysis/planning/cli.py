@@ -87,6 +87,12 @@ def register(subparsers) -> None:
     cap.add_argument("--force", action="store_true", help=FORCE_HELP)
     from sim.frontend.disagg_options import add_disagg_args
     add_disagg_args(cap, search=True)
+    cap.add_argument("--colocate", action="store_true",
+                     help="several models on one GPU (--tenant ... with slo=): the highest common rate scale at which "
+                          "every tenant's SLOs hold, for static and elastic sharing (docs/colocate.md)")
+    cap.add_argument("--tenant", action="append", metavar="SPEC", help="with --colocate: a tenant (as kvsim colocate; repeat) (default: none)")
+    cap.add_argument("--compute", choices=("serial", "isolated"), default="serial",
+                     help="with --colocate: the tenants' compute (as kvsim colocate) (default: serial)")
     cap.set_defaults(func=cmd_capacity)
     sweep = subparsers.add_parser(
         "sweep", help="run a Cartesian grid of simulate (or capacity) runs into one table and figure",
@@ -114,6 +120,11 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from analysis.planning.slo import search_objectives
     from sim.frontend.options import config_from_args
     from traces.workload import load_workload
+    if args.colocate or args.tenant:
+        from analysis.colocate import cmd_capacity_colocate
+        if not args.colocate:
+            raise ValueError("--tenant belongs to --colocate")
+        return cmd_capacity_colocate(args)
     if not args.slo:
         raise ValueError("capacity needs --slo, e.g. --slo ttft_p99=2s,tpot_p99=100ms")
     if args.check_replicas and args.target_rate is None:

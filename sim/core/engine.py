@@ -278,7 +278,7 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
             compute_us = self.compute.iteration_us(BatchShape(new, pairs, kv_read, logits, longest, blocks, block_keys))
             if self.mapper and (targets or self.policy.has_background_work()):   # else the plan is empty
                 self.mapper.submit(self.policy.background_plan(targets))
-            yield env.timeout(compute_us)
+            yield from self._run_compute(compute_us)
             if self.tiers is not None:        # a layer-by-layer load: the part the compute did not hide
                 exposed_us = self.tiers.take_exposed_us(compute_us)
                 if exposed_us:
@@ -304,6 +304,11 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
             self.progress(self.num_done, len(self.requests))
 
     # ---- phases ----------------------------------------------------------------------------------------
+    def _run_compute(self, compute_us: float):
+        """The iteration's GPU compute (a hook: :mod:`sim.cluster.colocate` serialises several tenants' compute
+        on one GPU here)."""
+        yield self.env.timeout(compute_us)
+
     def _settle_mapper(self):
         """Cancel the mapper's reserved ops, or wait for its reserved op in progress; returns whether the
         policy's accounting changed (so that retrying can succeed). Unreserved background work (unmaps already

@@ -1,0 +1,265 @@
+"""``kvsim colocate`` and ``kvsim capacity --colocate``: several models on one GPU (:mod:`sim.cluster.colocate`).
+
+A run directory holds ``summary.json`` (``sharing``, ``pool_bytes``, ``tenants: [...]``: each tenant's summary
+with its co-location figures), ``memory.parquet`` (mapped KV per tenant over time), and one ordinary run
+directory per tenant under ``tenants/<name>/`` (``requests.parquet``, ``iterations.parquet``, ``summary.json``,
+``config.json``). ``register(subparsers)`` adds the ``colocate`` sub-command (cli.build_parser's discovery list).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+
+TABLE_COLUMNS = (("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "TTFT p99 ms"), ("tpot_p50_ms", "TPOT p50 ms"),
+                 ("tpot_p99_ms", "TPOT p99 ms"), ("e2e_p50_s", "E2E p50 s"), ("e2e_p99_s", "E2E p99 s"),
+                 ("preemptions", "preempt"), ("peak_kv_gib", "peak KV GiB"), ("mean_kv_gib", "mean KV GiB"),
+                 ("moved_in_gib", "moved in GiB"), ("gpu_wait_s", "GPU wait s"))
+
+
+def build_tenants(args) -> list:
+    """The :class:`sim.cluster.colocate.Tenant` list of ``args.tenant`` (specs) with the shared flags of ``args``.
+
+    Raises:
+        ConfigError / TraceError / CatalogError: a bad key, value, model or trace (naming the tenant).
+    """
+    from sim.cluster.colocate import Tenant
+    from sim.frontend.colocate_options import parse_tenant_spec, tenant_extras
+    from sim.frontend.options import config_from_args
+    from sim.setup.config import ConfigError
+    from traces.workload import load_workload
+
+    tenants = []
+    specs = [parse_tenant_spec(text, i) for i, text in enumerate(args.tenant or [])]
+    names = [s["name"] for s in specs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--tenant names must differ, got {names}")
+    for values in specs:
+        targs = tenant_args(values, args)
+        try:
+            config = config_from_args(targs)
+            trace, notes = load_workload(targs, config.seed, config.slot_max_tokens)
+        except ValueError as exc:
+            raise type(exc)(f"--tenant {values['name']}: {exc}") from None
+        for note in notes:
+            print(f"kvsim: warning: tenant {values['name']}: {note}", file=sys.stderr)
+        tenants.append(Tenant(values["name"], config, trace, **tenant_extras(values)))
+    return tenants
+
+
+def sharing_of(args, num_tenants: int):
+    """The :class:`sim.cluster.colocate.Sharing` of ``--sharing`` and ``--compute``."""
+    from dataclasses import replace
+    from sim.frontend.colocate_options import parse_sharing
+    return replace(parse_sharing(args.sharing, num_tenants), compute=args.compute)
+
+
+def tenant_rows(run) -> list[dict]:
+    """One record per tenant: its summary, its co-location figures and the table's GiB columns."""
+    rows = []
+    for tenant, result, stats in zip(run.tenants, run.results, run.stats):
+        row = {"tenant": tenant.name, "model": tenant.config.model, **result.summary, **stats}
+        row.update(peak_kv_gib=stats["peak_kv_bytes"] / 2**30, mean_kv_gib=stats["mean_kv_bytes"] / 2**30,
+                   moved_in_gib=stats["moved_in_bytes"] / 2**30)
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict], label: str = "") -> str:
+    """The comparison table: one line per tenant (and sharing, when ``label``)."""
+    head = ["sharing", "tenant"] if label else ["tenant"]
+    header = head + [title for _, title in TABLE_COLUMNS]
+    lines = [header]
+    for row in rows:
+        cells = [label, row["tenant"]] if label else [row["tenant"]]
+        for key, _ in TABLE_COLUMNS:
+            value = row.get(key, float("nan"))
+            cells.append(f"{value:,}" if isinstance(value, int) else f"{value:.2f}")
+        lines.append(cells)
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(str(c).rjust(w) for c, w in zip(line, widths)) for line in lines)
+
+
+def write_colocated(run, out: Path) -> Path:
+    """Write the run directory (module docstring) into ``out`` (created; must be new or empty)."""
+    from analysis.results import write_run
+    out.mkdir(parents=True, exist_ok=True)
+    for tenant, result in zip(run.tenants, run.results):
+        write_run(result, out / "tenants" / tenant.name)
+    run.memory.to_parquet(out / "memory.parquet", index=False)
+    sharing = {"mode": run.sharing.mode, "split": run.sharing.split, "trim_delay_us": run.sharing.trim_delay_us,
+               "compute": run.sharing.compute}
+    summary = {"sharing": sharing, "pool_bytes": run.pool_bytes, "tenants": tenant_rows(run)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=True, default=str) + "\n")
+    return out
+
+
+def memory_figure(memory, title: str):
+    """Each tenant's mapped KV (GiB) over time, stacked (a plotly figure)."""
+    import plotly.graph_objects as go
+    fig = go.Figure()
+    for column in memory.columns[1:]:
+        fig.add_trace(go.Scatter(x=memory["time_s"], y=memory[column] / 2**30, name=column.removesuffix("_bytes"),
+                                 stackgroup="kv", mode="lines"))
+    fig.update_layout(title=title, xaxis_title="time (s)", yaxis_title="mapped KV (GiB)")
+    return fig
+
+
+def _check_out(path: str | None, force: bool) -> Path:
+    from analysis.output import default_out_dir
+    out = Path(path) if path else default_out_dir("colocate")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise FileExistsError(f"--out {out} is not empty; choose another or pass --force")
+    return out
+
+
+def cmd_colocate(args) -> int:
+    """``kvsim colocate``: simulate, write the run directory (and ``report.html``), print the table."""
+    from sim.cluster.colocate import simulate_colocated
+    tenants = build_tenants(args)
+    out = _check_out(args.out, args.force)
+    modes = ["static", "elastic"] if args.sharing == "both" else [args.sharing]
+    for mode in modes:
+        args_mode = type(args)(**{**vars(args), "sharing": mode})
+        sharing = sharing_of(args_mode, len(tenants))
+        started = time.time()
+        run = simulate_colocated(tenants, sharing, args.profile)
+        target = out / sharing.mode if len(modes) > 1 else out
+        write_colocated(run, target)
+        if not args.no_report:
+            memory_figure(run.memory, f"mapped KV per tenant ({sharing.mode} sharing)").write_html(
+                target / "report.html", include_plotlyjs="cdn")
+        print(f"kvsim colocate: {len(tenants)} tenants, {sharing.mode} sharing, compute {sharing.compute}, KV pool "
+              f"{run.pool_bytes / 2**30:.1f} GiB ({time.time() - started:.1f} s) -> {target}")
+        print(format_table(tenant_rows(run), sharing.mode))
+    return 0
+
+
+def tenant_args(values: dict, shared: argparse.Namespace) -> argparse.Namespace:
+    """The ``simulate`` options of one tenant: the shared flags (GPU, memory-util, seed, page size, tp, profile)
+    overridden by the tenant's keys, parsed by the ordinary parsers (so every value is checked as the flag is).
+
+    Raises:
+        ConfigError: a value the flag's parser refuses (the message names the tenant and key).
+    """
+    import argparse
+    from sim.frontend.colocate_options import FLAG_KEYS, policy_spec
+    from sim.frontend.options import add_config_args
+    from sim.setup.config import ConfigError
+    from traces.workload import add_trace_args
+
+    parser = argparse.ArgumentParser(prog=f"--tenant {values['name']}", add_help=False, exit_on_error=False)
+    add_config_args(parser)
+    add_trace_args(parser)
+    parser.add_argument("--policy", default=None)
+    argv = ["--gpu", shared.gpu, "--memory-util", str(shared.memory_util), "--seed", str(shared.seed),
+            "--page-size", str(shared.page_size), "--tp", str(shared.tp)]
+    for key, flag in FLAG_KEYS.items():
+        if key in values:
+            argv += [flag, values[key]]
+    try:
+        args, extra = parser.parse_known_args(argv)
+    except (argparse.ArgumentError, SystemExit) as exc:
+        raise ConfigError(f"--tenant {values['name']}: {exc}") from None
+    if extra:
+        raise ConfigError(f"--tenant {values['name']}: unexpected {' '.join(extra)}")
+    if args.policy:
+        args.policy = policy_spec(args.policy)
+    return args
+
+
+# ---- capacity --------------------------------------------------------------------------------------------
+def judge_colocated(run, scale: float):
+    """One :class:`analysis.planning.capacity.Evaluation` of a co-located run: every tenant's SLOs (and its
+    stability and rejections) must hold; the failures are named ``<tenant>:<metric>``."""
+    from analysis.planning.capacity import Evaluation, judge, base_rate_per_s
+    from analysis.planning.slo import parse_slos
+    from sim.results.summary import ttft_growth
+    failed, values, rate = [], {}, 0.0
+    for tenant, result in zip(run.tenants, run.results):
+        slos = parse_slos(tenant.slo) if tenant.slo else ()
+        one = judge(scale, 0.0, result.summary, ttft_growth(result.requests), slos, requests=result.requests)
+        failed += [f"{tenant.name}:{name}" for name in one.failed]
+        values.update({f"{tenant.name}:{k}": v for k, v in one.values_us.items()})
+        rate += base_rate_per_s(tenant.trace) if len(tenant.trace) > 1 else 0.0   # the trace is already scaled
+    return Evaluation(scale, rate, values, 0.0, tuple(failed), {"tenants": tenant_rows(run)})
+
+
+class ColocatedEvaluator:
+    """``scale -> Evaluation``: every tenant's trace at ``scale`` times its rate, co-simulated."""
+
+    def __init__(self, tenants: list, sharing, profile_path: str | None):
+        self.tenants, self.sharing, self.profile_path = tenants, sharing, profile_path
+
+    def __call__(self, scale: float):
+        from dataclasses import replace
+        import traces
+        from sim.cluster.colocate import simulate_colocated
+        scaled = [replace(t, trace=traces.scale_rate(t.trace, scale)) if scale != 1.0 else t for t in self.tenants]
+        return judge_colocated(simulate_colocated(scaled, self.sharing, self.profile_path), scale)
+
+
+def colocated_capacity(tenants: list, sharing, profile_path: str | None = None, tolerance: float = 0.02,
+                       on_step=None):
+    """The highest common rate scale at which every tenant's SLOs hold
+    (:func:`analysis.planning.capacity.search_capacity`: exponential bracket, then bisection).
+
+    Raises:
+        ValueError: no tenant has an ``slo``.
+    """
+    from analysis.planning.capacity import search_capacity
+    if not any(t.slo for t in tenants):
+        raise ValueError("capacity --colocate needs slo= on at least one --tenant")
+    return search_capacity(ColocatedEvaluator(tenants, sharing, profile_path), (), tolerance, on_step=on_step)
+
+
+def cmd_capacity_colocate(args) -> int:
+    """``kvsim capacity --colocate``: the common capacity scale for static and elastic sharing."""
+    tenants = build_tenants(args)
+    print(f"{'sharing':>8}  {'scale':>7}  {'req/s (all)':>11}  binding")
+    for mode in ("static", "elastic"):
+        sharing = sharing_of(type(args)(**{**vars(args), "sharing": mode}), len(tenants))
+        step = None if args.quiet else (lambda e, m=mode: print(f"  {m} scale {e.scale:.3f}: "
+                                                                f"{'pass' if e.passed else ', '.join(e.failed)}"))
+        result = colocated_capacity(tenants, sharing, args.profile, args.tolerance, step)
+        scale = result.best.scale if result.best else 0.0
+        print(f"{mode:>8}  {scale:7.3f}  {result.rate_per_s:11.2f}  {result.binding}")
+    return 0
+
+
+def add_colocate_args(parser) -> None:
+    """The flags ``colocate`` and ``capacity --colocate`` share."""
+    from sim.frontend.argtypes import int_at_least, positive_float, size_arg
+    parser.add_argument("--tenant", action="append", metavar="SPEC",
+                        help="one model on the GPU: model=M,trace=T[,rate-scale=X,num-requests=N,policy=SPEC,"
+                             "slo=ttft_p99=2s+tpot_p99=100ms,floor=F,ceiling=F,sleep-after=30s,sleep-weights=yes] "
+                             "(repeat per tenant; keys: docs/colocate.md)")
+    parser.add_argument("--compute", choices=("serial", "isolated"), default="serial",
+                        help="serial: the tenants' iterations take turns on the GPU (separate processes without "
+                             "MPS); isolated: each computes as if alone (default: serial)")
+    parser.add_argument("--gpu", default="h200", help="GPU of the catalogue (default: h200)")
+    parser.add_argument("--memory-util", type=positive_float, default=0.9,
+                        help="share of HBM for weights + KV of all tenants (default 0.9)")
+    parser.add_argument("--page-size", type=size_arg, default="2MiB", help="VMM page size (default 2MiB)")
+    parser.add_argument("--tp", type=int_at_least(1), default=1, help="tensor-parallel degree of every tenant")
+    parser.add_argument("--seed", type=int_at_least(0), default=0, help="seed of every tenant's generator")
+    parser.add_argument("--profile", default=None, help="calibration profile JSON (default: built-in H200 latencies)")
+
+
+def register(subparsers) -> None:
+    """Add the ``colocate`` sub-command."""
+    sub = subparsers.add_parser("colocate", help="several models on one GPU: static KV shares vs one elastic pool",
+                                description="Co-simulate several models on one GPU (docs/colocate.md).")
+    add_colocate_args(sub)
+    sub.add_argument("--sharing", default="static",
+                     help="static[:split=a/b/...] | elastic[:trim-delay=1s] | both (default: static)")
+    sub.add_argument("--out", default=None, help="run directory, new or empty (default: runs/colocate-<UTC time>)")
+    sub.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    sub.add_argument("--no-report", action="store_true", help="no report.html (the stacked mapped-KV plot)")
+    sub.set_defaults(func=cmd_colocate)
+
+
+__all__ = ["build_tenants", "colocated_capacity", "format_table", "judge_colocated", "memory_figure", "register",
+           "tenant_rows", "write_colocated"]

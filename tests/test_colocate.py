@@ -1,0 +1,156 @@
+"""Co-location (sim.cluster.colocate): static sharing equals separate runs bit for bit, determinism, ceilings,
+the compute resource serialising tenants, sleep/wake, the CLI's run directory and its bad-input messages."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import traces
+from sim.cluster.colocate import Sharing, Tenant, TenantConfig, kv_pool_bytes, simulate_colocated, tenant_configs
+from sim.core.runner import run_simulation
+from sim.setup.config import ConfigError, SimConfig
+
+
+def _trace(seed: int, n: int = 40, rate: float = 20.0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"request_id": np.arange(n), "arrival_s": np.cumsum(rng.exponential(1 / rate, n)),
+                         "prompt_tokens": rng.integers(200, 3000, n), "output_tokens": rng.integers(20, 300, n)})
+
+
+def _tenants(mem: float = 0.3, **extra) -> list[Tenant]:
+    return [Tenant("a", SimConfig(model="llama-3.1-8b", memory_util_frac=mem), _trace(1), **extra),
+            Tenant("b", SimConfig(model="qwen2.5-7b", memory_util_frac=mem), _trace(2), **extra)]
+
+
+def test_pool_is_hbm_times_util_minus_every_weight():
+    tenants = _tenants()
+    c0, c1 = tenants[0].config, tenants[1].config
+    expected = int(0.3 * c0.gpu_spec.hbm_bytes) - c0.model_spec.weight_bytes(1) - c1.model_spec.weight_bytes(1)
+    assert kv_pool_bytes(tenants) == expected
+
+
+def test_static_split_gives_shares_of_the_pool():
+    tenants = _tenants()
+    configs = tenant_configs(tenants, Sharing("static", (1.0, 3.0)))
+    pool = kv_pool_bytes(tenants)
+    assert [c.kv_budget_bytes for c in configs] == [int(pool / 4), int(pool * 3 / 4)]
+    assert configs[0].pool_page_groups == int(pool / 4) // configs[0].page_group_bytes
+
+
+def test_static_isolated_equals_separate_runs_bit_for_bit():
+    tenants = _tenants()
+    sharing = Sharing("static", (2.0, 1.0), compute="isolated")
+    run = simulate_colocated(tenants, sharing)
+    for tenant, config, result in zip(tenants, tenant_configs(tenants, sharing), run.results):
+        alone = run_simulation(config, tenant.trace)
+        pd.testing.assert_frame_equal(result.requests, alone.requests, check_exact=True)
+        pd.testing.assert_frame_equal(result.iterations, alone.iterations, check_exact=True)
+
+
+def test_deterministic_elastic():
+    first = simulate_colocated(_tenants(), Sharing("elastic"))
+    second = simulate_colocated(_tenants(), Sharing("elastic"))
+    for a, b in zip(first.results, second.results):
+        pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+        pd.testing.assert_frame_equal(a.iterations, b.iterations, check_exact=True)
+    assert first.stats == second.stats
+    pd.testing.assert_frame_equal(first.memory, second.memory)
+
+
+def test_elastic_tenant_never_exceeds_its_ceiling():
+    tenants = _tenants()
+    tenants = [tenants[0], Tenant("b", tenants[1].config, tenants[1].trace, ceiling_frac=0.25)]
+    run = simulate_colocated(tenants, Sharing("elastic"), sample_us=1_000.0)
+    ceiling_bytes = int(run.pool_bytes * 0.25)
+    assert run.stats[1]["peak_kv_bytes"] <= ceiling_bytes
+    assert run.memory["b_bytes"].max() <= ceiling_bytes
+    assert run.results[1].summary["finished"] == len(tenants[1].trace)
+
+
+def test_serial_compute_waits_and_isolated_does_not():
+    serial = simulate_colocated(_tenants(), Sharing("static", compute="serial"))
+    isolated = simulate_colocated(_tenants(), Sharing("static", compute="isolated"))
+    assert all(s["gpu_wait_s"] > 0 for s in serial.stats)
+    assert all(s["gpu_wait_s"] == 0 for s in isolated.stats)
+    # both tenants' compute shares one resource: the sum of compute time fits within the span of the run
+    busy_us = sum(r.iterations["compute_us"].sum() for r in serial.results)
+    span_us = max(r.iterations["start_at_us"].iloc[-1] + r.iterations["duration_us"].iloc[-1] for r in serial.results)
+    assert busy_us <= span_us
+
+
+def test_idle_trim_hands_pages_to_the_busy_tenant():
+    a, b = _tenants(mem=0.27)
+    later = Tenant("b", b.config, b.trace.assign(arrival_s=b.trace.arrival_s + a.trace.arrival_s.max() + 5.0))
+    run = simulate_colocated([a, later], Sharing("elastic", trim_delay_us=500_000.0))
+    assert run.stats[0]["trim_unmap_page_groups"] > 0 and run.stats[0]["trim_vmm_ms"] > 0
+    assert run.stats[1]["moved_in_pages"] > 0 and run.stats[0]["moved_in_pages"] == 0
+
+
+def test_sleep_releases_pages_and_wake_costs_weights_copy():
+    early = _trace(3, n=10)
+    late = early.assign(request_id=early.request_id + 10, arrival_s=early.arrival_s + 30.0)
+    trace = pd.concat([early, late], ignore_index=True)
+    config = SimConfig(model="llama-3.1-8b", memory_util_frac=0.3)
+    tenants = [Tenant("a", config, trace, sleep_after_us=2e6, sleep_weights=True),
+               Tenant("b", SimConfig(model="qwen2.5-7b", memory_util_frac=0.3), _trace(2))]
+    run = simulate_colocated(tenants, Sharing("elastic"))
+    stats = run.stats[0]
+    assert stats["sleeps"] >= 1
+    copy_s = config.model_spec.weight_bytes(1) / config.gpu_spec.pcie_bytes_per_s
+    assert stats["wake_s"] >= copy_s + 0.1 - 1e-9      # weights over PCIe + the fixed 100 ms
+    assert run.results[0].summary["finished"] == 20
+
+
+def test_elastic_refuses_paged_tenant():
+    tenants = _tenants()
+    paged = Tenant("p", SimConfig(model="llama-3.1-8b", memory_util_frac=0.3, policy="paged"), _trace(3))
+    with pytest.raises(ConfigError, match="tenant p: elastic sharing needs the vattention"):
+        simulate_colocated([tenants[0], paged], Sharing("elastic"))
+
+
+def test_weights_that_leave_no_memory_are_refused():
+    with pytest.raises(ConfigError, match="leave no KV memory"):
+        kv_pool_bytes(_tenants(mem=0.2))
+
+
+def test_tenant_config_is_an_ordinary_config_with_a_budget():
+    config = TenantConfig(model="llama-3.1-8b", kv_share_bytes=8 * 2**30)
+    assert config.kv_budget_bytes == 8 * 2**30
+    assert config.to_dict()["kv_share_bytes"] == 8 * 2**30
+
+
+def test_cli_writes_tenants_and_prints_table(tmp_path, capsys):
+    import cli
+    path = tmp_path / "a.csv"
+    t = _trace(1)
+    pd.DataFrame({"arrived_at": t.arrival_s, "num_prefill_tokens": t.prompt_tokens,
+                  "num_decode_tokens": t.output_tokens}).to_csv(path, index=False)
+    code = cli.main(["colocate", "--tenant", f"model=llama-3.1-8b,trace={path},name=x", "--tenant",
+                     f"model=qwen2.5-7b,trace={path},name=y,policy=vattention:page=2MiB", "--sharing", "elastic",
+                     "--memory-util", "0.3", "--out", str(tmp_path / "run"), "--no-report"])
+    assert code == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert [t["tenant"] for t in summary["tenants"]] == ["x", "y"]
+    assert (tmp_path / "run" / "tenants" / "y" / "iterations.parquet").exists()
+    out = capsys.readouterr().out
+    assert "TTFT p99 ms" in out and "moved in GiB" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tenant", "trace=x.csv"], "model= is required"),
+    (["--tenant", "model=llama-3.1-8b,colour=red"], "unknown key 'colour'"),
+    (["--tenant", "model=llama-3.1-8b,floor=2"], "floor=2: must lie in"),
+    (["--tenant", "model=llama-3.1-8b", "--sharing", "static:split=1/2"], "split needs 1 positive"),
+    (["--tenant", "model=llama-3.1-8b", "--sharing", "fancy"], "choose static"),
+])
+def test_cli_bad_tenant_specs(argv, message, capsys, tmp_path):
+    import cli
+    assert cli.main(["colocate", *argv, "--out", str(tmp_path / "o")]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_synthetic_default_tenant_runs():
+    trace = traces.synthetic_default(0, num_requests=10)
+    run = simulate_colocated([Tenant("s", SimConfig(model="llama-3.1-8b"), trace)], Sharing("static"))
+    assert run.results[0].summary["finished"] == 10
