@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 
 from sim.catalog import DTYPE_BYTES, GPUSpec, ModelSpec, get_gpu, get_model
+from sim.memory.hybrid_sizing import HybridSizing, window_alloc_error
 from sim.memory.vattention import knob_range_error
 from sim.units import MIB, format_bytes
 
@@ -90,6 +91,9 @@ class SimConfig:
         frontend_overhead_us: per-request cost outside the model (API server, tokenisation, detokenisation), us,
             added to each request's first-token and completion times, so to TTFT and E2E, but to no iteration
             (docs/serving-semantics.md); 0 by default, an engine preset's otherwise.
+        window_alloc: window-aware allocation for hybrid models (:mod:`sim.memory.hybrid`, docs/hybrid.md):
+            ``off`` (every layer holds every token, as before), vattention ``unmap`` / ``recycle`` (pages below a
+            window are unmapped, or moved to the new end), paged ``free`` (vLLM v1's hybrid KV-cache manager).
         cuda_graph_decodes: decodes as CUDA graphs (the compute model's ``decode_graphs``) when not ``None``; ``None``:
             the compute model's default (eager) or a profile's fitted value.
     """
@@ -137,6 +141,7 @@ class SimConfig:
     engine: str | None = None
     frontend_overhead_us: float = 0.0
     cuda_graph_decodes: bool | None = None
+    window_alloc: str = "off"
 
     def __post_init__(self) -> None:
         if not (isinstance(self.frontend_overhead_us, (int, float)) and 0 <= self.frontend_overhead_us < float("inf")):
@@ -174,6 +179,9 @@ class SimConfig:
         if self.paged_attention_factor < 1 or self.block_table_base_us < 0 or self.block_table_per_block_us < 0:
             raise ConfigError("paged costs must be >= 0 (and the attention factor >= 1)")
         self.model_spec.check_tp(self.tp)
+        hybrid_error = window_alloc_error(self)
+        if hybrid_error:
+            raise ConfigError(hybrid_error)
         page = self.page_size_bytes
         if page < MIN_PAGE_SIZE_BYTES or page & (page - 1):
             raise ConfigError(f"--page-size {page} B: must be a power of two >= 64KiB")
@@ -263,10 +271,12 @@ class SimConfig:
             notes.append(f"{self.gpu} has no measured VMM latency profile: the {borrowed.upper()}'s measured "
                          f"distributions are used (config.json vmm_profile_borrowed_from)")
         spec = self.full_model_spec
-        if spec.sliding_window_tokens and spec.sliding_window_layers and self.slot_max_tokens > spec.sliding_window_tokens:
+        if (spec.sliding_window_tokens and spec.sliding_window_layers and self.slot_max_tokens > spec.sliding_window_tokens
+                and not self.hybrid_alloc):
             notes.append(f"{self.model}: {spec.sliding_window_layers} of {spec.num_layers} layers use a "
                          f"{spec.sliding_window_tokens:,}-token sliding window; the simulated memory manager still "
-                         "holds KV for every token of every layer (an upper bound; docs/models.md)")
+                         "holds KV for every token of every layer (an upper bound; window-aware allocation: "
+                         "--policy vattention:window=unmap or paged:window=free, docs/hybrid.md)")
         return notes
 
     @cached_property
@@ -278,7 +288,7 @@ class SimConfig:
     def tokens_per_page(self) -> int:
         """Tokens per allocation unit: vAttention page, PagedAttention block, or static reservation."""
         if self.policy == "paged":
-            return self.block_size_tokens
+            return self.hybrid.paged_block_tokens if self.hybrid_alloc else self.block_size_tokens
         if self.policy == "static":
             return self.max_len_tokens or self.slot_max_tokens
         per_page = self.model_spec.tokens_per_page(self.page_size_bytes, self.tp)
@@ -295,6 +305,8 @@ class SimConfig:
     def page_group_bytes(self) -> int:
         """Physical bytes of one allocation unit: a vAttention page group ``2N' * G``; a paged block or a
         static reservation ``tokens * kv_bytes_per_token``."""
+        if self.hybrid_alloc:
+            return self.hybrid.unit_bytes
         if self.policy == "vattention":
             return self.num_sub_tensors * self.page_size_bytes
         return self.tokens_per_page * self.model_spec.kv_bytes_per_token(self.tp)
@@ -306,7 +318,37 @@ class SimConfig:
 
     @cached_property
     def pool_page_groups(self) -> int:
+        """Allocation units of the pool (hybrid: units of :attr:`hybrid`, after the per-slot state reservation)."""
+        if self.hybrid_alloc:
+            return max(0, self.kv_budget_bytes - self.hybrid.state_reserved_bytes) // self.page_group_bytes
         return self.kv_budget_bytes // self.page_group_bytes
+
+    @cached_property
+    def layer_groups(self):
+        """The model's layer groups on one worker (:func:`sim.memory.layer_groups.layer_groups`)."""
+        from sim.memory.layer_groups import layer_groups
+        return layer_groups(self.model_spec, self.tp)
+
+    @cached_property
+    def hybrid_alloc(self) -> bool:
+        """Window-aware allocation is on and the model has groups other than one full-attention group."""
+        from sim.memory.layer_groups import is_hybrid
+        return self.window_alloc != "off" and is_hybrid(self.layer_groups)
+
+    @cached_property
+    def hybrid(self) -> HybridSizing:
+        """Units and per-group sizes of window-aware allocation (:class:`sim.memory.hybrid_sizing.HybridSizing`)."""
+        return HybridSizing.of(self)
+
+    @property
+    def group_units(self) -> tuple[int, ...]:
+        """Units one page group of each layer group costs (0: none from the pool)."""
+        return self.hybrid.group_units
+
+    @property
+    def group_sub_tensors(self) -> tuple[int, ...]:
+        """VMM pages one page group of each pool-drawing layer group maps (vAttention: ``2 N_g``, MLA ``N_g``)."""
+        return self.hybrid.group_sub_tensors
 
     @cached_property
     def max_pages_per_slot(self) -> int:
@@ -369,6 +411,8 @@ class SimConfig:
                    kv_budget_bytes=self.kv_budget_bytes, needs_modified_driver=self.needs_modified_driver,
                    label=self.label, admission_rule=self.admission_rule)
         out.update(self.derived_figures())
+        if self.window_alloc != "off" or self.full_model_spec.linear_layers or self.full_model_spec.sliding_window_layers:
+            out["layer_groups"] = self.hybrid.figures()
         return out
 
     def derived_figures(self) -> dict:

@@ -93,21 +93,23 @@ class VmmCost:
                  create_on_demand: bool = False):
         self.vmm, self.rng, self.create_on_demand = vmm, rng, create_on_demand
         self.pages_per_group = config.num_sub_tensors
+        # pages per page group of each layer group (sim.memory.hybrid; one group without window-aware allocation)
+        self.group_pages = config.group_sub_tensors if config.hybrid_alloc else (config.num_sub_tensors,)
         self.page_size_bytes = config.page_size_bytes
         self.worker_us = [0.0] * config.tp
         self.worker_scale = vmm.tp_worker_scale.get(config.tp, 1.0) if config.tp > 1 else 1.0
         self.critical_us = 0.0
         self.batched = config.batched_set_access
 
-    def _map_one_us(self, page_groups: int) -> float:
-        total = self.vmm.page_group_map_us(page_groups, self.pages_per_group, self.page_size_bytes, self.rng)
+    def _map_one_us(self, page_groups: int, group: int = 0) -> float:
+        pages = self.group_pages[group]
+        total = self.vmm.page_group_map_us(page_groups, pages, self.page_size_bytes, self.rng)
         if self.create_on_demand:
-            total += self.vmm.total_us("cuMemCreate", self.page_size_bytes, page_groups * self.pages_per_group,
-                                       self.rng)
+            total += self.vmm.total_us("cuMemCreate", self.page_size_bytes, page_groups * pages, self.rng)
         return total
 
-    def _unmap_one_us(self, page_groups: int) -> float:
-        calls = page_groups * self.pages_per_group
+    def _unmap_one_us(self, page_groups: int, group: int = 0) -> float:
+        calls = page_groups * self.group_pages[group]
         total = self.vmm.total_us("cuMemUnmap", self.page_size_bytes, calls, self.rng)
         if self.create_on_demand:
             total += self.vmm.total_us("cuMemRelease", self.page_size_bytes, calls, self.rng)
@@ -117,9 +119,9 @@ class VmmCost:
         total = 0.0
         for op in ops:
             if isinstance(op, UnmapOp):
-                total += self._unmap_one_us(op.num_pages)
+                total += self._unmap_one_us(op.num_pages, op.group)
             else:
-                cost = self._map_one_us(op.num_pages)
+                cost = self._map_one_us(op.num_pages, op.group)
                 # k >= 2 pages of one slot are adjacent in every tensor: one set-access over the range
                 total += cost * self.vmm.batched_ratio if self.batched and op.num_pages >= 2 else cost
         return total
@@ -233,6 +235,8 @@ class Simulator(RequestBookkeeping):
         self.cost = (VmmCost(vmm or VmmLatencyModel.builtin(), config, self.rng, config.create_on_demand)
                      if config.uses_vmm else NoCost())
         self.policy = build_policy(config)
+        # window-aware allocation (sim.memory.hybrid) reads each stepped slot's computed tokens
+        self._computed_hint = self.policy.computed if getattr(self.policy, "needs_computed", False) else None
         self.mapper = AsyncMapper(self.env, self.policy, self._background_op_us) if config.has_async_mapper else None
         self.prefix = self._donates = config.prefix_caching
         self._admission_refused = False        # set by _admit when the policy refused a slot
@@ -430,7 +434,10 @@ class Simulator(RequestBookkeeping):
         stale_groups = self.policy.mapped[slot]      # deferred pages: hold the previous request's KV
         hit_tokens = self._map_prefix(request, slot)
         first_tokens = min(first_tokens, request.remaining)
+        if self._computed_hint is not None:
+            self._computed_hint[slot] = request.computed
         plan = self.policy.step({slot: request.computed + first_tokens})
+        self._take_window_unmaps()
         if plan is None:
             request.computed -= hit_tokens
             self._perform_free(self.policy.free_slot(slot, self.policy.completed_iteration))
@@ -597,6 +604,7 @@ class Simulator(RequestBookkeeping):
             if not targets:                 # every slot within its mapped pages: step() would map nothing
                 return batch, EMPTY_PLAN
             plan = self.policy.step(targets)
+            self._take_window_unmaps()
             if plan is not None:
                 return batch, plan
             if (yield from self._settle_mapper()):
@@ -643,13 +651,15 @@ class Simulator(RequestBookkeeping):
         target is within its mapped pages, and a running slot is active and within its capacity, so the plan
         is the same), except under prefix caching, whose ``step`` checks every slot of the batch."""
         per_page, mapped = self.policy.config.tokens_per_page, self.policy.mapped
-        every_target = self.prefix
+        every_target, hint = self.prefix, self._computed_hint
         targets, short = {}, []
         for request, tokens in batch:
             slot, target = request.slot, request.computed + tokens
             if target > mapped[slot] * per_page:          # pages_for_tokens(target) > mapped[slot]
                 targets[slot] = target
                 short.append(slot)
+                if hint is not None:
+                    hint[slot] = request.computed
             elif every_target:
                 targets[slot] = target
         return targets, short
@@ -719,6 +729,12 @@ class Simulator(RequestBookkeeping):
             self.zero_bytes["background"] += op.num_pages * self.config.page_group_bytes
             cost_us += self._zero_us(op.num_pages)
         return cost_us
+
+    def _take_window_unmaps(self) -> None:
+        """Pages that left a window (sim.memory.hybrid, ``window=unmap``): unmapped by the background mapper,
+        or on the critical path of the next iteration without one."""
+        if self._computed_hint is not None:
+            self._perform_free(self.policy.take_window_unmaps())
 
     def _perform_free(self, plan: Plan) -> None:
         """Unmaps a free returns (deferred reclamation off): in the background, or on the critical path."""

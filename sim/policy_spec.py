@@ -6,6 +6,7 @@ A policy is written ``NAME[:key=value,key=value,...]`` (``kvsim simulate --polic
     vattention:create=ondemand      vattention:lookahead=0,eager=0   paged:block=16   static:max_len=4096
     vattention:layout=cross-layer   vattention:batched=on            vattention:zero=on-reuse
     paged:admission=chunk           vattention:prefix=on
+    vattention:window=unmap         vattention:window=recycle        paged:window=free
 
 :data:`POLICY_KEYS` maps each policy's keys to the SimConfig field they set and the parser of the value
 (meanings and defaults: :class:`sim.config.SimConfig`; ``kvsim compare --help`` lists them).
@@ -51,10 +52,12 @@ POLICY_KEYS: dict[str, dict] = {
         "layout": ("kv_layout", _choice("per-layer", "cross-layer")),
         "layout_factor": ("layout_attention_factor", float),
         "batched": ("batched_set_access", _on_off),
+        "window": ("window_alloc", _choice("off", "unmap", "recycle")),
         **_COMMON},
     "paged": {
         "block": ("block_size_tokens", int), "factor": ("paged_attention_factor", float),
         "bt_base_us": ("block_table_base_us", float), "bt_per_block_us": ("block_table_per_block_us", float),
+        "window": ("window_alloc", _choice("off", "free")),
         **_COMMON},
     "static": {"max_len": ("max_len_tokens", int), **_COMMON},
 }
