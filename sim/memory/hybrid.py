@@ -221,7 +221,7 @@ class HybridPolicy:
         if not groups:
             raise ValueError("a hybrid policy needs at least one group")
         self.groups, self.pool = list(groups), pool
-        self.config = groups[0].config
+        self.config = replace(groups[0].config, pool_page_groups=pool.total_units)   # sizes in pool units
         num_slots = self.config.num_slots
         self.computed = [0] * num_slots
         self.mapped = [0] * num_slots
