@@ -198,6 +198,9 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
                                       else 0.0) / US_PER_MS),
         **_prefix_summary(requests, finished, counters, calls_per_group),
     }
+    if "kv_groups" in counters:      # window-aware allocation (sim.memory.hybrid): page groups differ per group
+        summary.update(kv_groups=counters["kv_groups"], window_crossings=int(counters["window_crossings"]),
+                       map_calls=int(counters.get("map_calls", 0)), unmap_calls=int(counters.get("unmap_calls", 0)))
     return summary
 
 

@@ -100,6 +100,7 @@ class VmmCost:
         self.worker_scale = vmm.tp_worker_scale.get(config.tp, 1.0) if config.tp > 1 else 1.0
         self.critical_us = 0.0
         self.batched = config.batched_set_access
+        self.calls = {"map": 0, "unmap": 0}     # cuMemMap / cuMemUnmap calls of every op (all groups)
 
     def _map_one_us(self, page_groups: int, group: int = 0) -> float:
         pages = self.group_pages[group]
@@ -118,6 +119,7 @@ class VmmCost:
     def _ops_one_us(self, ops) -> float:
         total = 0.0
         for op in ops:
+            self.calls["unmap" if isinstance(op, UnmapOp) else "map"] += op.num_pages * self.group_pages[op.group]
             if isinstance(op, UnmapOp):
                 total += self._unmap_one_us(op.num_pages, op.group)
             else:
@@ -339,6 +341,7 @@ class Simulator(RequestBookkeeping):
             "zero_critical_bytes": self.zero_bytes["critical"], "zero_background_bytes": self.zero_bytes["background"],
             "cow_bytes": self.cow_bytes, **{f"prefix_{k}": v for k, v in getattr(self.policy, "stats", {}).items()},
             "pool_page_groups": self.config.pool_page_groups, "end_at_us": self.env.now,
+            **(self._hybrid_counters() if self._computed_hint is not None else {}),
             **tbt_stats_us(self.tbt_us, [(self.tbt_run_gaps_us, self.tbt_run_weights)]),
             # the gaps themselves, for merging replicas' TBT distributions (sim.routing.merge_replicas)
             "tbt_samples": (self.tbt_us, self.tbt_run_gaps_us, self.tbt_run_weights),
@@ -729,6 +732,12 @@ class Simulator(RequestBookkeeping):
             self.zero_bytes["background"] += op.num_pages * self.config.page_group_bytes
             cost_us += self._zero_us(op.num_pages)
         return cost_us
+
+    def _hybrid_counters(self) -> dict:
+        """Window-aware allocation's figures for the summary: per-group sizes, window crossings, VMM calls."""
+        calls = getattr(self.cost, "calls", None)
+        return {"kv_groups": self.config.hybrid.figures(), "window_crossings": self.policy.window_crossings,
+                **({"map_calls": calls["map"], "unmap_calls": calls["unmap"]} if calls is not None else {})}
 
     def _take_window_unmaps(self) -> None:
         """Pages that left a window (sim.memory.hybrid, ``window=unmap``): unmapped by the background mapper,
