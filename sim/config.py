@@ -411,7 +411,7 @@ class SimConfig:
                    kv_budget_bytes=self.kv_budget_bytes, needs_modified_driver=self.needs_modified_driver,
                    label=self.label, admission_rule=self.admission_rule)
         out.update(self.derived_figures())
-        if self.window_alloc != "off" or self.full_model_spec.linear_layers or self.full_model_spec.sliding_window_layers:
+        if self.hybrid_alloc:             # window-aware allocation: the per-group sizes (docs/hybrid.md)
             out["layer_groups"] = self.hybrid.figures()
         return out
 

@@ -107,3 +107,23 @@ def test_pages_conserved_per_group(mode, state, ops):
             assert group.held_page_groups() >= 0 and all(m >= 0 for m in group.mapped)
         assert policy.free_page_groups >= 0
     policy.take_window_unmaps()
+
+
+def test_admission_counts_other_idle_slots_pages_as_reclaimable():
+    # two finished requests keep 20 units each mapped (deferred reclamation); 20 of 60 units are free
+    policy = _policy("unmap", pool_units=60, slots=3)
+    for _ in range(2):
+        slot = policy.alloc_slot(60)
+        policy.computed[slot] = 0
+        policy.step({slot: 60})                   # full: 4 pages x 2 units; window: 4 pages x 3 units
+    for slot in (0, 1):
+        policy.free_slot(slot, policy.completed_iteration)
+    assert policy.free_page_groups == 20 and policy.deferred_page_groups == 40
+    # a 130-token first chunk on slot 0: 9 pages, 5 more in each group (5 x 2 + 5 x 3 = 25 units > 20 free: nothing
+    # of the first chunk is skipped), but slot 1's 20 are reclaimable: admitted, and the step unmaps slot 1
+    slot = policy.alloc_slot(130)
+    assert slot == 0
+    policy.computed[slot] = 0
+    plan = policy.step({slot: 130})
+    assert plan is not None and {op.slot for op in plan.unmaps} == {1}
+    assert policy.conservation_error() == 0

@@ -281,14 +281,21 @@ class HybridPolicy:
         return plan
 
     # ---- admission ---------------------------------------------------------------------------------------
-    def _fresh_units(self, slot: int, tokens: int) -> int:
+    def _fresh_units(self, slot: int, first_tokens: int, tokens: int) -> int:
+        """Units the request's pages need beyond what ``slot`` maps: full groups ``ceil(tokens / p)`` pages;
+        window groups the first chunk's pages (nothing is skipped before it is computed), or a window and a
+        chunk's worth ``ceil((W - 1 + first) / p) + 1`` for the later chunks; state groups one."""
         per_page, units = self.config.tokens_per_page, 0
+        pages = -(-tokens // per_page)
         for g in self.groups:
             if isinstance(g, StateGroupPolicy):
                 need = 1
+            elif isinstance(g, WindowGroupPolicy):
+                later = -(-(g.group.window_tokens - 1 + first_tokens) // per_page) + 1
+                need = max(-(-first_tokens // per_page), min(pages, later))
             else:
-                need = g.group.max_pages_held(tokens, per_page) + (1 if isinstance(g, WindowGroupPolicy) else 0)
-            units += g.units * max(0, min(need, -(-tokens // per_page)) - g.mapped[slot])
+                need = pages
+            units += g.units * max(0, need - g.mapped[slot])
         return units
 
     def _pick(self, first_target_tokens, reserve_tokens, committed_page_groups, cached) -> int | None:
@@ -297,9 +304,16 @@ class HybridPolicy:
             return None
         tokens = max(first_target_tokens, reserve_tokens or 0)
         committed = committed_page_groups * sum(g.units for g in self._growing)
-        if self._fresh_units(slot, tokens) + committed > self.pool.free_units - self._admission_units:
+        spare = self.pool.free_units - self._admission_units
+        fresh = self._fresh_units(slot, first_target_tokens, tokens) + committed
+        if fresh > spare and fresh > spare + self._reclaimable_units(slot):
             return None
         return slot
+
+    def _reclaimable_units(self, slot: int) -> int:
+        """Units on idle slots other than ``slot`` that a step could unmap now (deferred or eager pages)."""
+        return sum(g.units * (g._reclaimable_page_groups() - (g.mapped[slot] if slot not in g._in_flight_slots else 0))
+                   for g in self.groups)
 
     def can_admit(self, first_target_tokens: int, reserve_tokens: int | None = None,
                   committed_page_groups: int = 0, cached: tuple[int, int] = (0, 0)) -> bool:
