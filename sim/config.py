@@ -277,6 +277,10 @@ class SimConfig:
                          f"{spec.sliding_window_tokens:,}-token sliding window; the simulated memory manager still "
                          "holds KV for every token of every layer (an upper bound; window-aware allocation: "
                          "--policy vattention:window=unmap or paged:window=free, docs/hybrid.md)")
+        if (spec.linear_layers or spec.chunked_attention_layers) and not self.hybrid_alloc:
+            notes.append(f"{self.model}: {spec.linear_layers} Mamba/linear and {spec.chunked_attention_layers} chunked-local "
+                         f"of {spec.num_layers} layers are held as full attention layers (window=off; window-aware "
+                         "allocation: docs/hybrid.md)")
         return notes
 
     @cached_property

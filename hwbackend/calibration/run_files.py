@@ -31,7 +31,8 @@ class RunInputError(ValueError):
 # a field added to SimConfig later belongs here, with a default that reproduces the older runs.
 RUN_OPTIONAL_FIELDS = ("memset_bytes_per_s", "copy_bytes_per_s", "allow_long_context", "admission", "pp",
                        "weight_dtype", "kv_dtype", "usd_per_gpu_hour",   # these four: issue 21, defaults = before it
-                       "engine", "frontend_overhead_us", "cuda_graph_decodes")   # issue 31, defaults = before it
+                       "engine", "frontend_overhead_us", "cuda_graph_decodes",   # issue 31, defaults = before it
+                       "window_alloc")                                           # issue 33: off = before it
 RUN_FIELD_DEFAULTS = {"admission": "chunk"}
 """Settings of runs recorded before the field existed: replays before 2026-12-01 admitted a request when its
 first chunk fitted (``chunk``), whatever the scheduler."""
