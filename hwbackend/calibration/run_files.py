@@ -33,7 +33,8 @@ RUN_OPTIONAL_FIELDS = ("memset_bytes_per_s", "copy_bytes_per_s", "allow_long_con
                        "weight_dtype", "kv_dtype", "usd_per_gpu_hour",   # these four: issue 21, defaults = before it
                        "engine", "frontend_overhead_us", "cuda_graph_decodes",   # issue 31, defaults = before it
                        "paged_kernel", "paged_prefill_factor", "paged_decode_factor", "vmm_driver",   # issue 28
-                       "kv_tiers", "tier_write_policy", "tier_load_policy", "prefix_evict")   # issue 35
+                       "kv_tiers", "tier_write_policy", "tier_load_policy", "prefix_evict",   # issue 35
+                       "window_alloc")                                           # issue 33: off = before it
 RUN_FIELD_DEFAULTS = {"admission": "chunk"}
 """Settings of runs recorded before the field existed: replays before 2026-12-01 admitted a request when its
 first chunk fitted (``chunk``), whatever the scheduler."""

@@ -54,6 +54,18 @@ def _snapshot(obj: Any) -> dict[str, Any]:
     return {k: (v.copy() if isinstance(v, (list, set, dict)) else v) for k, v in vars(obj).items()}
 
 
+def _with_window_unmaps(policy: Any, plan: Plan | None) -> Plan | None:
+    """``plan`` with the unmaps of pages that left a window (:meth:`sim.memory.hybrid.HybridPolicy.take_window_unmaps`;
+    none for other policies) performed first, in the foreground: they are already applied to the accounting and
+    are never committed, so they do not go through the reserved background queue. ``None`` stays ``None`` with
+    the drops kept for the retry."""
+    take = getattr(policy, "take_window_unmaps", None)
+    if take is None or plan is None:
+        return plan
+    dropped = take()
+    return Plan(maps=plan.maps, unmaps=(*dropped.unmaps, *plan.unmaps)) if dropped else plan
+
+
 class Executor:
     """Applies a vAttention policy's plans to a KV cache, with an optional background mapper thread.
 
@@ -193,6 +205,7 @@ class Executor:
         with self._cv:
             snapshot = _snapshot(self.policy)
             plan = self.policy.step(target_tokens)
+            plan = _with_window_unmaps(self.policy, plan)
         if plan is None:
             self.metrics["step_failures"] += 1
             return False

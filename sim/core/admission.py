@@ -34,7 +34,10 @@ class Admission:
         stale_groups = self.policy.mapped[slot]      # deferred pages: hold the previous request's KV
         hit_tokens = self._map_prefix(request, slot)
         first_tokens = min(first_tokens, request.remaining)
+        if self._computed_hint is not None:
+            self._computed_hint[slot] = request.computed
         plan = self.policy.step({slot: request.computed + first_tokens})
+        self._take_window_unmaps()
         if plan is None:
             request.computed -= hit_tokens
             self._perform_free(self.policy.free_slot(slot, self.policy.completed_iteration))
@@ -206,6 +209,18 @@ class Admission:
             self.zero_bytes["background"] += op.num_pages * self.config.page_group_bytes
             cost_us += self._zero_us(op.num_pages)
         return cost_us
+
+    def _hybrid_counters(self) -> dict:
+        """Window-aware allocation's figures for the summary: per-group sizes, window crossings, VMM calls."""
+        calls = getattr(self.cost, "calls", None)
+        return {"kv_groups": self.config.hybrid.figures(), "window_crossings": self.policy.window_crossings,
+                **({"map_calls": calls["map"], "unmap_calls": calls["unmap"]} if calls is not None else {})}
+
+    def _take_window_unmaps(self) -> None:
+        """Pages that left a window (sim.memory.hybrid, ``window=unmap``): unmapped by the background mapper,
+        or on the critical path of the next iteration without one."""
+        if self._computed_hint is not None:
+            self._perform_free(self.policy.take_window_unmaps())
 
     def _perform_free(self, plan: Plan) -> None:
         """Unmaps a free returns (deferred reclamation off): in the background, or on the critical path."""

@@ -33,21 +33,24 @@ class VmmCost:
                  create_on_demand: bool = False):
         self.vmm, self.rng, self.create_on_demand = vmm, rng, create_on_demand
         self.pages_per_group = config.num_sub_tensors
+        # pages per page group of each layer group (sim.memory.hybrid; one group without window-aware allocation)
+        self.group_pages = config.group_sub_tensors if config.hybrid_alloc else (config.num_sub_tensors,)
         self.page_size_bytes = config.page_size_bytes
         self.worker_us = [0.0] * config.tp
         self.worker_scale = vmm.tp_worker_scale.get(config.tp, 1.0) if config.tp > 1 else 1.0
         self.critical_us = 0.0
         self.batched = config.batched_set_access
+        self.calls = {"map": 0, "unmap": 0}     # cuMemMap / cuMemUnmap calls of every op (all groups)
 
-    def _map_one_us(self, page_groups: int) -> float:
-        total = self.vmm.page_group_map_us(page_groups, self.pages_per_group, self.page_size_bytes, self.rng)
+    def _map_one_us(self, page_groups: int, group: int = 0) -> float:
+        pages = self.group_pages[group]
+        total = self.vmm.page_group_map_us(page_groups, pages, self.page_size_bytes, self.rng)
         if self.create_on_demand:
-            total += self.vmm.total_us("cuMemCreate", self.page_size_bytes, page_groups * self.pages_per_group,
-                                       self.rng)
+            total += self.vmm.total_us("cuMemCreate", self.page_size_bytes, page_groups * pages, self.rng)
         return total
 
-    def _unmap_one_us(self, page_groups: int) -> float:
-        calls = page_groups * self.pages_per_group
+    def _unmap_one_us(self, page_groups: int, group: int = 0) -> float:
+        calls = page_groups * self.group_pages[group]
         total = self.vmm.total_us("cuMemUnmap", self.page_size_bytes, calls, self.rng)
         if self.create_on_demand:
             total += self.vmm.total_us("cuMemRelease", self.page_size_bytes, calls, self.rng)
@@ -56,10 +59,11 @@ class VmmCost:
     def _ops_one_us(self, ops) -> float:
         total = 0.0
         for op in ops:
+            self.calls["unmap" if isinstance(op, UnmapOp) else "map"] += op.num_pages * self.group_pages[op.group]
             if isinstance(op, UnmapOp):
-                total += self._unmap_one_us(op.num_pages)
+                total += self._unmap_one_us(op.num_pages, op.group)
             else:
-                cost = self._map_one_us(op.num_pages)
+                cost = self._map_one_us(op.num_pages, op.group)
                 # k >= 2 pages of one slot are adjacent in every tensor: one set-access over the range
                 total += cost * self.vmm.batched_ratio if self.batched and op.num_pages >= 2 else cost
         return total

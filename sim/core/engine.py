@@ -118,6 +118,8 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
         self.cost = (VmmCost(vmm or VmmLatencyModel.builtin(), config, self.rng, config.create_on_demand)
                      if config.uses_vmm else NoCost())
         self.policy = build_policy(config)
+        # window-aware allocation (sim.memory.hybrid) reads each stepped slot's computed tokens
+        self._computed_hint = self.policy.computed if getattr(self.policy, "needs_computed", False) else None
         self.mapper = AsyncMapper(self.env, self.policy, self._background_op_us) if config.has_async_mapper else None
         self.prefix = self._donates = config.prefix_caching
         self._admission_refused = False        # set by _admit when the policy refused a slot
@@ -221,6 +223,7 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
             "zero_critical_bytes": self.zero_bytes["critical"], "zero_background_bytes": self.zero_bytes["background"],
             "cow_bytes": self.cow_bytes, **{f"prefix_{k}": v for k, v in getattr(self.policy, "stats", {}).items()},
             "pool_page_groups": self.config.pool_page_groups, "end_at_us": self.env.now,
+            **(self._hybrid_counters() if self._computed_hint is not None else {}),
             **tbt_stats_us(self.tbt_us, [(self.tbt_run_gaps_us, self.tbt_run_weights)]),
             # the gaps themselves, for merging replicas' TBT distributions (sim.cluster.routing.merge_replicas)
             "tbt_samples": (self.tbt_us, self.tbt_run_gaps_us, self.tbt_run_weights),

@@ -67,6 +67,7 @@ class IterationStep:
             if not targets:                 # every slot within its mapped pages: step() would map nothing
                 return batch, EMPTY_PLAN
             plan = self.policy.step(targets)
+            self._take_window_unmaps()
             if plan is not None:
                 return batch, plan
             if (yield from self._settle_mapper()):
@@ -113,13 +114,15 @@ class IterationStep:
         target is within its mapped pages, and a running slot is active and within its capacity, so the plan
         is the same), except under prefix caching, whose ``step`` checks every slot of the batch."""
         per_page, mapped = self.policy.config.tokens_per_page, self.policy.mapped
-        every_target = self.prefix
+        every_target, hint = self.prefix, self._computed_hint
         targets, short = {}, []
         for request, tokens in batch:
             slot, target = request.slot, request.computed + tokens
             if target > mapped[slot] * per_page:          # pages_for_tokens(target) > mapped[slot]
                 targets[slot] = target
                 short.append(slot)
+                if hint is not None:
+                    hint[slot] = request.computed
             elif every_target:
                 targets[slot] = target
         return targets, short

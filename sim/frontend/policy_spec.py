@@ -8,6 +8,7 @@ A policy is written ``NAME[:key=value,key=value,...]`` (``kvsim simulate --polic
     paged:admission=chunk           vattention:prefix=on             paged:kernel=fa2-paged
     paged:kernel=vllm-v0,prefill_factor=1.1                          vattention:page=64KiB,driver=modified
     paged:prefix=on,evict=radix-leaf
+    vattention:window=unmap         vattention:window=recycle        paged:window=free
 
 :data:`POLICY_KEYS` maps each policy's keys to the SimConfig field they set and the parser of the value
 (meanings and defaults: :class:`sim.setup.config.SimConfig`; ``kvsim compare --help`` lists them).
@@ -73,12 +74,14 @@ POLICY_KEYS: dict[str, dict] = {
         "layout_factor": ("layout_attention_factor", float),
         "batched": ("batched_set_access", _on_off),
         "driver": ("vmm_driver", _choice(*VMM_DRIVERS)),
+        "window": ("window_alloc", _choice("off", "unmap", "recycle")),
         **_COMMON},
     "paged": {
         "block": ("block_size_tokens", int), "factor": ("paged_attention_factor", _factor),
         "kernel": ("paged_kernel", _kernel), "prefill_factor": ("paged_prefill_factor", _factor),
         "decode_factor": ("paged_decode_factor", _factor),
         "bt_base_us": ("block_table_base_us", float), "bt_per_block_us": ("block_table_per_block_us", float),
+        "window": ("window_alloc", _choice("off", "free")),
         **_COMMON},
     "static": {"max_len": ("max_len_tokens", int), **_COMMON},
 }

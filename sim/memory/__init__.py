@@ -18,6 +18,7 @@ All three policies share one interface (that of :class:`VAttentionPolicy`) and o
 The paged and static managers are the same slot/pool bookkeeping with deferral, eager allocation and
 watermark reclamation switched off, so their differences from vAttention are exactly the knobs.
 """
+from sim.memory.hybrid import HybridPolicy, build_hybrid_policy
 from sim.memory.prefix import PrefixCachingPolicy, PrefixHit
 from sim.memory.vattention import VAttentionConfig, VAttentionPolicy
 
@@ -35,6 +36,8 @@ def build_policy(config) -> VAttentionPolicy:
         eager_idle_slots=config.eager_idle_slots if vattention else 0,
         low_watermark_frac=config.low_watermark_frac if vattention else 0.0,
         admission_watermark_frac=0.0 if config.policy == "static" else config.admission_watermark_frac)
+    if getattr(config, "hybrid_alloc", False):
+        return build_hybrid_policy(config, policy_config)      # per-group sub-policies (sim.memory.hybrid)
     if config.prefix_caching:
         policy = PrefixCachingPolicy(policy_config, config.prefix_block_tokens, cow_partial=vattention)
         _attach_eviction_and_tiers(policy, config)
@@ -55,4 +58,4 @@ def _attach_eviction_and_tiers(policy: PrefixCachingPolicy, config) -> None:
                                       config.tokens_per_page, config.tier_write_policy)
 
 
-__all__ = ["PrefixCachingPolicy", "PrefixHit", "VAttentionConfig", "VAttentionPolicy", "build_policy"]
+__all__ = ["HybridPolicy", "PrefixCachingPolicy", "PrefixHit", "VAttentionConfig", "VAttentionPolicy", "build_policy"]

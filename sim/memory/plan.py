@@ -30,9 +30,10 @@ class MapOp:
     slot: int
     first_page: int
     num_pages: int
+    group: int = 0       # layer group (sim.memory.hybrid); 0 = the only group of a non-hybrid model
 
     def __post_init__(self) -> None:
-        if self.slot < 0 or self.first_page < 0 or self.num_pages < 1:
+        if self.slot < 0 or self.first_page < 0 or self.num_pages < 1 or self.group < 0:
             raise ValueError(f"invalid MapOp {self}")
 
 
@@ -43,9 +44,10 @@ class UnmapOp:
     slot: int
     first_page: int
     num_pages: int
+    group: int = 0       # layer group, as for MapOp
 
     def __post_init__(self) -> None:
-        if self.slot < 0 or self.first_page < 0 or self.num_pages < 1:
+        if self.slot < 0 or self.first_page < 0 or self.num_pages < 1 or self.group < 0:
             raise ValueError(f"invalid UnmapOp {self}")
 
 

@@ -196,6 +196,12 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
         **_prefix_summary(requests, finished, counters, calls_per_group),
         **_tier_summary(requests, counters),
     }
+    if "kv_groups" in counters:      # window-aware allocation (sim.memory.hybrid): page groups differ per group
+        state_bytes = int(counters["kv_groups"].get("state_reserved_bytes", 0))   # vAttention's per-slot state
+        summary["peak_mapped_bytes"] += state_bytes
+        summary["pool_bytes"] += state_bytes
+        summary.update(kv_groups=counters["kv_groups"], window_crossings=int(counters["window_crossings"]),
+                       map_calls=int(counters.get("map_calls", 0)), unmap_calls=int(counters.get("unmap_calls", 0)))
     summary.update(compute_model_entry(config))     # which compute model produced the times (issue 36)
     return summary
 

@@ -6,6 +6,7 @@ from functools import cached_property
 
 from sim.setup.catalog import DTYPE_BYTES, GPUSpec, ModelSpec, get_gpu, get_model
 from sim.timing.latency import DRIVER_GRANULARITY_BYTES, modified_driver_note, modified_driver_page_us
+from sim.memory.hybrid_sizing import HybridSizing, window_alloc_error
 from sim.memory.vattention import knob_range_error
 from sim.timing.paged_kernels import PAGED_KERNELS, PagedFactors, resolve_paged_factors
 from sim.units import MIB, format_bytes
@@ -129,6 +130,9 @@ class SimConfig:
         frontend_overhead_us: per-request cost outside the model (API server, tokenisation, detokenisation), us,
             added to each request's first-token and completion times, so to TTFT and E2E, but to no iteration
             (docs/serving-semantics.md); 0 by default, an engine preset's otherwise.
+        window_alloc: window-aware allocation for hybrid models (:mod:`sim.memory.hybrid`, docs/hybrid.md):
+            ``off`` (every layer holds every token, as before), vattention ``unmap`` / ``recycle`` (pages below a
+            window are unmapped, or moved to the new end), paged ``free`` (vLLM v1's hybrid KV-cache manager).
         cuda_graph_decodes: decodes as CUDA graphs (the compute model's ``decode_graphs``) when not ``None``; ``None``:
             the compute model's default (eager) or a profile's fitted value.
         kv_tiers: the prefix cache's tiers below HBM, from HBM down (:class:`sim.memory.tiers.TierSpec`,
@@ -190,6 +194,7 @@ class SimConfig:
     tier_write_policy: str = "write-back"
     tier_load_policy: str = "sync"
     prefix_evict: str = "lru"
+    window_alloc: str = "off"
 
     def __post_init__(self) -> None:
         tier_error = _tier_error(self)
@@ -233,6 +238,9 @@ class SimConfig:
         if paged_error:
             raise ConfigError(paged_error)
         self.model_spec.check_tp(self.tp)
+        hybrid_error = window_alloc_error(self)
+        if hybrid_error:
+            raise ConfigError(hybrid_error)
         page = self.page_size_bytes
         if page < MIN_PAGE_SIZE_BYTES or page & (page - 1):
             raise ConfigError(f"--page-size {page} B: must be a power of two >= 64KiB")
@@ -376,10 +384,16 @@ class SimConfig:
         if self.policy == "paged" and not self.paged_factors.is_constant:
             notes.append(f"paged attention ({self.paged_kernel or 'factor='}): {self.paged_factors.describe()}")
         spec = self.full_model_spec
-        if spec.sliding_window_tokens and spec.sliding_window_layers and self.slot_max_tokens > spec.sliding_window_tokens:
+        if (spec.sliding_window_tokens and spec.sliding_window_layers and self.slot_max_tokens > spec.sliding_window_tokens
+                and not self.hybrid_alloc):
             notes.append(f"{self.model}: {spec.sliding_window_layers} of {spec.num_layers} layers use a "
                          f"{spec.sliding_window_tokens:,}-token sliding window; the simulated memory manager still "
-                         "holds KV for every token of every layer (an upper bound; docs/models.md)")
+                         "holds KV for every token of every layer (an upper bound; window-aware allocation: "
+                         "--policy vattention:window=unmap or paged:window=free, docs/hybrid.md)")
+        if (spec.linear_layers or spec.chunked_attention_layers) and not self.hybrid_alloc:
+            notes.append(f"{self.model}: {spec.linear_layers} Mamba/linear and {spec.chunked_attention_layers} chunked-local "
+                         f"of {spec.num_layers} layers are held as full attention layers (window=off; window-aware "
+                         "allocation: docs/hybrid.md)")
         return notes
 
     @cached_property
@@ -391,7 +405,7 @@ class SimConfig:
     def tokens_per_page(self) -> int:
         """Tokens per allocation unit: vAttention page, PagedAttention block, or static reservation."""
         if self.policy == "paged":
-            return self.block_size_tokens
+            return self.hybrid.paged_block_tokens if self.hybrid_alloc else self.block_size_tokens
         if self.policy == "static":
             return self.max_len_tokens or self.slot_max_tokens
         per_page = self.model_spec.tokens_per_page(self.page_size_bytes, self.tp)
@@ -408,6 +422,8 @@ class SimConfig:
     def page_group_bytes(self) -> int:
         """Physical bytes of one allocation unit: a vAttention page group ``2N' * G``; a paged block or a
         static reservation ``tokens * kv_bytes_per_token``."""
+        if self.hybrid_alloc:
+            return self.hybrid.unit_bytes
         if self.policy == "vattention":
             return self.num_sub_tensors * self.page_size_bytes
         return self.tokens_per_page * self.model_spec.kv_bytes_per_token(self.tp)
@@ -419,7 +435,37 @@ class SimConfig:
 
     @cached_property
     def pool_page_groups(self) -> int:
+        """Allocation units of the pool (hybrid: units of :attr:`hybrid`, after the per-slot state reservation)."""
+        if self.hybrid_alloc:
+            return max(0, self.kv_budget_bytes - self.hybrid.state_reserved_bytes) // self.page_group_bytes
         return self.kv_budget_bytes // self.page_group_bytes
+
+    @cached_property
+    def layer_groups(self):
+        """The model's layer groups on one worker (:func:`sim.memory.layer_groups.layer_groups`)."""
+        from sim.memory.layer_groups import layer_groups
+        return layer_groups(self.model_spec, self.tp)
+
+    @cached_property
+    def hybrid_alloc(self) -> bool:
+        """Window-aware allocation is on and the model has groups other than one full-attention group."""
+        from sim.memory.layer_groups import is_hybrid
+        return self.window_alloc != "off" and is_hybrid(self.layer_groups)
+
+    @cached_property
+    def hybrid(self) -> HybridSizing:
+        """Units and per-group sizes of window-aware allocation (:class:`sim.memory.hybrid_sizing.HybridSizing`)."""
+        return HybridSizing.of(self)
+
+    @property
+    def group_units(self) -> tuple[int, ...]:
+        """Units one page group of each layer group costs (0: none from the pool)."""
+        return self.hybrid.group_units
+
+    @property
+    def group_sub_tensors(self) -> tuple[int, ...]:
+        """VMM pages one page group of each pool-drawing layer group maps (vAttention: ``2 N_g``, MLA ``N_g``)."""
+        return self.hybrid.group_sub_tensors
 
     @cached_property
     def max_pages_per_slot(self) -> int:
@@ -491,6 +537,8 @@ class SimConfig:
             out.update(vmm_driver_used="modified (vAttention's modified NVIDIA UVM driver, not the stock CUDA API)",
                        modified_driver_map_us_per_page=modified_driver_page_us(self.page_size_bytes))
         out.update(self.derived_figures())
+        if self.hybrid_alloc:             # window-aware allocation: the per-group sizes (docs/hybrid.md)
+            out["layer_groups"] = self.hybrid.figures()
         return out
 
     def derived_figures(self) -> dict:

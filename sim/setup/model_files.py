@@ -38,6 +38,7 @@ import tomllib
 from functools import cache
 from pathlib import Path
 
+from sim.setup.layer_kinds import layer_kind_fields
 from sim.setup.specs import GPU_FIELDS, MODEL_FIELDS, CatalogError, GPUSpec, ModelSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +50,7 @@ TORCH_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "floa
 GATED_MODEL_TYPES = frozenset({
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek", "deepseek_v2",
     "deepseek_v3", "gemma", "gemma2", "gemma3", "gemma3_text", "internlm2", "yi", "phi3", "olmo", "olmo2", "cohere",
-    "granite", "exaone", "baichuan", "minicpm", "stablelm", "starcoder2_gated", "dbrx", "jamba", "arctic"})
+    "granite", "exaone", "baichuan", "minicpm", "stablelm", "starcoder2_gated", "dbrx", "jamba", "arctic", "gpt_oss"})
 """``model_type`` values whose MLP is gated (gate, up and down projections; SwiGLU or GeGLU)."""
 
 PLAIN_MODEL_TYPES = frozenset({"gpt2", "gpt_neox", "gptj", "opt", "falcon", "bloom", "phi", "starcoder2",
@@ -64,7 +65,7 @@ PLAIN_ACTIVATIONS = frozenset({"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fa
 
 UNTIED_BY_DEFAULT = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                                "deepseek_v2", "deepseek_v3", "yi", "internlm2", "phi3", "olmo2", "granite",
-                               "gptj", "gpt_neox", "phi"})
+                               "gptj", "gpt_neox", "phi", "gpt_oss", "jamba"})
 """``model_type`` values whose transformers config class defaults ``tie_word_embeddings`` to false
 (``GPTJConfig``, ``GPTNeoXConfig`` and ``PhiConfig`` set it false too)."""
 
@@ -312,7 +313,7 @@ def model_from_hf_config(data: dict, shown: str, name: str = "model") -> ModelSp
         first_dense = f.integer("first_k_dense_replace", 0, minimum=0)
         if first_dense > layers:
             raise f.fail("first_k_dense_replace", f"({first_dense}) exceeds num_hidden_layers ({layers})")
-        if f.integer("moe_layer_freq", 1) != 1:
+        if f.integer("moe_layer_freq", 1) != 1 and not f.has("expert_layer_period"):
             raise f.fail("moe_layer_freq", f"must be 1 (every layer after first_k_dense_replace is MoE), got "
                                            f"{data['moe_layer_freq']}")
         moe_ffn = f.integer("moe_intermediate_size", f.integer("intermediate_size", 0, minimum=0) or None)
@@ -331,11 +332,13 @@ def model_from_hf_config(data: dict, shown: str, name: str = "model") -> ModelSp
     quantization = data.get("quantization_config")
     if quantization is not None:
         method = quantization.get("quant_method") if isinstance(quantization, dict) else None
-        if method != "fp8":
-            raise f.fail("quantization_config.quant_method", f"{json.dumps(method)} is not supported (fp8 is); give "
-                                                             "the model as a TOML with its dtype_bytes instead")
-        dtype_bytes = 1
+        if method not in ("fp8", "mxfp4"):
+            raise f.fail("quantization_config.quant_method", f"{json.dumps(method)} is not supported (fp8, mxfp4 are); "
+                                                             "give the model as a TOML with its dtype_bytes instead")
+        if method == "fp8":
+            dtype_bytes = 1
     sliding_window, sliding_layers = _sliding(f, layers, model_type)
+    kinds = layer_kind_fields(f, data, layers, hidden, dtype_bytes, model_type)   # sim.setup.layer_kinds
     gated = _mlp_gated(f, model_type)
     tied = f.flag("tie_word_embeddings", model_type not in UNTIED_BY_DEFAULT)
     structure = family_structure(f, model_type, hidden, context)
@@ -345,7 +348,7 @@ def model_from_hf_config(data: dict, shown: str, name: str = "model") -> ModelSp
         tie_word_embeddings=tied, **structure, num_experts=experts, num_shared_experts=shared,
         experts_per_token=top_k, moe_ffn_size=moe_ffn, first_dense_layers=first_dense, kv_lora_rank=kv_lora,
         qk_rope_head_dim=rope, qk_nope_head_dim=nope, v_head_dim=v_dim, q_lora_rank=q_lora,
-        sliding_window_tokens=sliding_window, sliding_window_layers=sliding_layers, source=shown)
+        sliding_window_tokens=sliding_window, sliding_window_layers=sliding_layers, source=shown, **kinds)
     _check_consistent(spec, f)
     return spec
 
@@ -404,7 +407,7 @@ def family_structure(f: _Fields, model_type: str, hidden: int, context: int) -> 
     out_bias = biased or (model_type not in ("qwen2", "qwen2_moe") and f.flag("attention_bias", False))
     positions = {"opt": context + 2, "gpt2": context}.get(model_type, 0)
     return {"attention_bias": qkv_bias, "attention_out_bias": out_bias,
-            "mlp_bias": biased or model_type == "gptj" or f.flag("mlp_bias", False),
+            "mlp_bias": biased or model_type in ("gptj", "gpt_oss") or f.flag("mlp_bias", False),
             "lm_head_bias": model_type in ("gptj", "phi"), "norms_per_layer": _norms_per_layer(f, model_type),
             "norm_bias": model_type in LAYERNORM_MODEL_TYPES,
             "qk_norm": model_type in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text"),

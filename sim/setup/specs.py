@@ -74,6 +74,21 @@ class ModelSpec:
             Attention (DeepSeek-V2/V3); ``kv_lora_rank`` 0 = GQA/MHA. ``q_lora_rank`` 0 = full-rank queries.
         sliding_window_tokens: attention window of the sliding-window layers (0 = none).
         sliding_window_layers: how many layers use the window.
+        chunked_attention_tokens / chunked_attention_layers: chunked local attention (Llama 4
+            ``attention_chunk_size``): a token attends only to the earlier tokens of its own chunk.
+        linear_layers: layers whose mixer is a Mamba / linear-attention block (no KV cache: a constant state
+            per request; Jamba, Qwen3-Next); they hold :attr:`linear_state_bytes_per_layer` each.
+        linear_state_bytes_per_layer: recurrent + convolution state of one request in one such layer, bytes
+            (whole model; divided by ``tp`` per worker: the state is sharded with the heads / channels).
+        linear_layer_params: parameters of one such layer's mixer (replacing the attention projections).
+        moe_layer_period / moe_layer_offset: with period p > 1 only layers ``i`` with ``i % p == offset`` are MoE,
+            the others dense (Jamba ``expert_layer_period`` / ``expert_layer_offset``).
+        expert_element_bits / expert_scale_block: block-quantised routed experts (gpt-oss MXFP4: 4-bit elements,
+            one 8-bit scale per 32; 0 = the experts at ``dtype_bytes``): bits per weight
+            ``element_bits + 8 / scale_block`` (OCP Microscaling Formats v1.0, section 5: MXFP4 = E2M1 elements,
+            k = 32, E8M0 scale).
+        attention_sinks: one learned sink logit per query head and layer (gpt-oss): ``num_q_heads`` parameters per
+            attention layer, no KV token (the sink is a softmax term, not a cached position).
         stage_index / num_stages: the pipeline stage this view is (0 of 1: the whole model); the first stage
             holds the embedding, the last the final norm and the LM head.
         source: where the shape was read from (``catalog.toml`` or the file).
@@ -112,6 +127,16 @@ class ModelSpec:
     q_lora_rank: int = 0
     sliding_window_tokens: int = 0
     sliding_window_layers: int = 0
+    chunked_attention_tokens: int = 0
+    chunked_attention_layers: int = 0
+    linear_layers: int = 0
+    linear_state_bytes_per_layer: int = 0
+    linear_layer_params: int = 0
+    moe_layer_period: int = 1
+    moe_layer_offset: int = 0
+    expert_element_bits: int = 0
+    expert_scale_block: int = 0
+    attention_sinks: bool = False
     stage_index: int = 0
     num_stages: int = 1
     source: str = "catalog.toml"
@@ -149,6 +174,8 @@ class ModelSpec:
 
     @property
     def num_moe_layers(self) -> int:
+        if self.uses_moe and self.moe_layer_period > 1:     # Jamba: layers i with i % period == offset
+            return len(range(self.moe_layer_offset, self.num_layers, self.moe_layer_period))
         return self.num_layers - self.first_dense_layers if self.uses_moe else 0
 
     @property
@@ -278,19 +305,49 @@ class ModelSpec:
     def linear_params(self, tp: int = 1) -> int:
         """Resident linear parameters of all layers on one worker (every expert)."""
         dense = self.num_dense_layers * self.linear_params_per_layer(tp)
-        return dense + (self.num_moe_layers * self.linear_params_per_layer(tp, moe=True) if self.uses_moe else 0)
+        moe = self.num_moe_layers * self.linear_params_per_layer(tp, moe=True) if self.uses_moe else 0
+        return dense + moe + self._mixer_params_delta(tp)
+
+    def _mixer_params_delta(self, tp: int) -> int:
+        """Parameters that layer kinds add to the per-layer counts on one worker: a Mamba / linear-attention layer's
+        mixer (:attr:`linear_layer_params`, sharded) replaces its attention projections; attention sinks add
+        ``num_q_heads`` per attention layer (gpt-oss ``self_attn.sinks``)."""
+        if not (self.linear_layers or self.attention_sinks):
+            return 0
+        sharded, replicated = self.attention_params()
+        sinks = self.num_q_heads // tp if self.attention_sinks else 0
+        return (self.linear_layers * (self.linear_layer_params // tp - sharded // tp - replicated)
+                + (self.num_layers - self.linear_layers) * sinks)
+
+    def quantised_expert_params(self, tp: int = 1) -> int:
+        """Routed experts' matrix parameters stored block-quantised on one worker (0 unless
+        :attr:`expert_element_bits`); their biases stay at ``dtype_bytes``."""
+        if not (self.expert_element_bits and self.uses_moe):
+            return 0
+        matrices = 3 if self.mlp_gated else 2
+        return self.num_moe_layers * self.num_experts * matrices * self.hidden_size * self.moe_ffn_size // tp
+
+    def _quantised_saving_bytes(self, params: int) -> int:
+        """Bytes saved by storing ``params`` at ``element_bits + 8 / scale_block`` bits instead of ``dtype_bytes``."""
+        if not params:
+            return 0
+        block = self.expert_scale_block or 1
+        bits_x_block = self.expert_element_bits * block + (8 if self.expert_scale_block else 0)
+        return params * self.dtype_bytes - -(-params * bits_x_block // (8 * block))
 
     def active_linear_params(self, tp: int = 1) -> int:
         """Linear parameters one token runs through on one worker (FLOPs ``2 x`` this): dense layers, and in MoE
         layers attention, router, ``experts_per_token`` routed and the shared experts."""
         if not self.uses_moe:
-            return self.num_layers * self.linear_params_per_layer(tp)
+            return self.num_layers * self.linear_params_per_layer(tp) + self._mixer_params_delta(tp)
         sharded, replicated = self._layer_params(moe=True, active=True)
-        return self.num_dense_layers * self.linear_params_per_layer(tp) + self.num_moe_layers * (sharded // tp + replicated)
+        return (self.num_dense_layers * self.linear_params_per_layer(tp) + self.num_moe_layers * (sharded // tp + replicated)
+                + self._mixer_params_delta(tp))
 
     def routed_expert_bytes(self, tp: int = 1) -> int:
         """Bytes of the routed experts of all MoE layers on one worker (read only for the experts a batch picks)."""
-        return self.num_moe_layers * (self.num_experts * self.mlp_params(self.moe_ffn_size) // tp) * self.dtype_bytes
+        full = self.num_moe_layers * (self.num_experts * self.mlp_params(self.moe_ffn_size) // tp) * self.dtype_bytes
+        return full - self._quantised_saving_bytes(self.quantised_expert_params(tp))
 
     def embedding_params(self, tp: int = 1) -> int:
         """Embedding and LM-head parameters on one worker (vocab-parallel): two tables, one when tied, and the
@@ -326,7 +383,8 @@ class ModelSpec:
             CatalogError: when ``tp`` does not divide the heads.
         """
         self.check_tp(tp)
-        return self.linear_params(tp) * self.dtype_bytes + self._unsharded_small_params(tp) * self.activation_bytes
+        return (self.linear_params(tp) * self.dtype_bytes + self._unsharded_small_params(tp) * self.activation_bytes
+                - self._quantised_saving_bytes(self.quantised_expert_params(tp)))
 
     def unread_embedding_bytes(self, tp: int = 1) -> int:
         """Weight bytes an iteration does not stream: the input embedding (only the batch's rows are gathered),
@@ -387,8 +445,10 @@ class ModelSpec:
         for index, layers in enumerate(self.pipeline_layers(pp)):
             dense = max(0, min(start + layers, self.first_dense_layers) - start)
             sliding = self.sliding_window_layers * layers // self.num_layers
+            kinds = {name: getattr(self, name) * layers // self.num_layers     # pro rata, as the sliding layers
+                     for name in ("chunked_attention_layers", "linear_layers")}
             stages.append(replace(self, num_layers=layers, first_dense_layers=dense, sliding_window_layers=sliding,
-                                  stage_index=index, num_stages=pp))
+                                  stage_index=index, num_stages=pp, **kinds))
             start += layers
         return stages
 
