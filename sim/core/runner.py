@@ -9,7 +9,7 @@ import pandas as pd
 
 from sim.results.summary import RunResult, build_result
 from sim.timing.compute import ComputeFieldError, RooflineComputeModel
-from sim.setup.config import SimConfig
+from sim.setup.config import ConfigError, SimConfig
 from sim.core.engine import Simulator
 from sim.timing.pipeline import compute_model_for
 from sim.timing.latency import ProfileError, VmmLatencyModel, read_profile
@@ -32,7 +32,8 @@ def load_models(config: SimConfig, profile_path: str | None,
     compute = compute_model_for(config)     # the roofline, or its pipeline form with config.pp > 1
     if profile_path is None:
         if compute_model not in ("auto", "roofline"):
-            raise ValueError(f"--compute-model {compute_model} needs --profile")
+            raise ConfigError(f"compute_model={compute_model} needs a calibration profile (profile_path)",
+                              "compute_model", "profile_path")
         return VmmLatencyModel.builtin(), compute
     vmm = VmmLatencyModel.from_profile(profile_path)
     profile = read_profile(profile_path)
@@ -57,7 +58,7 @@ def load_models(config: SimConfig, profile_path: str | None,
 
 
 COMPUTE_MODELS = ("auto", "in-loop", "tiled", "roofline")
-"""``--compute-model`` choices: ``in-loop`` (``compute_in_loop``: fitted on a hardware replay's own
+"""``compute_model`` choices: ``in-loop`` (``compute_in_loop``: fitted on a hardware replay's own
 iterations, ``kvsim calibrate --from-run``), ``tiled`` (``compute.tiled_roofline``), ``roofline``
 (``compute.roofline``; both fitted on the isolated grid of ``kvsim calibrate --compute``); ``auto``: the
 first of these the profile holds for the run's model and tensor-parallel degree."""

@@ -1,5 +1,5 @@
 """Catalogue of models and GPUs: built-in entries read from ``catalog.toml`` (data, not code), or a user's file
-(``--model PATH`` to a Hugging Face ``config.json`` or a TOML, ``--gpu PATH`` to a TOML; :mod:`sim.setup.model_files`).
+(a ``model`` path to a Hugging Face ``config.json`` or a TOML, a ``gpu`` path to a TOML; :mod:`sim.setup.model_files`).
 The shapes and every derived size (weights, KV bytes per token, tokens per page, pipeline stages) are in
 :mod:`sim.setup.specs`, re-exported here.
 """
