@@ -380,8 +380,9 @@ def main(argv: list[str] | None = None) -> int:
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ValueError, OSError) as exc:
-        print(f"kvsim: error: {exc}", file=sys.stderr)
+    except (ValueError, OSError) as exc:     # an error of the core names its fields: show the flags instead
+        from sim.frontend.flags import flag_message, parser_flags
+        print(f"kvsim: error: {flag_message(exc, parser_flags(parser))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kvsim: interrupted", file=sys.stderr)
