@@ -217,7 +217,7 @@ class SimConfig:
         self.model_spec.check_tp(self.tp)
         page = self.page_size_bytes
         if page < MIN_PAGE_SIZE_BYTES or page & (page - 1):
-            raise ConfigError(f"page_size_bytes={page}: must be a power of two >= 64KiB", "page_size_bytes")
+            raise ConfigError(f"page_size_bytes={page} B: must be a power of two >= 64KiB", "page_size_bytes")
         driver_error = self._vmm_driver_error()
         if driver_error:
             raise ConfigError(driver_error, "vmm_driver", "page_size_bytes", "batched_set_access")
