@@ -370,9 +370,10 @@ def main(argv: list[str] | None = None) -> int:
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError) as exc:     # an error of the core names its fields: show the flags instead
         from analysis.flags import ERROR_PREFIX
-        print(f"{ERROR_PREFIX}{exc}", file=sys.stderr)
+        from sim.frontend.flags import flag_message, parser_flags
+        print(f"{ERROR_PREFIX}{flag_message(exc, parser_flags(parser))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kvsim: interrupted", file=sys.stderr)

@@ -113,7 +113,8 @@ def cmd_simulate_disagg(args: argparse.Namespace) -> int:
     try:
         run = run_disagg(config, trace, args.profile)
     except DisaggStallError as exc:    # a modelled outcome of this deployment: one line, no traceback
-        raise ValueError(str(exc)) from None
+        from sim.setup.specs import FieldError
+        raise FieldError(str(exc), *exc.fields) from None      # the front end names the flag of kv_stream
     wall_s = time.perf_counter() - started
     source = trace.attrs.get("source", "in-memory table")
     from analysis.results import compute_model_entry

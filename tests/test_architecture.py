@@ -6,6 +6,7 @@ command line (``cli``), ``sim``'s sub-packages (issue 29) and their import rule 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from tests.conftest import REPO_ROOT
@@ -191,3 +192,49 @@ def test_paths_anchored_at_the_repository_root_still_find_it_after_the_move():
     profiles live in its ``profiles/``: the anchors must be the root (where pyproject.toml is), not ``sim/``."""
     from sim.setup import model_files
     assert (model_files.REPO_ROOT / "pyproject.toml").is_file() and (model_files.REPO_ROOT / "profiles").is_dir()
+
+
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+"""A command-line flag as written in a string (``--token-budget``)."""
+COMMAND_EXAMPLE = re.compile(r"\bkvsim(?:[ \t]+[\w./=:-]+)+")
+"""A whole command to run (``kvsim calibrate --from-run RUN_DIR``, ``kvsim --help``): an instruction naming another
+command's flags, not the flag of a caller's option; removed before the scan."""
+FLAG_ALLOWED = {("sim/setup/config.py", "--usd-per-gpu-hour")}
+"""Strings of the simulation core that must name a flag: ``GPUSpec.price_source`` of a price given on the
+command line, a value recorded in ``config.json`` (changing it would change every such run directory)."""
+
+
+def _flags_in_strings(root: Path, base: Path = REPO_ROOT) -> set[tuple[str, str]]:
+    """``(path, flag)`` of each ``--flag`` in a string constant (docstrings and f-string parts included) of the
+    modules under ``root`` outside ``sim/frontend``."""
+    found = set()
+    for path in sorted(root.rglob("*.py")):
+        name = path.relative_to(base).as_posix()
+        if "/frontend/" in f"/{name}":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found.update((name, flag) for flag in FLAG.findall(COMMAND_EXAMPLE.sub("", node.value)))
+    return found
+
+
+def test_the_simulation_core_names_fields_not_flags():
+    """No string of ``sim`` outside ``sim.frontend`` names a command-line flag (issue 29 item 4): the core's
+    errors name the configuration field (``token_budget=0: must be >= 1``, the fields in ``exc.fields``) and each
+    front end names its own flag or key (:mod:`sim.frontend.flags`, :func:`sim.frontend.policy_spec.policy_config_error`);
+    :data:`FLAG_ALLOWED` lists the documented exceptions, each still present (the list only shrinks)."""
+    found = _flags_in_strings(REPO_ROOT / "sim")
+    assert found - FLAG_ALLOWED == set()
+    assert FLAG_ALLOWED - found == set()
+
+
+def test_the_flag_scan_sees_a_flag_in_an_error_and_a_docstring(tmp_path):
+    """The scan is not vacuous: a flag in an f-string message and in a docstring is found, one in ``frontend/``
+    and one inside a whole ``kvsim ...`` command is not, and neither is a field name or ``x--y``."""
+    (tmp_path / "core").mkdir()
+    (tmp_path / "frontend").mkdir()
+    (tmp_path / "core" / "m.py").write_text('"""Set by ``--seed``."""\n'
+                                            'def f(x):\n    raise ValueError(f"--token-budget {x}: must be >= 1")\n'
+                                            'A = "token_budget=0, a--b; run kvsim calibrate --from-run RUN"\n')
+    (tmp_path / "frontend" / "o.py").write_text('B = "--max-batch"\n')
+    assert _flags_in_strings(tmp_path, tmp_path) == {("core/m.py", "--seed"), ("core/m.py", "--token-budget")}

@@ -134,24 +134,29 @@ def test_more_requests_asked_than_the_trace_has_is_said(tmp_path, capsys):
 
 def test_vllm_scheduler_refuses_a_token_budget_below_max_batch(tmp_path, capsys):
     """vLLM refuses max_num_batched_tokens < max_num_seqs (vllm/config/scheduler.py, issue 28 item 7): so does
-    ``--scheduler vllm`` with ``--token-budget`` below ``--max-batch``, naming both fields and flags; equal values,
-    the sarathi scheduler and the vllm scheduler on its defaults (2048 tokens, 256 slots) are accepted."""
+    ``--scheduler vllm`` with ``--token-budget`` below ``--max-batch``: SimConfig's error names both fields (and no
+    flag), the command line's both flags; equal values, the sarathi scheduler and the vllm scheduler on its
+    defaults (2048 tokens, 256 slots) are accepted."""
     import pytest
 
     from sim.setup.config import ConfigError, SimConfig
 
     with pytest.raises(ConfigError) as refused:
         SimConfig(scheduler="vllm", token_budget=128, max_batch_slots=256)
-    for name in ("token_budget 128", "--token-budget", "max_batch_slots 256", "--max-batch", "max_num_seqs"):
+    for name in ("scheduler=vllm", "token_budget=128", "max_batch_slots=256", "max_num_seqs",
+                 "raise token_budget to 256 or more, or lower max_batch_slots to 128 or less"):
         assert name in str(refused.value)
+    assert "--" not in str(refused.value)
+    assert refused.value.fields == ("scheduler", "token_budget", "max_batch_slots")
     assert SimConfig(scheduler="vllm", token_budget=256, max_batch_slots=256).token_budget == 256
     assert SimConfig(scheduler="sarathi", token_budget=128).max_batch_slots == 256
     assert main(["simulate", "--out", str(tmp_path / "r"), "--num-requests", "5", "--scheduler", "vllm",
                  "--token-budget", "64", "--max-batch", "65"]) == 2
     assert capsys.readouterr().err == (
-        "kvsim: error: --scheduler vllm: token_budget 64 (--token-budget, vLLM's max_num_batched_tokens) is below "
-        "max_batch_slots 65 (--max-batch, vLLM's max_num_seqs); vLLM refuses this (max_num_batched_tokens must be "
-        ">= max_num_seqs): raise --token-budget to 65 or more, or lower --max-batch to 64 or less\n")
+        "kvsim: error: --scheduler vllm: --token-budget 64 (vLLM's max_num_batched_tokens) is below "
+        "--max-batch 65 (vLLM's max_num_seqs); vLLM refuses this (max_num_batched_tokens must be "
+        ">= max_num_seqs): raise --token-budget to 65 or more, or lower --max-batch to 64 or less "
+        "(max_batch_slots)\n")
     assert not (tmp_path / "r").exists()
     assert main(["simulate", "--out", str(tmp_path / "d"), "--num-requests", "5", "--scheduler", "vllm",
                  "--quiet"]) == 0

@@ -329,3 +329,85 @@ def test_compare_help_lists_every_policy_key_from_the_parser_table():
 
 def test_traces_fetch_help_names_the_data_directory_variable():
     assert "KVSIM_DATA" in _help("traces", "fetch")
+
+
+# ---- the core names fields, the command lines name flags (issue 29 item 4) -----------------------------------------
+@pytest.mark.parametrize("argv, fields, field_text, flag_text", [
+    (["--page-size", "100KiB"], dict(page_size_bytes=102400), "page_size_bytes=102400 B: must be a power of two",
+     "--page-size 102400 B: must be a power of two >= 64KiB (page_size_bytes)"),
+    (["--tp", "3"], dict(tp=3), "tp=3 does not divide llama-3-8b's 8 KV heads", "--tp 3 does not divide"),
+    (["--pp", "40"], dict(pp=40), "pp=40: llama-3-8b has 32 layers", "--pp 40: llama-3-8b has 32 layers"),
+    (["--memory-util", "0.05"], dict(memory_util_frac=0.05), "memory_util_frac=0.05: llama-3-8b's weights at tp=1",
+     "--memory-util 0.05: llama-3-8b's weights at --tp 1"),
+    (["--max-context", "9000"], dict(max_context_tokens=9000),
+     "max_context_tokens=9000: beyond llama-3-8b's native context of 8,192 tokens; set allow_long_context",
+     "--max-context 9000: beyond llama-3-8b's native context of 8,192 tokens; set --allow-long-context to "
+     "simulate it anyway (max_context_tokens)"),
+])
+def test_simconfig_names_the_field_and_the_command_lines_the_flag(argv, fields, field_text, flag_text, capsys,
+                                                                   tmp_path):
+    """A Python caller of SimConfig reads the field and its value (and no flag); ``kvsim simulate`` and the
+    hardware replay CLI (refused before any device is touched) read the flag the user typed."""
+    import pickle
+
+    from hwbackend.replay.cli import main as replay_main
+    from sim.setup.config import ConfigError, SimConfig
+    from sim.setup.specs import FieldError
+    with pytest.raises(FieldError) as refused:
+        SimConfig(**fields)
+    assert field_text in str(refused.value) and "--" not in str(refused.value)
+    assert refused.value.fields[0] == next(iter(fields))
+    again = pickle.loads(pickle.dumps(refused.value))       # a sweep or replica worker's error keeps its fields
+    assert (str(again), again.fields, type(again)) == (str(refused.value), refused.value.fields, type(refused.value))
+    assert isinstance(refused.value, (ConfigError, FieldError))
+    assert main(["simulate", "--num-requests", "5", "--out", str(tmp_path / "run"), *argv]) == 2
+    assert flag_text in one_error_line(capsys)
+    assert replay_main([*argv, "--device", "cpu", "--out", str(tmp_path / "replay")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("replay: error: ") and flag_text in err and len(err.splitlines()) == 1
+
+
+def test_a_role_flag_and_the_disaggregation_fields_are_named_by_their_flags(capsys):
+    """``--prefill-tp 3`` is named as typed (not the shared ``--tp``); ``pd``, ``kv_link`` and ``kv_stream``
+    values refused by the core's parsers are named by their flags on the command line, by their fields in
+    Python."""
+    from sim.cluster.disagg import parse_kv_stream, parse_pd
+    from sim.timing.kvlink import parse_kv_link
+    for parse, text, field in ((parse_pd, "0:1", "pd"), (parse_kv_link, "fast", "kv_link"),
+                               (parse_kv_stream, "chunked", "kv_stream")):
+        with pytest.raises(ValueError) as refused:
+            parse(text)
+        assert str(refused.value).startswith(f"{field}={text!r}: ") and refused.value.fields == (field,)
+    for argv, told in ((["--pd", "1:1", "--prefill-tp", "3"], "--prefill-tp 3 does not divide llama-3-8b's"),
+                       (["--pd", "0:1"], "--pd '0:1': expected P:D"),
+                       (["--pd", "1:1", "--kv-link", "fast"], "--kv-link 'fast': not a bandwidth"),
+                       (["--pd", "1:1", "--kv-stream", "chunked"], "--kv-stream 'chunked': choose one of off, layerwise")):
+        assert main(["simulate", "--num-requests", "5", *argv]) == 2
+        assert told in one_error_line(capsys)
+
+
+def test_a_spec_key_and_a_flag_in_one_message_are_each_named_as_written(capsys):
+    """A page size from ``--page-size`` refused beside a ``--policy`` spec names the flag; one the spec set names
+    the spec's key (``page=``), never the field or the flag the user did not pass."""
+    assert main(["simulate", "--num-requests", "5", "--page-size", "3MiB", "--policy", "vattention:sync"]) == 2
+    assert ("policy 'vattention:sync': --page-size 3145728 B: must be a power of two >= 64KiB (page_size_bytes)"
+            in one_error_line(capsys))
+    assert main(["simulate", "--num-requests", "5", "--policy", "vattention:page=3MiB"]) == 2
+    line = one_error_line(capsys, "policy 'vattention:page=3MiB': page=3145728 B: must be a power of two")
+    assert "--page-size" not in line and "page_size_bytes" not in line
+
+
+def test_flag_message_rewrites_only_the_fields_the_error_names():
+    """:func:`sim.frontend.flags.flag_message` on hand-made errors: ``field=value`` -> ``--flag value``, a bare
+    field -> its flag, the renamed fields whose name differs from their flag's in parentheses; a field the
+    error does not list, or that no option sets, keeps its name; a plain ValueError is left as it is."""
+    from sim.frontend.flags import flag_message, parser_flags
+    from sim.setup.specs import FieldError
+    flags = parser_flags(build_parser())
+    assert flags["max_batch"] == "--max-batch" and flags["num_requests"] == "--num-requests"   # not --first
+    error = FieldError("token_budget=0: must be >= 1; raise max_batch_slots or tp (tp=2), not block_size_tokens",
+                       "token_budget", "max_batch_slots", "block_size_tokens")
+    assert flag_message(error, flags) == ("--token-budget 0: must be >= 1; raise --max-batch or tp (tp=2), not "
+                                          "block_size_tokens (max_batch_slots)")
+    assert flag_message(ValueError("tp=2: no"), flags) == "tp=2: no"
+    assert flag_message(FieldError("tp=2: no", "tp"), {}, renames={"tp": "--decode-tp"}) == "--decode-tp 2: no (tp)"

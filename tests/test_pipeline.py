@@ -23,7 +23,7 @@ def test_layer_partition_follows_vllm():
     assert [s.first_dense_layers for s in stages] == [3, 0, 0, 0]       # the 3 dense layers are in stage 0
     assert [(s.has_embedding, s.has_lm_head) for s in stages] == [(True, False), (False, False), (False, False),
                                                                   (False, True)]
-    with pytest.raises(CatalogError, match="--pp 62"):
+    with pytest.raises(CatalogError, match="pp=62: "):
         deepseek.pipeline_layers(62)
 
 

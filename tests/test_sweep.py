@@ -74,7 +74,7 @@ def test_sweep_reports_a_failing_point_and_resumes(tmp_path):
     assert ran == 4
     table = sweep_table(jobs, records)
     assert list(table["status"]) == ["ok", "ok", "error", "error"]
-    assert table.loc[2, "error"].startswith("ConfigError:") and "memory_util 0.05" in table.loc[2, "error"]
+    assert table.loc[2, "error"].startswith("ConfigError:") and "memory_util_frac=0.05" in table.loc[2, "error"]
     assert (table.loc[:1, "finished"] == 30).all()
     again, ran_again = run_sweep(jobs, tmp_path, workers=1)
     assert ran_again == 0

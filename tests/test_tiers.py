@@ -150,8 +150,16 @@ def test_parse_kv_tier_defaults_and_keys():
     ssd = parse_kv_tier("ssd:2TB,read_bw=7GB/s,latency=80us")
     assert (ssd.read_bytes_per_s, ssd.write_bytes_per_s, ssd.latency_us) == (7e9, 6.6e9, 80.0)
     for bad in ("hbm:1GiB", "dram:lots", "dram:1GiB,speed=3", "ssd:1TB,bw=fast"):
-        with pytest.raises(ValueError, match="--kv-tier"):
+        with pytest.raises(ValueError, match=f"^tier '{bad}': "):   # the core names the spec; the CLI its flag
             parse_kv_tier(bad)
+
+
+def test_a_bad_kv_tier_names_the_flag_on_the_command_line(capsys):
+    import cli
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["simulate", "--policy", "paged:prefix=on", "--kv-tier", "hbm:1GiB"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--kv-tier" in err and "unknown tier 'hbm'" in err
 
 
 def test_profile_host_copy_replaces_only_default_dram_rates():

@@ -75,7 +75,7 @@ def _drop(key):
     # a value the simulator's own check refuses: named by its config.json field, not by a CLI flag
     (_set("page_size_bytes", -5), ["page_size_bytes", "-5", "power of two"], ["--page-size"]),
     (_set("max_batch_slots", 0), ["max_batch_slots", "0"], ["--max-batch"]),
-    (_set("tp", 3), ["tp 3", "does not divide"], ["--tp"]),
+    (_set("tp", 3), ["tp=3", "does not divide"], ["--tp"]),
     (_set("memory_util_frac", 1.5), ["memory_util_frac", "1.5"], ["--memory-util"]),
     (_set("model", "gpt-9"), ["'model'", "unknown model 'gpt-9'"], []),
     (_set("gpu", "tpu"), ["'gpu'", "'tpu'"], []),

@@ -267,11 +267,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m hwbackend.replay.
     from sim.frontend.options import config_from_args
     from traces.workload import load_workload
 
-    args = build_parser(prog, description).parse_args(argv)
+    from sim.frontend.flags import flag_message, parser_flags
+    parser = build_parser(prog, description)
+    args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
-    except ValueError as exc:  # a bad option value: one message, no traceback
-        print(f"replay: error: {exc}", file=sys.stderr)
+    except ValueError as exc:  # a bad option value: one message naming the flag, no traceback
+        print(f"replay: error: {flag_message(exc, parser_flags(parser))}", file=sys.stderr)
         return 2
     problem = unsupported(config, args.device, args.attention) or preflight(args.device, args.out, args.force,
                                                                               args.warmup_s)

@@ -122,8 +122,9 @@ def kv_pool_bytes(tenants: list[Tenant]) -> int:
         c = tenant.config
         if (c.gpu, c.tp, c.page_size_bytes, c.memory_util_frac) != (first.gpu, first.tp, first.page_size_bytes,
                                                                     first.memory_util_frac):
-            raise ConfigError(f"tenant {tenant.name}: every tenant must share the GPU, --tp, page size and "
-                              f"--memory-util of the first ({first.gpu}, tp {first.tp})")
+            raise ConfigError(f"tenant {tenant.name}: every tenant must share the GPU, tp, page_size_bytes and "
+                              f"memory_util_frac of the first ({first.gpu}, tp {first.tp})", "tp", "page_size_bytes",
+                              "memory_util_frac")
         if c.pp != 1:
             raise ConfigError(f"tenant {tenant.name}: co-location supports pp=1 only")
     weights = sum(t.config.model_spec.weight_bytes(t.config.tp) for t in tenants)
@@ -144,7 +145,8 @@ def tenant_configs(tenants: list[Tenant], sharing: Sharing) -> list[TenantConfig
     if sharing.mode == "static":
         split = sharing.split or tuple(1.0 for _ in tenants)
         if len(split) != len(tenants) or min(split) <= 0:
-            raise ConfigError(f"--sharing static:split= needs {len(tenants)} positive shares, got {list(split)}")
+            raise ConfigError(f"sharing static:split= needs {len(tenants)} positive shares, got {list(split)}",
+                              "sharing")
         budgets = [int(pool * s / sum(split)) for s in split]
     else:
         budgets = [int(pool * t.ceiling_frac) for t in tenants]
@@ -275,7 +277,7 @@ def simulate_colocated(tenants: list[Tenant], sharing: Sharing, profile_path: st
         ValueError: floors above the pool; a request that does not fit its tenant's slot.
     """
     if not tenants:
-        raise ConfigError("co-location needs at least one --tenant")
+        raise ConfigError("co-location needs at least one tenant", "tenants")
     configs = tenant_configs(tenants, sharing)
     elastic = sharing.mode == "elastic"
     pool = None

@@ -74,18 +74,21 @@ class DisaggStallError(RuntimeError):
     """The deployment stopped with requests unfinished and nothing left to happen: a cycle of full pools (with
     layer-wise streaming, decode pages held for prefills that wait for prefill pages held by KV waiting for
     those decode pages). A modelled outcome of the deployment at this load, not a simulator fault; the message
-    names the state."""
+    names the state (and, with streaming, the field ``kv_stream`` to change: :attr:`fields`)."""
+
+    fields = ("kv_stream",)
 
 
 def parse_pd(text: str) -> tuple[int, int]:
     """``"1:2"`` -> ``(1, 2)``: prefill and decode instance counts.
 
     Raises:
-        ValueError: one line naming ``--pd`` and the value.
+        ConfigError: one line naming the field ``pd`` and the value.
     """
     match = _PD.match(str(text))
     if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
-        raise ValueError(f"--pd {text!r}: expected P:D, prefill and decode instances, whole numbers >= 1, e.g. 1:2")
+        raise ConfigError(f"pd={text!r}: expected P:D, prefill and decode instances, whole numbers >= 1, e.g. 1:2",
+                          "pd")
     return int(match.group(1)), int(match.group(2))
 
 
@@ -93,11 +96,11 @@ def parse_kv_stream(text: str) -> bool:
     """``off`` -> False, ``layerwise`` -> True.
 
     Raises:
-        ValueError: naming ``--kv-stream`` and the value.
+        ConfigError: naming the field ``kv_stream`` and the value.
     """
     value = str(text).strip().lower()
     if value not in KV_STREAM_MODES:
-        raise ValueError(f"--kv-stream {text!r}: choose one of {', '.join(KV_STREAM_MODES)}")
+        raise ConfigError(f"kv_stream={text!r}: choose one of {', '.join(KV_STREAM_MODES)}", "kv_stream")
     return value == "layerwise"
 
 
@@ -126,17 +129,20 @@ class DisaggConfig:
 
     def __post_init__(self) -> None:
         if self.num_prefill < 1 or self.num_decode < 1:
-            raise ConfigError(f"--pd {self.num_prefill}:{self.num_decode}: both counts must be >= 1")
+            raise ConfigError(f"pd={self.num_prefill}:{self.num_decode}: both counts must be >= 1 (num_prefill, "
+                              "num_decode)", "pd")
         if self.prefill.model != self.decode.model:
             raise ConfigError(f"prefill and decode instances must serve one model, got {self.prefill.model} and "
                               f"{self.decode.model}")
         if self.prefill.slot_max_tokens != self.decode.slot_max_tokens:
-            raise ConfigError("prefill and decode instances must have one slot length (--max-context)")
+            raise ConfigError("prefill and decode instances must have one slot length (max_context_tokens)",
+                              "max_context_tokens")
         if getattr(self.prefill, "pp", 1) > 1 or getattr(self.decode, "pp", 1) > 1:
-            raise ConfigError("--pd: pipeline parallelism (--pp) is not modelled in disaggregated deployments; use "
-                              "--prefill-tp / --decode-tp")
+            raise ConfigError("pd: pipeline parallelism (pp) is not modelled in disaggregated deployments; use "
+                              "tensor parallelism per role (prefill_tp / decode_tp)", "pd", "pp", "prefill_tp",
+                              "decode_tp")
         if self.prefill.prefix_caching or self.decode.prefix_caching:
-            raise ConfigError("--pd: prefix caching is not modelled in disaggregated runs; leave prefix=on out")
+            raise ConfigError("pd: prefix caching is not modelled in disaggregated runs; leave prefix=on out", "pd")
 
     @property
     def pd(self) -> str:
@@ -297,7 +303,7 @@ class DisaggCluster:
                 f"the disaggregated deployment {self.config.pd} stalled at t={self.env.now / US_PER_S:.3f} s with "
                 f"{len(unfinished)} requests unfinished (first: {unfinished[:5]}): {held} prefill slots hold KV "
                 f"waiting for decode pages, {waiting} decode slots wait for KV"
-                + ("; layer-wise streaming holds decode pages while prefills wait: try --kv-stream off or larger "
+                + ("; layer-wise streaming holds decode pages while prefills wait: try kv_stream=off or larger "
                    "pools" if self.config.streaming else ""))
         return self._result()
 

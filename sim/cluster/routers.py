@@ -6,7 +6,7 @@ EXECUTORS = ("local", "ray")
 
 
 def routing_spec(text: str) -> str:
-    """A ``--routing`` value: a router name, or a cache-aware router with parameters
+    """A routing value: a router name, or a cache-aware router with parameters
     (``prefix-aware:overlap_weight=2,load_weight=1``; :mod:`sim.cluster.routers_prefix`). Raises argparse's
     ArgumentTypeError naming the value."""
     import argparse
@@ -18,5 +18,5 @@ def routing_spec(text: str) -> str:
         try:
             parse_routing(text)
         except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc).removeprefix("--routing ")) from None
+            raise argparse.ArgumentTypeError(str(exc).removeprefix("routing=")) from None
     return text.strip()

@@ -1,8 +1,8 @@
 """Cache-aware routers: each arrival goes to the replica whose prefix cache serves most of its prompt, weighed
-against load (``--routing prefix-aware[:overlap_weight=W,load_weight=V]`` and ``--routing prefix-approx[:...]``).
+against load (routing ``prefix-aware[:overlap_weight=W,load_weight=V]`` and ``prefix-approx[:...]``).
 
 Both score every replica with Dynamo's KV-router cost (NVIDIA Dynamo docs, "Router Design": a worker's cost is
-``overlap_weight x potential prefill blocks + potential active blocks``, lowest wins; ``--kv-overlap-score-weight``
+``overlap_weight x potential prefill blocks + potential active blocks``, lowest wins; Dynamo's ``kv-overlap-score-weight``
 defaults to 1)::
 
     cost_r = overlap_weight * (prompt_tokens - overlap_tokens_r) / block + load_weight * active_tokens_r / block
@@ -17,7 +17,7 @@ fewer requests so far, then the lower index. They differ in where ``overlap_toke
   indexer subscribes to vLLM's KVEvents, block stored / removed, per pod and tier).
 * ``prefix-approx``: the router's own record of the block prefixes it sent to each replica, expiring after
   ``ttl_s`` seconds (default 120), without looking at the replicas: Dynamo's approximate mode
-  (``--no-kv-events``: ``ApproxKvIndexer``, ``lib/llm/src/kv_router/approx.rs``, entries expire after a TTL)
+  (Dynamo without KV events: ``ApproxKvIndexer``, ``lib/llm/src/kv_router/approx.rs``, entries expire after a TTL)
   and llm-d's ``approx-prefix-cache-producer`` (an in-memory LRU of prefix hashes sent to each pod). The TTL
   default is kvsim's assumption, not an engine's.
 
@@ -40,22 +40,22 @@ def parse_routing(spec: str) -> tuple[str, dict]:
     -> ``(name, {})``.
 
     Raises:
-        ValueError: naming ``--routing``, the spec and the valid keys.
+        ValueError: naming the routing spec and the valid keys.
     """
     name, _, rest = spec.strip().partition(":")
     params: dict[str, float] = {}
     if rest and name not in _KEYS:
-        raise ValueError(f"--routing {spec!r}: {name} takes no parameters")
+        raise ValueError(f"routing={spec!r}: {name} takes no parameters")
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, _, value = (s.strip() for s in item.partition("="))
         if key not in _KEYS[name]:
-            raise ValueError(f"--routing {spec!r}: unknown key {key!r}; valid keys: {', '.join(_KEYS[name])}")
+            raise ValueError(f"routing={spec!r}: unknown key {key!r}; valid keys: {', '.join(_KEYS[name])}")
         try:
             params[key] = float(value)
         except ValueError:
-            raise ValueError(f"--routing {spec!r}: {key}={value!r} is not a number") from None
+            raise ValueError(f"routing={spec!r}: {key}={value!r} is not a number") from None
         if not 0 <= params[key] < float("inf"):
-            raise ValueError(f"--routing {spec!r}: {key} must be a finite number >= 0")
+            raise ValueError(f"routing={spec!r}: {key} must be a finite number >= 0")
     return name, params
 
 
@@ -122,7 +122,7 @@ class PrefixChooser:
 
 
 def make_chooser(name: str, params: dict, block_tokens: int) -> PrefixChooser:
-    """The chooser of a parsed ``--routing`` spec (:func:`parse_routing`) for a cache-aware router."""
+    """The chooser of a parsed routing spec (:func:`parse_routing`) for a cache-aware router."""
     return PrefixChooser(name == "prefix-aware", block_tokens=block_tokens, **params)
 
 

@@ -30,7 +30,7 @@ import simpy
 
 from sim.results.summary import (SUMMARY_ITERATION_COLUMNS, RunResult, build_result, iteration_counts,
                                  iteration_counts_of_file, summarize, tier_hit_ratios)
-from sim.setup.config import SimConfig
+from sim.setup.config import ConfigError, SimConfig
 from sim.core.engine import ARRIVAL_TICK_US, ARRIVAL_TICKS_PER_S, Simulator
 from sim.results.records import tbt_stats_us
 from sim.cluster.replica_merge import (check_replica_parts, merge_replica_parts, merged_counts as _merged_counts,
@@ -105,7 +105,7 @@ def session_key_note(trace: pd.DataFrame, num_replicas: int) -> str | None:
               "hash_ids[0] (the first prefix block)" if "hash_ids" in trace.columns else "request id")
     return (f"session-hash: the {len(trace):,} requests have {distinct} distinct session key(s) ({source}) for "
             f"{num_replicas} replicas, so at most {distinct} replica(s) receive requests; add a session_id column "
-            "or choose another --routing")
+            "or choose another routing")
 
 
 def session_hash(trace: pd.DataFrame, num_replicas: int) -> np.ndarray:
@@ -131,7 +131,8 @@ def assign(trace: pd.DataFrame, num_replicas: int, routing: str, seed: int = 0) 
         return random_assignment(len(trace), num_replicas, seed)
     if routing == "session-hash":
         return session_hash(trace, num_replicas)
-    raise ValueError(f"--routing {routing!r} is not state-free; choose one of {', '.join(STATE_FREE_ROUTERS)}")
+    raise ConfigError(f"routing={routing!r} is not state-free; choose one of {', '.join(STATE_FREE_ROUTERS)}",
+                      "routing")
 
 
 def split_trace(trace: pd.DataFrame, assignment: np.ndarray, num_replicas: int) -> list[pd.DataFrame]:
@@ -229,7 +230,7 @@ def simulate_replicas(config: SimConfig, trace: pd.DataFrame, assignment: np.nda
             seed, or other trace rows for its replica (the message names the file).
     """
     if executor not in EXECUTORS:
-        raise ValueError(f"--executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
+        raise ConfigError(f"executor={executor!r}: choose one of {', '.join(EXECUTORS)}", "executor")
     done = _records_done(records_dir, config, trace, assignment, num_replicas) if resume and records_dir else {}
     # each replica's rows are split off when its job is handed out; the generator holds the trace, which is
     # freed once every job is out (if the caller holds no other reference)
@@ -257,8 +258,9 @@ def _records_done(records_dir: str, config: SimConfig, trace: pd.DataFrame, assi
         recorded = result.parts.get("trace_digest")
         expected = trace_digest(_replica_rows(trace, assignment, replica))
         if seed != config.seed + replica or recorded != expected:
-            raise ValueError(f"{path}: a record of another run (seed {seed}, trace rows {recorded}; this run: seed "
-                             f"{config.seed + replica}, trace rows {expected}); use another --records directory")
+            raise ConfigError(f"{path}: a record of another run (seed {seed}, trace rows {recorded}; this run: seed "
+                              f"{config.seed + replica}, trace rows {expected}); use another records_dir directory",
+                              "records_dir")
         done[replica] = result
     return done
 
@@ -345,7 +347,8 @@ def _on_ray(jobs, workers: int | None, address: str | None, fresh: bool = False)
     try:
         import ray
     except ImportError:
-        raise ValueError("--executor ray needs Ray: pip install 'ray>=2.9' (or the kvsim 'ray' extra)") from None
+        raise ConfigError("executor=ray needs Ray: pip install 'ray>=2.9' (or the kvsim 'ray' extra)",
+                          "executor") from None
     started = not ray.is_initialized()
     if started:
         ray.init(address=address, num_cpus=None if address else workers, include_dashboard=False,
@@ -528,9 +531,9 @@ def run_routed(config: SimConfig, trace: pd.DataFrame, num_replicas: int, routin
     from sim.cluster.routers_prefix import PREFIX_ROUTERS, make_chooser, parse_routing
     name, params = parse_routing(routing)
     if name not in ROUTERS:
-        raise ValueError(f"--routing {routing!r}: choose one of {', '.join(ROUTERS)}")
+        raise ConfigError(f"routing={routing!r}: choose one of {', '.join(ROUTERS)}", "routing")
     if num_replicas < 1:
-        raise ValueError(f"replicas must be >= 1, got {num_replicas}")
+        raise ConfigError(f"num_replicas={num_replicas}: must be >= 1", "num_replicas")
     if not np.array_equal(trace["request_id"].to_numpy(), np.arange(len(trace))):
         raise ValueError("routing needs request ids 0..n-1 in arrival order (renumber the trace)")
     if name in PREFIX_ROUTERS:          # cache-aware: co-simulated, the chooser reads the replicas' state

@@ -9,7 +9,7 @@ import pandas as pd
 
 from sim.results.summary import RunResult, build_result
 from sim.timing.compute import ComputeFieldError, RooflineComputeModel
-from sim.setup.config import SimConfig
+from sim.setup.config import ConfigError, SimConfig
 from sim.core.engine import Simulator
 from sim.timing.pipeline import compute_model_for
 from sim.timing.latency import ProfileError, VmmLatencyModel, read_profile
@@ -51,7 +51,8 @@ def load_models(config: SimConfig, profile_path: str | None,
     profile_path = effective_profile(config, profile_path)
     if profile_path is None:
         if compute_model not in ("auto", "roofline"):
-            raise ValueError(f"--compute-model {compute_model} needs --profile")
+            raise ConfigError(f"compute_model={compute_model} needs a calibration profile (profile_path)",
+                              "compute_model", "profile_path")
         return VmmLatencyModel.builtin(), compute
     vmm = VmmLatencyModel.from_profile(profile_path)
     profile = read_profile(profile_path)
@@ -76,7 +77,7 @@ def load_models(config: SimConfig, profile_path: str | None,
 
 
 COMPUTE_MODELS = ("auto", "in-loop", "tiled", "roofline")
-"""``--compute-model`` choices: ``in-loop`` (``compute_in_loop``: fitted on a hardware replay's own
+"""``compute_model`` choices: ``in-loop`` (``compute_in_loop``: fitted on a hardware replay's own
 iterations, ``kvsim calibrate --from-run``), ``tiled`` (``compute.tiled_roofline``), ``roofline``
 (``compute.roofline``; both fitted on the isolated grid of ``kvsim calibrate --compute``); ``auto``: the
 first of these the profile holds for the run's model and tensor-parallel degree."""
@@ -240,7 +241,7 @@ def run_simulation(config: SimConfig, trace: pd.DataFrame, profile_path: str | N
     config = profile_config_overrides(config, profile_path)
     chosen, resolved = compute_model_source(config, profile_path, compute_model)
     if given is None and profile_path:
-        resolved += f"; the default profile of {config.gpu} (sim/setup/catalog.toml; --profile roofline for the roofline)"
+        resolved += f"; the default profile of {config.gpu} (sim/setup/catalog.toml; the profile name roofline for the roofline)"
     vmm, compute = load_models(config, profile_path, chosen)
     if config.tp > 1 and vmm.tp_worker_scale.get(config.tp, 1.0) != 1.0:
         vmm.source += f", each of {config.tp} workers x{vmm.tp_worker_scale[config.tp]:g} (vmm_tp)"

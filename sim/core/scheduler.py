@@ -17,7 +17,7 @@ An iteration is scheduled in two parts, in the order the engines use (:func:`sch
 The vLLM v0 scheduler is prefill-first instead: it tries step 2 first and runs a prefill-only iteration
 when anything was admitted, else step 1 (decode every running request).
 
-Registered in :data:`SCHEDULERS`, chosen by ``--scheduler``.
+Registered in :data:`SCHEDULERS`, chosen by ``SimConfig.scheduler``.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What the KV tiers below HBM cost in simulated time (:class:`sim.core.engine.Simulator` with ``--kv-tier``).
+"""What the KV tiers below HBM cost in simulated time (:class:`sim.core.engine.Simulator` with ``kv_tiers``).
 
 The tier store (:class:`sim.memory.tiers.TierStore`) keeps the tiers' contents and traffic; this module turns an
 admission's tier hit into a load and charges its link time to the iteration that admitted it:

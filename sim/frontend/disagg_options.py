@@ -125,8 +125,10 @@ def role_config(args: argparse.Namespace, role: str, tp: int | None = None, **ov
     try:
         return config_from_args(role_args, **overrides)
     except ValueError as exc:        # name the role's own flag where the shared --tp is meant
-        if role in ("prefill", "decode") and getattr(args, f"{role}_tp", None) is not None and "--tp " in str(exc):
-            raise type(exc)(str(exc).replace("--tp ", f"--{role}-tp ", 1)) from None
+        if role in ("prefill", "decode") and getattr(args, f"{role}_tp", None) is not None and "tp" in getattr(exc, "fields", ()):
+            from sim.frontend.flags import flag_message
+            others = [name for name in exc.fields if name != "tp"]     # named by the command line's flags later
+            raise type(exc)(flag_message(exc, {}, renames={"tp": f"--{role}-tp"}), *others) from None
         raise
 
 

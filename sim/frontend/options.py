@@ -91,7 +91,7 @@ def _kv_tier(text: str):
     try:
         return parse_kv_tier(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--kv-tier {text!r}: ")) from None
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"tier {text!r}: ")) from None
 
 
 RESERVABLE_VA_BYTES = 64 * 1024 ** 4

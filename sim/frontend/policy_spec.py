@@ -108,13 +108,13 @@ def _spec_values(spec: str) -> dict[str, str]:
 def policy_config_error(spec: str, exc: Exception) -> ConfigError:
     """``exc`` (a configuration error met while applying ``spec``) as one error that names the spec and, where
     the check that failed is one of a key the spec set, that key as written (``factor=0.5: must be >= 1``),
-    never SimConfig's internal field name; a page size the spec set is named by its key (``page=``), not by the
-    ``--page-size`` flag the user did not pass."""
+    never SimConfig's internal field name (a page size the spec set is ``page=``, not the ``--page-size`` flag
+    the user did not pass). The fields the spec did not set stay in the error's ``fields``, for the command line
+    to name by their flags (:func:`sim.frontend.flags.flag_message`)."""
     message = str(exc)
+    fields = list(getattr(exc, "fields", ()))
     if spec in message:
-        return ConfigError(message)
-    if "page=" in spec:
-        message = message.replace("--page-size ", "page=")
+        return ConfigError(message, *fields)
     name = spec.partition(":")[0].strip().lower()
     written = _spec_values(spec)
     for key, (field_name, parse, *_) in POLICY_KEYS.get(name, {}).items():
@@ -129,7 +129,8 @@ def policy_config_error(spec: str, exc: Exception) -> ConfigError:
             if broken:
                 return ConfigError(f"policy {spec!r}: {key}={written[key]}: {rule}")
         message = message.replace(f"{field_name}=", f"{key}=")     # SimConfig's field=... as the spec's key=...
-    return ConfigError(f"policy {spec!r}: {message}")
+        fields = [other for other in fields if other != field_name]
+    return ConfigError(f"policy {spec!r}: {message}", *fields)
 
 
 def parse_policy(spec: str) -> dict:

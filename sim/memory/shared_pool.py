@@ -5,7 +5,7 @@ behind them come from one pool of ``pool_pages`` pages of ``page_size_bytes`` (t
 tenant's weights: ``memory_util x HBM - sum(weights)``). A tenant's page group costs it ``pages_per_group``
 physical pages (its 2N' sub-tensors), so tenants of different depth draw at different rates::
 
-    pool (physical pages) --draw--> tenant A: mapped + in-flight groups x 2N'_A
+    pool (physical pages) ==draw==> tenant A: mapped + in-flight groups x 2N'_A
          ^                \\-draw--> tenant B: mapped + in-flight groups x 2N'_B
          |  release (unmap + cuMemRelease, at once: kvcached frees a page's physical memory when it unmaps it)
          +----------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""KV cache tiers below HBM for the prefix cache: host DRAM and SSD (``--kv-tier``).
+"""KV cache tiers below HBM for the prefix cache: host DRAM and SSD (``kv_tiers``).
 
 The HBM prefix cache (:class:`sim.memory.prefix.PrefixCachingPolicy`) evicts entries (one cache page each: a
 vAttention page group or a paged block); with tiers, an evicted entry is *demoted* to the first tier below
@@ -36,7 +36,7 @@ Load policies (``load=``, how a tier hit is read back):
   run's compute model), else recompute them: the compute-or-load choice of Cake (Jin et al., "Compute Or Load
   KV Cache? Why Not Both?", arXiv:2410.03065), made whole per request (kvsim's simplification: no split).
 
-Tier defaults (``--kv-tier dram:SIZE`` / ``ssd:SIZE``), per direction:
+Tier defaults (``dram:SIZE`` / ``ssd:SIZE``), per direction:
 
 * ``dram``: pinned host memory over PCIe Gen5 x16, **55 GB/s** each way, 10 us per transfer (the ``pcie`` link
   of :mod:`sim.timing.kvlink`: 64 GB/s raw per direction, ~55 GB/s achieved for pinned copies, PCI-SIG PCIe 5.0;
@@ -102,22 +102,22 @@ class TierSpec:
 
 
 def parse_kv_tier(text: str) -> TierSpec:
-    """A ``--kv-tier`` value: ``KIND:SIZE[,bw=RATE][,read_bw=RATE][,write_bw=RATE][,latency=DURATION]``, e.g.
+    """A tier spec (a ``kv_tiers`` entry): ``KIND:SIZE[,bw=RATE][,read_bw=RATE][,write_bw=RATE][,latency=DURATION]``, e.g.
     ``dram:256GiB``, ``ssd:2TB,read_bw=7GB/s,write_bw=4GB/s,latency=80us`` (``bw`` sets both directions).
 
     Raises:
-        ValueError: one line naming ``--kv-tier``, the value and what is wrong.
+        ValueError: one line naming the spec and what is wrong (the front end adds its flag).
     """
     from sim.timing.kvlink import parse_bandwidth_bytes_per_s
     kind, _, rest = text.partition(":")
     kind = kind.strip().lower()
     if kind not in TIER_KINDS:
-        raise ValueError(f"--kv-tier {text!r}: unknown tier {kind!r}; choose one of {', '.join(TIER_KINDS)}")
+        raise ValueError(f"tier {text!r}: unknown tier {kind!r}; choose one of {', '.join(TIER_KINDS)}")
     size_text, *items = [part.strip() for part in rest.split(",")]
     try:
         capacity = parse_size_bytes(size_text)
     except ValueError as exc:
-        raise ValueError(f"--kv-tier {text!r}: size: {exc}") from None
+        raise ValueError(f"tier {text!r}: size: {exc}") from None
     read, write, latency, source = _DEFAULTS[kind]
     given = False
     for item in filter(None, items):
@@ -132,7 +132,7 @@ def parse_kv_tier(text: str) -> TierSpec:
             else:
                 raise ValueError(f"unknown key {key!r}; valid keys: bw, read_bw, write_bw, latency")
         except ValueError as exc:
-            raise ValueError(f"--kv-tier {text!r}: {exc}") from None
+            raise ValueError(f"tier {text!r}: {exc}") from None
         given = True
     return TierSpec(kind, capacity, read, write, latency, "user-given" if given else f"{DEFAULT_SOURCE}: {source}")
 
@@ -141,9 +141,9 @@ def check_tiers(tiers: Sequence[TierSpec]) -> str | None:
     """Why an ordered tier list is refused (None if it is fine): each kind at most once, DRAM above SSD."""
     kinds = [tier.kind for tier in tiers]
     if len(set(kinds)) != len(kinds):
-        return f"--kv-tier: each tier at most once, got {', '.join(kinds)}"
+        return f"kv_tiers: each tier at most once, got {', '.join(kinds)}"
     if kinds != sorted(kinds, key=TIER_KINDS.index):
-        return "--kv-tier: give dram before ssd (tiers are ordered from HBM down)"
+        return "kv_tiers: give dram before ssd (tiers are ordered from HBM down)"
     return None
 
 

@@ -241,7 +241,7 @@ def _prefix_summary(requests: pd.DataFrame, finished: pd.DataFrame, counters: di
             "prefix_evictions": int(counters["prefix_evictions"])}
 
 
-ROOFLINE_CAVEAT = "not validated for {gpu} with a serving engine (docs/validation/README.md; --profile for a fit)"
+ROOFLINE_CAVEAT = "not validated for {gpu} with a serving engine (docs/validation/README.md; a calibration profile for a fit)"
 """Said beside a roofline's times: the built-in roofline's efficiencies come from four H200 decode iterations
 (domain.md), and a profile's ``compute.roofline`` from an isolated grid, neither from an engine's iterations."""
 
@@ -261,7 +261,7 @@ def compute_model_entry(config: dict) -> dict:
 
 
 def _tier_summary(requests: pd.DataFrame, counters: dict) -> dict:
-    """KV-tier figures (present only with ``--kv-tier``): the tier store's counters (``tier_<kind>_*``:
+    """KV-tier figures (present only with ``kv_tiers``): the tier store's counters (``tier_<kind>_*``:
     hit and miss tokens, promotions, demotions, bytes and time each way, resident pages; sim.memory.tiers) and
     each tier's hit ratio over the prompt tokens of first admissions (``tier_<kind>_hit_ratio``)."""
     out = {key: value for key, value in counters.items() if key.startswith("tier_")}

@@ -1,5 +1,5 @@
 """Catalogue of models and GPUs: built-in entries read from ``catalog.toml`` (data, not code), or a user's file
-(``--model PATH`` to a Hugging Face ``config.json`` or a TOML, ``--gpu PATH`` to a TOML; :mod:`sim.setup.model_files`).
+(a ``model`` path to a Hugging Face ``config.json`` or a TOML, a ``gpu`` path to a TOML; :mod:`sim.setup.model_files`).
 The shapes and every derived size (weights, KV bytes per token, tokens per page, pipeline stages) are in
 :mod:`sim.setup.specs`, re-exported here.
 """
@@ -20,7 +20,7 @@ CATALOG_ONLY_GPU_FIELDS = ("default_profile",)
 """Keys of a catalogue GPU entry that are not :class:`GPUSpec` fields (read by :func:`default_profile`)."""
 
 PROFILE_KEYWORDS = ("roofline", "none")
-"""``--profile`` values that force the built-in models (the roofline) even where the GPU names a default profile."""
+"""Profile names that force the built-in models (the roofline) even where the GPU names a default profile."""
 
 
 @cache
@@ -74,7 +74,7 @@ def get_gpu(name: str) -> GPUSpec:
 
 
 def default_profile(gpu: str) -> str | None:
-    """The calibration profile a catalogued GPU uses when ``--profile`` is not given: the entry's
+    """The calibration profile a catalogued GPU uses when no profile is given: the entry's
     ``default_profile`` (a file name under the repository's ``profiles/``), as an absolute path, or None (the
     built-in roofline). GPU files and GPUs without the key have none.
 

@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 
 from sim.setup.catalog import DTYPE_BYTES, GPUSpec, ModelSpec, get_gpu, get_model
+from sim.setup.specs import FieldError
 from sim.timing.latency import DRIVER_GRANULARITY_BYTES, modified_driver_note, modified_driver_page_us
 from sim.memory.hybrid_sizing import HybridSizing, window_alloc_error
 from sim.memory.vattention import knob_range_error
@@ -21,35 +22,43 @@ MIN_PAGE_SIZE_BYTES = 64 * 1024
 VMM_DRIVERS = ("stock", "modified")  # meanings: SimConfig.vmm_driver
 
 
-class ConfigError(ValueError):
-    """An impossible configuration; the message names the option and the value."""
+class ConfigError(FieldError):
+    """An impossible configuration; the message names the field and the value (``token_budget=0: must be >= 1``)
+    and ``fields`` lists the fields it names (:class:`sim.setup.specs.FieldError`), so that a command line names
+    its flag instead (:func:`sim.frontend.flags.flag_message`) and a policy spec its key
+    (:func:`sim.frontend.policy_spec.policy_config_error`)."""
 
 
-def _tier_error(config) -> str | None:
-    """Why the KV tier and eviction settings are refused (sim.memory.tiers, sim.memory.eviction), or None."""
+def _tier_error(config) -> tuple[str, ...] | None:
+    """Why the KV tier and eviction settings are refused (sim.memory.tiers, sim.memory.eviction): the message and
+    the fields it names, or None."""
     from sim.memory.eviction import EVICTION_POLICIES
     from sim.memory.tiers import LOAD_POLICIES, WRITE_POLICIES, check_tiers
     if config.prefix_evict not in EVICTION_POLICIES:
-        return f"evict={config.prefix_evict!r}: choose one of {', '.join(EVICTION_POLICIES)}"
+        return f"prefix_evict={config.prefix_evict!r}: choose one of {', '.join(EVICTION_POLICIES)}", "prefix_evict"
     if config.tier_write_policy not in WRITE_POLICIES:
-        return f"--kv-tier-write {config.tier_write_policy!r}: choose one of {', '.join(WRITE_POLICIES)}"
+        return (f"tier_write_policy={config.tier_write_policy!r}: choose one of {', '.join(WRITE_POLICIES)}",
+                "tier_write_policy")
     if config.tier_load_policy not in LOAD_POLICIES:
-        return f"--kv-tier-load {config.tier_load_policy!r}: choose one of {', '.join(LOAD_POLICIES)}"
+        return (f"tier_load_policy={config.tier_load_policy!r}: choose one of {', '.join(LOAD_POLICIES)}",
+                "tier_load_policy")
     if config.kv_tiers and not config.prefix_caching:
-        return "--kv-tier holds prefix-cache pages: turn the prefix cache on (--policy vattention:prefix=on or paged:prefix=on)"
-    return check_tiers(config.kv_tiers)
+        return ("kv_tiers hold prefix-cache pages: turn the prefix cache on (prefix_caching: the policy key prefix=on "
+                "of vattention or paged)", "kv_tiers", "prefix_caching")
+    problem = check_tiers(config.kv_tiers)
+    return (problem, "kv_tiers") if problem else None
 
 
 def vllm_budget_error(token_budget: int, max_batch_slots: int) -> str:
-    """The refusal of a ``vllm`` scheduler whose token budget is below its request slots, naming both fields and
-    their flags. vLLM refuses ``max_num_batched_tokens < max_num_seqs`` ("must be greater than or equal to
+    """The refusal of a ``vllm`` scheduler whose token budget is below its request slots, naming both fields
+    (the fields of the :class:`ConfigError` raised with it: ``scheduler``, ``token_budget``, ``max_batch_slots``). vLLM refuses ``max_num_batched_tokens < max_num_seqs`` ("must be greater than or equal to
     max_num_seqs": ``SchedulerConfig.verify_max_model_len``, vllm/config/scheduler.py, commit 01230b4): each
     scheduled sequence takes at least one token of the step's budget. kvsim's defaults (2048 tokens, 256 slots)
     pass."""
-    return (f"--scheduler vllm: token_budget {token_budget} (--token-budget, vLLM's max_num_batched_tokens) is below "
-            f"max_batch_slots {max_batch_slots} (--max-batch, vLLM's max_num_seqs); vLLM refuses this "
-            f"(max_num_batched_tokens must be >= max_num_seqs): raise --token-budget to {max_batch_slots} or more, "
-            f"or lower --max-batch to {token_budget} or less")
+    return (f"scheduler=vllm: token_budget={token_budget} (vLLM's max_num_batched_tokens) is below "
+            f"max_batch_slots={max_batch_slots} (vLLM's max_num_seqs); vLLM refuses this "
+            f"(max_num_batched_tokens must be >= max_num_seqs): raise token_budget to {max_batch_slots} or more, "
+            f"or lower max_batch_slots to {token_budget} or less")
 
 
 @dataclass(frozen=True)
@@ -124,7 +133,7 @@ class SimConfig:
         weight_dtype / kv_dtype: ``bf16``, ``fp16``, ``fp32`` or ``fp8`` for the weights of the linear layers and
             for the KV cache (``None``: the model's own, KV in the activation dtype).
         usd_per_gpu_hour: price per GPU-hour replacing the GPU's catalogue price (``None``: the catalogue's).
-        engine: the ``--engine`` preset the run's defaults came from (``vllm-v1``, ``sglang``, ``vattention``;
+        engine: the engine preset (:data:`sim.setup.engines.ENGINES`) the run's defaults came from (``vllm-v1``, ``sglang``, ``vattention``;
             ``None``: kvsim's own defaults); recorded only, the preset's values are in the other fields
             (:mod:`sim.setup.engines`).
         frontend_overhead_us: per-request cost outside the model (API server, tokenisation, detokenisation), us,
@@ -136,7 +145,7 @@ class SimConfig:
         cuda_graph_decodes: decodes as CUDA graphs (the compute model's ``decode_graphs``) when not ``None``; ``None``:
             the compute model's default (eager) or a profile's fitted value.
         kv_tiers: the prefix cache's tiers below HBM, from HBM down (:class:`sim.memory.tiers.TierSpec`,
-            ``--kv-tier``); ``()``: HBM only. Needs ``prefix_caching``.
+            the command line's kv-tier option); ``()``: HBM only. Needs ``prefix_caching``.
         tier_write_policy / tier_load_policy: ``write-back`` | ``write-through`` and ``sync`` | ``layerwise`` |
             ``auto`` (:mod:`sim.memory.tiers`).
         prefix_evict: the HBM prefix cache's eviction policy, ``lru`` (vLLM v1, default), ``radix-leaf``
@@ -199,83 +208,90 @@ class SimConfig:
     def __post_init__(self) -> None:
         tier_error = _tier_error(self)
         if tier_error:
-            raise ConfigError(tier_error)
+            raise ConfigError(*tier_error)
         if not (isinstance(self.frontend_overhead_us, (int, float)) and 0 <= self.frontend_overhead_us < float("inf")):
-            raise ConfigError(f"--frontend-overhead-ms must be a finite number >= 0, got "
-                              f"{self.frontend_overhead_us / 1000 if isinstance(self.frontend_overhead_us, (int, float)) else self.frontend_overhead_us!r}")
-        for flag, value in (("--weight-dtype", self.weight_dtype), ("--kv-dtype", self.kv_dtype)):
+            raise ConfigError(f"frontend_overhead_us={self.frontend_overhead_us!r}: must be a finite number of "
+                              "microseconds >= 0", "frontend_overhead_us")
+        for name, value in (("weight_dtype", self.weight_dtype), ("kv_dtype", self.kv_dtype)):
             if value is not None and value not in DTYPE_BYTES:
-                raise ConfigError(f"{flag} {value!r}: choose one of {', '.join(DTYPE_BYTES)}")
+                raise ConfigError(f"{name}={value}: choose one of {', '.join(DTYPE_BYTES)}", name)
         if self.usd_per_gpu_hour is not None and not 0 < self.usd_per_gpu_hour < float("inf"):
-            raise ConfigError(f"--usd-per-gpu-hour must be > 0, got {self.usd_per_gpu_hour}")
+            raise ConfigError(f"usd_per_gpu_hour={self.usd_per_gpu_hour}: must be > 0", "usd_per_gpu_hour")
         if not isinstance(self.pp, int) or self.pp < 1:
-            raise ConfigError(f"--pp must be >= 1, got {self.pp}")
+            raise ConfigError(f"pp={self.pp}: must be >= 1", "pp")
         self.full_model_spec.pipeline_layers(self.pp)      # raises CatalogError for more stages than layers
         if self.prefix_caching and self.policy == "static":
-            raise ConfigError("prefix caching needs the vattention or paged policy, not static reservation")
+            raise ConfigError("prefix caching (prefix_caching) needs the vattention or paged policy, not static "
+                              "reservation", "prefix_caching")
         knob_error = knob_range_error(self)            # the policy's own ranges, refused before any run
         if knob_error:
-            raise ConfigError(knob_error)
+            raise ConfigError(knob_error, knob_error.partition("=")[0])
         if self.prefix_block_tokens < 1:
-            raise ConfigError(f"prefix block size must be >= 1 token, got {self.prefix_block_tokens}")
+            raise ConfigError(f"prefix_block_tokens={self.prefix_block_tokens}: must be >= 1 token", "prefix_block_tokens")
         if self.kv_layout not in KV_LAYOUTS:
-            raise ConfigError(f"kv layout {self.kv_layout!r}: choose one of {', '.join(KV_LAYOUTS)}")
+            raise ConfigError(f"kv_layout={self.kv_layout}: choose one of {', '.join(KV_LAYOUTS)}", "kv_layout")
         if self.zero_on_reuse not in ZERO_MODES:
-            raise ConfigError(f"zero-on-reuse {self.zero_on_reuse!r}: choose one of {', '.join(ZERO_MODES)}")
+            raise ConfigError(f"zero_on_reuse={self.zero_on_reuse}: choose one of {', '.join(ZERO_MODES)}",
+                              "zero_on_reuse")
         if self.policy not in POLICIES:
-            raise ConfigError(f"policy {self.policy!r}: choose one of {', '.join(POLICIES)}")
+            raise ConfigError(f"policy={self.policy}: choose one of {', '.join(POLICIES)}", "policy")
         if self.preemption not in PREEMPTION_MODES:
-            raise ConfigError(f"--preemption {self.preemption!r}: choose one of {', '.join(PREEMPTION_MODES)}")
+            raise ConfigError(f"preemption={self.preemption}: choose one of {', '.join(PREEMPTION_MODES)}",
+                              "preemption")
         if self.block_size_tokens < 1:
-            raise ConfigError(f"block size must be >= 1 token, got {self.block_size_tokens}")
+            raise ConfigError(f"block_size_tokens={self.block_size_tokens}: must be >= 1 token", "block_size_tokens")
         if self.max_len_tokens is not None and not 2 <= self.max_len_tokens <= self.slot_max_tokens:
-            raise ConfigError(f"static max_len {self.max_len_tokens} must lie in [2, {self.slot_max_tokens}] tokens")
+            raise ConfigError(f"max_len_tokens={self.max_len_tokens}: must lie in [2, {self.slot_max_tokens}] tokens "
+                              "(the static reservation)", "max_len_tokens")
         if self.layout_attention_factor <= 0:
-            raise ConfigError(f"layout attention factor must be > 0, got {self.layout_attention_factor}")
-        if self.paged_attention_factor < 1 or self.block_table_base_us < 0 or self.block_table_per_block_us < 0:
-            raise ConfigError("paged costs must be >= 0 (and the attention factor >= 1)")
+            raise ConfigError(f"layout_attention_factor={self.layout_attention_factor}: must be > 0",
+                              "layout_attention_factor")
+        for name, least in (("paged_attention_factor", 1), ("block_table_base_us", 0), ("block_table_per_block_us", 0)):
+            if getattr(self, name) < least:
+                raise ConfigError(f"{name}={getattr(self, name)}: must be >= {least}", name)
         paged_error = self._paged_kernel_error()
         if paged_error:
-            raise ConfigError(paged_error)
+            raise ConfigError(paged_error, paged_error.partition("=")[0])
         self.model_spec.check_tp(self.tp)
         hybrid_error = window_alloc_error(self)
         if hybrid_error:
             raise ConfigError(hybrid_error)
         page = self.page_size_bytes
         if page < MIN_PAGE_SIZE_BYTES or page & (page - 1):
-            raise ConfigError(f"--page-size {page} B: must be a power of two >= 64KiB")
+            raise ConfigError(f"page_size_bytes={page} B: must be a power of two >= 64KiB", "page_size_bytes")
         driver_error = self._vmm_driver_error()
         if driver_error:
-            raise ConfigError(driver_error)
+            raise ConfigError(driver_error, "vmm_driver", "page_size_bytes", "batched_set_access")
         if self.uses_vmm and self.tokens_per_page < 1:
             per_token = self.model_spec.sub_tensor_bytes_per_token(self.tp) * (
                 self.model_spec.num_layers if self.kv_layout == "cross-layer" else 1)
-            raise ConfigError(f"--page-size {format_bytes(page)} holds no token of {self.model} in the {self.kv_layout} "
-                              f"layout ({per_token} B per token per tensor)")
+            raise ConfigError(f"page_size_bytes={format_bytes(page).replace(' ', '')} holds no token of {self.model} in "
+                              f"the {self.kv_layout} layout ({per_token} B per token per tensor)", "page_size_bytes")
         if self.scheduler not in SCHEDULERS:
-            raise ConfigError(f"--scheduler {self.scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
+            raise ConfigError(f"scheduler={self.scheduler}: choose one of {', '.join(SCHEDULERS)}", "scheduler")
         if self.admission is not None and self.admission not in ADMISSION_RULES:
-            raise ConfigError(f"admission {self.admission!r}: choose one of {', '.join(ADMISSION_RULES)}")
+            raise ConfigError(f"admission={self.admission}: choose one of {', '.join(ADMISSION_RULES)}", "admission")
         for name in ("max_batch_slots", "token_budget"):
             if getattr(self, name) < 1:
-                flag = {"max_batch_slots": "--max-batch", "token_budget": "--token-budget"}[name]
-                raise ConfigError(f"{flag} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1", name)
         if self.scheduler == "vllm" and self.token_budget < self.max_batch_slots:
-            raise ConfigError(vllm_budget_error(self.token_budget, self.max_batch_slots))
+            raise ConfigError(vllm_budget_error(self.token_budget, self.max_batch_slots), "scheduler", "token_budget",
+                              "max_batch_slots")
         if self.max_context_tokens is not None and self.max_context_tokens < 2:
-            raise ConfigError(f"--max-context must be >= 2 tokens, got {self.max_context_tokens}")
+            raise ConfigError(f"max_context_tokens={self.max_context_tokens}: must be >= 2 tokens", "max_context_tokens")
         native = self.model_spec.max_context_tokens
         if self.max_context_tokens is not None and self.max_context_tokens > native and not self.allow_long_context:
-            raise ConfigError(f"--max-context {self.max_context_tokens}: beyond {self.model}'s native context of "
-                              f"{native:,} tokens; pass --allow-long-context to simulate it anyway")
+            raise ConfigError(f"max_context_tokens={self.max_context_tokens}: beyond {self.model}'s native context of "
+                              f"{native:,} tokens; set allow_long_context to simulate it anyway", "max_context_tokens",
+                              "allow_long_context")
         if not 0 < self.memory_util_frac <= 1:
-            raise ConfigError(f"--memory-util must lie in (0, 1], got {self.memory_util_frac}")
+            raise ConfigError(f"memory_util_frac={self.memory_util_frac}: must lie in (0, 1]", "memory_util_frac")
         if self.kv_budget_bytes < self.page_group_bytes:
             raise ConfigError(
-                f"{self.model} (tp={self.tp}) weights {format_bytes(self.model_spec.weight_bytes(self.tp))} leave "
-                f"{format_bytes(max(self.kv_budget_bytes, 0))} for KV cache on {self.gpu} at memory_util "
-                f"{self.memory_util_frac}: not one page group ({format_bytes(self.page_group_bytes)}); raise --memory-util "
-                f"or --tp")
+                f"memory_util_frac={self.memory_util_frac}: {self.model}'s weights at tp={self.tp} "
+                f"({format_bytes(self.model_spec.weight_bytes(self.tp))}) leave {format_bytes(max(self.kv_budget_bytes, 0))} "
+                f"for KV cache on {self.gpu}: not one page group ({format_bytes(self.page_group_bytes)}); raise "
+                "memory_util_frac or tp", "memory_util_frac", "tp")
 
     def _paged_kernel_error(self) -> str | None:
         """The message for an unknown paged kernel or a phase factor that is not a finite number >= 1 (named
@@ -299,11 +315,11 @@ class SimConfig:
             return None
         page = format_bytes(self.page_size_bytes).replace(" ", "")
         if self.vmm_driver == "stock":
-            return (f"--page-size {page} with vmm_driver=stock: the stock CUDA VMM API allocates 2 MiB pages at "
+            return (f"page_size_bytes={page} with vmm_driver=stock: the stock CUDA VMM API allocates 2 MiB pages at "
                     "least (cuMemCreate of 64 KiB or 256 KiB fails with CUDA_ERROR_INVALID_VALUE, domain.md); "
                     "use pages of 2 MiB or more, or vmm_driver=modified (vAttention's modified NVIDIA UVM driver)")
         if self.batched_set_access:
-            return (f"batched_set_access=on with --page-size {page}: pages below 2 MiB go through vAttention's "
+            return (f"batched_set_access=on with page_size_bytes={page}: pages below 2 MiB go through vAttention's "
                     "modified driver, which maps without a cuMemSetAccess per page: there is nothing to batch")
         return None
 
@@ -389,7 +405,7 @@ class SimConfig:
             notes.append(f"{self.model}: {spec.sliding_window_layers} of {spec.num_layers} layers use a "
                          f"{spec.sliding_window_tokens:,}-token sliding window; the simulated memory manager still "
                          "holds KV for every token of every layer (an upper bound; window-aware allocation: "
-                         "--policy vattention:window=unmap or paged:window=free, docs/hybrid.md)")
+                         "the policy key window=unmap of vattention or window=free of paged, docs/hybrid.md)")
         if (spec.linear_layers or spec.chunked_attention_layers) and not self.hybrid_alloc:
             notes.append(f"{self.model}: {spec.linear_layers} Mamba/linear and {spec.chunked_attention_layers} chunked-local "
                          f"of {spec.num_layers} layers are held as full attention layers (window=off; window-aware "

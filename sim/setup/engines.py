@@ -1,8 +1,8 @@
-"""Serving-engine presets (``--engine``): the defaults an engine itself runs with, as :class:`sim.setup.config.SimConfig`
+"""Serving-engine presets (``SimConfig.engine``): the defaults an engine itself runs with, as :class:`sim.setup.config.SimConfig`
 fields, each value read from the engine's own code (file and function cited beside it).
 
-An explicit flag or ``--policy`` key overrides a preset's value (:func:`sim.frontend.options.config_from_args`); without
-``--engine`` nothing here is used and a run is what it was before presets existed.
+An explicit flag or policy key overrides a preset's value (:func:`sim.frontend.options.config_from_args`); without
+an engine nothing here is used and a run is what it was before presets existed.
 
 Sources (read 2026-12 from the public repositories):
 
@@ -37,10 +37,10 @@ engine in-process, with no HTTP server or text tokenisation.
 """
 from __future__ import annotations
 
-from sim.setup.specs import GPUSpec
+from sim.setup.specs import FieldError, GPUSpec
 
 ENGINES = ("vllm-v1", "sglang", "vattention")
-"""``--engine`` choices."""
+"""``engine`` choices."""
 
 GIB = 1024 ** 3
 GB_BINARY = 1024 ** 3   # SGLang's buckets compare MiB (``gpu_mem < 60 * 1024``): binary gigabytes
@@ -88,11 +88,11 @@ def engine_preset(engine: str, gpu: GPUSpec) -> dict:
         ``{field: value}``: scheduler, token_budget, max_batch_slots, policy, block_size_tokens (paged presets),
         prefix_caching, cuda_graph_decodes, frontend_overhead_us (us).
     Raises:
-        ValueError: an unknown engine, naming it and the choices.
+        FieldError: an unknown engine, naming the field ``engine``, the value and the choices.
     """
     preset = _PRESETS.get(engine)
     if preset is None:
-        raise ValueError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
+        raise FieldError(f"engine={engine!r}: choose one of {', '.join(ENGINES)}", "engine")
     return preset(gpu)
 
 

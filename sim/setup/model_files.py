@@ -91,7 +91,7 @@ CONTEXT_DEFAULTS = {"falcon": 2048}
 
 
 def is_file_reference(name: str) -> bool:
-    """Whether ``--model`` / ``--gpu`` names a file (a path separator or a ``.json``/``.toml`` suffix) rather
+    """Whether a ``model`` / ``gpu`` name is a file (a path separator or a ``.json``/``.toml`` suffix) rather
     than a catalogue entry."""
     return "/" in name or "\\" in name or Path(name).suffix.lower() in (".json", ".toml")
 

@@ -28,13 +28,27 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 
-class CatalogError(ValueError):
+class FieldError(ValueError):
+    """A refused value of a configuration field, named by the field (``token_budget=0: must be >= 1``), never
+    by a command-line flag: ``fields`` lists the fields the message names, the refused one first (empty when it
+    names none), so that each front end can name its own flag or key for them
+    (:func:`sim.frontend.flags.flag_message`)."""
+
+    def __init__(self, message: str, *fields: str):
+        super().__init__(message)
+        self.fields = fields
+
+    def __reduce__(self):          # keeps ``fields`` across processes (sweep and replica workers)
+        return type(self), (str(self), *self.fields)
+
+
+class CatalogError(FieldError):
     """An unknown model or GPU, an unreadable or inconsistent model/GPU file, or an impossible parallel degree;
     the message names the choices, or the file and field."""
 
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
-"""Bytes per element of the weight and KV dtypes accepted by ``--weight-dtype`` / ``--kv-dtype``."""
+"""Bytes per element of the weight and KV dtypes accepted by ``SimConfig.weight_dtype`` / ``kv_dtype``."""
 
 
 @dataclass(frozen=True)
@@ -191,8 +205,9 @@ class ModelSpec:
             heads = (f"{self.num_q_heads} query heads" if self.uses_mla else
                      f"{self.num_kv_heads} KV heads and {self.num_q_heads} query heads")
             raise CatalogError(
-                f"--tp {tp} does not divide {self.name}'s {heads}; use one of "
-                f"{[t for t in (1, 2, 4, 8) if (self.uses_mla or kv_heads % t == 0) and self.num_q_heads % t == 0]}")
+                f"tp={tp} does not divide {self.name}'s {heads}; use one of "
+                f"{[t for t in (1, 2, 4, 8) if (self.uses_mla or kv_heads % t == 0) and self.num_q_heads % t == 0]}",
+                "tp")
 
     DECODER_FIELDS = ("num_layers", "hidden_size", "num_q_heads", "num_kv_heads", "head_dim", "ffn_size", "vocab_size")
     """The sizes a decoder is built from (``hwbackend.replay.model.DecoderModel``; recorded by a replay as
@@ -425,8 +440,8 @@ class ModelSpec:
             CatalogError: for ``pp < 1`` or more stages than layers.
         """
         if not 1 <= pp <= self.num_layers:
-            raise CatalogError(f"--pp {pp}: {self.name} has {self.num_layers} layers; pipeline stages must lie in "
-                               f"[1, {self.num_layers}]")
+            raise CatalogError(f"pp={pp}: {self.name} has {self.num_layers} layers; pipeline stages must lie in "
+                               f"[1, {self.num_layers}]", "pp")
         layers = [self.num_layers // pp] * pp
         for index in range(2, self.num_layers % pp + 2):
             layers[-index] += 1

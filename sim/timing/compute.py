@@ -20,7 +20,7 @@ cached tokens read by attention; ``F = flops_efficiency * bf16_flops``; ``B = bw
 Under the ``paged`` policy ``attn_us`` is multiplied by the paged kernel's factor of the iteration's phase
 (``paged_attention_factor``, or per phase and context ``paged_factors``: :mod:`sim.timing.paged_kernels`), in every
 form below as well.
-With pipeline parallelism (``--pp``) :class:`sim.timing.pipeline.PipelineComputeModel` applies this roofline to each
+With pipeline parallelism (``SimConfig.pp``) :class:`sim.timing.pipeline.PipelineComputeModel` applies this roofline to each
 stage's layers and composes the stages into a round time (docs/models.md).
 
 Defaults and their sources (domain.md, measurements on the project's H200):

@@ -6,7 +6,7 @@ uses ``k = min(tp_prefill, tp_decode)`` links) takes::
 
     transfer_us = latency_us + B / (k * bandwidth) * 1e6
 
-Presets (``--kv-link NAME``), datasheet figures, one direction, per GPU:
+Presets (:data:`LINKS`, by name), datasheet figures, one direction, per GPU:
 
 * ``nvlink``: NVLink 4 as on H100 / H200 SXM (HGX boards), 900 GB/s total = **450 GB/s per direction**
   (NVIDIA H100 and H200 Tensor Core GPU datasheets, "NVLink: 900GB/s"; NVIDIA NVLink product page, "fourth
@@ -36,6 +36,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from sim.setup.specs import FieldError
 from sim.units import GIB, US_PER_S, parse_duration_us
 
 
@@ -57,9 +58,9 @@ class KvLink:
 
     def __post_init__(self) -> None:
         if not self.bandwidth_bytes_per_s > 0 or self.bandwidth_bytes_per_s != self.bandwidth_bytes_per_s:
-            raise ValueError(f"--kv-link {self.name!r}: bandwidth must be > 0 bytes/s")
+            raise FieldError(f"kv_link={self.name!r}: bandwidth must be > 0 bytes/s", "kv_link")
         if not self.latency_us >= 0:
-            raise ValueError(f"--kv-link {self.name!r}: latency must be >= 0 us")
+            raise FieldError(f"kv_link={self.name!r}: latency must be >= 0 us", "kv_link")
 
     def bytes_per_us(self, links: int = 1) -> float:
         """Bytes per microsecond over ``links`` parallel links."""
@@ -87,7 +88,7 @@ LINKS: dict[str, KvLink] = {
     "pcie": KvLink("pcie", 55e9, 10.0, "PCIe Gen5 x16: 64 GB/s per direction raw, ~55 GB/s achievable (PCI-SIG "
                                        "PCIe 5.0); latency: estimate"),
 }
-"""``--kv-link`` presets (module docstring for the sources)."""
+"""KV link presets by name (module docstring for the sources)."""
 
 _RATE_UNITS = {"b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9, "tb/s": 1e12, "kib/s": 1024.0,
                "mib/s": 1024.0 ** 2, "gib/s": float(GIB), "tib/s": 1024.0 * GIB}
@@ -126,10 +127,10 @@ MAX_LINK_LATENCY_US = 1e6
 
 
 def parse_kv_link(text: str) -> KvLink:
-    """A ``--kv-link`` value: a preset name (:data:`LINKS`) or ``BANDWIDTH[,LATENCY]``.
+    """A KV link as written: a preset name (:data:`LINKS`) or ``BANDWIDTH[,LATENCY]``.
 
     Raises:
-        ValueError: one line naming ``--kv-link`` and the value.
+        FieldError: one line naming the field ``kv_link`` and the value (a command line names its flag).
     """
     name = text.strip().lower()
     if name in LINKS:
@@ -142,10 +143,11 @@ def parse_kv_link(text: str) -> KvLink:
             stripped = latency_text.strip()
             latency_us = 0.0 if re.fullmatch(r"0+(\.0*)?\s*(us|ms|s)?", stripped) else parse_duration_us(stripped)
     except ValueError as exc:
-        raise ValueError(f"--kv-link {text!r}: {exc}; or one of {', '.join(LINKS)}") from None
+        raise FieldError(f"kv_link={text!r}: {exc}; or one of {', '.join(LINKS)}", "kv_link") from None
     if not MIN_LINK_BYTES_PER_S <= rate or latency_us > MAX_LINK_LATENCY_US:
-        raise ValueError(f"--kv-link {text!r}: a bandwidth below 1 MB/s or a latency above 1 s puts a transfer of a long "
-                         "prompt's KV beyond what the microsecond clock holds exactly; no datacenter link is that slow")
+        raise FieldError(f"kv_link={text!r}: a bandwidth below 1 MB/s or a latency above 1 s puts a transfer of a long "
+                         "prompt's KV beyond what the microsecond clock holds exactly; no datacenter link is that slow",
+                         "kv_link")
     return KvLink(text.strip(), rate, latency_us, "user-given")
 
 

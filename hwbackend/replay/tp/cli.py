@@ -113,12 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     from sim.frontend.options import config_from_args
     from traces.workload import load_workload
 
-    args = build_parser().parse_args(argv)
+    from sim.frontend.flags import flag_message, parser_flags
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
         devices = resolve_devices(args.device, args.devices, config.tp)
-    except ValueError as exc:
-        print(f"replay: error: {exc}", file=sys.stderr)
+    except ValueError as exc:  # one message naming the flag (the core's errors name fields)
+        print(f"replay: error: {flag_message(exc, parser_flags(parser))}", file=sys.stderr)
         return 2
     backend = dist_backend_for(args.dist_backend, devices)
     problem = (unsupported_tp(config, devices, args.attention, backend)
