@@ -47,6 +47,11 @@ def measure(driver, bursts: int, burst_groups: int, page_size_bytes: int = 2 << 
     from hwbackend.vmm.shared_pool import SharedHandlePool, TenantKVCache
     layouts = [_layout(m, page_size_bytes, 32768) for m in MODELS]
     pages = burst_groups * max(lay.num_sub_tensors for lay in layouts)
+    # the tenant with fewer sub-tensors takes more page groups of the same pages: its slot must hold them all
+    # (first H200 run: Qwen2.5-7B's 56 sub-tensors take 18 groups of Llama's 16 x 64 pages, beyond 16 per slot)
+    most_groups = max(-(-pages // lay.num_sub_tensors) for lay in layouts)
+    layouts = [_layout(m, page_size_bytes, most_groups * lay.tokens_per_page)
+               if most_groups > lay.max_pages_per_slot else lay for m, lay in zip(MODELS, layouts)]
     pool = SharedHandlePool(driver, page_size_bytes, pages, [pages, pages]).open()
     handover_us = {"a_to_b": [], "b_to_a": []}
     try:
