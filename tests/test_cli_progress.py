@@ -46,3 +46,13 @@ def test_commands_print_no_progress_when_not_a_terminal(tmp_path, capsys, argv):
     assert main([*argv, "--num-requests", "20", "--out", str(tmp_path / "out")]) in (0, 1)
     err = capsys.readouterr().err
     assert "\r" not in err and "━" not in err            # no bar drawn into a pipe
+
+
+def test_sweep_prints_no_per_point_lines_when_not_a_terminal(tmp_path, capsys):
+    """A sweep into a pipe prints neither a bar nor a line per finished point (issue 36 item 12); the points'
+    results are in the sweep's table."""
+    from cli import main
+    assert main(["sweep", "--grid", "max_batch=8,16", "--num-requests", "20", "--workers", "1",
+                 "--out", str(tmp_path / "sw")]) == 0
+    err = capsys.readouterr().err
+    assert "[1/2]" not in err and "[2/2]" not in err and "━" not in err

@@ -411,3 +411,14 @@ def test_flag_message_rewrites_only_the_fields_the_error_names():
                                           "block_size_tokens (max_batch_slots)")
     assert flag_message(ValueError("tp=2: no"), flags) == "tp=2: no"
     assert flag_message(FieldError("tp=2: no", "tp"), {}, renames={"tp": "--decode-tp"}) == "--decode-tp 2: no (tp)"
+
+
+def test_the_preemption_policy_key_is_named_as_its_flag():
+    """One name per concept (issue 36 item 13): ``preemption=`` as ``--preemption`` and the field; the old
+    ``preempt=`` still parses to the same setting, and giving both is refused naming both keys."""
+    from sim.frontend.policy_spec import parse_policy
+    from sim.setup.config import ConfigError
+    assert parse_policy("paged:preemption=swap") == parse_policy("paged:preempt=swap") == \
+        {"policy": "paged", "preemption": "swap"}
+    with pytest.raises(ConfigError, match="'preempt' and 'preemption' both set preemption"):
+        parse_policy("paged:preempt=swap,preemption=recompute")

@@ -155,7 +155,8 @@ def run_ray(jobs: list[PointJob], address: str | None, workers: int | None,
 
 
 class _Display:
-    """A rich progress bar on a terminal; one line per point otherwise (or nothing with ``quiet``)."""
+    """A rich progress bar on a terminal (none with ``quiet`` or when stderr is not a terminal, as every command's
+    progress, :class:`analysis.flags.Progress`); a failed point is always said, in one line."""
 
     def __init__(self, total: int, quiet: bool):
         self.total, self.done, self.quiet, self.bar = total, 0, quiet, None
@@ -174,8 +175,6 @@ class _Display:
             (self.bar.console.print if self.bar else lambda m: print(m, file=sys.stderr))(f"kvsim: failed {message}")
         if self.bar:
             self.bar.update(self.task, completed=self.done)
-        elif not self.quiet:
-            print(f"[{self.done}/{self.total}] {point}: {record['status']} ({record['wall_s']:.1f} s)", file=sys.stderr)
 
     def close(self) -> None:
         if self.bar:

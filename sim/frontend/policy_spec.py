@@ -54,7 +54,8 @@ def _factor(value: str) -> float:
 
 
 # key -> (SimConfig field, parser)
-_COMMON = {"preempt": ("preemption", _choice("recompute", "swap")),
+_COMMON = {"preemption": ("preemption", _choice("recompute", "swap")),
+           "preempt": ("preemption", _choice("recompute", "swap")),     # deprecated spelling of preemption=
            "prefix": ("prefix_caching", _on_off),
            "zero": ("zero_on_reuse", _choice("off", "on-reuse", "on-free")),
            "admission": ("admission", _choice("whole-prompt", "chunk")),
