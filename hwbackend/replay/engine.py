@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from hwbackend.replay.model import DecoderModel, SeqWork, reference_attention
+from hwbackend.replay.model import DecoderModel, SeqWork, capture_graphs, reference_attention
 
 try:  # Triton ships with CUDA builds of torch; absent on CPU-only machines
     import triton
@@ -447,21 +447,9 @@ class EngineDecodeGraphs:
         self.write_rows = start + self.arange[:max_batch].clone()
         self.starts = torch.full((max_batch,), start, device=device, dtype=torch.long)
         self.lens = torch.ones(max_batch, device=device, dtype=torch.int32)
-        self.graphs: dict[int, Any] = {}
-        self.outputs: dict[int, Any] = {}
-        pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream(device=device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for n in sorted(sizes or range(1, max_batch + 1), reverse=True):
-                static = _StaticEngineDecode(self, n, decode_splits(n, model.shape.num_kv_heads, model.sms))
-                model.eager_forward(static, k_flat, v_flat)  # warm-up: Triton compiles, workspaces allocated
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=side):
-                    self.outputs[n] = model.eager_forward(static, k_flat, v_flat)
-                self.graphs[n] = graph
-        torch.cuda.current_stream(device).wait_stream(side)
-        torch.cuda.synchronize(device)
+        self.graphs, self.outputs = capture_graphs(
+            model, k_flat, v_flat, sorted(sizes or range(1, max_batch + 1)),
+            lambda n: _StaticEngineDecode(self, n, decode_splits(n, model.shape.num_kv_heads, model.sms)))
         self.sizes = frozenset(self.graphs)
 
     def replay(self, batch: EngineBatch) -> Any:

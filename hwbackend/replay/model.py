@@ -177,6 +177,37 @@ class _StaticDecode:
         self.cu_seq_q, self.cu_seq_k, self.seqused_k = graphs.cu_q[:n + 1], graphs.cu_k[:n + 1], graphs.used_k[:n]
 
 
+def capture_graphs(model: Any, k_flat: list[Any], v_flat: list[Any], sizes: list[int], static_of) -> tuple[dict, dict]:
+    """CUDA graphs of ``model.eager_forward`` for each batch size in ``sizes``, captured largest first into one
+    memory pool on a side stream (each after one eager warm-up run, so that kernels are chosen and workspaces
+    allocated outside the capture); ``static_of(n)`` gives size ``n``'s static inputs. Returns ``(graphs,
+    outputs)``: batch size -> ``torch.cuda.CUDAGraph`` and -> the graph's output tensor. Shared by the harness's
+    :class:`DecodeGraphs` and the engine's :class:`hwbackend.replay.engine.EngineDecodeGraphs`.
+
+    Raises:
+        RuntimeError: from CUDA if a capture fails.
+    """
+    import torch
+
+    device = model.device
+    graphs: dict[int, Any] = {}
+    outputs: dict[int, Any] = {}
+    pool = torch.cuda.graph_pool_handle()
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for n in sorted(sizes, reverse=True):
+            static = static_of(n)
+            model.eager_forward(static, k_flat, v_flat)  # warm-up: kernels chosen, workspaces allocated
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=side):
+                outputs[n] = model.eager_forward(static, k_flat, v_flat)
+            graphs[n] = graph
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+    return graphs, outputs
+
+
 class DecodeGraphs:
     """CUDA graphs of :meth:`DecoderModel.eager_forward` for decode-only batches of 1..``max_batch`` sequences.
 
@@ -206,21 +237,8 @@ class DecodeGraphs:
         self.cu_q = self.arange.to(torch.int32)
         self.cu_k = torch.full((max_batch + 1,), start, device=device, dtype=torch.int32)
         self.used_k = torch.ones(max_batch, device=device, dtype=torch.int32)
-        self.graphs: dict[int, Any] = {}
-        self.outputs: dict[int, Any] = {}
-        pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream(device=device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for n in sorted(sizes or range(1, max_batch + 1), reverse=True):
-                static = _StaticDecode(self, n)
-                model.eager_forward(static, k_flat, v_flat)  # warm-up: kernels chosen, workspaces allocated
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=side):
-                    self.outputs[n] = model.eager_forward(static, k_flat, v_flat)
-                self.graphs[n] = graph
-        torch.cuda.current_stream(device).wait_stream(side)
-        torch.cuda.synchronize(device)
+        self.graphs, self.outputs = capture_graphs(model, k_flat, v_flat, sorted(sizes or range(1, max_batch + 1)),
+                                                   lambda n: _StaticDecode(self, n))
         self.sizes = frozenset(self.graphs)
 
     def replay(self, batch: BatchInputs) -> Any:
