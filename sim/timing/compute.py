@@ -73,7 +73,7 @@ from sim.timing.attention_blocks import (ATTENTION_TILE_ROWS, ENGINE_MAX_DECODE_
                                          fa2_num_splits)
 from sim.timing.compute_fields import (SCALAR_FIELDS, TABLE_FIELDS, ComputeFieldError,  # noqa: F401
                                        _unknown_fields, check_compute_field, finite_number, show_value)
-from sim.timing.decode_runs import DecodeRunForms
+from sim.timing.decode_run_times import DecodeRunForms
 from sim.timing.paged_kernels import PagedFactors
 from sim.units import US_PER_S
 
