@@ -3,6 +3,9 @@
 Public API:
 
 * :class:`sim.setup.config.SimConfig` (every knob, checked in ``__post_init__``; ``ConfigError``, ``POLICIES``);
+  its parts, re-exported by :mod:`sim.setup.config`: :mod:`sim.setup.config_checks` (``check_config``, the
+  name tables and ``ConfigError``) and :mod:`sim.setup.config_sizes` (``PoolSizing``: the model a worker holds,
+  the allocation unit and the pool);
 * :func:`sim.setup.catalog.get_model` / ``get_gpu`` / ``model_names`` / ``gpu_names`` (the built-in catalogue,
   ``sim/setup/catalog.toml``, or a user's file read by :mod:`sim.setup.model_files`);
 * :class:`sim.setup.specs.ModelSpec`, :class:`sim.setup.specs.GPUSpec` (derived sizes; ``CatalogError``,
