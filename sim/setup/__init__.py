@@ -9,7 +9,7 @@ Public API:
 * :func:`sim.setup.catalog.get_model` / ``get_gpu`` / ``model_names`` / ``gpu_names`` (the built-in catalogue,
   ``sim/setup/catalog.toml``, or a user's file read by :mod:`sim.setup.model_files`);
 * :class:`sim.setup.specs.ModelSpec`, :class:`sim.setup.specs.GPUSpec` (derived sizes; ``CatalogError``,
-  ``DTYPE_BYTES``).
+  ``DTYPE_BYTES``); the spec's KV-cache and parameter sizes are the :class:`sim.setup.model_sizes.ModelSizes` mixin.
 
 Imports ``sim.memory`` (the policy's knob ranges), ``sim.units``, and (one function-local check) the scheduler names of
 ``sim.core.scheduler``.
