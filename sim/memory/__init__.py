@@ -1,8 +1,11 @@
 """Memory managers: pure policy logic (no SimPy, no I/O) that returns :class:`sim.memory.plan.Plan` objects.
 
 Public API: :func:`build_policy` (a :class:`sim.setup.config.SimConfig` -> its policy),
-:class:`VAttentionPolicy` / :class:`VAttentionConfig` (:mod:`sim.memory.vattention`),
-:class:`PrefixCachingPolicy` / :class:`PrefixHit` (:mod:`sim.memory.prefix`), and the plans both executors carry
+:class:`VAttentionPolicy` / :class:`VAttentionConfig` (:mod:`sim.memory.vattention`; its asynchronous mapper's
+part, the background plan with reservations, commit and cancel, is the :class:`sim.memory.background.BackgroundMapping`
+mixin),
+:class:`PrefixCachingPolicy` / :class:`PrefixHit` (:mod:`sim.memory.prefix`; its cache-entry and eviction
+bookkeeping is the :class:`sim.memory.prefix_entries.PrefixEntries` mixin), and the plans both executors carry
 out (:mod:`sim.memory.plan`: ``Plan``, ``MapOp``, ``UnmapOp``, ``EMPTY_PLAN``). Imports nothing of ``sim`` but
 itself.
 

@@ -1,0 +1,115 @@
+"""The prefix cache's entry bookkeeping (:class:`PrefixEntries`, mixed into
+:class:`sim.memory.prefix.PrefixCachingPolicy`): references of slots to cache entries kept incrementally, the
+evictable (unmapped) entries and their eviction, and unmapping a slot's private and shared pages."""
+from __future__ import annotations
+
+from sim.memory.plan import UnmapOp
+
+
+class PrefixEntries:
+    """Cache-entry and eviction bookkeeping of :class:`sim.memory.prefix.PrefixCachingPolicy` (mixed in before
+    :class:`sim.memory.vattention.VAttentionPolicy`, whose methods it extends: ``self`` is the prefix policy, its
+    state set up by the policy's ``__init__``)."""
+
+    # ---- entry references (kept incrementally) ----------------------------------------------------------
+    def _new_entry(self, key: tuple, slot: int, parent: tuple | None = None) -> None:
+        self.cache[key] = {slot}
+        if parent is not None:
+            self._parent[key] = parent
+            self._children[parent] = self._children.get(parent, 0) + 1
+        if self.tier_store is not None:
+            self.tier_store.on_donate(key)
+        self._active_refs[key] = 1 if self.active[slot] else 0
+        self._freeable += self._active_refs[key] == 0
+
+    def _ref(self, key: tuple, slot: int) -> None:
+        slots = self.cache[key]
+        if not slots:
+            del self._unmapped[key]
+        slots.add(slot)
+        if self.active[slot]:
+            self._active_refs[key] += 1
+            self._freeable -= self._active_refs[key] == 1
+
+    def _unref(self, key: tuple, slot: int) -> None:
+        slots = self.cache[key]
+        slots.discard(slot)
+        if self.active[slot]:
+            self._active_refs[key] -= 1
+            self._freeable += self._active_refs[key] == 0
+        if not slots:
+            self._unmapped[key] = None          # most recently used last
+
+    def _set_active(self, slot: int, active: bool) -> None:
+        super()._set_active(slot, active)
+        for key in self.slot_keys[slot]:
+            before = self._active_refs[key]
+            self._active_refs[key] = before + (1 if active else -1)
+            self._freeable += (self._active_refs[key] == 0) - (before == 0)
+
+    def _reclaimable_page_groups(self) -> int:
+        """Page groups that unmapping every idle slot (without in-flight maps) and then evicting would free:
+        idle private pages, plus cache entries that no active slot maps (exact unless an idle slot has
+        background maps in flight, which is then checked entry by entry)."""
+        busy_idle = {s for s in self._idle if self.in_flight_maps[s]}
+        idle_private = sum(self.mapped[s] - self.shared[s] for s in self._idle if s not in busy_idle)
+        if not busy_idle:
+            return idle_private + self._freeable
+        freeable = sum(1 for key, slots in self.cache.items()
+                       if self._active_refs[key] == 0 and not slots & busy_idle)
+        return idle_private + freeable
+
+    def _evict(self, page_groups: int) -> int:
+        """Evict up to ``page_groups`` unmapped cache entries, least recently used first (handles go back to
+        the pool; no VMM call). Returns how many were evicted."""
+        evicted = 0
+        while evicted < page_groups and self._unmapped:
+            for key in self.victims(self):
+                self._drop_key(key)
+                if self.tier_store is not None:
+                    self.tier_store.on_evict(key)
+                evicted += 1
+        self.free_page_groups += evicted
+        self.dirty_free_page_groups += evicted
+        self.stats["evictions"] += evicted
+        return evicted
+
+    def _drop_key(self, key: tuple) -> None:
+        del self.cache[key]
+        self._freeable -= self._active_refs.pop(key) == 0
+        parent = self._parent.pop(key, None)
+        if parent is not None:
+            self._children[parent] -= 1
+            if not self._children[parent]:
+                del self._children[parent]
+        for chain_id in self._partials_of.pop(key, []):
+            if self._partial_index.get(chain_id) == key:
+                del self._partial_index[chain_id]
+
+    def _unmap_range(self, slot: int, first_page: int) -> UnmapOp | None:
+        """Unmap pages ``first_page..`` of ``slot``: private ones go to the free list, shared ones drop the
+        slot's reference (the entry stays cached)."""
+        count = self.mapped[slot] - first_page
+        if count <= 0:
+            return None
+        shared_dropped = max(0, self.shared[slot] - first_page)
+        for key in reversed(self.slot_keys[slot][first_page:]):
+            self._unref(key, slot)        # tail first: the chain's last page is the least recently used
+        del self.slot_keys[slot][first_page:]
+        self.shared[slot] -= shared_dropped
+        self._add_mapped(slot, -count)
+        private = count - shared_dropped
+        self.free_page_groups += private
+        self.dirty_free_page_groups += private
+        return UnmapOp(slot, first_page, count)
+
+    def _unmap_all(self, slot: int) -> UnmapOp:
+        op = self._unmap_range(slot, 0)
+        if op is None:
+            raise RuntimeError(f"slot {slot} has no page to unmap")
+        return op
+
+    @property
+    def physical_page_groups(self) -> int:
+        """Physical page groups in use: private mapped pages plus cache entries (mapped or not)."""
+        return self._mapped_total - sum(self.shared) + len(self.cache)
