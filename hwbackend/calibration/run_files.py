@@ -70,6 +70,8 @@ def _type_error(kind: str, value) -> str | None:
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif base == "float":
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and bool(np.isfinite(value))
+    elif base == "tuple":
+        ok = isinstance(value, list)
     else:
         ok = isinstance(value, str)
     if ok:
@@ -77,7 +79,7 @@ def _type_error(kind: str, value) -> str | None:
     return f"expected {_KIND_WORDS[base]}{' or null' if nullable else ''}, got {_json(value)}"
 
 
-_KIND_WORDS = {"bool": "a JSON boolean (true/false)", "int": "a whole number", "float": "a finite number",
+_KIND_WORDS = {"tuple": "a JSON list", "bool": "a JSON boolean (true/false)", "int": "a whole number", "float": "a finite number",
                "str": "a string"}
 
 
@@ -122,8 +124,13 @@ def config_from_run(config: dict, source: str | None = None) -> SimConfig:
             lookup(config[name])
         except ValueError as exc:
             raise RunInputError(f"{where}field {name!r}: {exc}") from None
+    for name, kind in kinds.items():      # JSON lists back to the tuples SimConfig holds (KV tiers)
+        if kind == "tuple" and config.get(name):
+            raise RunInputError(f"{where}field {name!r}: {_json(config[name])}: a hardware run has no KV tiers "
+                                "(the replay serves HBM only)")
     try:
-        return SimConfig(**{k: v for k, v in {**RUN_FIELD_DEFAULTS, **config}.items() if k in kinds})
+        return SimConfig(**{k: (tuple(v) if kinds[k] == "tuple" else v)
+                            for k, v in {**RUN_FIELD_DEFAULTS, **config}.items() if k in kinds})
     except ValueError as exc:  # ConfigError / CatalogError: phrased for the command line; name the fields instead
         message = str(exc)
         for flag, name in _FIELD_OF_FLAG.items():

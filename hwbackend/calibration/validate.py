@@ -442,11 +442,11 @@ def command(args) -> int:
                 hw_dir, shown = _fresh_replay(args, stage / "hw"), out.path / "hw"
             table, hw, sim, same = validate_run(hw_dir, args.profile, stage, getattr(args, "compute_model", "auto"),
                                                 shown_hw_dir=shown)
-    _print_validation(args, table, hw, sim, same)
+    _print_validation(args, table, hw, sim, same, hw_dir)
     return 0
 
 
-def _print_validation(args, table, hw, sim, same) -> None:
+def _print_validation(args, table, hw, sim, same, hw_dir) -> None:
     run_config = hw.config
     if args.trace and run_config.get("trace_source") and Path(args.trace).name not in str(run_config["trace_source"]):
         print(f"kvsim: note: --trace {args.trace} differs from the run's trace ({run_config['trace_source']}); "
