@@ -22,7 +22,7 @@ import json
 import math
 from importlib import resources
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +79,92 @@ class ProfileError(ValueError):
     ``profile PATH: field a.b.c <problem>, got <value as JSON>``."""
 
 
+class BufferedDraws:
+    """The draws :class:`CallDistribution` makes from a ``numpy.random.Generator`` over PCG64, taken from blocks of
+    the generator's raw 64-bit outputs (``bit_generator.random_raw``, :data:`BLOCK` at a time) instead of one
+    numpy call per draw: the same values in the same order, bit for bit (``tests/test_latency.py`` checks
+    interleaved draws against the generator's own methods).
+
+    Draw order (numpy 1.17+ ``Generator``, ``numpy/random/src/distributions/distributions.c``): the generator
+    yields one stream of 64-bit outputs; ``random(k)`` takes k of them, each ``(x >> 11) * 2**-53``;
+    ``integers(0, n, k)`` (int64, ``n <= 2**32``) takes 32-bit words - the stored upper half of the last
+    64-bit output split for a word first (PCG64's ``has_uint32`` / ``uinteger``), else the lower half of a new
+    output, whose upper half is stored - and maps each with Lemire's method: ``m = word * n``, kept unless its
+    low 32 bits fall below ``(2**32 - n) % n``, then ``m >> 32``.
+
+    :meth:`sync` gives the generator back the state it would have had after the same draws made directly (the
+    block's unused outputs undrawn); draws of another kind (``n > 2**32``) sync first and use the generator.
+    """
+
+    BLOCK = 4096
+    """Raw 64-bit outputs drawn per block."""
+
+    def __init__(self, generator: np.random.Generator):
+        if not isinstance(generator.bit_generator, np.random.PCG64):
+            raise TypeError(f"BufferedDraws needs a PCG64 generator, got {type(generator.bit_generator).__name__}")
+        self._generator = generator
+        state = generator.bit_generator.state
+        self._has32, self._u32 = state["has_uint32"], state["uinteger"]
+        self._raw: list[int] = []
+        self._pos = 0
+        self._before = state        # the generator's state before the block in _raw was drawn
+
+    def _next64(self) -> int:
+        if self._pos == len(self._raw):
+            self._before = self._generator.bit_generator.state
+            self._raw = self._generator.bit_generator.random_raw(self.BLOCK).tolist()
+            self._pos = 0
+        value = self._raw[self._pos]
+        self._pos += 1
+        return value
+
+    def _next32(self) -> int:
+        if self._has32:
+            self._has32 = 0
+            return self._u32
+        value = self._next64()
+        self._has32, self._u32 = 1, value >> 32
+        return value & 0xFFFFFFFF
+
+    def random(self, count: int) -> list[float]:
+        """``generator.random(count)``: floats uniform in [0, 1)."""
+        return [(self._next64() >> 11) * (1.0 / 9007199254740992.0) for _ in range(count)]
+
+    def integers(self, n: int, count: int) -> list[int]:
+        """``generator.integers(0, n, count)`` (int64): integers uniform in [0, n), ``n >= 1``."""
+        if n == 1:
+            return [0] * count
+        if n > 1 << 32:
+            generator = self.sync()
+            values = generator.integers(0, n, count).tolist()
+            self.__init__(generator)
+            return values
+        if n == 1 << 32:
+            return [self._next32() for _ in range(count)]
+        threshold = ((1 << 32) - n) % n
+        out = []
+        for _ in range(count):
+            m = self._next32() * n
+            while (m & 0xFFFFFFFF) < threshold:      # leftover < n is implied when below the threshold
+                m = self._next32() * n
+            out.append(m >> 32)
+        return out
+
+    def sync(self) -> np.random.Generator:
+        """The generator, in the state direct draws would have left it in; returns it."""
+        bit_generator = self._generator.bit_generator
+        if self._raw:
+            bit_generator.state = self._before
+            if self._pos:
+                bit_generator.random_raw(self._pos)
+            self._raw, self._pos = [], 0
+        state = bit_generator.state
+        state["has_uint32"], state["uinteger"] = self._has32, self._u32
+        bit_generator.state = state
+        self._before = state
+        return self._generator
+
+
 @dataclass(frozen=True)
 class CallDistribution:
     """Latency distribution of one driver call at one page size (microseconds).
@@ -110,11 +196,29 @@ class CallDistribution:
         top = max(p99, p99 + (mean - mean_of(v, p99)) / 0.005)
         return cls(probabilities=probs, values_us=np.array([0.8 * p50, p50, p90, v, p99, top]))
 
-    def sample_us(self, count: int, rng: np.random.Generator) -> np.ndarray:
-        """Draw ``count`` latencies (us) from ``rng``."""
+    def sample_us(self, count: int, rng: np.random.Generator | BufferedDraws) -> np.ndarray:
+        """Draw ``count`` latencies (us) from ``rng`` (the same values from a generator or its
+        :class:`BufferedDraws`)."""
+        if isinstance(rng, BufferedDraws):
+            if self.samples_us is not None:
+                return self.samples_us[rng.integers(len(self.samples_us), count)]
+            return np.interp(rng.random(count), self.probabilities, self.values_us)
         if self.samples_us is not None:
             return self.samples_us[rng.integers(0, len(self.samples_us), count)]
         return np.interp(rng.random(count), self.probabilities, self.values_us)
+
+    def total_us(self, count: int, rng: np.random.Generator | BufferedDraws) -> float:
+        """Sum of ``count >= 1`` draws (us): the one value itself for ``count == 1`` (no reduction), else
+        numpy's sum of :meth:`sample_us`. One resampled draw from :class:`BufferedDraws` is read from a list,
+        without numpy."""
+        if count == 1 and self.samples_us is not None and isinstance(rng, BufferedDraws):
+            return self._samples_list[rng.integers(len(self._samples_list), 1)[0]]
+        draws = self.sample_us(count, rng)
+        return float(draws[0]) if count == 1 else float(draws.sum())
+
+    @cached_property
+    def _samples_list(self) -> list[float]:
+        return self.samples_us.tolist()
 
     def mean_us(self) -> float:
         """Expected latency (us)."""
@@ -214,8 +318,7 @@ class VmmLatencyModel:
             return page_groups * num_sub_tensors * modified_driver_page_us(page_size_bytes)
         if page_size_bytes in self.growth:
             measured_tensors, distribution = self.growth[page_size_bytes]
-            draws = distribution.sample_us(page_groups, rng)
-            total = float(draws[0]) if page_groups == 1 else float(draws.sum())   # the same float, without a reduction
+            total = distribution.total_us(page_groups, rng)   # one draw: the same float, without a reduction
             return total * num_sub_tensors / measured_tensors * self.in_loop_scale
         calls = page_groups * num_sub_tensors
         per_call_us = (self.total_us("cuMemMap", page_size_bytes, calls, rng)
@@ -251,8 +354,7 @@ class VmmLatencyModel:
             return 0.0
         if page_size_bytes < DRIVER_GRANULARITY_BYTES and self.modified_driver_below_2mib:
             return count * modified_driver_page_us(page_size_bytes)
-        draws = self.distribution(call, page_size_bytes).sample_us(count, rng)
-        return float(draws[0]) if count == 1 else float(draws.sum())
+        return self.distribution(call, page_size_bytes).total_us(count, rng)
 
 
 def read_profile(path: str | Path) -> dict:
