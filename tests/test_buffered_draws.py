@@ -5,7 +5,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.timing.latency import BufferedDraws, CallDistribution
+from sim.timing.draws import BufferedDraws
+from sim.timing.latency import CallDistribution
 
 DRAW = st.tuples(st.sampled_from(["random", "integers", "integer"]),
                  # 3 x 2**30: a quarter of the words are redrawn (Lemire's rejection), exercising the one-by-one path

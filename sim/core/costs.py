@@ -8,7 +8,8 @@ import numpy as np
 
 from sim.memory.plan import Plan, UnmapOp
 from sim.setup.config import SimConfig
-from sim.timing.latency import BufferedDraws, VmmLatencyModel
+from sim.timing.draws import BufferedDraws
+from sim.timing.latency import VmmLatencyModel
 from sim.units import US_PER_S
 
 
