@@ -101,8 +101,10 @@ class BufferedDraws:
         word = 2 * self._pos - self._has32
         values, redraws = self._mapped_words(n)
         end = word + count
-        if redraws and bisect.bisect_left(redraws, word) < len(redraws) and redraws[bisect.bisect_left(redraws, word)] < end:
-            return np.array([self.integer(n) for _ in range(count)], dtype=np.int64)
+        if redraws:
+            at = bisect.bisect_left(redraws, word)
+            if at < len(redraws) and redraws[at] < end:        # a word of these is redrawn: one by one
+                return np.array([self.integer(n) for _ in range(count)], dtype=np.int64)
         # take words [word, end): the outputs they come from are used, the last one's upper half stored if unused
         pos = (end + 1) // 2
         self._used += pos - self._pos
