@@ -1,6 +1,6 @@
 """Start-up stays cheap (issue 32): ``kvsim --version`` and the parsers' ``--help`` import neither numpy, pandas,
 pyarrow nor SimPy. A check of the set of modules imported (``python -X importtime``), not of a time: the
-figures are in ``bench/bench_startup.py`` and docs/scale.md."""
+figures are in ``python bench/bench_targets.py --only version`` and docs/scale.md."""
 from __future__ import annotations
 
 import subprocess
@@ -20,7 +20,7 @@ def imported_modules(*args: str) -> set[str]:
     assert done.returncode == 0, done.stderr[-2000:]
     names = {line.split("|")[2].strip().split(".")[0] for line in done.stderr.splitlines()
              if line.startswith("import time:") and line.count("|") == 2}
-    assert "argparse" in names or args == ("--version",)      # the trace was read (the parser was built)
+    assert "argparse" in names or args == ("--version",)      # the import trace was read (--help: a parser built)
     return names
 
 
