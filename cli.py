@@ -86,9 +86,7 @@ def _note_long_context(config) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from analysis.results import write_run
     from sim.core.runner import run_simulation
-    from analysis.summary import print_summary
     from sim.frontend.disagg_options import check_disagg_flags
 
     check_disagg_flags(args)
@@ -116,6 +114,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             result = run_simulation(config, trace, args.profile, progress=progress,
                                     records_path=stage / "iterations.parquet")
         wall_s = time.perf_counter() - started
+        from analysis.results import write_run      # the writers and printers (pandas) once there are results
+        from analysis.summary import print_summary
         write_run(result, stage)
         result.path = out.path          # the report names the run's final directory, not the staging one
         if args.report:
@@ -296,6 +296,16 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
 
+    @property
+    def epilog(self) -> str | None:
+        """The epilog; one given as a function (``compare``'s policy-key reference, which imports the
+        configuration and so numpy) is called only when the help is printed."""
+        return self._epilog() if callable(self._epilog) else self._epilog
+
+    @epilog.setter
+    def epilog(self, value) -> None:
+        self._epilog = value
+
     def error(self, message: str):
         """A bad argument: one line naming it (and where the usage is), exit status 2; argparse's usage dump
         of every option would bury it."""
@@ -339,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp = sub.add_parser("compare", help="run several memory policies on one trace and print one table",
                           description="Run several memory policies on one trace, model and GPU; print and save "
                                       "one comparison table (CSV and Parquet). " + OUT_RULE + ".",
-                          epilog=policy_keys_help())
+                          epilog=policy_keys_help)
     comp.add_argument("--policy", action="append", required=True, metavar="SPEC",
                       help="a policy to run (repeat), e.g. --policy vattention:page=2MiB --policy paged:block=16")
     add_trace_args(comp)
@@ -362,6 +372,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``kvsim`` console command; returns the exit status."""
+    if (sys.argv[1:] if argv is None else argv) == ["--version"]:
+        # answered before the parser is built: its subcommands' options import the catalogue (as argparse's
+        # own version action would, the line goes to stdout and the exit is SystemExit(0))
+        print(f"kvsim {__version__}")
+        sys.exit(0)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -155,3 +155,20 @@ def test_folded_tbt_buffers_give_the_same_figures(monkeypatch):
     keys = ["tbt_p50_us", "tbt_p90_us", "tbt_p99_us", "tbt_max_us", "tbt_mean_us", "tbt_tokens"]
     assert [folded[k] for k in keys] == [whole[k] for k in keys]
     assert whole["tbt_tokens"] > 1000
+
+
+@pytest.mark.parametrize("settings_", [{}, {"sync_mapping": True}, {"scheduler": "vllm"}])
+def test_last_token_iterations_fold_into_cohort_runs(monkeypatch, settings_):
+    """Issue 32: cohort runs whose due members leave only to emit their last token take that iteration as
+    their last step (it happens here), with the tables of visiting every request each iteration."""
+    folded = []
+    finish = Simulator._finish_folded_run
+    monkeypatch.setattr(Simulator, "_finish_folded_run",
+                        lambda self, *args: folded.append(args[1]) or finish(self, *args))
+    rng = np.random.default_rng(12)
+    rows = [(float(t), int(p), int(o)) for t, p, o in zip(np.cumsum(rng.exponential(0.2, 40)),
+                                                          rng.integers(1, 2000, 40), rng.integers(2, 300, 40))]
+    config = SimConfig(**settings_)
+    _assert_same(config, trace(rows), vmm=VmmLatencyModel.h200_defaults(),
+                 compute=Simulator(config, trace(rows)).compute)
+    assert len(folded) >= 5 and min(folded) >= 3      # runs of at least 2 steps and the folded one

@@ -10,10 +10,9 @@ Two tiers, following the project style:
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 MAX_VALUE_CHARS = 80   # longer values are cut in messages (a whole line or list is rarely needed)
 
@@ -67,10 +66,12 @@ def fail(path: str | Path, what: str, line: int | None = None,
 
 
 def _python(value: Any) -> Any:
-    """numpy scalars and arrays (also inside lists) as the Python values they hold."""
-    if isinstance(value, np.generic):
+    """numpy scalars and arrays (also inside lists) as the Python values they hold. numpy is not imported
+    here: a numpy value can exist only once numpy is loaded (so the CLI's parser stays free of it)."""
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(value, np.generic):
         return value.item()
-    if isinstance(value, np.ndarray):
+    if np is not None and isinstance(value, np.ndarray):
         return [_python(v) for v in value.tolist()]
     if isinstance(value, (list, tuple)):
         return type(value)(_python(v) for v in value)

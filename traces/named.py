@@ -10,7 +10,6 @@ import hashlib
 import os
 import shutil
 import tempfile
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,6 +139,7 @@ def fetch_trace(name: str, url: str | None = None, timeout_s: float = 60.0) -> P
 def _download(url: str, dest: Path, name: str, timeout_s: float) -> None:
     fd, tmp = tempfile.mkstemp(dir=dest.parent, suffix=".part")
     try:
+        import urllib.request     # here, not at import: the CLI's parser does not need it
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout_s) as src:
             shutil.copyfileobj(src, out)
         os.replace(tmp, dest)

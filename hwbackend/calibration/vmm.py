@@ -25,8 +25,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from hwbackend.vmm.driver import CudaVmmDriver, GpuUnavailableError
 from hwbackend.vmm.kvcache import KVCache, KVCacheLayout
 from sim.memory.plan import MapOp, Plan, UnmapOp
@@ -42,6 +40,7 @@ DEFAULT_MODELS = ("llama-3-8b",)
 
 def summarize_us(values_us: list[float] | np.ndarray, keep_samples: bool = True) -> dict[str, Any]:
     """Quantiles (p50/p90/p99/mean/min/max, microseconds) and up to 1000 samples rounded to 0.01 us."""
+    import numpy as np     # here: the CLI's parser imports this module for its options
     values = np.asarray(values_us, dtype=float)
     summary: dict[str, Any] = {"n": int(values.size), "quantiles_us": {
         "p50": round(float(np.percentile(values, 50)), 2), "p90": round(float(np.percentile(values, 90)), 2),
@@ -179,6 +178,7 @@ def _batched_growth_us(driver: CudaVmmDriver, num_pages: int, page_size_bytes: i
 def measure_wrapper_overhead(driver: CudaVmmDriver, calls: int = 20000) -> dict[str, Any]:
     """Per-call cost the wrapper adds: a cheap driver query timed from outside, bare vs through
     ``CudaVmmDriver._checked`` (median of ``calls`` single-call timings, us)."""
+    import numpy as np     # here: the CLI's parser imports this module for its options
     drv, prop = driver._drv, driver._prop
     option = driver._c["granularity_recommended"]
     bare, wrapped = [], []
@@ -206,6 +206,7 @@ def measure_memory_bandwidth(driver: CudaVmmDriver, size_bytes: int = 4 << 30, r
     cleared / s, ``cuMemsetD32Async``, what :class:`hwbackend.beyond.ops.SharingKVCache` uses) and
     ``copy_bytes_per_s`` (bytes read + written / s, ``cuMemcpyDtoDAsync``, copy-on-write), plus torch's
     ``zero_`` / ``copy_`` and ``cuMemsetD8Async`` for comparison."""
+    import numpy as np     # here: the CLI's parser imports this module for its options
     import torch
 
     from hwbackend.beyond.ops import cuda_copy_fn, cuda_memset_fn

@@ -109,6 +109,25 @@ class DecodeCohort:
                 out.append(request)
         return out
 
+    def due_at(self, steps: int) -> list[Request]:
+        """Members whose stay ends ``steps`` iterations from now, in joining order (the heap's order is kept:
+        its entries are distinct ``(clock, seq)`` pairs)."""
+        target, heap = self.clock + steps, self._leave
+        popped, out = [], []
+        while heap and heap[0][0] <= target:
+            entry = heapq.heappop(heap)
+            popped.append(entry)
+            request = self._by_seq.get(entry[1])
+            if request is not None and entry[0] == target:
+                out.append(request)
+        for entry in popped:
+            heapq.heappush(heap, entry)
+        return out
+
+    def generated_of(self, request: Request) -> int:
+        """A member's output tokens so far (its ``generated`` attribute is stale while it is a member)."""
+        return self._members[request][2] + self.clock
+
     def computed_of(self, request: Request) -> int:
         """A member's KV tokens now (its ``computed`` attribute is stale while it is a member)."""
         return self._members[request][1] + self.clock

@@ -8,6 +8,7 @@ import numpy as np
 
 from sim.memory.plan import Plan, UnmapOp
 from sim.setup.config import SimConfig
+from sim.timing.draws import BufferedDraws
 from sim.timing.latency import VmmLatencyModel
 from sim.units import US_PER_S
 
@@ -31,7 +32,10 @@ class VmmCost:
 
     def __init__(self, vmm: VmmLatencyModel, config: SimConfig, rng: np.random.Generator,
                  create_on_demand: bool = False):
-        self.vmm, self.rng, self.create_on_demand = vmm, rng, create_on_demand
+        # the generator's draws taken in blocks (the same values in the same order: BufferedDraws); the
+        # generator is this cost's alone while it draws
+        self.vmm, self.create_on_demand = vmm, create_on_demand
+        self.rng = BufferedDraws(rng) if isinstance(rng.bit_generator, np.random.PCG64) else rng
         self.pages_per_group = config.num_sub_tensors
         # pages per page group of each layer group (sim.memory.hybrid; one group without window-aware allocation)
         self.group_pages = config.group_sub_tensors if config.hybrid_alloc else (config.num_sub_tensors,)

@@ -121,8 +121,15 @@ class DecodeRuns:
             _, kv_read, longest, active_mapped, used, crossings = shape
         size = len(self.running)
         block_table_us = self._block_table_us_of(active_mapped)   # constant: no block is added inside the run
-        starts_us, compute_us, gaps_us = self._run_steps(size, kv_read, longest, steps, block_table_us)
+        finishing = self._finishing_after(steps, block_table_us) if cohort is not None else None
+        asked = steps + 1 if finishing else steps
+        starts_us, compute_us, gaps_us = self._run_steps(size, kv_read, longest, asked, block_table_us)
         steps = len(compute_us)
+        if finishing:
+            finishing = self._fold_holds(finishing, starts_us, steps == asked, iteration + asked - 2)
+            if steps == asked and not finishing:        # the last token's iteration is stepped after all
+                steps -= 1
+                starts_us, compute_us, gaps_us = starts_us[:steps + 1], compute_us[:steps], gaps_us[:steps]
         if steps < 2:
             return 0
         yield self.env.timeout(starts_us[steps] - self.env.now)
@@ -130,6 +137,9 @@ class DecodeRuns:
             used, crossings = cohort.used_now + cohort.crossing_now(), cohort.crossings()
         self._record_decode_run(iteration, starts_us, compute_us, used, crossings, kv_read, active_mapped,
                                 block_table_us)
+        if finishing:
+            self._finish_folded_run(iteration, steps, starts_us, gaps_us)
+            return steps
         extend_array(self.tbt_run_gaps_us, gaps_us[1:])
         self.tbt_run_weights.extend(array("q", [size]) * (steps - 1))
         if cohort is not None:
@@ -148,6 +158,67 @@ class DecodeRuns:
         if cohort is not None:
             self._cohort_regroup()
         return steps
+
+    # ---- a cohort run that ends with its finishing members' last token (issue 32) -------------------------
+    # Stepping would run the cohort's k steps, then one iteration in which the members due to leave emit their
+    # last token and finish, the rest of the cohort stepping with them. When nothing but that can happen in
+    # that iteration, it is folded into the run as step k + 1, and its completions are applied as the stepped
+    # iteration applies them (same records, tokens and completions: ``bench/engine_hashes.py``).
+
+    def _finishing_after(self, steps: int, block_table_us: float) -> list[Request] | None:
+        """The members due to leave after ``steps`` steps, when each leaves to emit its last token within its
+        mapped pages and the iteration that emits them would be a plain one (nothing waiting, no open
+        arrivals, no clearing, swap or block-table time, no background page groups unrecorded); else None."""
+        mapper = self.mapper
+        if (self.waiting or self._open or self.zero_mode != "off" or block_table_us
+                or self.swap.pending_us or (mapper and (mapper.maps_done, mapper.unmaps_done) != self._bg_recorded)):
+            return None
+        cohort, per_page, mapped = self.cohort, self.config.tokens_per_page, self.policy.mapped
+        due = cohort.due_at(steps)
+        for request in due:
+            if (cohort.generated_of(request) + steps != request.output_tokens - 1
+                    or request.final_kv_tokens > mapped[request.slot] * per_page):
+                return None
+        return due or None
+
+    def _fold_holds(self, finishing: list[Request], starts_us, complete: bool, completed_iteration: int):
+        """Whether the run computed with the extra step can stand for stepping (``finishing``, else None):
+        that step started before the next arrival (``complete``), the clock lands on the same floats (the
+        stepped iteration starts at ``now + (start - now)`` and ends at ``start + compute``), and once the
+        run's iterations up to ``completed_iteration`` are completed the policy has no background work and the
+        same pool figures (the stepped iteration's record and look-ahead see them). When the step is complete,
+        completes those iterations (the run's own ``iteration_completed``, done early: it is a max)."""
+        if not complete:
+            return None
+        now_us, steps, policy = self.env.now, len(starts_us) - 2, self.policy
+        before = (policy.physical_page_groups, policy.free_page_groups, policy.deferred_page_groups)
+        policy.iteration_completed(completed_iteration)      # (a max: the run's own call repeats it harmlessly)
+        start_us, end_us = starts_us[steps], starts_us[steps + 1]
+        if now_us + (start_us - now_us) != start_us or now_us + (end_us - now_us) != end_us:
+            return None
+        if (policy.physical_page_groups, policy.free_page_groups, policy.deferred_page_groups) != before:
+            return None
+        if self.mapper and policy.has_background_work():
+            return None
+        return finishing
+
+    def _finish_folded_run(self, iteration: int, steps: int, starts_us, gaps_us) -> None:
+        """After a run of ``steps`` steps whose last one is the finishing members' iteration: the tokens of the
+        first ``steps - 1`` steps as a run gives them, the members due leave, then that iteration's tokens,
+        completions and cohort bookkeeping in the stepped order (its record is the run's last row)."""
+        cohort, size = self.cohort, len(self.running)
+        extend_array(self.tbt_run_gaps_us, gaps_us[1:steps - 1])
+        self.tbt_run_weights.extend(array("q", [size]) * (steps - 2))
+        self._cohort_tokens(starts_us[1])
+        cohort.advance(steps - 1)
+        cohort.last_emit_us = starts_us[steps - 1]
+        self._cohort_regroup()          # the finishing members leave (iteration_completed: _fold_holds)
+        members = cohort.size
+        self._background_since_last_record()
+        self.policy.iteration_completed(iteration + steps - 1)
+        self._finish_iteration([(request, 1) for request in self._solo], self.env.now, iteration + steps - 1)
+        if self.cohort is not None:
+            self._cohort_iteration_done(self.env.now, members)
 
     def _run_shape(self, batch: Batch) -> tuple | None:
         """Two passes over a pure-decode batch. ``None`` if a request is not a plain decode (a chunk, or the

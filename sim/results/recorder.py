@@ -3,26 +3,41 @@
 The serving loop appends one tuple per stepped iteration (:data:`sim.results.records.ITERATION_COLUMNS` order) and one
 *block* per fast-forwarded decode run, appended to flat columnar buffers (:class:`RunBuffer`, expanded by
 :func:`expand_blocks`). Every ``chunk_iterations`` iterations the
-buffer becomes one columnar chunk: a pandas DataFrame in iteration order (numpy columns, ~180 B per iteration
-instead of ~770 B as Python tuples), or, with ``path``, one row group appended to a Parquet file, so that
-memory stays flat however long the trace. Chunks are cut between iterations, so sorting each chunk by
-iteration number gives the same table as sorting the whole run.
+buffer becomes one columnar chunk: numpy columns in iteration order (~180 B per iteration instead of ~770 B as
+Python tuples), kept in memory, or, with ``path``, written as Arrow arrays into one row group of a Parquet
+file, so that memory stays flat however long the trace (no pandas in the loop: a DataFrame is built only when
+the whole table is asked for). Chunks are cut between iterations, so sorting each chunk by iteration number
+gives the same table as sorting the whole run. A streamed run also keeps what its summary needs
+(:meth:`IterationRecorder.summary_figures`, :meth:`IterationRecorder.column`), so that the summary is not read
+back from the file.
 """
 from __future__ import annotations
 
 from array import array
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from sim.results.records import ITERATION_COLUMNS
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DEFAULT_CHUNK_ITERATIONS = 1 << 16   # ~50 MB of buffered tuples at most; row groups of ~11 MB
 
 RUN_CONSTANTS = ("batch_size", "num_running", "num_waiting", "mapped_page_groups", "free_page_groups",
                  "deferred_page_groups")
 """The iteration columns that stay constant over a fast-forwarded decode run, in a run's ``constants`` order."""
+
+KEPT_COLUMNS = ("duration_us", "sync_stall_us")
+"""Float columns a streamed recorder keeps whole in memory (the summary's percentiles and means: 16 B per
+iteration, what reading them back would hold)."""
+
+SUMMED_COLUMNS = ("block_table_us", "clear_copy_us")
+"""Float columns whose totals the summary takes (numpy's pairwise sum, NaN as 0 as pandas sums): a streamed
+recorder keeps a chunk of them only where it is not all zeros."""
 
 
 class RunBuffer:
@@ -93,11 +108,15 @@ class IterationRecorder:
         self.singles: list[tuple] = []
         self.blocks = RunBuffer()
         self.buffered = 0
-        self.chunks: list[pd.DataFrame] = []
+        self.chunks: list[dict[str, np.ndarray]] = []      # in memory: one {column: array} per chunk
         self.rows = 0
         self.blocks_recorded = 0
         self._writer = None
         self._closed = False
+        # a streamed run's summary parts (class docstring of the module)
+        self._kept: dict[str, list[np.ndarray]] = {name: [] for name in KEPT_COLUMNS}
+        self._summed: dict[str, list] = {name: [] for name in SUMMED_COLUMNS}    # arrays, or lengths of zeros
+        self._counts = _empty_counts()
 
     def add(self, record: tuple) -> None:
         """One stepped iteration (a tuple in :data:`ITERATION_COLUMNS` order)."""
@@ -119,7 +138,7 @@ class IterationRecorder:
             self.flush()
 
     def flush(self) -> None:
-        """Turn the buffer into one chunk (appended to the Parquet file when streaming).
+        """Turn the buffer into one chunk (written as one row group when streaming).
 
         Raises:
             RuntimeError: records added after the streamed file was closed.
@@ -128,20 +147,34 @@ class IterationRecorder:
             return
         if self._closed:
             raise RuntimeError(f"{self.path}: iteration records added after the file was closed")
-        chunk = records_frame(self.singles, self.blocks)
+        columns = records_columns(self.singles, self.blocks)
         self.singles, self.blocks, self.buffered = [], RunBuffer(), 0
-        self.rows += len(chunk)
+        rows = len(columns["iteration"])
+        self.rows += rows
         if self.path is None:
-            self.chunks.append(chunk)
+            self.chunks.append(columns)
             return
+        self._keep_for_summary(columns, rows)
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pa.Table.from_pandas(chunk, preserve_index=False)
+        table = pa.Table.from_arrays([pa.array(columns[name]) for name in ITERATION_COLUMNS],
+                                     names=list(ITERATION_COLUMNS))
         if self._writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._writer = pq.ParquetWriter(self.path, table.schema)
         self._writer.write_table(table)
+
+    def _keep_for_summary(self, columns: dict[str, np.ndarray], rows: int) -> None:
+        """A streamed chunk's part of the summary: its kept columns, its summed columns (where not all zeros)
+        and its integer figures (:func:`chunk_counts`, added exactly)."""
+        for name in KEPT_COLUMNS:
+            self._kept[name].append(columns[name])
+        for name in SUMMED_COLUMNS:
+            values = columns[name]
+            self._summed[name].append(values if values.any() or np.isnan(values).any() else rows)
+        self._counts = add_counts(self._counts, chunk_counts(columns["batch_size"], columns["mapped_page_groups"],
+                                                             columns["tail_waste_bytes"]))
 
     def close(self) -> None:
         """Flush what is buffered and close the Parquet file (an empty run writes an empty table); once."""
@@ -156,22 +189,82 @@ class IterationRecorder:
             self._writer.close()
             self._writer = None
 
+    def summary_figures(self) -> dict:
+        """A streamed run's integer figures and float totals, as
+        :func:`sim.results.summary.iteration_counts_of_file` reads them from its file (the same values: integer
+        sums and maxima, and numpy's pairwise sums of :data:`SUMMED_COLUMNS` with NaN as 0), from memory."""
+        from sim.results.columns import Concatenation, pairwise_sum
+
+        self.close()
+        figures = dict(self._counts)
+        for name, parts in self._summed.items():
+            lengths = [len(part) if isinstance(part, np.ndarray) else part for part in parts]
+            loaders = [(lambda part=part: np.where(np.isnan(part), 0.0, part)) if isinstance(part, np.ndarray)
+                       else (lambda n=part: np.zeros(n)) for part in parts]
+            column = Concatenation(loaders, lengths)
+            figures[name.replace("_us", "_sum_us")] = pairwise_sum(column.length, column.take)
+        return figures
+
+    def column(self, name: str) -> np.ndarray:
+        """One of :data:`KEPT_COLUMNS` of a streamed run, whole (one array, which replaces the kept chunks)."""
+        self.close()
+        parts = self._kept[name]
+        if len(parts) != 1:
+            self._kept[name] = parts = [np.concatenate(parts) if parts else np.zeros(0)]
+        return parts[0]
+
     def frame(self, columns: list[str] | None = None) -> pd.DataFrame:
         """The whole table (or some ``columns``) in iteration order; reads the file back when streaming."""
+        import pandas as pd
+
         self.flush()
         if self.path is not None:
             self.close()
             return pd.read_parquet(self.path, columns=columns)
+        names = list(ITERATION_COLUMNS) if columns is None else list(columns)
         if not self.chunks:
-            frame = records_frame([], RunBuffer())
+            return records_frame([], RunBuffer())[names]
+        if len(self.chunks) == 1:
+            data = {name: self.chunks[0][name] for name in names}
         else:
-            frame = self.chunks[0] if len(self.chunks) == 1 else pd.concat(self.chunks, ignore_index=True)
-        return frame[columns] if columns is not None else frame
+            data = {name: np.concatenate([chunk[name] for chunk in self.chunks]) for name in names}
+        return pd.DataFrame(data, copy=False)
+
+
+def _empty_counts() -> dict:
+    return {"iterations": 0, "batch_sum": 0, "batch_max": 0, "mapped_max": 0, "waste_sum": 0, "waste_max": 0}
+
+
+def chunk_counts(batch_size: np.ndarray, mapped_page_groups: np.ndarray, tail_waste_bytes: np.ndarray) -> dict:
+    """Iteration count and the batch / pool / tail-waste figures of one chunk's int64 columns
+    (:func:`sim.results.summary.iteration_counts`)."""
+    if not len(batch_size):
+        return _empty_counts()
+    return {"iterations": len(batch_size), "batch_sum": int(batch_size.sum()), "batch_max": int(batch_size.max()),
+            "mapped_max": int(mapped_page_groups.max()), "waste_sum": int(tail_waste_bytes.sum()),
+            "waste_max": int(tail_waste_bytes.max())}
+
+
+def add_counts(total: dict, part: dict) -> dict:
+    """Two chunks' :func:`chunk_counts` together (sums add, maxima take the larger)."""
+    if not part["iterations"]:
+        return total
+    return {"iterations": total["iterations"] + part["iterations"], "batch_sum": total["batch_sum"] + part["batch_sum"],
+            "batch_max": max(total["batch_max"], part["batch_max"]),
+            "mapped_max": max(total["mapped_max"], part["mapped_max"]),
+            "waste_sum": total["waste_sum"] + part["waste_sum"], "waste_max": max(total["waste_max"], part["waste_max"])}
 
 
 def records_frame(singles: list[tuple], blocks: RunBuffer) -> pd.DataFrame:
-    """Stepped iterations and decode-run blocks as one DataFrame (columns :data:`ITERATION_COLUMNS`, ``*_us``
-    as float, the rest int64), sorted by iteration; built column by column with numpy, each value written
+    """:func:`records_columns` as a DataFrame (its fresh arrays, not copied)."""
+    import pandas as pd
+
+    return pd.DataFrame(records_columns(singles, blocks), copy=False)
+
+
+def records_columns(singles: list[tuple], blocks: RunBuffer) -> dict[str, np.ndarray]:
+    """Stepped iterations and decode-run blocks as columns (:data:`ITERATION_COLUMNS` in order, ``*_us`` as
+    float64, the rest int64), sorted by iteration; built column by column with numpy, each value written
     straight to its row (:func:`iteration_rows`)."""
     columns_of_singles = list(zip(*singles)) if singles else [()] * len(ITERATION_COLUMNS)
     expanded = expand_blocks(blocks) if len(blocks) else {}
@@ -187,7 +280,7 @@ def records_frame(singles: list[tuple], blocks: RunBuffer) -> pd.DataFrame:
         for part, places in zip(column, rows):
             values[places] = part
         columns[name] = values
-    return pd.DataFrame(columns, copy=False)   # fresh arrays: no copy
+    return columns
 
 
 def iteration_rows(iterations: list[np.ndarray]) -> list[np.ndarray]:

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from sim.units import US_PER_MS, US_PER_S
+from sim.results.recorder import KEPT_COLUMNS
 
 
 class RunResult:
@@ -288,26 +289,26 @@ def tier_hit_ratios(requests: pd.DataFrame, with_hbm: bool = True) -> dict:
             int(requests[c].sum()) / prompt if prompt else float("nan") for c in columns}
 
 
-SUMMARY_ITERATION_COLUMNS = ["duration_us", "sync_stall_us"]
+SUMMARY_ITERATION_COLUMNS = list(KEPT_COLUMNS)
 """The per-iteration columns :func:`summarize` reads whole (a streamed run reads only these back; its integer
 figures come from :func:`iteration_counts_of_file`)."""
 
 
 def build_result(output, config: dict) -> RunResult:
     """Turn :class:`sim.core.engine.SimOutput` into a :class:`RunResult` (a streamed run's iterations stay in
-    their Parquet file; its summary reads back only :data:`SUMMARY_ITERATION_COLUMNS`)."""
+    their Parquet file; its summary comes from what the recorder kept of them in memory: the integer figures
+    and totals, and :data:`SUMMARY_ITERATION_COLUMNS` whole, :class:`sim.results.recorder.IterationRecorder`)."""
     requests = output.requests_frame()
     streamed = output.recorder.path
     if streamed is None:
         iterations = output.iterations_frame()
         return RunResult(requests, iterations, summarize(requests, iterations, output.counters, config), config,
                          tbt_samples=output.counters.get("tbt_samples"))
-    from sim.results.columns import read_column
-
-    output.recorder.close()
-    counts = iteration_counts_of_file(streamed)
-    # the two columns read into one array each (reading the table and converting it held them twice)
-    columns = pd.DataFrame({name: read_column(streamed, name) for name in SUMMARY_ITERATION_COLUMNS}, copy=False)
+    # the file's figures as the recorder kept them while writing it (iteration_counts_of_file's values, and
+    # read_column's arrays, without reading the file back)
+    recorder = output.recorder
+    counts = recorder.summary_figures()
+    columns = pd.DataFrame({name: recorder.column(name) for name in SUMMARY_ITERATION_COLUMNS}, copy=False)
     summary = summarize(requests, columns, output.counters, config, counts)
     del columns
     return RunResult(requests, streamed, summary, config, tbt_samples=output.counters.get("tbt_samples"))

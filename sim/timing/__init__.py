@@ -9,7 +9,8 @@ Public API:
   thread blocks and key splits: ``BlockAttentionForm``), :mod:`sim.timing.decode_run_times` (runs of decode iterations:
   ``DecodeRunForms``), :mod:`sim.timing.allreduce` (NCCL's all-reduce cost, ``nccl_allreduce_us``);
 * :class:`sim.timing.latency.VmmLatencyModel` (cuMemMap / cuMemSetAccess / unmap draws; ``read_profile``,
-  ``check_profile``, ``ProfileError``);
+  ``check_profile``, ``ProfileError``), drawn through :class:`sim.timing.draws.BufferedDraws` (the generator's
+  draws taken in blocks, the same values);
 * :class:`sim.timing.kvlink.KvLink` (KV transfers between instances; ``LINKS``, ``streamed_finish_us``).
 
 Imports ``sim.setup`` and ``sim.units`` only.

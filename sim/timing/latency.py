@@ -22,11 +22,12 @@ import json
 import math
 from importlib import resources
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import numpy as np
 
+from sim.timing.draws import BufferedDraws
 from sim.timing.compute import (SCALAR_FIELDS, TABLE_FIELDS, ComputeFieldError, check_compute_field, finite_number,
                                 show_value)
 from sim.units import KIB, MIB, format_bytes
@@ -110,11 +111,29 @@ class CallDistribution:
         top = max(p99, p99 + (mean - mean_of(v, p99)) / 0.005)
         return cls(probabilities=probs, values_us=np.array([0.8 * p50, p50, p90, v, p99, top]))
 
-    def sample_us(self, count: int, rng: np.random.Generator) -> np.ndarray:
-        """Draw ``count`` latencies (us) from ``rng``."""
+    def sample_us(self, count: int, rng: np.random.Generator | BufferedDraws) -> np.ndarray:
+        """Draw ``count`` latencies (us) from ``rng`` (the same values from a generator or its
+        :class:`BufferedDraws`)."""
+        if isinstance(rng, BufferedDraws):
+            if self.samples_us is not None:
+                return self.samples_us[rng.integers(len(self.samples_us), count)]
+            return np.interp(rng.random(count), self.probabilities, self.values_us)
         if self.samples_us is not None:
             return self.samples_us[rng.integers(0, len(self.samples_us), count)]
         return np.interp(rng.random(count), self.probabilities, self.values_us)
+
+    def total_us(self, count: int, rng: np.random.Generator | BufferedDraws) -> float:
+        """Sum of ``count >= 1`` draws (us): the one value itself for ``count == 1`` (no reduction), else
+        numpy's sum of :meth:`sample_us`. One resampled draw from :class:`BufferedDraws` is read from a list,
+        without numpy."""
+        if count == 1 and self.samples_us is not None and isinstance(rng, BufferedDraws):
+            return self._samples_list[rng.integer(len(self._samples_list))]
+        draws = self.sample_us(count, rng)
+        return float(draws[0]) if count == 1 else float(draws.sum())
+
+    @cached_property
+    def _samples_list(self) -> list[float]:
+        return self.samples_us.tolist()
 
     def mean_us(self) -> float:
         """Expected latency (us)."""
@@ -214,8 +233,7 @@ class VmmLatencyModel:
             return page_groups * num_sub_tensors * modified_driver_page_us(page_size_bytes)
         if page_size_bytes in self.growth:
             measured_tensors, distribution = self.growth[page_size_bytes]
-            draws = distribution.sample_us(page_groups, rng)
-            total = float(draws[0]) if page_groups == 1 else float(draws.sum())   # the same float, without a reduction
+            total = distribution.total_us(page_groups, rng)   # one draw: the same float, without a reduction
             return total * num_sub_tensors / measured_tensors * self.in_loop_scale
         calls = page_groups * num_sub_tensors
         per_call_us = (self.total_us("cuMemMap", page_size_bytes, calls, rng)
@@ -251,8 +269,7 @@ class VmmLatencyModel:
             return 0.0
         if page_size_bytes < DRIVER_GRANULARITY_BYTES and self.modified_driver_below_2mib:
             return count * modified_driver_page_us(page_size_bytes)
-        draws = self.distribution(call, page_size_bytes).sample_us(count, rng)
-        return float(draws[0]) if count == 1 else float(draws.sum())
+        return self.distribution(call, page_size_bytes).total_us(count, rng)
 
 
 def read_profile(path: str | Path) -> dict:
