@@ -16,6 +16,8 @@ Traces per run (:data:`TRACES_PER_RUN`; the browser test checks these counts)::
     tail_waste  2   min/max band + tail waste line of running requests
     cdf         3   TTFT, TPOT, E2E (one column each)
     mapping     3   background maps, critical-path maps, unmaps (negative), summed per time window
+    tiers       1 per tier (HBM prefix cache, DRAM, SSD): bytes resident over time; only for runs with a
+                tier table (``kvsim simulate --kv-tier``: :data:`TIER_FIGURE`, outside :data:`FIGURES`)
 
 A band trace is empty (no points) when its series was short enough to draw whole.
 Times on x axes are seconds since the simulation started (``start_at_us / 1e6``).
@@ -31,7 +33,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from analysis.downsample import BAND_BUCKETS, MAX_POINTS, bin_sums, bucket_mean, cdf_points, min_max_band, nice_window
+from analysis.downsample import (BAND_BUCKETS, MAX_POINTS, bin_sums, bucket_mean, cdf_points, min_max, min_max_band,
+                                 nice_window)
 from analysis.results import RunResult
 from sim.units import GIB, US_PER_MS, US_PER_S
 
@@ -331,6 +334,51 @@ FIGURES = (  # (id, section heading, note under the heading, builder)
      "Page groups mapped by the background mapper, mapped on the critical path (the iteration waits), and "
      "unmapped (drawn below zero), summed per time window.", mapping_figure),
 )
+
+
+TIER_COLOURS = {"hbm": "#1f77b4", "dram": "#ff7f0e", "ssd": "#2ca02c"}
+TIER_NAMES = {"hbm": "HBM prefix cache", "dram": "DRAM", "ssd": "SSD"}
+
+
+def tier_kinds(table: pd.DataFrame) -> list[str]:
+    """The tiers of an occupancy table (``tiers.parquet``), from HBM down: each ``<kind>_bytes`` column's kind."""
+    return [column.removesuffix("_bytes") for column in table.columns if column.endswith("_bytes")]
+
+
+def tier_views(views: list[RunView]) -> list[RunView]:
+    """The views whose run has a non-empty tier occupancy table (whole runs only: a replica's or an
+    instance's view of a split run is left out)."""
+    return [view for view in views if view.replica is None and view.role is None
+            and view.result.tiers is not None and len(view.result.tiers)]
+
+
+def tier_figure(views: list[RunView]) -> go.Figure:
+    """KV bytes resident per tier over time (GiB): one step line per tier and run, coloured by tier
+    (:data:`TIER_COLOURS`), dashed by run; the legend names each tier's capacity (``tier_<kind>_capacity_bytes``
+    of the summary). Tables longer than :data:`analysis.downsample.MAX_POINTS` rows keep each time bucket's
+    minimum and maximum (:func:`analysis.downsample.min_max`)."""
+    fig = go.Figure()
+    for view in tier_views(views):
+        table = view.result.tiers
+        x = table["time_us"].to_numpy(dtype=float) / US_PER_S
+        for kind in tier_kinds(table):
+            px, py = min_max(x, table[f"{kind}_bytes"].to_numpy(dtype=float) / GIB)
+            capacity = view.result.summary.get(f"tier_{kind}_capacity_bytes")
+            size = f" (capacity {capacity / GIB:,.1f} GiB)" if capacity else ""
+            fig.add_scatter(x=px, y=py, mode="lines", line_shape="hv", legendgroup=view.label,
+                            name=f"{view.label}: {TIER_NAMES.get(kind, kind)}{size}", opacity=LINE_OPACITY,
+                            line=dict(color=TIER_COLOURS.get(kind, view.colour), dash=view.dash,
+                                      width=view.width - 0.5),
+                            hovertemplate=f"t=%{{x:.3f}} s<br>%{{y:.3f}} GiB<extra>{view.label}: {kind}</extra>")
+    return _layout(fig, 400, xaxis_title=TIME_AXIS, yaxis_title="KV resident (GiB)")
+
+
+TIER_FIGURE = ("tiers", "KV tier occupancy",
+               "KV bytes resident in each tier over time, from the run's tiers.parquet (kvsim simulate --kv-tier): "
+               "pages cached in HBM by the prefix cache (mapped by requests or not) and pages held in DRAM and SSD, "
+               "each a step line changing where an iteration changed it; the legend gives each tier's capacity.",
+               tier_figure)
+"""Drawn after :data:`FIGURES` only when a run has a tier table (:func:`tier_views`)."""
 
 
 MAX_REPLICA_VIEWS = 4

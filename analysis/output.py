@@ -31,8 +31,9 @@ def default_out_dir(kind: str = "sim") -> Path:
 # hardware replay's shapes.parquet) is never deleted.
 RESULT_FILES = frozenset({"requests.parquet", "iterations.parquet", "summary.json", "config.json", "report.html",
                           "compare.csv", "compare.parquet", "sweep.parquet", "sweep.csv", "sweep.html",
-                          "validation.md", "errors.csv", "overlay.html"})
-_RUN_FILES = frozenset({"requests.parquet", "iterations.parquet", "summary.json", "config.json", "report.html"})
+                          "validation.md", "errors.csv", "overlay.html", "tiers.parquet"})
+_RUN_FILES = frozenset({"requests.parquet", "iterations.parquet", "summary.json", "config.json", "report.html",
+                        "tiers.parquet"})
 # the hardware replay that ``kvsim validate`` without --hw-run saves in its result (hwbackend.replay.cli.write_hw_run)
 _HW_RUN_FILES = _RUN_FILES | {"shapes.parquet", "counters.json", "trace.parquet"}
 RESULT_MARKER = ".kvsim-result"
@@ -67,13 +68,13 @@ def command_inputs(args) -> list[Path]:
     """The files and directories a command reads, from its parsed options (``--trace``, ``--profile``,
     ``--hw-run``, ``--from-run``, ``--grid``, the FILE of ``traces convert``, a ``report``'s run directories expanded to the files read in
     them); only those that exist as paths (a public trace name is not one)."""
-    from analysis.results import RUN_FILES
+    from analysis.results import OPTIONAL_RUN_FILES, RUN_FILES
     found = []
     for name in ("trace", "profile", "hw_run", "from_run", "grid", "file"):
         value = getattr(args, name, None)
         found += [Path(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if v]
     for run in getattr(args, "runs", None) or []:
-        found += [Path(run) / name for name in RUN_FILES]
+        found += [Path(run) / name for name in RUN_FILES + OPTIONAL_RUN_FILES]
     return [path for path in found if os.path.lexists(path)]
 
 

@@ -6,6 +6,7 @@ Page layout::
     Runs                         <- configuration side by side
     Summary                      <- analysis.comparison's metrics side by side (+ every summary.json key, folded)
     one section per figure       <- analysis.figures.FIGURES, each a <div id="fig-<id>">
+    KV tier occupancy            <- analysis.figures.TIER_FIGURE, only when a run has tiers.parquet (--kv-tier)
 
 Long timelines are downsampled (analysis.downsample: a line of bucket means in a min/max band): a report of the 19,366-request Azure conversation
 trace (~620,000 iterations) is ~5.8 MB, of which ~4.8 MB is plotly.js.
@@ -22,7 +23,8 @@ from plotly.offline import get_plotlyjs
 
 from analysis.comparison import comparison_table, run_labels
 from analysis.downsample import BAND_BUCKETS
-from analysis.figures import FIGURES, MAX_REPLICA_VIEWS, RunView, replica_views, replicas_of, run_views
+from analysis.figures import (FIGURES, MAX_REPLICA_VIEWS, TIER_FIGURE, RunView, replica_views, replicas_of,
+                              run_views, tier_views)
 from analysis.results import RunResult
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
@@ -150,11 +152,12 @@ def no_iterations_reason(run: RunResult) -> str:
 
 
 def figure_sections(views: list[RunView]) -> list[str]:
-    """One ``<section>`` per figure of :data:`analysis.figures.FIGURES` (plotly.js not included); series
-    without iterations are left out, and a figure with none left says so instead of drawing empty axes."""
+    """One ``<section>`` per figure of :data:`analysis.figures.FIGURES` (plotly.js not included), then the tier
+    occupancy figure (:data:`analysis.figures.TIER_FIGURE`) when a run has a tier table; series without
+    iterations are left out, and a figure with none left says so instead of drawing empty axes."""
     sections = []
     drawn = [view for view in views if len(view.iterations)]
-    for fig_id, heading, note, build in FIGURES:
+    for fig_id, heading, note, build in FIGURES + ((TIER_FIGURE,) if tier_views(views) else ()):
         if not drawn:
             sections.append(f'<section id="section-{fig_id}"><h2>{html.escape(heading)}</h2>'
                             f'<p class="note empty">Nothing to draw: no run has iterations.</p></section>')

@@ -6,6 +6,8 @@ Run directory layout (``kvsim simulate --out DIR``)::
     DIR/iterations.parquet  one row per iteration (sim.core.engine.ITERATION_COLUMNS; times in us)
     DIR/summary.json        the summary below (units in every key)
     DIR/config.json         the run configuration, derived sizes and the trace/profile sources
+    DIR/tiers.parquet       only with --kv-tier: pages and bytes cached in HBM and resident per tier over time,
+                            one row per change (sim.core.tier_charges.TierCharges.occupancy_columns; time in us)
 
 Percentiles are linear-interpolated (numpy default) over finished requests.
 """
@@ -22,6 +24,8 @@ from sim.results.summary import (SUMMARY_ITERATION_COLUMNS, RunResult, _column, 
                                  ROOFLINE_CAVEAT, compute_model_entry, compute_model_text)
 
 RUN_FILES = ("requests.parquet", "iterations.parquet", "summary.json", "config.json")
+OPTIONAL_RUN_FILES = ("tiers.parquet",)
+"""Written only by some runs (a run without them loads as before)."""
 
 
 def goodput_figures(requests: pd.DataFrame, slos, makespan_s: float, excluded: int = 0) -> dict:
@@ -60,7 +64,7 @@ def write_run(result: RunResult, out_dir: str | Path, overwrite: bool = False) -
     own = streamed is not None and streamed.exists() and streamed.resolve() == (out / "iterations.parquet").resolve()
     own_requests = (isinstance(result._requests, (str, Path)) and Path(result._requests).exists()
                     and Path(result._requests).resolve() == (out / "requests.parquet").resolve())
-    existing = [name for name in RUN_FILES if (out / name).exists() and not (own and name == "iterations.parquet")
+    existing = [name for name in RUN_FILES + OPTIONAL_RUN_FILES if (out / name).exists() and not (own and name == "iterations.parquet")
                 and not (own_requests and name == "requests.parquet")]
     if existing and not overwrite:
         raise FileExistsError(f"{out} already holds a run ({', '.join(existing)}); choose another --out or pass --force")
@@ -69,6 +73,7 @@ def write_run(result: RunResult, out_dir: str | Path, overwrite: bool = False) -
         result.requests.to_parquet(out / "requests.parquet", index=False)
     if not own:        # a streamed run's records are already there
         result.iterations.to_parquet(out / "iterations.parquet", index=False)
+    _write_tiers(result, out / "tiers.parquet")
     (out / "summary.json").write_text(json.dumps(result.summary, indent=2, allow_nan=True) + "\n")
     (out / "config.json").write_text(json.dumps(result.config, indent=2, default=str) + "\n")
     result.path = out
@@ -105,5 +110,24 @@ def load_run(path: str | Path) -> RunResult:
             raise ValueError(f"{run / name}: unreadable or corrupt ({exc})") from None
         if name.endswith(".json") and not isinstance(tables[name], dict):
             raise ValueError(f"{run / name}: expected a JSON object, got a JSON {type(tables[name]).__name__}")
+    tiers = run / "tiers.parquet"
+    if tiers.is_file():
+        try:
+            import pyarrow.parquet as pq
+            pq.read_metadata(tiers)
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"{tiers}: unreadable or corrupt ({exc})") from None
     return RunResult(tables["requests.parquet"], tables["iterations.parquet"], tables["summary.json"],
-                     tables["config.json"], run)
+                     tables["config.json"], run, tiers=tiers if tiers.is_file() else None)
+
+
+def _write_tiers(result: RunResult, target: Path) -> None:
+    """Write the run's tier occupancy table to ``target`` (unless it is read from there); a run without one
+    leaves no ``tiers.parquet`` behind (an overwritten tiered run's)."""
+    source = result._tiers
+    if isinstance(source, (str, Path)) and Path(source).exists() and Path(source).resolve() == target.resolve():
+        return
+    if result.tiers is not None:
+        result.tiers.to_parquet(target, index=False)
+    elif target.exists():
+        target.unlink()

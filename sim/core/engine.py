@@ -57,6 +57,7 @@ class SimOutput:
     recorder: IterationRecorder
     counters: dict
     extra_request_columns: dict | None = None     # column -> values in request order (KV tiers: hit tokens)
+    tier_occupancy: dict | None = None            # KV tiers: pages per tier over time (TierCharges.occupancy_columns)
 
     @property
     def decode_runs(self) -> int:
@@ -229,8 +230,11 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
             "tbt_samples": (self.tbt_us, self.tbt_run_gaps_us, self.tbt_run_weights),
         }
         self.recorder.close()
+        if self.tiers is not None:
+            self.tiers.sample(self.env.now)          # the state the counters report
         return SimOutput([r.record(self.config.frontend_overhead_us) for r in self.requests], self.recorder, counters,
-                         self.tiers.request_columns(self.requests) if self.tiers else None)
+                         self.tiers.request_columns(self.requests) if self.tiers else None,
+                         self.tiers.occupancy_columns() if self.tiers else None)
 
     def _serve(self):
         env, iteration = self.env, 0
@@ -257,6 +261,8 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
                 steps = yield from self._decode_run(batch, iteration)
                 if steps:
                     iteration += steps
+                    if self.tiers is not None:
+                        self.tiers.sample(env.now)
                     continue
             waited_us = env.now - start_at_us          # waiting for the mapper's op in progress
             block_table_us = self._block_table_us(batch, members)
@@ -295,6 +301,8 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
                 new - prefill, len(batch) + members, len(self.running), len(self.waiting),
                 *snapshot, self._iteration_preemptions, block_table_us, swap_us, clear_copy_us))
             self._finish_iteration(batch, env.now, iteration)
+            if self.tiers is not None:
+                self.tiers.sample(env.now)
             if self.cohort is not None:
                 self._cohort_iteration_done(env.now, members)
             iteration += 1

@@ -13,8 +13,15 @@ admission's tier hit into a load and charges its link time to the iteration that
 Write-back stores of HBM evictions are owed by the next iteration (critical path, :mod:`sim.memory.tiers`);
 write-through stores are asynchronous (counted, not charged). The loaded pages are mapped by the admission's
 own step (fresh page groups: VMM maps for vAttention, blocks for paged), as computed prompt pages would be.
+
+Occupancy over time (:meth:`TierCharges.sample`, written as the run directory's ``tiers.parquet``): after each
+iteration or decode run the engine samples the pages cached in HBM (prefix-cache entries, mapped or not) and
+resident in each tier, keeping a row only when they changed, so the table is a step function (each row holds
+from its ``time_us`` to the next row's).
 """
 from __future__ import annotations
+
+from array import array
 
 from sim.timing.compute import BatchShape
 from sim.memory.tiers import tier_keys
@@ -38,6 +45,8 @@ class TierCharges:
         self.recomputed_tokens = 0         # tier hits that ``auto`` chose to recompute
         self._planned: tuple | None = None
         self.hits: dict[int, list[int]] = {}     # request id -> tokens loaded per tier (first admission)
+        self._sample_times_us = array("d")
+        self._sample_pages = [array("q") for _ in range(1 + len(self.store.tiers))]   # HBM, then each tier
 
     @property
     def pending(self) -> bool:
@@ -117,6 +126,27 @@ class TierCharges:
         """Per-tier figures for the run's counters (``tier_<kind>_<figure>``)."""
         return {**self.store.summary(), "tier_recomputed_tokens": self.recomputed_tokens,
                 "tier_load_policy": self.load_policy, "tier_write_policy": self.store.write_policy}
+
+    def sample(self, now_us: float) -> None:
+        """Record the pages cached in HBM and resident per tier at ``now_us`` (simulated us, non-decreasing)
+        when they differ from the last sample (the first call always records)."""
+        pages = (len(self.sim.policy.cache), *self.store.occupancy_pages())
+        if self._sample_times_us and all(column[-1] == n for column, n in zip(self._sample_pages, pages)):
+            return
+        self._sample_times_us.append(now_us)
+        for column, n in zip(self._sample_pages, pages):
+            column.append(n)
+
+    def occupancy_columns(self) -> dict:
+        """The samples as columns (one row per change, time order): ``time_us``, then per tier from HBM down
+        (``hbm``, ``dram``, ``ssd``) ``<tier>_pages`` and ``<tier>_bytes`` (pages x the KV bytes of one cache
+        page, ``tokens_per_page x kv_bytes_per_token``: the KV held, not the pool's padding)."""
+        columns = {"time_us": list(self._sample_times_us)}
+        kinds = ("hbm", *(tier.kind for tier in self.store.tiers))
+        for kind, pages in zip(kinds, self._sample_pages):
+            columns[f"{kind}_pages"] = list(pages)
+            columns[f"{kind}_bytes"] = [n * self.store.page_bytes for n in pages]
+        return columns
 
     def request_columns(self, requests) -> dict:
         """``<kind>_hit_tokens`` per request (request order): tokens loaded from each tier at its first

@@ -27,12 +27,16 @@ class RunResult:
     ``iterations`` may be given as a DataFrame or as the path of its Parquet file (a streamed run, or
     :func:`load_run`): the table is then read on first access, so that a summary, a comparison or a capacity
     step never holds the per-iteration table of a long run in memory. ``requests`` likewise (a replica
-    simulated to files, :mod:`sim.cluster.replica_merge`).
+    simulated to files, :mod:`sim.cluster.replica_merge`). ``tiers``: the KV-tier occupancy table of a run with
+    ``kv_tiers`` (:meth:`sim.core.tier_charges.TierCharges.occupancy_columns`; a DataFrame or its Parquet file),
+    None for every other run.
     """
 
     def __init__(self, requests: pd.DataFrame | str | Path, iterations: pd.DataFrame | str | Path, summary: dict,
-                 config: dict | None = None, path: Path | None = None, tbt_samples: tuple | None = None):
+                 config: dict | None = None, path: Path | None = None, tbt_samples: tuple | None = None,
+                 tiers: pd.DataFrame | str | Path | None = None):
         self._requests, self._iterations, self.summary = requests, iterations, summary
+        self._tiers = tiers
         self.config = config if config is not None else {}
         self.path = path
         self.tbt_samples = tbt_samples   # (single gaps, run gaps, run weights) of a fresh run, to merge replicas
@@ -61,6 +65,17 @@ class RunResult:
         self._iterations = table
 
     @property
+    def tiers(self) -> pd.DataFrame | None:
+        """The KV-tier occupancy table (read from ``tiers.parquet`` on first access), None without tiers."""
+        if isinstance(self._tiers, (str, Path)):
+            self._tiers = pd.read_parquet(self._tiers)
+        return self._tiers
+
+    @tiers.setter
+    def tiers(self, table: pd.DataFrame | None) -> None:
+        self._tiers = table
+
+    @property
     def iterations_file(self) -> Path | None:
         """The Parquet file the iterations are read from, while they have not been read."""
         return Path(self._iterations) if isinstance(self._iterations, (str, Path)) else None
@@ -72,6 +87,8 @@ class RunResult:
             self._iterations = self.path / "iterations.parquet"
         if isinstance(self._requests, (str, Path)):
             self._requests = self.path / "requests.parquet"
+        if isinstance(self._tiers, (str, Path)):
+            self._tiers = self.path / "tiers.parquet"
 
     def __repr__(self) -> str:
         requests = self._requests if isinstance(self._requests, (str, Path)) else f"{len(self._requests):,} requests"
@@ -300,10 +317,11 @@ def build_result(output, config: dict) -> RunResult:
     and totals, and :data:`SUMMARY_ITERATION_COLUMNS` whole, :class:`sim.results.recorder.IterationRecorder`)."""
     requests = output.requests_frame()
     streamed = output.recorder.path
+    tiers = pd.DataFrame(output.tier_occupancy) if getattr(output, "tier_occupancy", None) else None
     if streamed is None:
         iterations = output.iterations_frame()
         return RunResult(requests, iterations, summarize(requests, iterations, output.counters, config), config,
-                         tbt_samples=output.counters.get("tbt_samples"))
+                         tbt_samples=output.counters.get("tbt_samples"), tiers=tiers)
     # the file's figures as the recorder kept them while writing it (iteration_counts_of_file's values, and
     # read_column's arrays, without reading the file back)
     recorder = output.recorder
@@ -311,7 +329,7 @@ def build_result(output, config: dict) -> RunResult:
     columns = pd.DataFrame({name: recorder.column(name) for name in SUMMARY_ITERATION_COLUMNS}, copy=False)
     summary = summarize(requests, columns, output.counters, config, counts)
     del columns
-    return RunResult(requests, streamed, summary, config, tbt_samples=output.counters.get("tbt_samples"))
+    return RunResult(requests, streamed, summary, config, tbt_samples=output.counters.get("tbt_samples"), tiers=tiers)
 
 
 def ttft_growth(requests: pd.DataFrame) -> float:
