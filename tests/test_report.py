@@ -257,3 +257,40 @@ def test_simulate_pd_report_writes_the_instances_report(tmp_path):
     assert main(["simulate", "--pd", "1:1", "--num-requests", "20", "--out", str(out), "--quiet", "--report"]) == 0
     page = (out / "report.html").read_text()
     assert "prefill 0" in page and "decode 0" in page and "P:D" in page
+
+
+# ---- KV tier occupancy (tiers.parquet, analysis.figures.TIER_FIGURE) -------------------------------------------
+def _tiny_mooncake(path) -> str:
+    """A Mooncake-format trace (timestamp ms, hash blocks of 512 tokens): 12 requests, every third repeating
+    the first prompt's blocks, so that the prefix cache and its DRAM tier hold pages."""
+    import json
+    lines = [{"timestamp": 200 * i, "input_length": 2048, "output_length": 8,
+              "hash_ids": [0, 1, 2, 3] if i % 3 == 0 else [4 * i + k for k in range(10, 14)]} for i in range(12)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return str(path)
+
+
+def test_a_tiered_run_writes_its_occupancy_and_its_report_draws_it(tmp_path):
+    """--kv-tier (write-through): tiers.parquet holds the HBM and DRAM occupancy in time order, and DRAM fills to
+    exactly its 1 GiB (9 distinct 2,048-token prompts x 128 blocks of 16 tokens x 128 KiB = 2.25 GiB stored; 1 GiB is
+    512 whole 2 MiB blocks), load_run reads it back, and the report has the tier figure (one line per tier); the same run without tiers writes no
+    tiers.parquet and its report has no tier figure."""
+    trace_file = _tiny_mooncake(tmp_path / "t.jsonl")
+    common = ["simulate", "--trace", trace_file, "--policy", "paged:prefix=on", "--quiet", "--report"]
+    assert main([*common, "--kv-tier", "dram:1GiB", "--kv-tier-write", "write-through", "--out", str(tmp_path / "tiered")]) == 0
+    assert main([*common, "--out", str(tmp_path / "plain")]) == 0
+    tiered, plain = load_run(tmp_path / "tiered"), load_run(tmp_path / "plain")
+    table = tiered.tiers
+    assert list(table.columns) == ["time_us", "hbm_pages", "hbm_bytes", "dram_pages", "dram_bytes"]
+    assert table["time_us"].is_monotonic_increasing and table["hbm_pages"].max() > 0
+    assert table["dram_bytes"].max() == 2**30 and table["dram_pages"].max() == 512
+    assert table["dram_pages"].iloc[-1] == tiered.summary["tier_dram_resident_pages"]
+    assert plain.tiers is None and not (tmp_path / "plain" / "tiers.parquet").exists()
+    tiered_page = (tmp_path / "tiered" / "report.html").read_text()
+    plain_page = (tmp_path / "plain" / "report.html").read_text()
+    assert 'id="fig-tiers"' in tiered_page and tiered_page.count('class="plotly-graph-div"') == len(FIGURES) + 1
+    assert 'id="fig-tiers"' not in plain_page and plain_page.count('class="plotly-graph-div"') == len(FIGURES)
+    from analysis.figures import tier_figure
+    views = run_views([tiered, plain], ["tiered", "plain"])
+    assert [trace.name for trace in tier_figure(views).data] == ["tiered: HBM prefix cache",
+                                                                  "tiered: DRAM (capacity 1.0 GiB)"]

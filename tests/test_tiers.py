@@ -223,3 +223,58 @@ def test_auto_recomputes_when_the_link_is_slower():
     _, out = _engine_run("auto")
     assert out.requests_frame().set_index("request_id").loc[2, "dram_hit_tokens"] == 0
     assert out.counters["tier_recomputed_tokens"] == 1024
+
+
+# ---- occupancy over time (TierCharges.sample -> tiers.parquet) ----------------------------------------------
+def _check_occupancy(sim, out) -> None:
+    """The invariants of the occupancy table: time order, capacities, and the last row equal to the counters."""
+    table = out.tier_occupancy
+    times = table["time_us"]
+    assert times and all(a <= b for a, b in zip(times, times[1:]))
+    assert times[-1] <= sim.env.now
+    assert max(table["hbm_pages"]) <= sim.config.pool_page_groups
+    for tier, capacity in zip(sim.tiers.store.tiers, sim.tiers.store.capacity_pages):
+        pages = table[f"{tier.kind}_pages"]
+        assert max(pages) <= capacity
+        assert pages[-1] == out.counters[f"tier_{tier.kind}_resident_pages"]
+        assert table[f"{tier.kind}_bytes"] == [n * sim.tiers.store.page_bytes for n in pages]
+    assert table["hbm_pages"][-1] == len(sim.policy.cache)
+    rows = list(zip(*(table[c] for c in table if c != "time_us")))
+    assert all(a != b for a, b in zip(rows, rows[1:]))          # a row only where something changed
+
+
+def test_occupancy_follows_the_dram_tier_of_the_three_request_case():
+    """Write-through (_engine_run): request 0's two computed pages reach DRAM when its prefill iteration ends,
+    request 1's two more when its own does; DRAM (8 pages of 128 MiB in 1 GiB) never drops one."""
+    sim, out = _engine_run("sync")
+    _check_occupancy(sim, out)
+    it = out.iterations_frame()
+    table = out.tier_occupancy
+    assert table["time_us"][0] == it["start_at_us"][0] + it["duration_us"][0]
+    assert table["dram_pages"] == [2] + [4] * (len(table["dram_pages"]) - 1)
+    assert table["dram_bytes"][0] == 2 * 1024 * sim.config.model_spec.kv_bytes_per_token()
+
+
+@settings(max_examples=15, deadline=None)
+@given(prompts=st.lists(st.tuples(st.lists(st.integers(1, 4), min_size=1, max_size=4), st.integers(1, 3)),
+                        min_size=1, max_size=5),
+       write=st.sampled_from(["write-back", "write-through"]), load=st.sampled_from(["sync", "layerwise"]),
+       dram_pages=st.integers(1, 3), ssd_pages=st.integers(0, 3))
+def test_occupancy_is_ordered_bounded_and_ends_at_the_counters(prompts, write, load, dram_pages, ssd_pages):
+    """Small traces of 1,024-token pages (Llama-3-8B, 128 MiB of KV each) over a pool of 3 page groups, with
+    DRAM and SSD tiers of a few pages: every sample within the tiers' capacities, times non-decreasing, the
+    last sample equal to the summary's resident pages."""
+    page_bytes = 1024 * SimConfig().model_spec.kv_bytes_per_token()
+    tiers = [parse_kv_tier(f"dram:{dram_pages * page_bytes}B,bw=10GB/s,latency=0us")]
+    if ssd_pages:
+        tiers.append(parse_kv_tier(f"ssd:{ssd_pages * page_bytes}B,bw=5GB/s,latency=0us"))
+    cfg = SimConfig()
+    util = (cfg.model_spec.weight_bytes() + 3 * 64 * 2 * 1024 * 1024 + 1) / cfg.gpu_spec.hbm_bytes
+    frame = trace([(0.5 * i, 512 * len(ids), 2) for i, (ids, _) in enumerate(prompts)])
+    frame["hash_ids"] = [[block * 10 + first for block in ids] for ids, first in prompts]
+    config = SimConfig(prefix_caching=True, memory_util_frac=util, admission_watermark_frac=0.0,
+                       low_watermark_frac=0.0, eager_page_groups=0, sync_mapping=True, deferred_reclaim=False,
+                       kv_tiers=tuple(tiers), tier_load_policy=load, tier_write_policy=write)
+    sim = Simulator(config, frame, vmm=constant_vmm(), compute=ConstantCompute(1000.0))
+    out = sim.run()
+    _check_occupancy(sim, out)
