@@ -278,3 +278,25 @@ def test_occupancy_is_ordered_bounded_and_ends_at_the_counters(prompts, write, l
     sim = Simulator(config, frame, vmm=constant_vmm(), compute=ConstantCompute(1000.0))
     out = sim.run()
     _check_occupancy(sim, out)
+
+
+def test_the_h200_dram_tier_defaults_to_its_measured_host_copies():
+    """Without a profile, an H200 run's DRAM tier at its defaults takes the host copies measured on the H200
+    (profiles/h200.json ``host_copy``, catalogue ``host_copy_profile``); other GPUs keep the built-in PCIe Gen5
+    figures, and a rate the user gave is kept."""
+    import json
+
+    from sim.core.runner import profile_config_overrides
+    from sim.memory.tiers import parse_kv_tier
+    from tests.conftest import REPO_ROOT
+    measured = json.loads((REPO_ROOT / "profiles" / "h200.json").read_text())["host_copy"]
+    h200 = profile_config_overrides(SimConfig(prefix_caching=True, kv_tiers=(parse_kv_tier("dram:8GiB"),)), None)
+    dram = h200.kv_tiers[0]
+    assert (dram.read_bytes_per_s, dram.write_bytes_per_s, dram.latency_us) == \
+        (measured["h2d_bytes_per_s"], measured["d2h_bytes_per_s"], measured["latency_us"])
+    a100 = profile_config_overrides(SimConfig(gpu="a100", prefix_caching=True,
+                                              kv_tiers=(parse_kv_tier("dram:8GiB"),)), None)
+    assert a100.kv_tiers[0].read_bytes_per_s == 55e9
+    given = profile_config_overrides(SimConfig(prefix_caching=True, kv_tiers=(parse_kv_tier("dram:8GiB,bw=20GB/s"),)),
+                                     None)
+    assert given.kv_tiers[0].read_bytes_per_s == 20e9

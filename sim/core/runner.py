@@ -197,7 +197,7 @@ def profile_config_overrides(config: SimConfig, profile_path: str | None) -> Sim
     """
     profile_path = effective_profile(config, profile_path)
     if profile_path is None:
-        return config
+        return _with_catalogue_host_copy(config)
     profile = read_profile(profile_path)
     overrides = {}
     for field_name, (section, key) in PROFILE_FIELDS.items():
@@ -207,7 +207,23 @@ def profile_config_overrides(config: SimConfig, profile_path: str | None) -> Sim
     if config.kv_tiers and profile.get("host_copy"):     # the DRAM tier's measured host-copy rates
         from sim.memory.tiers import with_host_copy_profile
         overrides["kv_tiers"] = with_host_copy_profile(config.kv_tiers, profile)
-    return config.with_overrides(overrides) if overrides else config
+    config = config.with_overrides(overrides) if overrides else config
+    return config if profile.get("host_copy") else _with_catalogue_host_copy(config)
+
+
+def _with_catalogue_host_copy(config: SimConfig) -> SimConfig:
+    """``config`` with a DRAM tier at its defaults taking the GPU's measured host-copy rates
+    (:func:`sim.setup.catalog.host_copy_profile`: the H200's ``profiles/h200.json``, measured 2026-12-02,
+    ``docs/device/session5/host_copy.json``), when the GPU has them; otherwise unchanged."""
+    if not config.kv_tiers:
+        return config
+    from sim.memory.tiers import with_host_copy_profile
+    from sim.setup.catalog import host_copy_profile
+    path = host_copy_profile(config.gpu)
+    if path is None:
+        return config
+    tiers = with_host_copy_profile(config.kv_tiers, read_profile(path))
+    return config.with_overrides({"kv_tiers": tiers}) if tiers != tuple(config.kv_tiers) else config
 
 
 def compute_model_source(config: SimConfig, profile_path: str | None,

@@ -16,7 +16,7 @@ from sim.setup.specs import DTYPE_BYTES, GPU_FIELDS, MODEL_FIELDS, CatalogError,
 __all__ = ["DTYPE_BYTES", "GPU_FIELDS", "MODEL_FIELDS", "CatalogError", "GPUSpec", "ModelSpec", "get_gpu", "get_model",
            "gpu_names", "is_file_reference", "model_names", "default_profile", "PROFILE_KEYWORDS"]
 
-CATALOG_ONLY_GPU_FIELDS = ("default_profile",)
+CATALOG_ONLY_GPU_FIELDS = ("default_profile", "host_copy_profile")
 """Keys of a catalogue GPU entry that are not :class:`GPUSpec` fields (read by :func:`default_profile`)."""
 
 PROFILE_KEYWORDS = ("roofline", "none")
@@ -81,12 +81,29 @@ def default_profile(gpu: str) -> str | None:
     Raises:
         CatalogError: a ``default_profile`` that names no file under ``profiles/``.
     """
+    return _profile_of(gpu, "default_profile")
+
+
+def host_copy_profile(gpu: str) -> str | None:
+    """The profile whose ``host_copy`` section (pinned host <-> device copies into mapped pages, measured by
+    ``hwbackend/beyond/host_copy_bench.py``) gives a catalogued GPU's DRAM-tier defaults when the run's own
+    profile has none: the entry's ``host_copy_profile``, as an absolute path, or None (the built-in PCIe
+    defaults of :mod:`sim.memory.tiers`).
+
+    Raises:
+        CatalogError: a ``host_copy_profile`` that names no file under ``profiles/``.
+    """
+    return _profile_of(gpu, "host_copy_profile")
+
+
+def _profile_of(gpu: str, key: str) -> str | None:
+    """The file under ``profiles/`` that a catalogued GPU's ``key`` names (absolute path), or None."""
     if is_file_reference(gpu):
         return None
-    name = (_catalog()["gpus"].get(gpu.lower()) or {}).get("default_profile")
+    name = (_catalog()["gpus"].get(gpu.lower()) or {}).get(key)
     if not name:
         return None
     path = Path(__file__).resolve().parents[2] / "profiles" / str(name)
     if not path.is_file():
-        raise CatalogError(f"sim/setup/catalog.toml: gpus.{gpu.lower()}.default_profile {name!r}: no such file {path}")
+        raise CatalogError(f"sim/setup/catalog.toml: gpus.{gpu.lower()}.{key} {name!r}: no such file {path}")
     return str(path)
