@@ -124,7 +124,9 @@ def shape_row(seqs: list[tuple[int, int]]) -> dict:
     from hwbackend.calibration.compute import batch_shape
     from hwbackend.replay.model import SeqWork
 
-    return asdict(batch_shape([SeqWork(-1, c, t, True) for t, c in seqs]))
+    row = asdict(batch_shape([SeqWork(-1, c, t, True) for t, c in seqs]))
+    del row["group_reads"]          # a hybrid model's reads per layer group: not a grid column
+    return row
 
 
 def measure_points(model: Any, kv: Any, points: list[dict], warmup: int = 2, repeats: int = 7,

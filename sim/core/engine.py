@@ -26,6 +26,7 @@ from sim.core.costs import NoCost, SwapSpace, VmmCost  # noqa: F401  (VmmCost re
 from sim.core.decode_runs import DecodeRuns
 from sim.setup.config import SimConfig
 from sim.timing.latency import VmmLatencyModel
+from sim.timing.layer_reads import batch_reads, read_groups
 from sim.core.lifecycle import RequestBookkeeping
 from sim.core.mapper import AsyncMapper
 from sim.memory import build_policy
@@ -137,7 +138,10 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
         self.scheduler = SCHEDULERS[config.scheduler]
         self.requests = _requests_from_trace(trace, config.slot_max_tokens)
         self.progress = progress
-        self.coalesce = coalesce
+        # a hybrid model's attention reads per layer group (sim.timing.layer_reads), per sequence: stepped only
+        roofline = isinstance(self.compute, RooflineComputeModel) and config.pp == 1   # not the stage models
+        self._read_groups = read_groups(config.model_spec, config.tp) if roofline else None
+        self.coalesce = coalesce and self._read_groups is None
         self.max_iterations = max_iterations
         self._stalled_state: tuple | None = None      # fingerprint after the last pass that ran no iteration
         self._iteration_rejections = 0
@@ -158,7 +162,7 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
         self._kv_bytes_per_token = config.model_spec.kv_bytes_per_token(config.tp)
         # plain decodes advanced in aggregate (sim.core.cohort): with fast-forwarding, when every decode always fits
         # the token budget (so the scheduler's order among decodes cannot matter), without a prefix cache
-        self.cohort = (DecodeCohort(config.tokens_per_page) if coalesce and self._cohort_ok
+        self.cohort = (DecodeCohort(config.tokens_per_page) if self.coalesce and self._cohort_ok
                        and config.max_batch_slots <= config.token_budget and not config.prefix_caching else None)
         self._solo: list[Request] = []       # with a cohort: the running requests outside it, in running order
         self._cohort_scheduled = False       # whether the iteration being scheduled runs the cohort's decodes
@@ -284,7 +288,9 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
             stall_us = waited_us + mapping_us
             new, pairs, kv_read, logits, longest, prefill, targets, snapshot, blocks, block_keys = self._iteration_pass(
                 batch, lookahead=self.mapper is not None, **self._cohort_pass_args())
-            compute_us = self.compute.iteration_us(BatchShape(new, pairs, kv_read, logits, longest, blocks, block_keys))
+            reads = batch_reads(self._read_groups, ((r.computed, t) for r, t in batch)) if self._read_groups else ()
+            compute_us = self.compute.iteration_us(BatchShape(new, pairs, kv_read, logits, longest, blocks, block_keys,
+                                                              reads))
             if self.mapper and (targets or self.policy.has_background_work()):   # else the plan is empty
                 self.mapper.submit(self.policy.background_plan(targets))
             yield from self._run_compute(compute_us)

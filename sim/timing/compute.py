@@ -20,6 +20,10 @@ cached tokens read by attention; ``F = flops_efficiency * bf16_flops``; ``B = bw
 Under the ``paged`` policy ``attn_us`` is multiplied by the paged kernel's factor of the iteration's phase
 (``paged_attention_factor``, or per phase and context ``paged_factors``: :mod:`sim.timing.paged_kernels`), in every
 form below as well.
+For a hybrid model (sliding-window, chunked-local or linear layers) the simulator passes the reads per layer
+group (``BatchShape.group_reads``): the attention FLOPs and K/V bytes are then summed over groups, a window layer
+reading at most its window and a linear layer its state (:mod:`sim.timing.layer_reads`); the block form and
+pipeline stages still read every layer over the whole context.
 With pipeline parallelism (``SimConfig.pp``) :class:`sim.timing.pipeline.PipelineComputeModel` applies this roofline to each
 stage's layers and composes the stages into a round time (docs/models.md).
 
@@ -74,6 +78,7 @@ from sim.timing.attention_blocks import (ATTENTION_TILE_ROWS, ENGINE_MAX_DECODE_
 from sim.timing.compute_fields import (SCALAR_FIELDS, TABLE_FIELDS, ComputeFieldError,  # noqa: F401
                                        _unknown_fields, check_compute_field, finite_number, show_value)
 from sim.timing.decode_run_times import DecodeRunForms
+from sim.timing.layer_reads import attention_terms
 from sim.timing.paged_kernels import PagedFactors
 from sim.units import US_PER_S
 
@@ -91,6 +96,8 @@ class BatchShape:
         attention_blocks: FlashAttention thread blocks per query head, summed over sequences
             (:func:`attention_block_terms`); 0 if unknown.
         block_keys: keys those blocks read, summed (:func:`attention_block_terms`); 0 if unknown.
+        group_reads: a hybrid model's reads per layer group (:func:`sim.timing.layer_reads.batch_reads`); empty
+            (every layer reads the whole context) for a model whose layers are all full attention.
     """
 
     new_tokens: int
@@ -100,7 +107,7 @@ class BatchShape:
     max_context_tokens: int = 0
     attention_blocks: int = 0
     block_keys: float = 0.0
-
+    group_reads: tuple = ()
 
 
 
@@ -229,12 +236,15 @@ class RooflineComputeModel(BlockAttentionForm, DecodeRunForms):
             return self._blocks_one_us(batch)
         pairs = batch.attention_pairs + (self.mixed_tile_rows * batch.kv_read_tokens if mixed else 0.0)
         wave_us = self.wave_us_per_token * batch.max_context_tokens
+        terms = (attention_terms(batch.group_reads, batch.new_tokens, self._flops_per_pair_per_layer,
+                                 self.mixed_tile_rows if mixed else 0.0) if batch.group_reads else None)
         if self.decode_graphs and not mixed:
             size = batch.logit_sequences
             correction_us = float(self._decode_correction_us(size)) if self.decode_batch_knots else 0.0
-            return (self._time_us(size, pairs, batch.kv_read_tokens, size, max, 0.0) + self.decode_overhead_us
-                    + correction_us + wave_us)
-        roofline = self._time_us(batch.new_tokens, pairs, batch.kv_read_tokens, batch.logit_sequences, max, 0.0)
+            return (self._time_us(size, pairs, batch.kv_read_tokens, size, max, 0.0, terms=terms)
+                    + self.decode_overhead_us + correction_us + wave_us)
+        roofline = self._time_us(batch.new_tokens, pairs, batch.kv_read_tokens, batch.logit_sequences, max, 0.0,
+                                 terms=terms)
         return max(self.launch_floor_us, roofline + self.overhead_us + wave_us)
 
     def _decode_correction_us(self, batch_size):
@@ -289,7 +299,9 @@ class RooflineComputeModel(BlockAttentionForm, DecodeRunForms):
 
 
     def _time_us(self, new_tokens, attention_pairs, kv_read_tokens, logit_sequences, maximum, overhead_us,
-                 attention: bool = True):
+                 attention: bool = True, terms: tuple[float, float] | None = None):
+        """The roofline's sum (module docstring); ``terms``: a hybrid model's ``(attention FLOPs, KV bytes)``
+        per layer group (:func:`sim.timing.layer_reads.attention_terms`) in place of every layer's."""
         m, tp = self.model, self.tp
         linear_us = maximum(2 * new_tokens * self._linear_params / self._linear_flops_per_us,
                             self._weight_read_bytes(new_tokens) / self._bytes_per_us)
@@ -299,6 +311,8 @@ class RooflineComputeModel(BlockAttentionForm, DecodeRunForms):
         else:
             attn_flops = 4 * attention_pairs * (m.num_q_heads // tp) * m.head_dim * m.num_layers
         kv_bytes = (kv_read_tokens + new_tokens) * self._kv_bytes_per_token * self.attention_bytes_factor
+        if terms is not None:
+            attn_flops, kv_bytes = terms[0], terms[1] * self.attention_bytes_factor
         attn_us = maximum(attn_flops / (self._flops_per_us * self.attention_flops_efficiency),
                           kv_bytes / self._bytes_per_us) * self._paged_factor(new_tokens, kv_read_tokens,
                                                               logit_sequences) * self.layout_attention_factor
@@ -315,6 +329,13 @@ class RooflineComputeModel(BlockAttentionForm, DecodeRunForms):
         """Weights read once per iteration: all but the embedding table (only gathered rows are read)."""
         m = self.model
         return m.weight_bytes(self.tp) - m.unread_embedding_bytes(self.tp)
+
+    @cached_property
+    def _flops_per_pair_per_layer(self) -> int:
+        """Attention FLOPs of one (query, key) pair in one layer on one worker (GQA ``4 Hq' D``; absorbed MLA
+        ``2 Hq' (D_qk + D_v)``), the factors of :meth:`_time_us`."""
+        m, heads = self.model, self.model.num_q_heads // self.tp
+        return 2 * heads * (m.attention_qk_dim + m.attention_v_dim) if m.uses_mla else 4 * heads * m.head_dim
 
     @cached_property
     def _kv_bytes_per_token(self) -> int:
