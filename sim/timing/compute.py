@@ -268,7 +268,7 @@ class RooflineComputeModel(BlockAttentionForm, DecodeRunForms, EagerLaunchFloor)
         kv_read = np.asarray(kv_read_tokens, dtype=float)
         mixed = new > logits  # a prefill chunk is in the batch
         pairs = np.asarray(attention_pairs, dtype=float) + np.where(mixed, self.mixed_tile_rows * kv_read, 0.0)
-        eager = np.maximum(self.launch_floor_us, self._time_us(new, pairs, kv_read, logits, np.maximum, 0.0)
+        eager = np.maximum(self._eager_floor_us, self._time_us(new, pairs, kv_read, logits, np.maximum, 0.0)
                            + self.overhead_us + wave_us)
         if not self.decode_graphs:
             return np.where(new > 0, eager, 0.0)
