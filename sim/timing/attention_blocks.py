@@ -138,7 +138,7 @@ class BlockAttentionForm:
                               self.attention_tail_serial, np.maximum, np.minimum)
         attn = (layers * np.where(mixed, mixed_attn, decode_attn)   # measured with vAttention's per-layer tensors
                 * self._paged_factor(new, kv_read, logits) * self.layout_attention_factor)
-        eager = np.maximum(self.launch_floor_us, base + attn + self.overhead_us)
+        eager = np.maximum(self._eager_floor_us, base + attn + self.overhead_us)
         if not self.decode_graphs:
             return eager
         graphed = base + attn + self.decode_overhead_us + self._decode_correction_us(logits)
@@ -176,7 +176,7 @@ class BlockAttentionForm:
                             tau0 + kappa_t * tail_keys, self.attention_tail_serial, max, min)
         attn *= m.num_layers * self._paged_factor(new, kv_read, logits) * self.layout_attention_factor
         if new > logits or not self.decode_graphs:
-            return max(self.launch_floor_us, base + attn + self.overhead_us)
+            return max(self._eager_floor_us, base + attn + self.overhead_us)
         return base + attn + self.decode_overhead_us + float(self._decode_correction_us(logits))
 
     @cached_property

@@ -46,6 +46,9 @@ Two terms measured on the H200 replay (``kvsim calibrate --compute``, ``profiles
   varlen FlashAttention call pads every decode to a full query tile: ``tile_rows * kv_read_tokens`` extra
   (query, key) pairs (measured: 48 decodes at 1,024 tokens plus a 64-token chunk take 18.2 ms, against
   9.6 ms and 7.3 ms for the two parts alone).
+Per-layer and per-worker host overheads (:mod:`sim.timing.overheads`, all 0 by default): ``launch_us_per_layer``
+raises the eager floor to ``max(launch_floor_us, launch_us_per_layer * layers)`` (not-graphed iterations only);
+``allreduce_launch_us`` and ``allreduce_skew_us`` add Vidur's host cost per all-reduce to ``comm_us``.
 
 Decode iterations as CUDA graphs (``decode_graphs = 1``, as vLLM serves decodes and as the hardware replay
 does by default, :class:`hwbackend.replay.model.DecodeGraphs`): a decode-only iteration (``new_tokens ==
@@ -79,6 +82,7 @@ from sim.timing.compute_fields import (SCALAR_FIELDS, TABLE_FIELDS, ComputeField
                                        _unknown_fields, check_compute_field, finite_number, show_value)
 from sim.timing.decode_run_times import DecodeRunForms
 from sim.timing.layer_reads import attention_terms
+from sim.timing.overheads import EagerLaunchFloor, collective_host_us
 from sim.timing.paged_kernels import PagedFactors
 from sim.units import US_PER_S
 
@@ -118,7 +122,7 @@ H200_BW_EFFICIENCY = 4.3 / 4.8
 
 
 @dataclass(frozen=True)
-class RooflineComputeModel(BlockAttentionForm, DecodeRunForms):
+class RooflineComputeModel(BlockAttentionForm, DecodeRunForms, EagerLaunchFloor):
     """Iteration time for one model on one GPU type at tensor-parallel degree ``tp`` (see module docstring).
 
     Raises:
@@ -156,6 +160,9 @@ class RooflineComputeModel(BlockAttentionForm, DecodeRunForms):
     allreduce_hop_us: float = 0.0
     allreduce_bus_bytes_per_s: float = 0.0
     split_kv_programs: float = 0.0
+    launch_us_per_layer: float = 0.0
+    allreduce_launch_us: float = 0.0
+    allreduce_skew_us: float = 0.0
 
     def __post_init__(self) -> None:
         """Check every field's type and range (:func:`check_compute_field`), the two decode tables' lengths,
@@ -245,7 +252,7 @@ class RooflineComputeModel(BlockAttentionForm, DecodeRunForms):
                     + self.decode_overhead_us + correction_us + wave_us)
         roofline = self._time_us(batch.new_tokens, pairs, batch.kv_read_tokens, batch.logit_sequences, max, 0.0,
                                  terms=terms)
-        return max(self.launch_floor_us, roofline + self.overhead_us + wave_us)
+        return max(self._eager_floor_us, roofline + self.overhead_us + wave_us)
 
     def _decode_correction_us(self, batch_size):
         """The measured per-batch-size correction of graphed decode iterations (piecewise linear between
@@ -271,7 +278,7 @@ class RooflineComputeModel(BlockAttentionForm, DecodeRunForms):
         kv_read = np.asarray(kv_read_tokens, dtype=float)
         mixed = new > logits  # a prefill chunk is in the batch
         pairs = np.asarray(attention_pairs, dtype=float) + np.where(mixed, self.mixed_tile_rows * kv_read, 0.0)
-        eager = np.maximum(self.launch_floor_us, self._time_us(new, pairs, kv_read, logits, np.maximum, 0.0)
+        eager = np.maximum(self._eager_floor_us, self._time_us(new, pairs, kv_read, logits, np.maximum, 0.0)
                            + self.overhead_us + wave_us)
         if not self.decode_graphs:
             return np.where(new > 0, eager, 0.0)
@@ -346,9 +353,19 @@ class RooflineComputeModel(BlockAttentionForm, DecodeRunForms):
         each of ``T h P`` bytes over the GPU's link, as NCCL costs them (:func:`nccl_allreduce_us`); 0 at tp 1.
         With a measured ``allreduce_bus_bytes_per_s`` (a profile's fit of Vidur's ``all_reduce.csv``,
         :mod:`hwbackend.calibration.vidur`) each costs ``base + hop (n - 1) + 2 (n - 1) / n * bytes / busbw``
-        instead (nccl-tests' bus bandwidth, ``doc/PERFORMANCE.md``)."""
+        instead (nccl-tests' bus bandwidth, ``doc/PERFORMANCE.md``). Each all-reduce also costs the host
+        ``allreduce_launch_us + allreduce_skew_us * tp^1.25`` (Vidur's form, :func:`collective_host_us`; 0 by
+        default)."""
         if self.tp == 1:
             return 0.0
+        total = self._transfer_us(new_tokens)
+        if self.allreduce_launch_us or self.allreduce_skew_us:   # host cost per collective (sim.timing.overheads)
+            total = total + 2 * self.model.num_layers * collective_host_us(self.allreduce_launch_us,
+                                                                           self.allreduce_skew_us, self.tp)
+        return total
+
+    def _transfer_us(self, new_tokens):
+        """The transfer part of :meth:`_comm_us` (us, a number or an array like ``new_tokens``)."""
         m = self.model
         nbytes = np.asarray(new_tokens, dtype=float) * m.hidden_size * m.activation_bytes
         if self.allreduce_bus_bytes_per_s > 0:   # measured (kvsim calibrate --from-vidur): one line for every size

@@ -30,7 +30,7 @@ class DecodeRunForms:
                     + wave_us)
         roofline = self._time_us(batch_size, attention_pairs + growth, kv_read_tokens + growth, batch_size,
                                  np.maximum, 0.0)
-        return np.maximum(self.launch_floor_us, roofline + self.overhead_us + wave_us)
+        return np.maximum(self._eager_floor_us, roofline + self.overhead_us + wave_us)
 
     def decode_run_iter(self, batch_size: int, kv_read_tokens: int, attention_pairs: float, steps: int,
                         max_context_tokens: int = 0) -> Iterator[float]:
@@ -59,7 +59,7 @@ class DecodeRunForms:
         layout_factor = self.layout_attention_factor
         attention_factor, step_factors = self._decode_run_factors(batch_size, kv_read_tokens, steps)
         wave_per_token = self.wave_us_per_token
-        graphs, floor_us, overhead_us = self.decode_graphs, self.launch_floor_us, self.overhead_us
+        graphs, floor_us, overhead_us = self.decode_graphs, self._eager_floor_us, self.overhead_us
         graph_overhead_us = self.decode_overhead_us
         correction_us = float(self._decode_correction_us(batch_size)) if graphs else 0.0
         # pairs and keys read grow by batch_size a step: integer-valued floats far below 2**53, so adding the

@@ -58,8 +58,9 @@ class PipelineComputeModel(RooflineComputeModel):
     def stage_models(self) -> tuple[RooflineComputeModel, ...]:
         """One roofline per stage on its own layers, without fixed costs (those are charged once per round)."""
         base = {f.name: getattr(self, f.name) for f in fields(RooflineComputeModel)}
-        base.update(overhead_us=0.0, launch_floor_us=0.0, decode_graphs=0.0, decode_overhead_us=0.0,
-                    mixed_tile_rows=0.0, wave_us_per_token=0.0, decode_batch_knots=(), decode_batch_correction_us=())
+        base.update(overhead_us=0.0, launch_floor_us=0.0, launch_us_per_layer=0.0, decode_graphs=0.0,
+                    decode_overhead_us=0.0, mixed_tile_rows=0.0, wave_us_per_token=0.0, decode_batch_knots=(),
+                    decode_batch_correction_us=())
         return tuple(RooflineComputeModel(**{**base, "model": stage}) for stage in self.model.pipeline_stages(self.pp))
 
     @cached_property
@@ -104,7 +105,8 @@ class PipelineComputeModel(RooflineComputeModel):
         logits = np.asarray(logit_sequences, dtype=float)
         wave_us = self.wave_us_per_token * np.asarray(max_context_tokens, dtype=float)
         round_us = np.maximum(parts["chain_us"], parts["busy_us"]) + wave_us
-        eager = np.maximum(self.launch_floor_us, round_us + self.overhead_us)
+        floor_us = self._round_floor_us(parts["micro_batches"], max(s.model.num_layers for s in self.stage_models))
+        eager = np.maximum(floor_us, round_us + self.overhead_us)
         if self.decode_graphs:
             graphed = round_us + self.decode_overhead_us + self._decode_correction_us(logits)
             eager = np.where(new > logits, eager, graphed)
