@@ -213,7 +213,7 @@ class Admission:
     def _hybrid_counters(self) -> dict:
         """Window-aware allocation's figures for the summary: per-group sizes, window crossings, VMM calls."""
         calls = getattr(self.cost, "calls", None)
-        return {"kv_groups": self.config.hybrid.figures(), "window_crossings": self.policy.window_crossings,
+        return {"kv_groups": self.config.hybrid.figures(), "window_crossings": getattr(self.policy, "window_crossings", 0),
                 **({"map_calls": calls["map"], "unmap_calls": calls["unmap"]} if calls is not None else {})}
 
     def _take_window_unmaps(self) -> None:

@@ -228,7 +228,7 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
             "zero_critical_bytes": self.zero_bytes["critical"], "zero_background_bytes": self.zero_bytes["background"],
             "cow_bytes": self.cow_bytes, **{f"prefix_{k}": v for k, v in getattr(self.policy, "stats", {}).items()},
             "pool_page_groups": self.config.pool_page_groups, "end_at_us": self.env.now,
-            **(self._hybrid_counters() if self._computed_hint is not None else {}),
+            **(self._hybrid_counters() if self._computed_hint is not None or self.config.hybrid_alloc else {}),
             **tbt_stats_us(self.tbt_us, [(self.tbt_run_gaps_us, self.tbt_run_weights)]),
             # the gaps themselves, for merging replicas' TBT distributions (sim.cluster.routing.merge_replicas)
             "tbt_samples": (self.tbt_us, self.tbt_run_gaps_us, self.tbt_run_weights),

@@ -84,7 +84,7 @@ POLICY_KEYS: dict[str, dict] = {
         "bt_base_us": ("block_table_base_us", float), "bt_per_block_us": ("block_table_per_block_us", float),
         "window": ("window_alloc", _choice("off", "free")),
         **_COMMON},
-    "static": {"max_len": ("max_len_tokens", int), **_COMMON},
+    "static": {"max_len": ("max_len_tokens", int), "window": ("window_alloc", _choice("off", "reserve")), **_COMMON},
 }
 
 

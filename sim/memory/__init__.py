@@ -16,7 +16,8 @@ All three policies share one interface (that of :class:`VAttentionPolicy`) and o
   eager allocation, low watermark, asynchronous mapper;
 * ``paged`` (vLLM block manager, Kwon et al. SOSP'23): a block of ``block_size_tokens`` tokens allocated on
   demand from the block pool and freed at once; no VMM calls, a block table per request;
-* ``static`` (Orca / FasterTransformer): one unit of ``max_len`` tokens reserved at admission.
+* ``static`` (Orca / FasterTransformer): one unit of ``max_len`` tokens reserved at admission (``window=reserve``
+  for hybrid models: the unit is one reservation per layer group, :func:`sim.memory.hybrid_sizing.static_reserved_tokens`).
 
 The paged and static managers are the same slot/pool bookkeeping with deferral, eager allocation and
 watermark reclamation switched off, so their differences from vAttention are exactly the knobs.
@@ -39,6 +40,8 @@ def build_policy(config) -> VAttentionPolicy:
         eager_idle_slots=config.eager_idle_slots if vattention else 0,
         low_watermark_frac=config.low_watermark_frac if vattention else 0.0,
         admission_watermark_frac=0.0 if config.policy == "static" else config.admission_watermark_frac)
+    if getattr(config, "hybrid_alloc", False) and config.policy == "static":
+        return VAttentionPolicy(policy_config)   # one unit = one request's reservation over every group (hybrid_sizing)
     if getattr(config, "hybrid_alloc", False):
         return build_hybrid_policy(config, policy_config)      # per-group sub-policies (sim.memory.hybrid)
     if config.prefix_caching:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from sim.memory.layer_groups import (LayerGroup, group_figures, paged_block_tokens, paged_group_size,
                                      paged_kv_groups)
 
-WINDOW_ALLOC_MODES = {"vattention": ("off", "unmap", "recycle"), "paged": ("off", "free"), "static": ("off",)}
+WINDOW_ALLOC_MODES = {"vattention": ("off", "unmap", "recycle"), "paged": ("off", "free"), "static": ("off", "reserve")}
 """``window_alloc`` values each policy accepts (``SimConfig.window_alloc``; policy key ``window=``)."""
 
 
@@ -15,9 +15,7 @@ def window_alloc_error(config) -> str:
     """Why ``config`` (a :class:`sim.setup.config.SimConfig`) cannot use its ``window_alloc``, or ``""``."""
     modes = WINDOW_ALLOC_MODES.get(config.policy, ("off",))
     if config.window_alloc not in modes:
-        return (f"window={config.window_alloc!r} is not a {config.policy} mode; choose one of {', '.join(modes)}"
-                if config.policy != "static" else
-                f"window={config.window_alloc!r}: static reservation has no window-aware allocation")
+        return f"window={config.window_alloc!r} is not a {config.policy} mode; choose one of {', '.join(modes)}"
     if config.window_alloc == "off":
         return ""
     for refused, why in ((config.prefix_caching, "prefix caching"), (config.kv_layout != "per-layer", "the cross-layer layout"),
@@ -25,6 +23,29 @@ def window_alloc_error(config) -> str:
         if refused:
             return f"window={config.window_alloc}: window-aware allocation does not combine with {why} yet (docs/hybrid.md)"
     return ""
+
+
+def static_reserved_tokens(group: LayerGroup, max_len_tokens: int, block_tokens: int) -> int:
+    """Tokens static reservation (``static:max_len=N,window=reserve``) sets aside for one request in each layer
+    of ``group`` at admission (docs/hybrid.md):
+
+    * full: ``max_len`` (Orca / FasterTransformer's one reservation of the longest request);
+    * sliding / chunked: the window (or chunk) W plus one block, in whole blocks of ``block_tokens``:
+      ``min(max_len, (ceil(W / b) + 1) b)``. A window of W tokens written into a ring of b-token blocks straddles
+      one block boundary more than it spans, the rule of vAttention's window unmap (``ceil(W / p) + 1`` pages,
+      :meth:`LayerGroup.max_pages_held`) with vLLM's default block (16 tokens) as the page;
+    * linear (Mamba / linear attention): 0 tokens (its fixed state per request is added in bytes).
+
+    Raises:
+        ValueError: ``max_len_tokens`` or ``block_tokens`` below 1.
+    """
+    if max_len_tokens < 1 or block_tokens < 1:
+        raise ValueError(f"max_len_tokens={max_len_tokens}, block_tokens={block_tokens}: both must be >= 1")
+    if group.kind == "full":
+        return max_len_tokens
+    if group.kind in ("sliding", "chunked"):
+        return min(max_len_tokens, (-(-group.window_tokens // block_tokens) + 1) * block_tokens)
+    return 0
 
 
 @dataclass(frozen=True)
@@ -41,6 +62,9 @@ class HybridSizing:
         state_reserved_bytes: linear state reserved at start-up for every slot (vAttention).
         paged_block_tokens: the paged block size in force (raised for Mamba models), 0 for vAttention.
         paged_group_size: vLLM's layers per KV-cache group, 0 for vAttention.
+        static_reserved_tokens: static reservation: the tokens each group reserves per layer and request
+            (:func:`static_reserved_tokens`; the unit is one request's reservation over every group, its state
+            included); empty for the other policies.
     """
 
     groups: tuple[LayerGroup, ...]
@@ -50,11 +74,17 @@ class HybridSizing:
     state_reserved_bytes: int
     paged_block_tokens: int = 0
     paged_group_size: int = 0
+    static_reserved_tokens: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, config) -> "HybridSizing":
         groups = config.layer_groups
         spec = config.model_spec
+        if config.policy == "static":
+            reserved = tuple(static_reserved_tokens(g, config.tokens_per_page, config.block_size_tokens) for g in groups)
+            unit = sum(t * g.kv_bytes_per_token + g.state_bytes_per_request for g, t in zip(groups, reserved))
+            return cls(groups, unit, tuple(1 for _ in groups), tuple(0 for _ in groups), 0,
+                       static_reserved_tokens=reserved)
         if config.policy == "paged":
             size = paged_group_size(groups)
             block = paged_block_tokens(groups, config.block_size_tokens, size)
@@ -71,7 +101,9 @@ class HybridSizing:
 
     def units_per_request(self, tokens: int, tokens_per_page: int) -> int:
         """Units one decoding request of ``tokens`` tokens holds at most (window groups capped at their
-        window's pages, linear groups one block each for paged)."""
+        window's pages, linear groups one block each for paged; static: one reservation)."""
+        if self.static_reserved_tokens:
+            return 1
         total = 0
         for group, units in zip(self.groups, self.group_units):
             pages = group.max_pages_held(tokens, tokens_per_page) if group.grows else 1
@@ -82,4 +114,8 @@ class HybridSizing:
         """Per-group sizes and the unit, for ``config.json``."""
         return {"groups": group_figures(self.groups), "unit_bytes": self.unit_bytes,
                 "group_units": list(self.group_units), "state_reserved_bytes": self.state_reserved_bytes,
-                "paged_block_tokens": self.paged_block_tokens, "paged_group_size": self.paged_group_size}
+                "paged_block_tokens": self.paged_block_tokens, "paged_group_size": self.paged_group_size,
+                **({"static_reserved_tokens": list(self.static_reserved_tokens),
+                    "static_reserved_bytes": [t * g.kv_bytes_per_token + g.state_bytes_per_request
+                                              for g, t in zip(self.groups, self.static_reserved_tokens)]}
+                   if self.static_reserved_tokens else {})}

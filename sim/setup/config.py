@@ -94,7 +94,9 @@ class SimConfig(PoolSizing):
             (docs/serving-semantics.md); 0 by default, an engine preset's otherwise.
         window_alloc: window-aware allocation for hybrid models (:mod:`sim.memory.hybrid`, docs/hybrid.md):
             ``off`` (every layer holds every token, as before), vattention ``unmap`` / ``recycle`` (pages below a
-            window are unmapped, or moved to the new end), paged ``free`` (vLLM v1's hybrid KV-cache manager).
+            window are unmapped, or moved to the new end), paged ``free`` (vLLM v1's hybrid KV-cache manager),
+            static ``reserve`` (one reservation per layer group at admission:
+            :func:`sim.memory.hybrid_sizing.static_reserved_tokens`).
         cuda_graph_decodes: decodes as CUDA graphs (the compute model's ``decode_graphs``) when not ``None``; ``None``:
             the compute model's default (eager) or a profile's fitted value.
         kv_tiers: the prefix cache's tiers below HBM, from HBM down (:class:`sim.memory.tiers.TierSpec`,
@@ -211,7 +213,7 @@ class SimConfig(PoolSizing):
             notes.append(f"{self.model}: {spec.sliding_window_layers} of {spec.num_layers} layers use a "
                          f"{spec.sliding_window_tokens:,}-token sliding window; the simulated memory manager still "
                          "holds KV for every token of every layer (an upper bound; window-aware allocation: "
-                         "the policy key window=unmap of vattention or window=free of paged, docs/hybrid.md)")
+                         "the policy key window=unmap of vattention, window=free of paged or window=reserve of static, docs/hybrid.md)")
         if (spec.linear_layers or spec.chunked_attention_layers) and not self.hybrid_alloc:
             notes.append(f"{self.model}: {spec.linear_layers} Mamba/linear and {spec.chunked_attention_layers} chunked-local "
                          f"of {spec.num_layers} layers are held as full attention layers (window=off; window-aware "
@@ -243,7 +245,7 @@ class SimConfig(PoolSizing):
             kernel = f" kernel={self.paged_kernel}" if self.paged_kernel else ""
             return f"paged block={self.block_size_tokens}{kernel}" + (" prefix-caching" if self.prefix_caching else "")
         if self.policy == "static":
-            return f"static max_len={self.tokens_per_page}"
+            return f"static max_len={self.tokens_per_page}" + (" window=reserve" if self.hybrid_alloc else "")
         mode = "sync" if self.sync_mapping else "async"
         extras = [("" if self.deferred_reclaim else "no-deferred"), ("cross-layer" if self.kv_layout == "cross-layer" else ""),
                   ("batched-set-access" if self.batched_set_access else ""),
