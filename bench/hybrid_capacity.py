@@ -9,7 +9,8 @@ or block per page of tokens). With it: vAttention's units per request are each g
 layers; paged follows vLLM's ``get_max_concurrency_for_kv_cache_config`` (vllm/v1/core/kv_cache_utils.py) with
 ``SlidingWindowSpec.max_memory_usage_bytes`` (vllm/v1/kv_cache_interface.py): a sliding group holds
 ``min(ceil(L / b), ceil((W - 1 + token_budget) / b) + 1)`` blocks (the prefill chunk counts), a full one
-``ceil(L / b)``.
+``ceil(L / b)``. Static (``max_len = L``): one reservation per request, every layer ``L`` tokens without,
+:func:`sim.memory.hybrid_sizing.static_reserved_tokens` per group with ``window=reserve``.
 """
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ def _paged_units(config: SimConfig, tokens: int) -> int:
 
 def capacity(model: str, policy: str, tokens: int) -> tuple[int, int]:
     """(requests without, requests with window-aware allocation) of ``tokens`` tokens each."""
+    if policy == "static":
+        off = SimConfig(model=model, **parse_policy(f"static:max_len={tokens}"), allow_long_context=True)
+        on = SimConfig(model=model, **parse_policy(f"static:max_len={tokens},window=reserve"), allow_long_context=True)
+        return off.pool_page_groups, on.pool_page_groups
     off = SimConfig(model=model, **parse_policy(policy), allow_long_context=True)
     window = "free" if policy == "paged" else "unmap"
     on = SimConfig(model=model, **parse_policy(f"{policy}:window={window}"), allow_long_context=True)
@@ -54,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| model | policy | tokens per request | requests, every layer full | requests, window-aware | ratio |")
     print("|---|---|---|---|---|---|")
     for model in args.models:
-        for policy in ("vattention", "paged"):
+        for policy in ("vattention", "paged", "static"):
             for tokens in args.tokens:
                 without, with_window = capacity(model, policy, tokens)
                 print(f"| {model} | {policy} | {tokens:,} | {without:,} | {with_window:,} | {with_window / without:.2f}x |")
