@@ -143,12 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--check", action="store_true", help="run the GPU checks instead (check.json)")
     args = parser.parse_args(argv)
-    try:
-        import torch
-        if not torch.cuda.is_available():
-            raise RuntimeError("torch sees no CUDA device")
-    except Exception as exc:  # noqa: BLE001 - one line, then exit
-        print(f"{parser.prog}: needs an NVIDIA GPU with torch: {exc}", file=sys.stderr)
+    from hwbackend.replay.tp.cli import gpu_preflight
+    problem = gpu_preflight(("cuda:0",), "the per-phase timings need the GPU (tests/test_hw_replay_engine.py runs "
+                                         "the CPU equivalents)")
+    if problem:
+        print(f"{parser.prog}: {problem}", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
