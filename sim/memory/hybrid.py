@@ -327,9 +327,7 @@ class HybridPolicy:
         Raises:
             ValueError: if ``first_target_tokens`` exceeds one slot's capacity.
         """
-        if self.config.pages_for_tokens(first_target_tokens) > self.config.max_pages_per_slot:
-            raise ValueError(f"first_target_tokens={first_target_tokens} exceeds the slot capacity "
-                             f"({self.config.max_pages_per_slot * self.config.tokens_per_page} tokens)")
+        self.config.check_first_target(first_target_tokens)
         slot = self._pick(first_target_tokens, reserve_tokens, committed_page_groups, cached)
         if slot is not None:
             for g in self.groups:

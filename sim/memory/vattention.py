@@ -80,6 +80,16 @@ class VAttentionConfig:
         """Page groups needed for ``tokens`` tokens: ``ceil(tokens / tokens_per_page)``."""
         return -(-tokens // self.tokens_per_page)
 
+    def check_first_target(self, first_target_tokens: int) -> None:
+        """Refuse a first iteration that no slot can hold.
+
+        Raises:
+            ValueError: if ``first_target_tokens`` needs more than ``max_pages_per_slot`` pages.
+        """
+        if self.pages_for_tokens(first_target_tokens) > self.max_pages_per_slot:
+            raise ValueError(f"first_target_tokens={first_target_tokens} exceeds the slot capacity "
+                             f"({self.max_pages_per_slot * self.tokens_per_page} tokens)")
+
 
 class VAttentionPolicy(BackgroundMapping):
     """The vAttention policy for one worker (see module docstring for the accounting).
@@ -237,9 +247,7 @@ class VAttentionPolicy(BackgroundMapping):
         Raises:
             ValueError: if ``first_target_tokens`` exceeds one slot's capacity.
         """
-        if self.config.pages_for_tokens(first_target_tokens) > self.config.max_pages_per_slot:
-            raise ValueError(f"first_target_tokens={first_target_tokens} exceeds the slot capacity "
-                             f"({self.config.max_pages_per_slot * self.config.tokens_per_page} tokens)")
+        self.config.check_first_target(first_target_tokens)
         slot = self._pick_slot(first_target_tokens, reserve_tokens, committed_page_groups, cached)
         if slot is not None:
             self._set_active(slot, True)
