@@ -412,14 +412,19 @@ def write_merged_iterations(results: list, path: str | Path) -> Path:
                 parquet = pq.ParquetFile(source)
                 tables = (parquet.read_row_group(group) for group in range(parquet.num_row_groups))
             for table in tables:
-                table = table.replace_schema_metadata(None).cast(schema)
-                table = table.append_column("replica", pa.array(np.full(len(table), replica, dtype=np.int64)))
+                table = _with_replica(table.replace_schema_metadata(None).cast(schema), replica)
                 writer = writer or pq.ParquetWriter(path, table.schema)
                 writer.write_table(table)
     finally:
         if writer is not None:
             writer.close()
     return Path(path)
+
+
+def _with_replica(table, replica: int):
+    """``table`` (a pyarrow Table) with an int64 ``replica`` column of ``replica`` appended."""
+    import pyarrow as pa
+    return table.append_column("replica", pa.array(np.full(len(table), replica, dtype=np.int64)))
 
 
 def write_merged_requests(results: list, path: str | Path, window: int = 1 << 20) -> Path:
@@ -454,8 +459,7 @@ def write_merged_requests(results: list, path: str | Path, window: int = 1 << 20
                     pending[i] = pending[i].slice(inside) if inside < len(ids) else None
                     if pending[i] is not None:
                         break
-                for piece in taken:
-                    pieces.append(piece.append_column("replica", pa.array(np.full(len(piece), replica, dtype=np.int64))))
+                pieces.extend(_with_replica(piece, replica) for piece in taken)
             table = pa.concat_tables(pieces).replace_schema_metadata(None)
             table = table.take(pc.sort_indices(table, sort_keys=[("request_id", "ascending")]))
             writer = writer or pq.ParquetWriter(path, table.schema)
