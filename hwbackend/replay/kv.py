@@ -31,8 +31,9 @@ class ReplayKV:
     stack: ExitStack
 
     def close(self) -> None:
-        """Stop the mapper, unmap and release everything."""
+        """Stop the mapper, unmap and release everything (the K/V views too: a closed cache holds no memory)."""
         self.stack.close()
+        self.k, self.v = [], []
 
 
 def layout_for(config: Any, shape: ModelSpec) -> KVCacheLayout:
@@ -74,13 +75,15 @@ def open_kv(config: Any, shape: ModelSpec, device: str) -> ReplayKV:
             tensors = kv_tensors(cache, torch.bfloat16, device)
         else:
             from hwbackend.vmm.emulated import EmulatedVmmDriver
+            from hwbackend.vmm.host import reserved_host_tensor
 
             capacity = config.pool_page_groups * layout.num_sub_tensors * layout.page_size_bytes
             driver = EmulatedVmmDriver(layout.page_size_bytes, capacity_bytes=capacity, va_limit_bytes=1 << 50)
             cache = KVCache(driver, layout, config.pool_page_groups, create_on_demand=config.create_on_demand)
             executor = stack.enter_context(Executor(build_policy(config), cache, background=config.has_async_mapper))
             size = (layout.num_slots, layout.max_tokens_per_slot, layout.num_kv_heads, layout.head_dim)
-            tensors = [torch.empty(size) for _ in range(layout.num_sub_tensors)]  # pages committed on write
+            # pages committed on write, and not charged to the process (a later fork must not fail)
+            tensors = [reserved_host_tensor(size) for _ in range(layout.num_sub_tensors)]
     except BaseException:
         stack.close()
         raise

@@ -253,8 +253,10 @@ class ModelRunner:
 
             tensors = kv_tensors(self.cache, torch.bfloat16, str(self.device))
         else:
+            from hwbackend.vmm.host import reserved_host_tensor
+
             size = (layout.num_slots, layout.max_tokens_per_slot, layout.num_kv_heads, layout.head_dim)
-            tensors = [torch.empty(size) for _ in range(layout.num_sub_tensors)]
+            tensors = [reserved_host_tensor(size) for _ in range(layout.num_sub_tensors)]
         flat = [t.view(-1, layout.num_kv_heads, layout.head_dim) for t in tensors]
         n = self.model.shape.num_layers
         self.k, self.v = flat[:n], flat[n:]
