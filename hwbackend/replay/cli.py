@@ -101,33 +101,11 @@ def replay(config: Any, trace: pd.DataFrame, device: str = "cuda:0", shape: Mode
     ``compute``: ``harness`` (:class:`hwbackend.replay.model.DecoderModel`) or ``engine``
     (:class:`hwbackend.replay.engine.EngineDecoderModel`: fused kernels, split-KV decodes).
     """
-    from hwbackend.replay.engine import build_model
-
     shape = shape or config.model_spec.per_worker(config.tp)
-    model = build_model(compute, shape, device, config.seed)
-    backend, check = choose_attention(model, attention)
-    model.attention = backend
-    extra: dict = {"cuda_graphs": False}
-    if model.device.type == "cuda":
-        started = time.perf_counter()
-        extra["warmup_forwards"] = warm_up(model, warmup_s)
-        extra["warmup_s"] = round(time.perf_counter() - started, 1)
+    model, extra = prepare_model(shape, device, config.seed, attention, warmup_s, compute)
     kv = open_kv(config, shape, device)
     try:
-        if cuda_graphs and model.device.type == "cuda" and backend != "varlen":
-            # gather / reference read per-batch host data a captured graph would replay stale
-            extra["graph_capture_error"] = f"decode graphs need the varlen attention backend, not {backend}"
-            print(f"replay: warning: {extra['graph_capture_error']}; decodes run eagerly", file=sys.stderr)
-        elif cuda_graphs and model.device.type == "cuda":
-            from hwbackend.replay.model import capture_decode_graphs
-
-            try:
-                extra["graph_capture_s"] = round(capture_decode_graphs(model, kv, config.max_batch_slots), 1)
-                extra["cuda_graphs"] = True
-            except RuntimeError as exc:  # recorded in config.json; the replay runs every iteration eagerly
-                model.graphs = None
-                extra["graph_capture_error"] = str(exc).splitlines()[0][:300]
-                print(f"replay: warning: CUDA graph capture failed, decodes run eagerly: {exc}", file=sys.stderr)
+        capture_graphs(model, kv, config.max_batch_slots, cuda_graphs, extra)
         gc.collect()
         gc.freeze()
         gc.disable()  # a full collection mid-run costs ~50 ms (docs/hwbackend.md)
@@ -137,11 +115,51 @@ def replay(config: Any, trace: pd.DataFrame, device: str = "cuda:0", shape: Mode
     finally:
         gc.enable()
         kv.close()
-    meta = {"backend": "hardware", "device": device, "compute": compute, "attention_backend": backend,
-            "replay_wall_s": wall_s,
-            "transformer_shape": shape.decoder_shape(), **extra,
-            **check, **_environment(model)}
+    meta = {"backend": "hardware", "device": device, "compute": compute, "replay_wall_s": wall_s,
+            "transformer_shape": shape.decoder_shape(), **extra, **_environment(model)}
     return output, meta
+
+
+def prepare_model(shape: ModelSpec, device: str, seed: int, attention: str = "auto", warmup_s: float = 20.0,
+                  compute: str = "harness") -> tuple[Any, dict]:
+    """The decoder of ``compute`` on ``device`` (:func:`hwbackend.replay.engine.build_model`), its attention
+    backend chosen (:func:`choose_attention`) and, on CUDA, warmed up for ``warmup_s`` seconds (:func:`warm_up`).
+    Returns the model and the run metadata so far (``attention_backend``, the check's figures, warm-up)."""
+    from hwbackend.replay.engine import build_model
+
+    model = build_model(compute, shape, device, seed)
+    backend, check = choose_attention(model, attention)
+    model.attention = backend
+    extra: dict = {"cuda_graphs": False, "attention_backend": backend, **check}
+    if model.device.type == "cuda":
+        started = time.perf_counter()
+        extra["warmup_forwards"] = warm_up(model, warmup_s)
+        extra["warmup_s"] = round(time.perf_counter() - started, 1)
+    return model, extra
+
+
+def capture_graphs(model: Any, kv: Any, max_batch: int, cuda_graphs: bool, extra: dict) -> None:
+    """On CUDA with ``cuda_graphs``, capture decode iterations of batch 1..``max_batch`` as CUDA graphs over the
+    open cache ``kv`` (:func:`hwbackend.replay.model.capture_decode_graphs`); ``extra`` gets ``cuda_graphs``,
+    ``graph_capture_s`` or ``graph_capture_error`` (a failed capture leaves every iteration eager, with a
+    warning on stderr)."""
+    backend = extra.get("attention_backend", getattr(model, "attention", ""))
+    if not cuda_graphs or model.device.type != "cuda":
+        return
+    if backend != "varlen":
+        # gather / reference read per-batch host data a captured graph would replay stale
+        extra["graph_capture_error"] = f"decode graphs need the varlen attention backend, not {backend}"
+        print(f"replay: warning: {extra['graph_capture_error']}; decodes run eagerly", file=sys.stderr)
+        return
+    from hwbackend.replay.model import capture_decode_graphs
+
+    try:
+        extra["graph_capture_s"] = round(capture_decode_graphs(model, kv, max_batch), 1)
+        extra["cuda_graphs"] = True
+    except RuntimeError as exc:  # recorded in config.json; the replay runs every iteration eagerly
+        model.graphs = None
+        extra["graph_capture_error"] = str(exc).splitlines()[0][:300]
+        print(f"replay: warning: CUDA graph capture failed, decodes run eagerly: {exc}", file=sys.stderr)
 
 
 def _environment(model: DecoderModel) -> dict:

@@ -91,3 +91,52 @@ def open_kv(config: Any, shape: ModelSpec, device: str) -> ReplayKV:
     n = shape.num_layers
     return ReplayKV(executor, flat[:n], flat[n:], layout.max_tokens_per_slot, driver, stack)
 
+
+
+def open_tenant_kv(config: Any, shape: ModelSpec, device: str, driver: Any, policy: Any,
+                   pool: Any = None, tenant: int = 0, condition: Any = None) -> ReplayKV:
+    """One co-located tenant's cache on a driver shared with the other tenants (:mod:`hwbackend.replay.colocate`).
+
+    Args:
+        config: the tenant's :class:`sim.cluster.colocate.TenantConfig` (its ``pool_page_groups``: its static
+            share, or its ceiling under elastic sharing).
+        shape: the decoder's shape (its page must hold ``config.tokens_per_page`` tokens).
+        device: ``cuda:N`` (real VMM, the driver's GPU) or ``cpu`` (emulated driver, host views).
+        driver: the open driver every tenant shares (not closed by :meth:`ReplayKV.close`).
+        policy: the tenant's policy (elastic: a :class:`sim.memory.shared_pool.SharedPoolPolicy`).
+        pool: elastic sharing: the :class:`hwbackend.vmm.shared_pool.SharedHandlePool` the pages come from;
+            None: a pool of the tenant's own (``config.pool_page_groups`` page groups, static sharing).
+        tenant: the tenant's index in ``pool``.
+        condition: the lock shared by every tenant's executor (:class:`hwbackend.vmm.executor.Executor`).
+
+    Raises:
+        ValueError: the shape's page holds another number of tokens than the policy's (:func:`layout_for`).
+        VmmError: a reservation or handle the driver refuses.
+    """
+    import torch
+
+    from hwbackend.vmm.shared_pool import TenantKVCache
+
+    layout = layout_for(config, shape)
+    stack = ExitStack()
+    try:
+        cache = (TenantKVCache(driver, layout, pool, tenant) if pool is not None else
+                 KVCache(driver, layout, config.pool_page_groups, create_on_demand=config.create_on_demand))
+        stream = torch.cuda.current_stream().cuda_stream if device.startswith("cuda") else 0
+        executor = stack.enter_context(Executor(policy, cache, background=config.has_async_mapper,
+                                                stream_handle=stream, condition=condition))
+        if device.startswith("cuda"):
+            from hwbackend.vmm.tensors import kv_tensors
+
+            tensors = kv_tensors(cache, torch.bfloat16, device)
+        else:
+            from hwbackend.vmm.host import reserved_host_tensor
+
+            size = (layout.num_slots, layout.max_tokens_per_slot, layout.num_kv_heads, layout.head_dim)
+            tensors = [reserved_host_tensor(size) for _ in range(layout.num_sub_tensors)]
+    except BaseException:
+        stack.close()
+        raise
+    flat = [t.view(-1, layout.num_kv_heads, layout.head_dim) for t in tensors]
+    n = shape.num_layers
+    return ReplayKV(executor, flat[:n], flat[n:], layout.max_tokens_per_slot, driver, stack)

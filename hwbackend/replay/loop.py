@@ -113,6 +113,7 @@ class ReplayLoop(RequestBookkeeping):
         self._sub_tensors = kv.executor.cache.layout.num_sub_tensors
         self._kv_bytes_per_token = config.model_spec.kv_bytes_per_token(config.tp)
         self._t0_ns = 0
+        self._iteration, self._drained = 0, False
 
     # ---- clock and counters ----------------------------------------------------------------------------
     def now_us(self) -> float:
@@ -131,28 +132,59 @@ class ReplayLoop(RequestBookkeeping):
     # ---- the loop -----------------------------------------------------------------------------------
     def run(self) -> ReplayOutput:
         """Serve every request; returns the records."""
-        self._t0_ns, iteration, drained = time.perf_counter_ns(), 0, False
-        while self.num_done < len(self.requests):
+        self.begin()
+        while not self.done:
             start_us = self.now_us()
             self._accept_arrivals(start_us)
             if not self.running and not self.waiting:
-                self.sleep(max(0.0, self.requests[self._next_arrival].arrival_at_us - self.now_us()) * 1e-6)
+                self.sleep(max(0.0, self.next_arrival_us - self.now_us()) * 1e-6)
                 continue
-            self._preemptions = 0
-            step_us = self.now_us()
-            sync_maps = self.executor.metrics["sync_page_groups"]
-            batch = schedule_iteration(self.scheduler, self.running, self.waiting, self.config.token_budget,
-                                       self._admit, self._reserve)
-            if not batch:
-                if not self._preemptions:
-                    drained = self._unblock_admission(drained)
-                continue
-            drained = False
-            stall_us = self.now_us() - step_us
-            self._iterate(batch, iteration, start_us, stall_us, self.executor.metrics["sync_page_groups"] - sync_maps)
-            iteration += 1
-        counters = self._counters()
-        return ReplayOutput([r.record() for r in self.requests], self.iteration_records, counters,
+            self.serve_pass(start_us)
+        return self.output()
+
+    # ---- the loop in parts (a co-located replay interleaves several loops: hwbackend.replay.colocate) ----
+    def begin(self, t0_ns: int | None = None) -> None:
+        """Start the clock (``time.perf_counter_ns()`` now, or the given origin shared with other loops)."""
+        self._t0_ns = time.perf_counter_ns() if t0_ns is None else t0_ns
+        self._iteration, self._drained = 0, False
+
+    @property
+    def done(self) -> bool:
+        """Every request finished or rejected."""
+        return self.num_done >= len(self.requests)
+
+    @property
+    def next_arrival_us(self) -> float:
+        """Arrival (us on this loop's clock) of the next request not yet accepted; ``inf`` when none is left."""
+        return self.requests[self._next_arrival].arrival_at_us if self._next_arrival < len(self.requests) \
+            else float("inf")
+
+    def accept_arrivals(self) -> bool:
+        """Accept the requests arrived by now; returns whether there is work (requests running or waiting)."""
+        self._accept_arrivals(self.now_us())
+        return bool(self.running or self.waiting)
+
+    def serve_pass(self, start_us: float) -> bool:
+        """One pass with work present: schedule, map and run one iteration (``start_us``: when the pass began).
+        Returns whether an iteration ran (False: nothing could be scheduled, and admission was unblocked)."""
+        self._preemptions = 0
+        step_us = self.now_us()
+        sync_maps = self.executor.metrics["sync_page_groups"]
+        batch = schedule_iteration(self.scheduler, self.running, self.waiting, self.config.token_budget,
+                                   self._admit, self._reserve)
+        if not batch:
+            if not self._preemptions:
+                self._drained = self._unblock_admission(self._drained)
+            return False
+        self._drained = False
+        stall_us = self.now_us() - step_us
+        self._iterate(batch, self._iteration, start_us, stall_us, self.executor.metrics["sync_page_groups"] - sync_maps)
+        self._iteration += 1
+        return True
+
+    def output(self) -> ReplayOutput:
+        """The records and counters of the run so far."""
+        return ReplayOutput([r.record() for r in self.requests], self.iteration_records, self._counters(),
                             self.shape_records)
 
     def _iterate(self, batch: list, iteration: int, start_us: float, stall_us: float, sync_maps: int) -> None:

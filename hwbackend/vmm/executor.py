@@ -74,19 +74,23 @@ class Executor:
         cache: a KV cache (opened by :meth:`open` if it is not yet).
         background: run the asynchronous mapper thread (``map_ahead`` does nothing without it).
         stream_handle: CUDA stream on which iteration events are recorded (0: legacy default stream).
+        condition: the lock (a ``threading.Condition``) guarding the policy; executors whose policies share
+            state (co-located tenants drawing from one :class:`sim.memory.shared_pool.SharedPagePool`) must
+            share one, so that no mapper thread changes the pool while another tenant's policy reads it.
+            Default: a condition of its own.
 
     Attributes:
         metrics: counters and foreground step latencies (``step_latency_us``) for benchmarks.
     """
 
     def __init__(self, policy: VAttentionPolicy, cache: KVCache, background: bool = True,
-                 stream_handle: int = 0):
+                 stream_handle: int = 0, condition: threading.Condition | None = None):
         cfg, layout = policy.config, cache.layout
         if (cfg.num_slots, cfg.max_pages_per_slot, cfg.pool_page_groups) != (
                 layout.num_slots, layout.max_pages_per_slot, cache.pool_page_groups):
             raise ValueError("policy config and KV cache disagree on slots, pages per slot or pool size")
         self.policy, self.cache, self.stream_handle = policy, cache, stream_handle
-        self._cv = threading.Condition()  # guards the policy, the queue and the fields below
+        self._cv = condition or threading.Condition()  # guards the policy, the queue and the fields below
         self._queue: deque[MapOp | UnmapOp] = deque()
         self._in_progress: MapOp | UnmapOp | None = None
         self._error: BaseException | None = None

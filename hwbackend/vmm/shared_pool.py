@@ -40,6 +40,7 @@ class SharedHandlePool:
         self.ceilings_pages = list(ceilings_pages)
         self.held_pages = [0] * len(ceilings_pages)
         self.handed_over_pages = 0            # takes of a handle another tenant returned last
+        self.moved_in_pages = [0] * len(ceilings_pages)   # the same, per taking tenant
         self._free: list[tuple[Any, int]] = []   # (handle, tenant that returned it; -1: never mapped)
         self._lock = threading.Lock()
 
@@ -76,7 +77,9 @@ class SharedHandlePool:
                 raise RuntimeError(f"shared page pool exhausted ({self.num_pages} pages)")
             handle, last = self._free.pop()
             self.held_pages[tenant] += 1
-            self.handed_over_pages += last not in (-1, tenant)
+            moved = last not in (-1, tenant)
+            self.handed_over_pages += moved
+            self.moved_in_pages[tenant] += moved
             return handle
 
     def give_back(self, tenant: int, handles: list) -> None:

@@ -262,6 +262,25 @@ class ColocatedRun:
     stats: list[dict]
 
 
+def elastic_pool(tenants: list[Tenant], configs: list[TenantConfig]) -> SharedPagePool:
+    """The one physical page pool of elastic sharing: ``kv_pool_bytes // page_size_bytes`` pages; each tenant's
+    floor (``floor_frac`` of the pool, in its page groups) and ceiling (its config's ``pool_page_groups``).
+    The hardware replay (:mod:`hwbackend.replay.colocate`) draws its tenants' pages through the same pool.
+
+    Raises:
+        ConfigError: a tenant not on the vattention policy, or with prefix caching.
+        ValueError: floors above the pool.
+    """
+    for tenant, config in zip(tenants, configs):
+        if config.policy != "vattention" or config.prefix_caching:
+            raise ConfigError(f"tenant {tenant.name}: elastic sharing needs the vattention policy without "
+                              "prefix caching (pages mapped through the VMM API)")
+    pool_bytes = kv_pool_bytes(tenants)
+    shares = [TenantShare(c.num_sub_tensors, int(pool_bytes * t.floor_frac) // c.page_group_bytes,
+                          c.pool_page_groups) for t, c in zip(tenants, configs)]
+    return SharedPagePool(pool_bytes // configs[0].page_size_bytes, shares)
+
+
 def simulate_colocated(tenants: list[Tenant], sharing: Sharing, profile_path: str | None = None,
                        sample_us: float | None = None) -> ColocatedRun:
     """Co-simulate ``tenants`` on one GPU (module docstring).
@@ -280,16 +299,7 @@ def simulate_colocated(tenants: list[Tenant], sharing: Sharing, profile_path: st
         raise ConfigError("co-location needs at least one tenant", "tenants")
     configs = tenant_configs(tenants, sharing)
     elastic = sharing.mode == "elastic"
-    pool = None
-    if elastic:
-        for tenant, config in zip(tenants, configs):
-            if config.policy != "vattention" or config.prefix_caching:
-                raise ConfigError(f"tenant {tenant.name}: elastic sharing needs the vattention policy without "
-                                  "prefix caching (pages mapped through the VMM API)")
-        pool_bytes = kv_pool_bytes(tenants)
-        shares = [TenantShare(c.num_sub_tensors, int(pool_bytes * t.floor_frac) // c.page_group_bytes,
-                              c.pool_page_groups) for t, c in zip(tenants, configs)]
-        pool = SharedPagePool(pool_bytes // configs[0].page_size_bytes, shares)
+    pool = elastic_pool(tenants, configs) if elastic else None
     env = simpy.Environment()
     gpu = simpy.Resource(env, capacity=1) if sharing.compute == "serial" else None
     sims, metas = [], []
@@ -359,5 +369,5 @@ def _tenant_stats(simulator: TenantSimulator, held_bytes: pd.Series, pool: Share
             "kv_budget_bytes": simulator.config.kv_budget_bytes}
 
 
-__all__ = ["ColocatedRun", "Sharing", "Tenant", "TenantConfig", "TenantSimulator", "kv_pool_bytes",
+__all__ = ["ColocatedRun", "Sharing", "Tenant", "TenantConfig", "TenantSimulator", "elastic_pool", "kv_pool_bytes",
            "simulate_colocated", "tenant_configs"]

@@ -1,0 +1,137 @@
+"""``kvsim validate --hw-run DIR`` for a co-located hardware run (``python -m hwbackend.replay.colocate``): the
+simulator's ``kvsim colocate`` of the same tenants, traces and sharing against it, tenant by tenant.
+
+The run's ``summary.json`` (``backend: hardware`` and ``tenants: [...]``) gives the sharing and each tenant's
+directory; each tenant's directory is an ordinary hardware run (:func:`hwbackend.calibration.run_files.load_hw_run`
+reads and checks it; its ``requests.parquet`` rebuilds the tenant's trace slice, :func:`validate.trace_of_run`).
+:func:`sim.cluster.colocate.simulate_colocated` runs those tenants together, and every tenant gets the error
+table of a single run (:func:`validate.error_table`: iteration latency, TTFT, TPOT, E2E, TBT, mapping) plus the
+co-location figures: pages moved in from the other tenants (hardware: physical handles another tenant had
+returned; simulator: ``SharedPagePool.moved_in_pages``), peak mapped KV and the time its ready iterations waited
+for the other tenants' (GPU wait). Errors are ``sim / hw - 1`` as everywhere in ``kvsim validate``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from hwbackend.calibration.run_files import RunInputError
+
+COLOCATION_FIGURES = (("pages moved in", "moved_in_pages", "count", 1.0), ("peak mapped KV", "peak_kv_bytes", "GiB", 2**30),
+                      ("mean mapped KV", "mean_kv_bytes", "GiB", 2**30), ("GPU wait", "gpu_wait_s", "s", 1.0))
+
+
+def is_colocated_run(hw_dir: str | Path) -> bool:
+    """Whether ``hw_dir`` holds a co-located hardware run (a ``summary.json`` with ``tenants`` and
+    ``backend: hardware``)."""
+    path = Path(hw_dir) / "summary.json"
+    if not path.is_file():
+        return False
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and summary.get("backend") == "hardware" and isinstance(summary.get("tenants"), list)
+
+
+@dataclass
+class ColocatedValidation:
+    """Per tenant (in the run's order): ``names``, ``tables`` (the error table with the co-location rows),
+    ``hw`` / ``sim`` (:class:`analysis.results.RunResult`); ``sharing``: the sharing simulated."""
+
+    names: list[str]
+    tables: list[pd.DataFrame]
+    hw: list
+    sim: list
+    sharing: object
+
+    def frame(self) -> pd.DataFrame:
+        """Every tenant's rows in one table (a leading ``tenant`` column)."""
+        return pd.concat([t.assign(tenant=n)[["tenant", *t.columns]] for n, t in zip(self.names, self.tables)],
+                         ignore_index=True)
+
+
+def load_colocated(hw_dir: str | Path):
+    """The run's tenants (:class:`sim.cluster.colocate.Tenant`, traces rebuilt from the requests replayed), its
+    :class:`sim.cluster.colocate.Sharing`, the hardware tenants' :class:`RunResult` and the summary's rows.
+
+    Raises:
+        RunInputError: a summary without its sharing or a tenant row without ``tenant`` / ``dir``;
+            a tenant directory that :func:`load_hw_run` refuses (its message, naming the file).
+        FileNotFoundError: a tenant directory or file is missing.
+    """
+    from hwbackend.calibration.run_files import load_hw_run
+    from hwbackend.calibration.validate import trace_of_run
+    from sim.cluster.colocate import Sharing, Tenant
+
+    root = Path(hw_dir)
+    source = root / "summary.json"
+    summary = json.loads(source.read_text())
+    sharing_fields = summary.get("sharing")
+    if not isinstance(sharing_fields, dict) or sharing_fields.get("mode") not in ("static", "elastic"):
+        raise RunInputError(f"{source}: field 'sharing' must hold mode static or elastic, got {sharing_fields!r}")
+    split = sharing_fields.get("split")
+    sharing = Sharing(sharing_fields["mode"], tuple(split) if split else None,
+                      float(sharing_fields.get("trim_delay_us", Sharing.trim_delay_us)),
+                      sharing_fields.get("compute", "serial"))
+    tenants, hw_runs = [], []
+    for index, row in enumerate(summary["tenants"]):
+        if not isinstance(row, dict) or "tenant" not in row or "dir" not in row:
+            raise RunInputError(f"{source}: tenants[{index}] needs the fields 'tenant' and 'dir'")
+        hw, config = load_hw_run(root / row["dir"])
+        trace = trace_of_run(root / row["dir"], hw.requests)
+        tenants.append(Tenant(row["tenant"], config, trace, floor_frac=float(row.get("floor_frac", 0.0)),
+                              ceiling_frac=float(row.get("ceiling_frac", 1.0))))
+        hw_runs.append(hw)
+    return tenants, sharing, hw_runs, summary["tenants"]
+
+
+def validate_colocated(hw_dir: str | Path, profile: str | None = None, out_dir: str | Path | None = None,
+                       shown_hw_dir: str | Path | None = None) -> ColocatedValidation:
+    """Simulate the co-located run's tenants together and compare each with its hardware records; writes
+    ``validation.md`` and ``errors.csv`` into ``out_dir`` when given.
+
+    Raises:
+        RunInputError / FileNotFoundError: as :func:`load_colocated`; ProfileError: a bad ``profile``.
+    """
+    from hwbackend.calibration.validate import check_profile, check_targets, error_table, markdown_table
+    from sim.cluster.colocate import simulate_colocated
+
+    check_profile(profile)
+    tenants, sharing, hw_runs, rows = load_colocated(hw_dir)
+    run = simulate_colocated(tenants, sharing, profile)
+    tables = []
+    for hw, sim, row, stats in zip(hw_runs, run.results, rows, run.stats):
+        table = error_table(hw, sim)
+        extra = [(name, "total", unit, float(row.get(key, float("nan"))) / scale, float(stats[key]) / scale)
+                 for name, key, unit, scale in COLOCATION_FIGURES]
+        extra_frame = pd.DataFrame(extra, columns=["metric", "stat", "unit", "hw", "sim"])
+        extra_frame["error"] = extra_frame["sim"] / extra_frame["hw"].where(extra_frame["hw"] != 0) - 1
+        tables.append(pd.concat([table, extra_frame], ignore_index=True))
+    result = ColocatedValidation([t.name for t in tenants], tables, hw_runs, run.results, sharing)
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        result.frame().to_csv(out / "errors.csv", index=False)
+        parts = [f"# co-located run, {sharing.mode} sharing: simulator vs hardware\n",
+                 f"hardware run: `{shown_hw_dir or hw_dir}`; profile: `{profile or 'built-in'}`\n"]
+        for name, table, sim in zip(result.names, tables, run.results):
+            missed = check_targets(table)
+            parts.append(f"## {name} ({sim.config['label']})\n\n{markdown_table(table)}\n\ntargets missed: "
+                         f"{'; '.join(missed) or 'none'}\n")
+        (out / "validation.md").write_text("\n".join(parts))
+    return result
+
+
+def print_colocated(result: ColocatedValidation) -> None:
+    """The per-tenant tables on stdout."""
+    from hwbackend.calibration.validate import check_targets, markdown_table
+
+    print(f"co-located run, {result.sharing.mode} sharing, {len(result.names)} tenants")
+    for name, table, hw in zip(result.names, result.tables, result.hw):
+        print(f"\n{name} ({len(hw.requests)} requests, {len(hw.iterations)} hw iterations)")
+        print(markdown_table(table))
+        print("targets missed: " + ("; ".join(check_targets(table)) or "none"))
