@@ -76,7 +76,8 @@ class ColocatedReplay:
             ``gpu_wait_s``, ``trim_unmap_page_groups``.
         memory: mapped KV per tenant after every iteration (``time_s``, ``<name>_bytes``).
         vmm_calls: per-call latency percentiles of the shared driver (us).
-        pool_bytes: the KV pool after every tenant's weights.
+        pool_bytes: the KV pool after every tenant's weights; ``wall_s``: the serving loop's wall time.
+        extra: elastic sharing: the hardware pool's size and free handles once every cache closed.
     """
 
     names: list[str]
@@ -141,9 +142,7 @@ def serve(loops: list[ReplayLoop], trim_delay_us: float | None, sleep: Callable[
     while not all(loop.done for loop in loops):
         now_us = clock.now_us()
         for i, loop in enumerate(loops):
-            if loop.done:
-                continue
-            if loop.accept_arrivals():
+            if not loop.done and loop.accept_arrivals():
                 if ready_since[i] is None:      # idle until now: ready since its first waiting request arrived
                     ready_since[i] = min(r.arrival_at_us for r in loop.waiting) if loop.waiting else now_us
             elif trim_delay_us is not None and not trimmed[i] and now_us - last_busy_us[i] >= trim_delay_us:
@@ -153,18 +152,17 @@ def serve(loops: list[ReplayLoop], trim_delay_us: float | None, sleep: Callable[
         if not ready:
             wake_us = min(loop.next_arrival_us for loop in loops if not loop.done)
             if trim_delay_us is not None:
-                wake_us = min([wake_us, *(last_busy_us[i] + trim_delay_us for i in range(n)
-                                          if not trimmed[i] and not loops[i].done)])
+                wake_us = min([wake_us, *(last_busy_us[i] + trim_delay_us for i in range(n) if not trimmed[i])])
             sleep(max(0.0, wake_us - clock.now_us()) * 1e-6)
             continue
         i = min(ready, key=lambda j: (ready_since[j], j))
         loop = loops[i]
         start_us = loop.now_us()
         wait_us[i] += max(0.0, start_us - ready_since[i])
-        ran = loop.serve_pass(start_us)
+        ran = loop.serve_pass(start_us)     # False: nothing schedulable; admission unblocked (drain / reject)
         end_us = loop.now_us()
         last_busy_us[i], trimmed[i] = end_us, False
-        ready_since[i] = (end_us if ran else ready_since[i]) if (loop.running or loop.waiting) else None
+        ready_since[i] = end_us if (loop.running or loop.waiting) else None   # queued again behind the others
         if ran and on_iteration is not None:
             on_iteration(i)
     return wait_us, trim_groups
@@ -201,8 +199,11 @@ def replay_colocated(tenants: list, sharing: Any, device: str = "cuda:0", comput
 
         driver = EmulatedVmmDriver(page, capacity_bytes=(pool_bytes // page + 1) * page, va_limit_bytes=1 << 50)
     else:
+        import torch
+
         from hwbackend.vmm.driver import CudaVmmDriver
 
+        torch.cuda.init()        # torch's primary context first; the driver retains the same one
         driver = CudaVmmDriver(int(device.partition(":")[2] or 0))
     lock = threading.Condition()
     kvs, loops, metas, hw_pool = [], [], [], None
@@ -244,7 +245,10 @@ def replay_colocated(tenants: list, sharing: Any, device: str = "cuda:0", comput
         gc.enable()
         for kv in kvs:
             kv.close()
-        if hw_pool is not None:
+        pool_check = {}
+        if hw_pool is not None:     # every tenant's cache closed: every handle must be back in the pool
+            pool_check = {"hw_pool_pages": hw_pool.num_pages, "hw_pool_free_pages_at_end": hw_pool.free_pages,
+                          "hw_pool_conservation_error": hw_pool.conservation_error()}
             hw_pool.close()
     names = [t.name for t in tenants]
     memory = pd.DataFrame(samples, columns=["time_s", *[f"{n}_bytes" for n in names]])
@@ -264,7 +268,7 @@ def replay_colocated(tenants: list, sharing: Any, device: str = "cuda:0", comput
     driver.close()
     for meta in metas:
         meta["replay_wall_s"] = wall_s
-    return ColocatedReplay(names, outputs, metas, stats, memory, calls, pool_bytes, wall_s)
+    return ColocatedReplay(names, outputs, metas, stats, memory, calls, pool_bytes, wall_s, pool_check)
 
 
 def write_colocated_replay(run: ColocatedReplay, tenants: list, sharing: Any, out: Path, command: str = "") -> Path:
@@ -284,7 +288,7 @@ def write_colocated_replay(run: ColocatedReplay, tenants: list, sharing: Any, ou
     summary = {"backend": "hardware", "command": command, "replay_wall_s": run.wall_s,
                "sharing": {"mode": sharing.mode, "split": sharing.split, "trim_delay_us": sharing.trim_delay_us,
                            "compute": sharing.compute},
-               "pool_bytes": run.pool_bytes, "tenants": rows}
+               "pool_bytes": run.pool_bytes, **run.extra, "tenants": rows}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=True, default=str) + "\n")
     return out
 
@@ -339,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"replay: error: the models or KV pool do not fit this machine's memory ({exc})", file=sys.stderr)
         return 2
     out = write_colocated_replay(run, tenants, sharing, Path(args.out), command)
-    print(f"wrote {out}: {len(tenants)} tenants, {sharing.mode} sharing, KV pool {run.pool_bytes / 2**30:.1f} GiB, "
+    print(f"wrote {out}: {len(tenants)} tenants, {sharing.mode} sharing, KV pool {run.pool_bytes / 2**30:.3g} GiB, "
           f"wall {run.wall_s:.1f} s")
     for name, output, stats in zip(run.names, run.outputs, run.stats):
         requests = output.requests_frame()

@@ -60,6 +60,8 @@ class ReplayOutput:
         return pd.DataFrame.from_records(self.request_records, columns=list(REQUEST_COLUMNS))
 
     def iterations_frame(self) -> pd.DataFrame:
+        if not self.iteration_records:   # numeric columns even when nothing ran (every request rejected)
+            return pd.DataFrame({c: pd.Series(dtype=float) for c in ITERATION_COLUMNS})
         return pd.DataFrame.from_records(self.iteration_records, columns=list(ITERATION_COLUMNS))
 
 

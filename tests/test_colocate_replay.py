@@ -1,0 +1,202 @@
+"""The co-located hardware replay (``python -m hwbackend.replay.colocate``, issue 34 item 4) on the CPU (emulated
+driver, tiny decoders with each model's KV head shape), its first-come-first-served interleaving on a fake clock,
+and ``kvsim validate`` of a co-located run."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from hwbackend.replay.colocate import serve
+
+WEIGHTS_BYTES = 16060522496 + 15230974976    # llama-3.1-8b + qwen2.5-7b (sim/setup/catalog.toml), bf16
+H200_HBM_BYTES = 150754820096
+
+
+# ---- interleaving on a fake clock ----------------------------------------------------------------------
+class _Clock:
+    def __init__(self):
+        self.us = 0.0
+
+
+class _Req:
+    def __init__(self, arrival_us: float, iterations: int):
+        self.arrival_at_us, self.left = arrival_us, iterations
+
+
+class _Executor:
+    def __init__(self, loop):
+        self.loop, self.trims_at_us = loop, []
+
+    def reclaim_idle(self) -> int:
+        self.trims_at_us.append(self.loop.clock.us)
+        return 1
+
+
+class _FakeLoop:
+    """A tenant whose every request takes ``iterations`` iterations of ``iteration_us`` each, one at a time."""
+
+    def __init__(self, name, clock, arrivals_us, iterations, iteration_us, log):
+        self.name, self.clock, self.iteration_us, self.log = name, clock, iteration_us, log
+        self.requests = [_Req(a, iterations) for a in arrivals_us]
+        self.waiting, self.running, self._next, self.num_done = [], [], 0, 0
+        self.executor = _Executor(self)
+
+    def begin(self, t0_ns):
+        pass
+
+    def now_us(self):
+        return self.clock.us
+
+    @property
+    def done(self):
+        return self.num_done == len(self.requests)
+
+    @property
+    def next_arrival_us(self):
+        return self.requests[self._next].arrival_at_us if self._next < len(self.requests) else float("inf")
+
+    def accept_arrivals(self):
+        while self._next < len(self.requests) and self.requests[self._next].arrival_at_us <= self.clock.us:
+            self.waiting.append(self.requests[self._next])
+            self._next += 1
+        return bool(self.running or self.waiting)
+
+    def serve_pass(self, start_us):
+        if not self.running:
+            self.running.append(self.waiting.pop(0))
+        self.log.append((self.name, self.clock.us))
+        self.clock.us += self.iteration_us
+        request = self.running[0]
+        request.left -= 1
+        if not request.left:
+            self.running.clear()
+            self.num_done += 1
+        return True
+
+
+def _sleep(clock):
+    def sleep(seconds):
+        clock.us += seconds * 1e6
+    return sleep
+
+
+def test_iterations_are_first_come_first_served():
+    """A from 0 us (3 iterations), B from 5 us (2), 10 us each: A runs alone first; then the one whose iteration
+    became ready first (B at 5 < A at 10, then A at 20 < B at 30, ...): A B A B A, B's waits 5 + 10 us."""
+    clock, log = _Clock(), []
+    a = _FakeLoop("A", clock, [0.0], 3, 10.0, log)
+    b = _FakeLoop("B", clock, [5.0], 2, 10.0, log)
+    wait_us, trims = serve([a, b], None, _sleep(clock))
+    assert log == [("A", 0.0), ("B", 10.0), ("A", 20.0), ("B", 30.0), ("A", 40.0)]
+    assert wait_us == [10.0 + 10.0, 5.0 + 10.0]      # A waits 20-10 and 40-30; B 10-5 and 30-20
+    assert trims == [0, 0]
+
+
+def test_idle_tenants_are_trimmed_after_the_delay_even_when_done():
+    """A serves at 0 and at 100 us (10 us each), B at 200 us; trim delay 15 us: A is trimmed at 25 and 125 us
+    (the clock sleeps to the trim deadline, not only to the next arrival); B never idles before the end."""
+    clock, log = _Clock(), []
+    a = _FakeLoop("A", clock, [0.0, 100.0], 1, 10.0, log)
+    b = _FakeLoop("B", clock, [200.0], 1, 10.0, log)
+    _, trims = serve([a, b], 15.0, _sleep(clock))
+    assert a.executor.trims_at_us == [25.0, 125.0] and trims == [2, 0]
+    assert b.executor.trims_at_us == []
+    assert [name for name, _ in log] == ["A", "A", "B"]
+
+
+# ---- the CPU replay ----------------------------------------------------------------------------------------
+def _traces(tmp_path: Path) -> tuple[Path, Path]:
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,150,3\n0.0,140,3\n0.0,130,2\n")
+    b.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,1\n1.0,200,3\n1.0,180,3\n")
+    return a, b
+
+
+def _argv(tmp_path: Path, out: Path, sharing: str = "elastic:trim-delay=0.05s") -> list[str]:
+    a, b = _traces(tmp_path)
+    # a KV pool of 10 Llama-3.1-8B page groups of 64 KiB pages (640 pages) after both tenants' weights
+    memory_util = (WEIGHTS_BYTES + 654 * 65536) / H200_HBM_BYTES
+    return ["--device", "cpu", "--sharing", sharing, "--memory-util", f"{memory_util:.6f}", "--page-size", "64KiB",
+            "--out", str(out), "--tenant", f"name=a,model=llama-3.1-8b,trace={a}",
+            "--tenant", f"name=b,model=qwen2.5-7b,trace={b}"]
+
+
+@pytest.fixture(scope="module")
+def elastic_run(tmp_path_factory):
+    pytest.importorskip("torch")
+    from hwbackend.replay.colocate import main
+
+    tmp = tmp_path_factory.mktemp("colocate")
+    out = tmp / "run"
+    assert main(_argv(tmp, out)) == 0
+    return out
+
+
+def test_elastic_replay_hands_the_idle_tenants_pages_to_the_other(elastic_run):
+    """A takes the whole pool at t=0 (B's first request, alone and without pages, is rejected as the simulator
+    rejects it); A idles and is trimmed; B's requests at 1 s map A's returned handles into B's ranges."""
+    summary = json.loads((elastic_run / "summary.json").read_text())
+    a, b = summary["tenants"]
+    assert summary["backend"] == "hardware" and summary["sharing"]["mode"] == "elastic"
+    assert a["finished"] == 3 and a["trim_unmap_page_groups"] > 0
+    requests_b = pd.read_parquet(elastic_run / "tenants" / "b" / "requests.parquet")
+    assert (requests_b.loc[requests_b["arrival_at_us"] >= 1e6, "status"] == "finished").all()
+    # on the CPU every tenant's decoder has 2 layers: a page group is 4 handles; B took at most what A returned
+    assert 0 < b["moved_in_pages"] <= a["trim_unmap_page_groups"] * 4
+    assert b["policy_moved_in_pages"] > 0          # the policies' pool counts it too (in the models' own pages)
+    assert summary["hw_pool_conservation_error"] == 0
+    assert summary["hw_pool_free_pages_at_end"] == summary["hw_pool_pages"]
+    memory = pd.read_parquet(elastic_run / "memory.parquet")
+    assert list(memory.columns) == ["time_s", "a_bytes", "b_bytes"] and memory["time_s"].is_monotonic_increasing
+    assert (memory[["a_bytes", "b_bytes"]].sum(axis=1) <= summary["pool_bytes"]).all()
+
+
+def test_validate_compares_a_colocated_run_tenant_by_tenant(elastic_run, tmp_path, capsys):
+    from cli import main
+
+    out = tmp_path / "validation"
+    assert main(["validate", "--hw-run", str(elastic_run), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "elastic sharing, 2 tenants" in printed and "\na (3 requests" in printed and "\nb (3 requests" in printed
+    errors = pd.read_csv(out / "errors.csv")
+    assert set(errors["tenant"]) == {"a", "b"}
+    moved = errors[(errors["metric"] == "pages moved in") & (errors["tenant"] == "b")].iloc[0]
+    summary = json.loads((elastic_run / "summary.json").read_text())
+    assert moved["hw"] == summary["tenants"][1]["moved_in_pages"]
+    assert "## a (" in (out / "validation.md").read_text()
+
+
+def test_a_broken_colocated_summary_is_one_message(elastic_run, tmp_path, capsys):
+    import shutil
+
+    from cli import main
+
+    broken = tmp_path / "broken"
+    shutil.copytree(elastic_run, broken)
+    summary = json.loads((broken / "summary.json").read_text())
+    del summary["tenants"][1]["dir"]
+    (broken / "summary.json").write_text(json.dumps(summary))
+    assert main(["validate", "--hw-run", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert "summary.json" in err and "tenants[1]" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda argv: argv + ["--compute", "isolated"], "--compute isolated"),
+    (lambda argv: [x.replace("name=b,", "name=b,sleep-after=5s,") for x in argv], "sleep-after"),
+    (lambda argv: [x.replace("elastic:trim-delay=0.05s", "both") for x in argv], "--sharing both"),
+    (lambda argv: [x for i, x in enumerate(argv) if not (x == "--tenant" or (i and argv[i - 1] == "--tenant"))],
+     "no --tenant"),
+])
+def test_what_the_replay_does_not_implement_is_refused_before_it_starts(tmp_path, capsys, change, message):
+    pytest.importorskip("torch")
+    from hwbackend.replay.colocate import main
+
+    out = tmp_path / "run"
+    assert main(change(_argv(tmp_path, out))) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (out / "summary.json").exists()
