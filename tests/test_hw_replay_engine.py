@@ -132,3 +132,45 @@ def test_triton_kernels_match_their_torch_equivalents_on_cuda():
     rows = torch.tensor([5, SLOT_TOKENS + 3, 2 * SLOT_TOKENS], device="cuda")
     store_kv(qkv, rows, k, v, 4096, 1024)
     assert torch.equal(k[rows].reshape(3, -1), qkv[:, 4096:5120]) and torch.equal(v[rows].reshape(3, -1), qkv[:, 5120:])
+
+
+def _base_pages_accessible(kv) -> bool:
+    cache = kv.executor.cache
+    return all(kv.driver.is_accessible(base, cache.layout.page_size_bytes) for base in cache.bases)
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_the_tensors_first_page_stays_mapped_when_pinned(pinned):
+    """Triton checks every tensor argument's base pointer (``pin_base_pages``): without the anchor, slot 0's pages
+    go when the policy reclaims slot 0 (the H200 failure of 2026-12-02); with it, the base stays mapped while
+    requests come and go and idle slots are reclaimed."""
+    from hwbackend.replay.kv import open_kv, pin_base_pages
+
+    config = SimConfig(model="llama-3-8b", max_batch_slots=4, max_context_tokens=8192)
+    kv = open_kv(config, TINY_SHAPE, "cpu")
+    try:
+        if pinned:
+            assert pin_base_pages(kv) == 0
+        executor = kv.executor
+        slots = [executor.alloc_slot(3000) for _ in range(2)]
+        assert executor.step({s: 3000 for s in slots})
+        assert (0 in slots) is not pinned
+        for s in slots:
+            executor.iteration_launched(0)
+            executor.free_slot(s, 0)
+        executor.reclaim_idle()                  # every idle slot's deferred pages unmapped
+        assert _base_pages_accessible(kv) is pinned
+    finally:
+        kv.close()
+
+
+def test_pinning_refuses_a_cache_whose_slot_0_is_taken():
+    from hwbackend.replay.kv import open_kv, pin_base_pages
+
+    kv = open_kv(SimConfig(model="llama-3-8b", max_batch_slots=4, max_context_tokens=8192), TINY_SHAPE, "cpu")
+    try:
+        assert kv.executor.alloc_slot(1) == 0
+        with pytest.raises(RuntimeError, match="slot 1, not 0"):
+            pin_base_pages(kv)
+    finally:
+        kv.close()

@@ -1,7 +1,7 @@
-"""Page hand-over cost between two co-located tenants on one GPU (issue 34): NOT RUN yet (the GPU was held by
-another session when this was written); ready to run on the H200::
+"""Page hand-over cost between two co-located tenants on one GPU (issue 34), run on the H200 on 2026-12-02
+(``docs/device/session5/handover.json``: 5.10 / 5.44 ms per page group A->B / B->A)::
 
-    python -m hwbackend.calibration.colocate_handover --out docs/validation/colocate-handover.json
+    python -m hwbackend.calibration.colocate_handover --out handover.json
 
 Two tenants' KV caches (Llama-3.1-8B: 64 sub-tensors, Qwen2.5-7B: 56, 2 MiB pages) are reserved on one GPU and
 served from one :class:`hwbackend.vmm.shared_pool.SharedHandlePool`. In bursts, tenant A maps ``--burst`` page

@@ -27,7 +27,7 @@ import pandas as pd
 
 from hwbackend.replay.model import DecoderModel
 from hwbackend.replay.loop import ReplayLoop
-from hwbackend.replay.kv import open_kv
+from hwbackend.replay.kv import open_kv, pin_base_pages
 from sim.setup.catalog import ModelSpec
 
 TINY_SHAPE = ModelSpec(name="tiny-decoder", num_layers=2, hidden_size=256, num_q_heads=8, num_kv_heads=8, head_dim=128,
@@ -105,6 +105,8 @@ def replay(config: Any, trace: pd.DataFrame, device: str = "cuda:0", shape: Mode
     model, extra = prepare_model(shape, device, config.seed, attention, warmup_s, compute)
     kv = open_kv(config, shape, device)
     try:
+        if compute == "engine" and model.device.type == "cuda":   # Triton checks the tensors' base pointers
+            extra["anchor_slot"] = pin_base_pages(kv)
         capture_graphs(model, kv, config.max_batch_slots, cuda_graphs, extra)
         gc.collect()
         gc.freeze()

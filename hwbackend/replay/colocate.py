@@ -181,7 +181,7 @@ def replay_colocated(tenants: list, sharing: Any, device: str = "cuda:0", comput
         VmmError: a driver call the GPU refuses.
     """
     from hwbackend.replay.cli import capture_graphs, prepare_model
-    from hwbackend.replay.kv import open_tenant_kv
+    from hwbackend.replay.kv import open_tenant_kv, pin_base_pages
     from hwbackend.vmm.shared_pool import SharedHandlePool
     from sim.cluster.colocate import elastic_pool, kv_pool_bytes, tenant_configs
     from sim.memory import build_policy
@@ -218,6 +218,8 @@ def replay_colocated(tenants: list, sharing: Any, device: str = "cuda:0", comput
                 policy = SharedPoolPolicy(policy.config, sim_pool, index)
             kv = open_tenant_kv(config, shape, device, driver, policy, hw_pool, index, lock)
             kvs.append(kv)
+            if compute == "engine" and device != "cpu":     # Triton checks the tensors' base pointers
+                extra["anchor_slot"] = pin_base_pages(kv)
             capture_graphs(model, kv, config.max_batch_slots, cuda_graphs, extra)
             loops.append(ReplayLoop(config, tenant.trace, model, kv, sleep=sleep))
             metas.append({"backend": "hardware", "device": device, "compute": compute, "tenant": tenant.name,

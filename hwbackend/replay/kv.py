@@ -140,3 +140,31 @@ def open_tenant_kv(config: Any, shape: ModelSpec, device: str, driver: Any, poli
     flat = [t.view(-1, layout.num_kv_heads, layout.head_dim) for t in tensors]
     n = shape.num_layers
     return ReplayKV(executor, flat[:n], flat[n:], layout.max_tokens_per_slot, driver, stack)
+
+
+ANCHOR_SLOT = 0
+"""The slot :func:`pin_base_pages` keeps for itself (the first one a fresh policy hands out: ties go to the lowest
+slot, ``VAttentionPolicy._best_fit``)."""
+
+
+def pin_base_pages(kv: ReplayKV) -> int:
+    """Keep the first page of every K/V tensor mapped for the whole run; returns the slot taken (0).
+
+    Triton's launcher checks every tensor argument with ``cuPointerGetAttribute`` on its ``data_ptr()``
+    (``triton/backends/nvidia/driver.py``, ``getPointer``: "Pointer argument (at N) cannot be accessed from Triton
+    (cpu tensor?)"), and the base of every K/V tensor over the reservation is slot 0's first page: unmapped as soon
+    as the policy reclaims slot 0 while other slots serve (found on the H200, 2026-12-02: the co-located replay's
+    engine kernels failed once a 13 GiB pool ran short). The replay with engine kernels therefore takes slot 0 at
+    open and maps its first page group for good: one slot and one page group fewer for requests than the
+    simulator's configuration (1 of ``max_batch_slots`` slots; 1 of ``pool_page_groups`` groups).
+
+    Raises:
+        RuntimeError: the policy handed out another slot first (slots already taken) or cannot map the group.
+    """
+    slot = kv.executor.alloc_slot(1)
+    if slot != ANCHOR_SLOT or not kv.executor.step({slot: 1}):
+        if slot is not None:
+            kv.executor.free_slot(slot, -1)
+        raise RuntimeError(f"cannot keep the K/V tensors' first page mapped: the policy gave slot {slot}, not "
+                           f"{ANCHOR_SLOT}, or could not map its first page group")
+    return slot
