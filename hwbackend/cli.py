@@ -239,8 +239,12 @@ def _validate(args: argparse.Namespace) -> int:
     import sys
 
     from hwbackend.calibration.validate import command
+    from hwbackend.calibration.validate_colocate import is_colocated_run
 
     from analysis.flags import ERROR_PREFIX, Progress
+
+    if args.hw_run is not None and is_colocated_run(args.hw_run):   # python -m hwbackend.replay.colocate
+        from hwbackend.calibration.validate_colocate import command
 
     try:
         with Progress(None, args.quiet, "validating (simulation; replay without --hw-run)"):

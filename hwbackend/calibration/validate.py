@@ -433,18 +433,6 @@ def command(args) -> int:
         if ignored:
             print(f"kvsim: note: {', '.join(ignored)} ignored: the hardware run's own configuration and trace slice "
                   "are simulated", flush=True)
-    from hwbackend.calibration.validate_colocate import is_colocated_run
-
-    if hw_dir is not None and is_colocated_run(hw_dir):   # python -m hwbackend.replay.colocate: tenant by tenant
-        from hwbackend.calibration.validate_colocate import print_colocated, validate_colocated
-
-        if out is None:
-            result = validate_colocated(hw_dir, args.profile)
-        else:
-            with out.writing() as stage:
-                result = validate_colocated(hw_dir, args.profile, stage, shown_hw_dir=hw_dir)
-        print_colocated(result)
-        return 0
     if out is None:
         table, hw, sim, same = validate_run(hw_dir, args.profile, None, getattr(args, "compute_model", "auto"))
     else:

@@ -135,3 +135,23 @@ def print_colocated(result: ColocatedValidation) -> None:
         print(f"\n{name} ({len(hw.requests)} requests, {len(hw.iterations)} hw iterations)")
         print(markdown_table(table))
         print("targets missed: " + ("; ".join(check_targets(table)) or "none"))
+
+
+def command(args) -> int:
+    """``kvsim validate --hw-run DIR`` when ``DIR`` holds a co-located run (:func:`is_colocated_run`): ``--out``
+    checked as every kvsim result directory (:class:`analysis.output.OutputDir`) and written as a whole; the
+    tables printed (:func:`print_colocated`).
+
+    Raises:
+        ValueError / OSError: as :func:`validate_colocated`, with one line naming the file, field and value.
+    """
+    from analysis.output import OutputDir, command_inputs
+
+    if args.out:
+        out = OutputDir(args.out, getattr(args, "force", False), inputs=command_inputs(args))
+        with out.writing() as stage:
+            result = validate_colocated(args.hw_run, args.profile, stage, shown_hw_dir=args.hw_run)
+    else:
+        result = validate_colocated(args.hw_run, args.profile)
+    print_colocated(result)
+    return 0
