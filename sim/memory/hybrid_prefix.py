@@ -124,6 +124,9 @@ class HybridPrefixPolicy(HybridPolicy):
     """:class:`HybridPolicy` over a :class:`CachingPool` whose groups keep block caches, with the prefix-cache
     interface of :class:`sim.memory.prefix.PrefixCachingPolicy` (``admission_credit``, ``alloc_slot``,
     ``admit_prefix``, ``donate``, ``record_admission``, ``stats``) under vLLM v1's multi-group rule.
+    ``stats["window_limited_tokens"]``: over first admissions, the tokens the full groups alone would have
+    served beyond the hit (what the window groups' evicted blocks cost); ``stats["evictions"]``: cached bundles
+    popped from the free queue for reuse, all groups.
 
     Args:
         groups: the sub-policies (each a :class:`CachedPages` full or sliding group), in group order.
@@ -146,7 +149,8 @@ class HybridPrefixPolicy(HybridPolicy):
         self.block_tokens = block_tokens
         self._chains: list[tuple] = [((), [])] * self.config.num_slots
         self.stats = {"lookups": 0, "hit_tokens": 0, "shared_pages": 0, "shared_maps": 0, "cow_tokens": 0,
-                      "evictions": 0, "preempted_lookups": 0, "preempted_hit_tokens": 0}
+                      "evictions": 0, "preempted_lookups": 0, "preempted_hit_tokens": 0, "window_limited_tokens": 0}
+        self._full_groups_hit = 0     # of the last admit_prefix: the full groups' hit alone (tokens)
 
     # ---- the hit -----------------------------------------------------------------------------------
     def _chain(self, hash_ids: Sequence[int], prompt_tokens: int) -> tuple[list[int], int]:
@@ -166,6 +170,15 @@ class HybridPrefixPolicy(HybridPolicy):
             return 0
         chain, cap_tokens = self._chain(hash_ids, prompt_tokens)
         return longest_cache_hit_tokens(self.group_caches(chain), cap_tokens) if cap_tokens else 0
+
+    def full_groups_hit_tokens(self, hash_ids: Sequence[int], prompt_tokens: int) -> int:
+        """The hit the full groups alone would give now (what one group holding every layer in full would serve
+        with the same blocks cached); changes nothing."""
+        if not hash_ids:
+            return 0
+        chain, cap_tokens = self._chain(hash_ids, prompt_tokens)
+        full = [c for c in self.group_caches(chain) if c.kind == "full"]
+        return longest_cache_hit_tokens(full, cap_tokens) if full and cap_tokens else 0
 
     def _hit_pages(self, g, hit_pages: int) -> range:
         """Pages of a hit of ``hit_pages`` pages group ``g`` maps: all of them (full), or the window's run before
@@ -226,6 +239,7 @@ class HybridPrefixPolicy(HybridPolicy):
         hit = self.lookup_tokens(hash_ids, prompt_tokens)
         pages = hit // self.config.tokens_per_page
         chain, plans, shared = self._chains[slot][1], [], 0
+        self._full_groups_hit = self.full_groups_hit_tokens(hash_ids, prompt_tokens)
         for index, g in enumerate(self.groups):
             used = self._hit_pages(g, pages)
             g.map_entries(slot, used.start, [g.page_key(chain, page) for page in used])
@@ -255,6 +269,7 @@ class HybridPrefixPolicy(HybridPolicy):
         self.stats["hit_tokens"] += hit.hit_tokens
         self.stats["shared_pages"] += hit.cached_pages
         self.stats["shared_maps"] += hit.shared_pages
+        self.stats["window_limited_tokens"] += self._full_groups_hit - hit.hit_tokens
 
     def free_slot(self, slot: int, last_read_iteration: int) -> Plan:
         plan = super().free_slot(slot, last_read_iteration)
