@@ -229,14 +229,14 @@ def test_runs_share_prefixes_and_conserve(model):
 
 
 @settings(max_examples=15, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 2), st.integers(1, 4), st.integers(1, 400), st.integers(1, 30)),
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(1, 4), st.integers(1, 400), st.integers(1, 400)),
                 min_size=1, max_size=8))
 def test_random_traces_terminate_and_conserve(rows):
     """Small random traces with shared hash ids on gpt-oss-20b with a tight KV budget: every request finishes,
     no hit exceeds ``prompt - 1``, and the pool is conserved."""
-    frame = trace([(0.01 * i, blocks * 512 + extra, out) for i, (_, blocks, extra, out) in enumerate(rows)])
+    frame = trace([(0.001 * i, blocks * 512 + extra, out) for i, (_, blocks, extra, out) in enumerate(rows)])
     frame["hash_ids"] = [[100 * prefix + b for b in range(blocks)] for prefix, blocks, _, _ in rows]
-    config = SimConfig(model=GPT_OSS, memory_util_frac=0.1, **parse_policy("paged:window=free,prefix=on"))
+    config = SimConfig(model=GPT_OSS, memory_util_frac=0.093, **parse_policy("paged:window=free,prefix=on"))
     sim = Simulator(config, frame, vmm=constant_vmm(), compute=ConstantCompute(1000.0))
     req = sim.run().requests_frame()
     assert set(req["status"]) == {"finished"}

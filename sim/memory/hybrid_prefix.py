@@ -148,9 +148,15 @@ class HybridPrefixPolicy(HybridPolicy):
             g.init_cache(index, block_tokens)
         self.block_tokens = block_tokens
         self._chains: list[tuple] = [((), [])] * self.config.num_slots
-        self.stats = {"lookups": 0, "hit_tokens": 0, "shared_pages": 0, "shared_maps": 0, "cow_tokens": 0,
-                      "evictions": 0, "preempted_lookups": 0, "preempted_hit_tokens": 0, "window_limited_tokens": 0}
+        self._stats = {"lookups": 0, "hit_tokens": 0, "shared_pages": 0, "shared_maps": 0, "cow_tokens": 0,
+                       "preempted_lookups": 0, "preempted_hit_tokens": 0, "window_limited_tokens": 0}
         self._full_groups_hit = 0     # of the last admit_prefix: the full groups' hit alone (tokens)
+
+    @property
+    def stats(self) -> dict:
+        """The counters of :attr:`sim.memory.prefix.PrefixCachingPolicy.stats` (``evictions``: cached bundles
+        popped from the free queue, every group) and ``window_limited_tokens`` (class docstring)."""
+        return {**self._stats, "evictions": sum(g.evictions for g in self.groups)}
 
     # ---- the hit -----------------------------------------------------------------------------------
     def _chain(self, hash_ids: Sequence[int], prompt_tokens: int) -> tuple[list[int], int]:
@@ -262,19 +268,18 @@ class HybridPrefixPolicy(HybridPolicy):
     def record_admission(self, hit: PrefixHit, preempted: bool) -> None:
         """Count an admission that succeeded, as :meth:`PrefixCachingPolicy.record_admission`."""
         if preempted:
-            self.stats["preempted_lookups"] += 1
-            self.stats["preempted_hit_tokens"] += hit.hit_tokens
+            self._stats["preempted_lookups"] += 1
+            self._stats["preempted_hit_tokens"] += hit.hit_tokens
             return
-        self.stats["lookups"] += 1
-        self.stats["hit_tokens"] += hit.hit_tokens
-        self.stats["shared_pages"] += hit.cached_pages
-        self.stats["shared_maps"] += hit.shared_pages
-        self.stats["window_limited_tokens"] += self._full_groups_hit - hit.hit_tokens
+        self._stats["lookups"] += 1
+        self._stats["hit_tokens"] += hit.hit_tokens
+        self._stats["shared_pages"] += hit.cached_pages
+        self._stats["shared_maps"] += hit.shared_pages
+        self._stats["window_limited_tokens"] += self._full_groups_hit - hit.hit_tokens
 
     def free_slot(self, slot: int, last_read_iteration: int) -> Plan:
         plan = super().free_slot(slot, last_read_iteration)
         self._chains[slot] = ((), [])
-        self.stats["evictions"] = sum(g.evictions for g in self.groups)
         return plan
 
     # ---- accounting ------------------------------------------------------------------------------------
