@@ -5,7 +5,8 @@ Public API: :func:`build_policy` (a :class:`sim.setup.config.SimConfig` -> its p
 part, the background plan with reservations, commit and cancel, is the :class:`sim.memory.background.BackgroundMapping`
 mixin),
 :class:`PrefixCachingPolicy` / :class:`PrefixHit` (:mod:`sim.memory.prefix`; its cache-entry and eviction
-bookkeeping is the :class:`sim.memory.prefix_entries.PrefixEntries` mixin), and the plans both executors carry
+bookkeeping is the :class:`sim.memory.prefix_entries.PrefixEntries` mixin), :class:`HybridPrefixPolicy`
+(:mod:`sim.memory.hybrid_prefix`: prefix caching with window-aware paged allocation, vLLM v1's multi-group hit rule), and the plans both executors carry
 out (:mod:`sim.memory.plan`: ``Plan``, ``MapOp``, ``UnmapOp``, ``EMPTY_PLAN``). Imports nothing of ``sim`` but
 itself.
 
@@ -23,6 +24,7 @@ The paged and static managers are the same slot/pool bookkeeping with deferral, 
 watermark reclamation switched off, so their differences from vAttention are exactly the knobs.
 """
 from sim.memory.hybrid import HybridPolicy, build_hybrid_policy
+from sim.memory.hybrid_prefix import HybridPrefixPolicy, build_hybrid_prefix_policy
 from sim.memory.prefix import PrefixCachingPolicy, PrefixHit
 from sim.memory.vattention import VAttentionConfig, VAttentionPolicy
 
@@ -42,6 +44,8 @@ def build_policy(config) -> VAttentionPolicy:
         admission_watermark_frac=0.0 if config.policy == "static" else config.admission_watermark_frac)
     if getattr(config, "hybrid_alloc", False) and config.policy == "static":
         return VAttentionPolicy(policy_config)   # one unit = one request's reservation over every group (hybrid_sizing)
+    if getattr(config, "hybrid_alloc", False) and config.prefix_caching:
+        return build_hybrid_prefix_policy(config, policy_config)   # per-group block caches (sim.memory.hybrid_prefix)
     if getattr(config, "hybrid_alloc", False):
         return build_hybrid_policy(config, policy_config)      # per-group sub-policies (sim.memory.hybrid)
     if config.prefix_caching:
@@ -64,4 +68,4 @@ def _attach_eviction_and_tiers(policy: PrefixCachingPolicy, config) -> None:
                                       config.tokens_per_page, config.tier_write_policy)
 
 
-__all__ = ["HybridPolicy", "PrefixCachingPolicy", "PrefixHit", "VAttentionConfig", "VAttentionPolicy", "build_policy"]
+__all__ = ["HybridPolicy", "HybridPrefixPolicy", "PrefixCachingPolicy", "PrefixHit", "VAttentionConfig", "VAttentionPolicy", "build_policy"]

@@ -139,10 +139,7 @@ class WindowGroupPolicy(GroupPolicy):
                 continue
             if self.mode == "recycle":
                 stale = min(stale, num_pages)      # move as many handles as the new end needs
-            op = UnmapOp(slot, self.base[slot], stale)
-            self._add_mapped(slot, -stale)
-            self.base[slot] += stale
-            self.free_page_groups += stale
+            op = self._drop_below_window(slot, stale)
             self.window_crossings += 1
             if self.background_unmaps and self.mode == "unmap":
                 self.window_unmaps.append(op)
@@ -158,6 +155,14 @@ class WindowGroupPolicy(GroupPolicy):
         if not front_unmaps:
             return plan
         return Plan(maps=plan.maps, unmaps=(*front_unmaps, *plan.unmaps))
+
+    def _drop_below_window(self, slot: int, stale: int) -> UnmapOp:
+        """Take the slot's ``stale`` lowest pages off it (back to the pool); returns their unmap."""
+        op = UnmapOp(slot, self.base[slot], stale)
+        self._add_mapped(slot, -stale)
+        self.base[slot] += stale
+        self.free_page_groups += stale
+        return op
 
     def free_slot(self, slot: int, last_read_iteration: int) -> Plan:
         """As :meth:`VAttentionPolicy.free_slot`; a slot whose window moved unmaps its pages at once (deferred

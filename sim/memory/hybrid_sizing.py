@@ -18,10 +18,31 @@ def window_alloc_error(config) -> str:
         return f"window={config.window_alloc!r} is not a {config.policy} mode; choose one of {', '.join(modes)}"
     if config.window_alloc == "off":
         return ""
-    for refused, why in ((config.prefix_caching, "prefix caching"), (config.kv_layout != "per-layer", "the cross-layer layout"),
+    if config.prefix_caching:
+        prefix_error = _prefix_error(config)
+        if prefix_error:
+            return prefix_error
+    for refused, why in ((config.kv_layout != "per-layer", "the cross-layer layout"),
                          (config.pp > 1, "pipeline parallelism"), (config.zero_on_reuse != "off", "zero-on-reuse")):
         if refused:
             return f"window={config.window_alloc}: window-aware allocation does not combine with {why} yet (docs/hybrid.md)"
+    return ""
+
+
+def _prefix_error(config) -> str:
+    """Why prefix caching cannot run with ``config``'s window-aware allocation, or ``""``: paged only (vLLM v1's
+    hybrid manager, :mod:`sim.memory.hybrid_prefix`), full and sliding groups only, LRU eviction in HBM only."""
+    where = f"window={config.window_alloc}: prefix caching with window-aware allocation"
+    if config.policy != "paged":
+        return f"{where} is modelled for paged (paged:window=free,prefix=on) only, not {config.policy} (docs/hybrid.md)"
+    for group in config.layer_groups:
+        if group.kind in ("chunked", "linear"):
+            manager = "ChunkedLocalAttentionManager" if group.kind == "chunked" else "MambaManager"
+            return (f"{where}: {config.model_spec.name} has a {group.kind} group ({group.num_layers} layers), whose "
+                    f"prefix-cache rule (vLLM's {manager}) is not modelled; only full and sliding groups are "
+                    "(docs/hybrid.md)")
+    if config.kv_tiers or config.prefix_evict != "lru":
+        return f"{where} keeps vLLM's free queue in HBM: no KV tiers, prefix_evict=lru only (docs/hybrid.md)"
     return ""
 
 

@@ -73,7 +73,9 @@ class SimConfig(PoolSizing):
             request frees them (background mapper; critical path with synchronous mapping).
         prefix_caching: share the physical pages of matching prompt prefixes (trace ``hash_ids``) between
             slots, keep them cached after their requests finish (LRU eviction); ``paged`` does vLLM-style
-            block-level prefix caching; not available for ``static``.
+            block-level prefix caching; not available for ``static``. With window-aware allocation: ``paged``
+            only (``window=free``), one block cache per layer group, vLLM v1's multi-group hit rule
+            (:mod:`sim.memory.hybrid_prefix`, docs/hybrid.md); full and sliding groups only.
         prefix_block_tokens: tokens per hash block of the trace (Mooncake: 512).
         memset_bytes_per_s: bandwidth of clearing memory (zero-on-reuse) and, counting bytes read plus
             written, of copying it (copy-on-write); ``None``: the GPU's datasheet bandwidth x 4.3/4.8 (the
