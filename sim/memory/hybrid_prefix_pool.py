@@ -121,6 +121,7 @@ class CachedPages:
         (``block_tokens``: tokens per hash block of the trace, Mooncake 512)."""
         self.index, self.block_tokens = index, block_tokens
         self.entries: dict[tuple, int] = {}
+        self.referenced = 0                  # entries some slot maps (refs > 0): held_page_groups without a scan
         num_slots = self.config.num_slots
         self.slot_pages: list[dict[int, tuple]] = [{} for _ in range(num_slots)]
         self.shared = [0] * num_slots
@@ -130,13 +131,15 @@ class CachedPages:
     # ---- accounting --------------------------------------------------------------------------------
     def held_page_groups(self) -> int:
         """Page groups off the free queue: private mapped pages and entries some slot maps."""
-        referenced = sum(1 for refs in self.entries.values() if refs)
-        return self._mapped_total - sum(self.shared) + referenced + sum(self.in_flight_maps) + self.in_flight_unmaps
+        return (self._mapped_total - sum(self.shared) + self.referenced + sum(self.in_flight_maps)
+                + self.in_flight_unmaps)
 
     def cache_error(self) -> int:
-        """Entries with no reference minus this group's bundles in the free queue (0 when consistent)."""
+        """Entries with no reference minus this group's bundles in the free queue, plus any drift of the
+        referenced-entry counter from a scan (0 when consistent)."""
         idle = sum(1 for refs in self.entries.values() if not refs)
-        return idle - self._pool.queued_bundles(self.index)
+        drift = abs(self.referenced - (len(self.entries) - idle))
+        return idle - self._pool.queued_bundles(self.index) + drift
 
     def first_page(self, slot: int) -> int:
         """The slot's lowest mapped page."""
@@ -160,6 +163,7 @@ class CachedPages:
             refs = self.entries[key]
             if refs == 0:
                 self._pool.touch(self.index, key)
+                self.referenced += 1
             self.entries[key] = refs + 1
             self.slot_pages[slot][page] = key
         self.shared[slot] = len(keys)
@@ -175,6 +179,7 @@ class CachedPages:
         refs = self.entries[key] - 1
         self.entries[key] = refs
         if refs == 0:                            # free but cached: keeps its key until popped for reuse
+            self.referenced -= 1
             self._pool.release_cached(self.index, key, self.units)
 
     def evict_entry(self, key: tuple) -> None:
@@ -196,6 +201,7 @@ class CachedPages:
                 key = self.page_key(chain, page)
                 if key not in self.entries:
                     self.entries[key] = 1
+                    self.referenced += 1
                     pages[page] = key
                     self.shared[slot] += 1
                     donated += 1
