@@ -63,3 +63,46 @@ def test_sequence_reads_match_the_masks(kind, window, context, tokens):
     """The closed forms equal counting the keys each query's mask admits (the module's table)."""
     group = LayerGroup(kind, 2, 0 if kind == "full" else window, 100)
     assert sequence_reads(group, context, tokens) == _brute(kind, window, context, tokens)
+
+
+def test_block_form_splits_a_gpt_oss_decode_by_group_by_hand():
+    """The block form (``attention_key_us > 0``, e.g. profiles/h200-cross-workload.json) on a hybrid batch: each
+    group of attention layers over its own reads. Four decodes at 1,000 tokens, no key split, tau0 = 10 us,
+    kappa = 0.1 us/key, P = 100 block slots, H' = 8 KV heads; per layer ``max(H' (tau0 b + kappa (keys + b)) / P,
+    tau0 + kappa longest)`` (longest: 1,001 tokens with the new one): full 12 x max(35.232, 110.1) us, sliding (127
+    cached keys each, a lone block reads the window's 128) 12 x max(7.296, 22.8) us: 1,594.8 us of attention
+    against 2,642.4 with every layer full."""
+    from dataclasses import replace
+
+    spec = load_model_file("models/gpt-oss-20b.json")
+    model = replace(RooflineComputeModel(spec, get_gpu("h200")), attention_block_us=10.0, attention_key_us=0.1,
+                    attention_slots=100.0, split_kv_slot_tokens=0, decode_graphs=1.0)
+    reads = batch_reads(read_groups(spec), [(1000, 1)] * 4)
+    plain = decode_batch(4, 1000)
+    hybrid = BatchShape(plain.new_tokens, plain.attention_pairs, plain.kv_read_tokens, plain.logit_sequences,
+                        plain.max_context_tokens, group_reads=reads)
+    factor = model.paged_attention_factor * model.layout_attention_factor
+    assert model.iteration_us(plain) - model.iteration_us(hybrid) == pytest.approx((2642.4 - 1594.8) * factor,
+                                                                                   rel=1e-9)
+    # within the window every group reads what a full layer reads: the same time
+    short = decode_batch(4, 50)
+    short_hybrid = BatchShape(short.new_tokens, short.attention_pairs, short.kv_read_tokens, short.logit_sequences,
+                              short.max_context_tokens, group_reads=batch_reads(read_groups(spec), [(50, 1)] * 4))
+    assert model.iteration_us(short_hybrid) == pytest.approx(model.iteration_us(short), rel=1e-12)
+
+
+def test_block_form_prefill_keys_scale_with_the_groups_pairs():
+    """A 2,048-token prefill chunk after 2,048 cached tokens: the sliding layers' query blocks read
+    ``K x pairs_g / pairs`` keys, fewer than the full layers'; the hybrid iteration is shorter, and every
+    group-weighted term is bounded by the all-full one."""
+    from dataclasses import replace
+
+    spec = load_model_file("models/gpt-oss-20b.json")
+    model = replace(RooflineComputeModel(spec, get_gpu("h200")), attention_block_us=10.0, attention_key_us=0.1,
+                    attention_slots=100.0, split_kv_slot_tokens=0)
+    reads = batch_reads(read_groups(spec), [(2048, 2048)])
+    pairs = 2048 * (2048 + (2048 + 1) / 2)
+    plain = BatchShape(2048, pairs, 2048, 1, 4096)
+    hybrid = BatchShape(2048, pairs, 2048, 1, 4096, group_reads=reads)
+    assert reads[1].attention_pairs < reads[0].attention_pairs == pytest.approx(pairs)
+    assert model.iteration_us(hybrid) < model.iteration_us(plain)

@@ -146,38 +146,67 @@ class BlockAttentionForm:
 
     def _blocks_one_us(self, batch) -> float:
         """:meth:`_blocks_iteration_us` of one iteration in plain floats (the simulator calls it once per
-        stepped iteration; the array form costs numpy's per-call overhead several times over)."""
-        m, tp = self.model, self.tp
+        stepped iteration; the array form costs numpy's per-call overhead several times over).
+
+        A hybrid model's batch (``batch.group_reads``, :mod:`sim.timing.layer_reads`) takes the per-layer
+        attention of each group of attention layers over what that group reads, weighted by its layers: the
+        cached keys ``kv_read`` of the group, a lone block's keys bounded by the window (``min(longest, W)``),
+        and, with a prefill chunk, the keys the query blocks read scaled by the group's share of the batch's
+        (query, key) pairs (``K_g = K x pairs_g / pairs``: a block reads at most its window); linear (state)
+        layers add no attention blocks (their state traffic is small beside the weights). A model of full
+        layers only is the plain form bit for bit."""
         new, kv_read, logits, longest = batch.new_tokens, batch.kv_read_tokens, batch.logit_sequences, batch.max_context_tokens
-        tau0, kappa, slots = self.attention_block_us, self.attention_key_us, self.attention_slots
         base = self._time_us(new, 0.0, kv_read, logits, max, 0.0, attention=False)
         if new > logits:   # a prefill chunk: blocks of 128 query rows per query head, keys never split
-            kappa_p = self.attention_prefill_key_us or kappa
             if batch.attention_blocks > 0:
                 n, k = batch.attention_blocks, batch.block_keys
             else:
                 n, k = logits + math.ceil(max(new - logits, 0) / ATTENTION_TILE_ROWS), kv_read + new
-            kappa_pt = self.attention_prefill_tail_key_us or kappa_p
-            attn = _overlap((m.num_q_heads // tp) * (tau0 * n + kappa_p * k) / slots, tau0 + kappa_pt * longest,
-                            self.attention_tail_serial, max, min)
         else:
-            heads_kv = max(m.num_kv_heads // tp, 1)
-            if self.split_kv_programs:   # the engine replay's split-KV kernel (engine_decode_splits)
-                splits = float(engine_decode_splits(logits, heads_kv, self.split_kv_programs))
-                active, tail_keys = logits * splits, math.ceil(longest / splits)
-            else:
-                chunk = self._split_chunks.get(logits)
-                if chunk is None:
-                    chunk = float(self._split_chunk_tokens(np.array([logits]), heads_kv)[0])
-                active = logits if chunk == math.inf else max(logits, (kv_read + logits) / chunk + logits / 2)
-                tail_keys = min(chunk, longest)
-            kappa_t = self.attention_tail_key_us or kappa
-            attn = _overlap(heads_kv * (tau0 * active + kappa * (kv_read + logits)) / slots,
-                            tau0 + kappa_t * tail_keys, self.attention_tail_serial, max, min)
-        attn *= m.num_layers * self._paged_factor(new, kv_read, logits) * self.layout_attention_factor
+            n = k = 0.0
+        if batch.group_reads:
+            pairs = batch.attention_pairs
+            attn = 0.0
+            for reads in batch.group_reads:
+                group = reads.group
+                if not group.grows:
+                    continue
+                window_longest = min(longest, group.window_tokens) if group.window_tokens else longest
+                keys = k * reads.attention_pairs / pairs if pairs > 0 else k
+                attn += group.num_layers * self._block_layer_us(new, reads.kv_read_tokens, logits, window_longest,
+                                                                 n, keys)
+            attn *= self._paged_factor(new, kv_read, logits) * self.layout_attention_factor
+        else:   # the expression of the plain form, factor for factor (bit for bit)
+            attn = self._block_layer_us(new, kv_read, logits, longest, n, k)
+            attn *= self.model.num_layers * self._paged_factor(new, kv_read, logits) * self.layout_attention_factor
         if new > logits or not self.decode_graphs:
             return max(self._eager_floor_us, base + attn + self.overhead_us)
         return base + attn + self.decode_overhead_us + float(self._decode_correction_us(logits))
+
+    def _block_layer_us(self, new: float, kv_read: float, logits: float, longest: float, n: float, k: float) -> float:
+        """One layer's attention in the block form (:meth:`_blocks_iteration_us`'s formulas): ``n`` query blocks
+        reading ``k`` keys with a prefill chunk (``new > logits``), else split-KV decodes over ``kv_read`` cached
+        keys, the longest sequence ``longest`` tokens."""
+        m, tp = self.model, self.tp
+        tau0, kappa, slots = self.attention_block_us, self.attention_key_us, self.attention_slots
+        if new > logits:
+            kappa_p = self.attention_prefill_key_us or kappa
+            kappa_pt = self.attention_prefill_tail_key_us or kappa_p
+            return _overlap((m.num_q_heads // tp) * (tau0 * n + kappa_p * k) / slots, tau0 + kappa_pt * longest,
+                            self.attention_tail_serial, max, min)
+        heads_kv = max(m.num_kv_heads // tp, 1)
+        if self.split_kv_programs:   # the engine replay's split-KV kernel (engine_decode_splits)
+            splits = float(engine_decode_splits(logits, heads_kv, self.split_kv_programs))
+            active, tail_keys = logits * splits, math.ceil(longest / splits)
+        else:
+            chunk = self._split_chunks.get(logits)
+            if chunk is None:
+                chunk = float(self._split_chunk_tokens(np.array([logits]), heads_kv)[0])
+            active = logits if chunk == math.inf else max(logits, (kv_read + logits) / chunk + logits / 2)
+            tail_keys = min(chunk, longest)
+        kappa_t = self.attention_tail_key_us or kappa
+        return _overlap(heads_kv * (tau0 * active + kappa * (kv_read + logits)) / slots,
+                        tau0 + kappa_t * tail_keys, self.attention_tail_serial, max, min)
 
     @cached_property
     def _split_chunks(self) -> dict:
