@@ -18,8 +18,20 @@ class Admission:
         """Take a slot and map the first chunk's pages now, so that several admissions in one scheduling
         round cannot promise the same free pages (vLLM allocates blocks at admission the same way). With a
         prefix cache, the cached prefix is mapped first and its tokens are skipped. Returns the tokens
-        scheduled for the request (0: not admitted)."""
+        scheduled for the request (0: not admitted).
+
+        An attempt that repeats the last refused one (the same request and arguments) while the policy's
+        admission epoch is unchanged and no more page groups are free is refused without asking the policy
+        (:mod:`sim.memory.vattention`, "Admission epoch": it would be refused again; the refusal itself changes
+        nothing). ``_skip_refusals`` off (tests) asks every time."""
         first, reserve, committed = self._admission_args(request, first_tokens)
+        if self._skip_refusals:
+            key = (first_tokens, first, reserve, committed, request.generated, self.policy.admission_epoch)
+            if (request is self._refused_request and key == self._refused_key
+                    and self.policy.free_page_groups <= self._refused_free):
+                self._admission_refused = True          # refused again: nothing it reads changed for the better
+                self._admissions_skipped += 1
+                return 0
         cached = (0, 0)
         if self.prefix and request.hash_ids is not None and not request.computed:
             # look the cache up first, then ask only for the pages beyond the hit (vLLM v1)
@@ -30,6 +42,9 @@ class Admission:
         slot = self.policy.alloc_slot(first, reserve, committed, tuple(cached))
         if slot is None:
             self._admission_refused = True
+            if self._skip_refusals:
+                self._refused_request, self._refused_key = request, key
+                self._refused_free = self.policy.free_page_groups
             return 0
         stale_groups = self.policy.mapped[slot]      # deferred pages: hold the previous request's KV
         hit_tokens = self._map_prefix(request, slot)
