@@ -20,7 +20,7 @@ class CountingSimulator(Simulator):
 
     def __init__(self, *args, skip: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
-        self._skip_refusals = self._skip_refusals and skip
+        self._skip_refusals = skip
         self.attempts = 0
         self.policy_calls = 0
         alloc = self.policy.alloc_slot

@@ -25,7 +25,8 @@ class Admission:
         (:mod:`sim.memory.vattention`, "Admission epoch": it would be refused again; the refusal itself changes
         nothing). ``_skip_refusals`` off (tests) asks every time."""
         first, reserve, committed = self._admission_args(request, first_tokens)
-        if self._skip_refusals:
+        skips = self._skip_refusals and getattr(self.policy, "refusals_repeat", False)   # a policy set after start
+        if skips:
             key = (first_tokens, first, reserve, committed, request.generated, self.policy.admission_epoch)
             if (request is self._refused_request and key == self._refused_key
                     and self.policy.free_page_groups <= self._refused_free):
@@ -42,7 +43,7 @@ class Admission:
         slot = self.policy.alloc_slot(first, reserve, committed, tuple(cached))
         if slot is None:
             self._admission_refused = True
-            if self._skip_refusals:
+            if skips:
                 self._refused_request, self._refused_key = request, key
                 self._refused_free = self.policy.free_page_groups
             return 0
