@@ -18,18 +18,34 @@ class Admission:
         """Take a slot and map the first chunk's pages now, so that several admissions in one scheduling
         round cannot promise the same free pages (vLLM allocates blocks at admission the same way). With a
         prefix cache, the cached prefix is mapped first and its tokens are skipped. Returns the tokens
-        scheduled for the request (0: not admitted)."""
+        scheduled for the request (0: not admitted).
+
+        An attempt that repeats the last refused one (the same request and arguments) while the policy's
+        admission epoch is unchanged and no more page groups are free is refused without asking the policy
+        (:mod:`sim.memory.vattention`, "Admission epoch": it would be refused again; the refusal itself changes
+        nothing). ``_skip_refusals`` off (tests) asks every time."""
         first, reserve, committed = self._admission_args(request, first_tokens)
-        cached = (0, 0)
+        skips = self._skip_refusals and getattr(self.policy, "refusals_repeat", False)   # a policy set after start
+        if skips and request is self._refused_request:
+            key = (first_tokens, first, reserve, committed, request.generated, self.policy.admission_epoch)
+            if key == self._refused_key and self.policy.free_page_groups <= self._refused_free:
+                self._admission_refused = True          # refused again: nothing it reads changed for the better
+                self._admissions_skipped += 1
+                return 0
+        cached, target = (0, 0), first
         if self.prefix and request.hash_ids is not None and not request.computed:
             # look the cache up first, then ask only for the pages beyond the hit (vLLM v1)
             hit_tokens, *cached = self.policy.admission_credit(request.hash_ids, request.prompt_tokens)
             if self.tiers is not None:      # pages loadable from the tiers need fresh page groups, not credit
                 hit_tokens += self.tiers.credit_tokens(request, hit_tokens)
-            first = hit_tokens + min(first_tokens, request.remaining - hit_tokens)
-        slot = self.policy.alloc_slot(first, reserve, committed, tuple(cached))
+            target = hit_tokens + min(first_tokens, request.remaining - hit_tokens)
+        slot = self.policy.alloc_slot(target, reserve, committed, tuple(cached))
         if slot is None:
             self._admission_refused = True
+            if skips:         # a refusal changes nothing: the epoch and arguments are those it was asked with
+                self._refused_request, self._refused_free = request, self.policy.free_page_groups
+                self._refused_key = (first_tokens, first, reserve, committed, request.generated,
+                                     self.policy.admission_epoch)
             return 0
         stale_groups = self.policy.mapped[slot]      # deferred pages: hold the previous request's KV
         hit_tokens = self._map_prefix(request, slot)

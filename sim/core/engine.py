@@ -125,6 +125,11 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
         self.mapper = AsyncMapper(self.env, self.policy, self._background_op_us) if config.has_async_mapper else None
         self.prefix = self._donates = config.prefix_caching
         self._admission_refused = False        # set by _admit when the policy refused a slot
+        # refused admissions repeated with nothing changed are not asked again where the policy's refusals_repeat
+        # says so (sim.core.admission._admit); the switch is private: tests turn it off to compare
+        self._skip_refusals = True
+        self._refused_request, self._refused_key, self._refused_free = None, None, 0
+        self._admissions_skipped = 0
         self._pending_copy_bytes = 0          # copy-on-write of partially shared pages, owed by the next iteration
         self.zero_mode = config.zero_on_reuse
         default_bw = config.gpu_spec.mem_bw_bytes_per_s * (4.3 / 4.8)

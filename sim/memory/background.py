@@ -40,6 +40,8 @@ class BackgroundMapping:
         op = MapOp(slot, self.mapped[slot] + self.in_flight_maps[slot], 1)
         self.in_flight_maps[slot] += 1
         self._in_flight_slots.add(slot)
+        if not self.active[slot]:           # an idle slot with maps in flight is neither allocatable nor reclaimable
+            self.admission_epoch += 1
         if self.dirty_free_page_groups:
             self.dirty_free_page_groups -= 1
             self._reserved_dirty.add(op)
@@ -129,7 +131,7 @@ class BackgroundMapping:
             self.in_flight_maps[op.slot] -= op.num_pages
             if not self.in_flight_maps[op.slot]:
                 self._in_flight_slots.discard(op.slot)
-            self._add_mapped(op.slot, op.num_pages)
+            self._add_mapped(op.slot, op.num_pages)       # an idle slot's: bumps the admission epoch
             self._reserved_dirty.discard(op)
             self._settle(op.slot)
         else:
@@ -138,11 +140,13 @@ class BackgroundMapping:
             self.free_page_groups += op.num_pages
             self.dirty_free_page_groups += op.num_pages
             self._eager_dirty = True
+            self.admission_epoch += 1
 
     def cancel(self, op: MapOp | UnmapOp) -> None:
         """The executor dropped a reserved background op before starting it (state as if never planned).
         Ops must be cancelled in reverse order of reservation for a slot (prefix order is kept)."""
         self._eager_dirty = True
+        self.admission_epoch += 1
         if isinstance(op, MapOp):
             self._check_in_flight(op)
             self.in_flight_maps[op.slot] -= op.num_pages
@@ -161,6 +165,7 @@ class BackgroundMapping:
     def _settle(self, slot: int) -> None:
         if slot in self._free_after_settle and not self.in_flight_maps[slot]:
             self._free_after_settle.discard(slot)
+            self.admission_epoch += 1
             if self.mapped[slot] and not self.active[slot]:
                 self._settled_unmaps.append(self._unmap_all(slot))
 

@@ -88,6 +88,8 @@ class PrefixCachingPolicy(PrefixEntries, VAttentionPolicy):
         # anew into the slot (map calls sharing adds; a slot that already maps the entry needs none)
         self.stats = {"lookups": 0, "hit_tokens": 0, "shared_pages": 0, "shared_maps": 0, "cow_tokens": 0,
                       "evictions": 0, "preempted_lookups": 0, "preempted_hit_tokens": 0}
+        self.lookup_version = 0      # bumped when a key enters or leaves the cache or the partial index
+        self._last_lookup: tuple | None = None    # (lookup_version, hash_ids, prompt_tokens, result)
 
     # ---- keys ------------------------------------------------------------------------------------------
     @staticmethod
@@ -160,6 +162,18 @@ class PrefixCachingPolicy(PrefixEntries, VAttentionPolicy):
                     break
         return keys, max(0, min(partial, per_page - 1))
 
+    def _lookup_once(self, hash_ids: Sequence[int], prompt_tokens: int) -> tuple[list[tuple], int]:
+        """:meth:`lookup`, reusing the last result while neither the arguments (the same ``hash_ids`` object)
+        nor the cache's keys (:attr:`lookup_version`) changed: :meth:`admission_credit` and the
+        :meth:`admit_prefix` after it look the cache up once. The result is shared: callers must not change it."""
+        last = self._last_lookup
+        if (last is not None and last[1] is hash_ids and last[2] == prompt_tokens
+                and last[0] == self.lookup_version):
+            return last[3]
+        result = self.lookup(hash_ids, prompt_tokens)
+        self._last_lookup = (self.lookup_version, hash_ids, prompt_tokens, result)
+        return result
+
     def admission_credit(self, hash_ids: Sequence[int], prompt_tokens: int) -> tuple[int, int, int]:
         """What a lookup would serve from the cache now, for admission: ``(hit_tokens, cached_page_groups,
         pinned_page_groups)`` - the tokens skipped (full pages only: a copy-on-write page needs a fresh page
@@ -167,7 +181,7 @@ class PrefixCachingPolicy(PrefixEntries, VAttentionPolicy):
         (evictable today, pinned once this request maps them). Changes nothing."""
         if not hash_ids:
             return 0, 0, 0
-        keys, _ = self.lookup(hash_ids, prompt_tokens)
+        keys, _ = self._lookup_once(hash_ids, prompt_tokens)
         pinned = sum(1 for key in keys if self._active_refs[key] == 0)
         return len(keys) * self.config.tokens_per_page, len(keys), pinned
 
@@ -178,7 +192,7 @@ class PrefixCachingPolicy(PrefixEntries, VAttentionPolicy):
         be allocated is simply not copied (those tokens are computed instead).
         """
         self._unprepared.discard(slot)
-        keys, partial = self.lookup(hash_ids, prompt_tokens) if hash_ids else ([], 0)
+        keys, partial = self._lookup_once(hash_ids, prompt_tokens) if hash_ids else ([], 0)
         current = self.slot_keys[slot]
         common = 0
         while common < min(len(current), len(keys)) and current[common] == keys[common]:
@@ -263,6 +277,8 @@ class PrefixCachingPolicy(PrefixEntries, VAttentionPolicy):
         for blocks in range(page * per_page // block + 1, (page + 1) * per_page // block):
             if chain[blocks - 1] not in self._partial_index:
                 self._partial_index[chain[blocks - 1]] = key
+                self.admission_epoch += 1
+                self.lookup_version += 1
                 self._partials_of.setdefault(key, []).append(chain[blocks - 1])
 
     # ---- reclamation -------------------------------------------------------------------------------------

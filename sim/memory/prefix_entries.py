@@ -1,6 +1,11 @@
 """The prefix cache's entry bookkeeping (:class:`PrefixEntries`, mixed into
 :class:`sim.memory.prefix.PrefixCachingPolicy`): references of slots to cache entries kept incrementally, the
-evictable (unmapped) entries and their eviction, and unmapping a slot's private and shared pages."""
+evictable (unmapped) entries and their eviction, and unmapping a slot's private and shared pages.
+
+Every change of an entry (created, referenced, unreferenced, dropped) bumps the policy's ``admission_epoch``
+(:mod:`sim.memory.vattention`, "Admission epoch": a lookup's hit, the pinned entries and the reclaimable pages
+depend on them); creating or dropping one also bumps ``lookup_version`` (what :meth:`PrefixCachingPolicy.lookup`
+reads: which keys are cached, and the partial-match index)."""
 from __future__ import annotations
 
 from sim.memory.plan import UnmapOp
@@ -14,6 +19,8 @@ class PrefixEntries:
     # ---- entry references (kept incrementally) ----------------------------------------------------------
     def _new_entry(self, key: tuple, slot: int, parent: tuple | None = None) -> None:
         self.cache[key] = {slot}
+        self.admission_epoch += 1
+        self.lookup_version += 1
         if parent is not None:
             self._parent[key] = parent
             self._children[parent] = self._children.get(parent, 0) + 1
@@ -23,6 +30,7 @@ class PrefixEntries:
         self._freeable += self._active_refs[key] == 0
 
     def _ref(self, key: tuple, slot: int) -> None:
+        self.admission_epoch += 1
         slots = self.cache[key]
         if not slots:
             del self._unmapped[key]
@@ -32,6 +40,7 @@ class PrefixEntries:
             self._freeable -= self._active_refs[key] == 1
 
     def _unref(self, key: tuple, slot: int) -> None:
+        self.admission_epoch += 1
         slots = self.cache[key]
         slots.discard(slot)
         if self.active[slot]:
@@ -76,6 +85,8 @@ class PrefixEntries:
 
     def _drop_key(self, key: tuple) -> None:
         del self.cache[key]
+        self.admission_epoch += 1
+        self.lookup_version += 1
         self._freeable -= self._active_refs.pop(key) == 0
         parent = self._parent.pop(key, None)
         if parent is not None:

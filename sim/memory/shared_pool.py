@@ -141,6 +141,10 @@ class SharedPoolPolicy(VAttentionPolicy):
         pool: the shared pool; ``tenant``: this tenant's index in it.
     """
 
+    refusals_repeat = False
+    """Other tenants change what this one may draw, beside its own admission epoch (:mod:`sim.memory.vattention`,
+    "Admission epoch"): the serving loop retries every refused admission."""
+
     def __init__(self, config: VAttentionConfig, pool: SharedPagePool, tenant: int):
         self._pool, self._tenant, self._bound = pool, tenant, False
         super().__init__(config)

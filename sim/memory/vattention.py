@@ -11,6 +11,17 @@ slot). The pool conserves page groups at every moment::
 * in-flight: reserved by :meth:`background_plan` and not yet committed or cancelled by the executor.
 * *deferred*: pages mapped on idle slots (kept for the next request that takes the slot).
 
+**Admission epoch** (:attr:`VAttentionPolicy.admission_epoch`): a counter bumped by every change of the state
+:meth:`VAttentionPolicy.alloc_slot` reads except two that can only keep a refused admission refused: fewer free
+page groups, and pages mapped (or reserved, or committed) on *active* slots (those are not idle, hence neither
+best-fit candidates nor reclaimable). A slot taken or freed, pages mapped or unmapped on an idle slot, background
+maps reserved, committed or cancelled on an idle slot, unmaps in flight, slots waiting for their maps to settle
+and iterations completing past a freed slot's last read all bump it. So an admission refused at epoch ``e`` with
+``f`` free page groups is refused again, with the same arguments, while the epoch is ``e`` and at most ``f``
+page groups are free (:meth:`VAttentionPolicy._pick_slot`: a smaller ``spare`` fails each of its checks that
+failed before, and the slot it picks is the same); the serving loop skips such attempts
+(:meth:`sim.core.admission.Admission._admit`).
+
 Errors follow three tiers: running out of pages is a return value (``None``), caller misuse raises
 ``ValueError`` naming the value, corrupted state raises ``RuntimeError``.
 """
@@ -98,6 +109,10 @@ class VAttentionPolicy(BackgroundMapping):
         config: sizes and knobs.
     """
 
+    refusals_repeat = True
+    """Whether :attr:`admission_epoch` and the free page groups decide a refused admission's repeat (module
+    docstring, "Admission epoch")."""
+
     def __init__(self, config: VAttentionConfig):
         self.config = config
         num_slots = config.num_slots
@@ -128,6 +143,8 @@ class VAttentionPolicy(BackgroundMapping):
         self._settled_unmaps: list[UnmapOp] = []
         self._low_groups = int(config.low_watermark_frac * config.pool_page_groups)
         self._admission_groups = int(config.admission_watermark_frac * config.pool_page_groups)
+        self.admission_epoch = 0        # module docstring, "Admission epoch"
+        self._latest_free_read = -1     # the latest last_read_iteration a free_slot set
 
     # ---- queries -------------------------------------------------------------------------------------
     @property
@@ -151,6 +168,7 @@ class VAttentionPolicy(BackgroundMapping):
             self._idle_buckets[self.mapped[slot] + delta].add(slot)
             self._deferred_total += delta
             self._eager_dirty = True
+            self.admission_epoch += 1
         self.mapped[slot] += delta
         self._mapped_total += delta
 
@@ -160,6 +178,7 @@ class VAttentionPolicy(BackgroundMapping):
         (self._idle.discard if active else self._idle.add)(slot)
         (self._idle_buckets[self.mapped[slot]].discard if active else self._idle_buckets[self.mapped[slot]].add)(slot)
         self._eager_dirty = True
+        self.admission_epoch += 1
 
     def conservation_error(self) -> int:
         """``pool - (mapped + in-flight + free)``; 0 when the pool is conserved."""
@@ -267,6 +286,7 @@ class VAttentionPolicy(BackgroundMapping):
             raise ValueError(f"slot {slot} is not active")
         self._set_active(slot, False)
         self.last_read_iteration[slot] = last_read_iteration
+        self._latest_free_read = max(self._latest_free_read, last_read_iteration)
         if self.config.deferred_reclaim or not (self.mapped[slot] or self.in_flight_maps[slot]):
             return Plan()
         if self.in_flight_maps[slot]:
@@ -285,6 +305,8 @@ class VAttentionPolicy(BackgroundMapping):
 
     def iteration_completed(self, iteration: int) -> None:
         """Record that every kernel of ``iteration`` finished (slots it read may now be reused)."""
+        if self._latest_free_read > self.completed_iteration and iteration > self.completed_iteration:
+            self.admission_epoch += 1       # a freed slot may become allocatable
         self.completed_iteration = max(self.completed_iteration, iteration)
 
     # ---- foreground step -----------------------------------------------------------------------------
