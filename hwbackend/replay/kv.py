@@ -72,21 +72,36 @@ def open_kv(config: Any, shape: ModelSpec, device: str) -> ReplayKV:
             cache = KVCache(driver, layout, config.pool_page_groups, create_on_demand=config.create_on_demand)
             executor = stack.enter_context(Executor(build_policy(config), cache, background=config.has_async_mapper,
                                                     stream_handle=torch.cuda.current_stream().cuda_stream))
-            tensors = kv_tensors(cache, torch.bfloat16, device)
         else:
             from hwbackend.vmm.emulated import EmulatedVmmDriver
-            from hwbackend.vmm.host import reserved_host_tensor
 
             capacity = config.pool_page_groups * layout.num_sub_tensors * layout.page_size_bytes
             driver = EmulatedVmmDriver(layout.page_size_bytes, capacity_bytes=capacity, va_limit_bytes=1 << 50)
             cache = KVCache(driver, layout, config.pool_page_groups, create_on_demand=config.create_on_demand)
             executor = stack.enter_context(Executor(build_policy(config), cache, background=config.has_async_mapper))
-            size = (layout.num_slots, layout.max_tokens_per_slot, layout.num_kv_heads, layout.head_dim)
-            # pages committed on write, and not charged to the process (a later fork must not fail)
-            tensors = [reserved_host_tensor(size) for _ in range(layout.num_sub_tensors)]
+        return _replay_kv(executor, shape, device, driver, stack)
     except BaseException:
         stack.close()
         raise
+
+
+def _replay_kv(executor: Executor, shape: ModelSpec, device: str, driver: Any, stack: ExitStack) -> ReplayKV:
+    """The :class:`ReplayKV` of an open executor: per-layer flat K/V views over its cache (CUDA: the reserved
+    virtual memory, :func:`hwbackend.vmm.tensors.kv_tensors`; CPU: host tensors whose pages are committed on
+    write and not charged to the process, :func:`hwbackend.vmm.host.reserved_host_tensor`, so a later fork of
+    the test process does not fail)."""
+    import torch
+
+    layout = executor.cache.layout
+    if device.startswith("cuda"):
+        from hwbackend.vmm.tensors import kv_tensors
+
+        tensors = kv_tensors(executor.cache, torch.bfloat16, device)
+    else:
+        from hwbackend.vmm.host import reserved_host_tensor
+
+        size = (layout.num_slots, layout.max_tokens_per_slot, layout.num_kv_heads, layout.head_dim)
+        tensors = [reserved_host_tensor(size) for _ in range(layout.num_sub_tensors)]
     flat = [t.view(-1, layout.num_kv_heads, layout.head_dim) for t in tensors]
     n = shape.num_layers
     return ReplayKV(executor, flat[:n], flat[n:], layout.max_tokens_per_slot, driver, stack)
@@ -125,21 +140,10 @@ def open_tenant_kv(config: Any, shape: ModelSpec, device: str, driver: Any, poli
         stream = torch.cuda.current_stream().cuda_stream if device.startswith("cuda") else 0
         executor = stack.enter_context(Executor(policy, cache, background=config.has_async_mapper,
                                                 stream_handle=stream, condition=condition))
-        if device.startswith("cuda"):
-            from hwbackend.vmm.tensors import kv_tensors
-
-            tensors = kv_tensors(cache, torch.bfloat16, device)
-        else:
-            from hwbackend.vmm.host import reserved_host_tensor
-
-            size = (layout.num_slots, layout.max_tokens_per_slot, layout.num_kv_heads, layout.head_dim)
-            tensors = [reserved_host_tensor(size) for _ in range(layout.num_sub_tensors)]
+        return _replay_kv(executor, shape, device, driver, stack)
     except BaseException:
         stack.close()
         raise
-    flat = [t.view(-1, layout.num_kv_heads, layout.head_dim) for t in tensors]
-    n = shape.num_layers
-    return ReplayKV(executor, flat[:n], flat[n:], layout.max_tokens_per_slot, driver, stack)
 
 
 ANCHOR_SLOT = 0
