@@ -190,6 +190,18 @@ def test_a_broken_colocated_summary_is_one_message(elastic_run, tmp_path, capsys
     (lambda argv: [x.replace("elastic:trim-delay=0.05s", "both") for x in argv], "--sharing both"),
     (lambda argv: [x for i, x in enumerate(argv) if not (x == "--tenant" or (i and argv[i - 1] == "--tenant"))],
      "no --tenant"),
+    # the replay's loop has no prefix cache (a static run failed mid-replay: "slots [0] were not prepared by
+    # admit_prefix()"); elastic sharing refused it only inside the replay, with a traceback
+    (lambda argv: [x.replace("name=b,", "name=b,policy=vattention:prefix=on,") for x in argv],
+     "prefix_caching True: the hardware replay implements prefix_caching=False only"),
+    (lambda argv: [x.replace("name=b,", "name=b,policy=vattention:prefix=on,").replace(
+        "elastic:trim-delay=0.05s", "static") for x in argv], "prefix_caching True"),
+    (lambda argv: [x.replace("name=b,model=qwen2.5-7b", "name=b,model=models/gpt-oss-20b.json,policy="
+                             "vattention:window=unmap") for x in argv], "window_alloc 'unmap'"),
+    # weights that leave no KV pool: was a traceback from inside the replay
+    (lambda argv: [("0.2" if i and argv[i - 1] == "--memory-util" else x) for i, x in enumerate(argv)],
+     "leave no KV memory on h200 at --memory-util 0.2 (memory_util_frac)"),
+    (lambda argv: [x.replace("name=b,", "name=../b,") for x in argv], "name='../b'"),
 ])
 def test_what_the_replay_does_not_implement_is_refused_before_it_starts(tmp_path, capsys, change, message):
     pytest.importorskip("torch")
@@ -199,4 +211,4 @@ def test_what_the_replay_does_not_implement_is_refused_before_it_starts(tmp_path
     assert main(change(_argv(tmp_path, out))) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
-    assert not (out / "summary.json").exists()
+    assert not (out / "summary.json").exists() and not (tmp_path / "b").exists()
