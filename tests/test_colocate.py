@@ -148,6 +148,9 @@ def test_cli_writes_tenants_and_prints_table(tmp_path, capsys):
     (["--tenant", "model=llama-3.1-8b,name= "], "name= is empty"),
     (["--tenant", "model=llama-3.1-8b", "--tenant", "model=qwen2.5-7b", "--memory-util", "0.2"],
      "leave no KV memory on h200 at --memory-util 0.2 (memory_util_frac)"),
+    # a share below one page group: the tenant's own config error keeps its fields (was: memory_util_frac, tp)
+    (["--tenant", "model=llama-3.1-8b", "--tenant", "model=qwen2.5-7b", "--memory-util", "0.2076"],
+     "not one page group (128 MiB); raise --memory-util or --tp"),
 ])
 def test_cli_bad_tenant_specs(argv, message, capsys, tmp_path):
     import cli

@@ -60,7 +60,10 @@ class _FakeLoop:
 
     def accept_arrivals(self):
         while self._next < len(self.requests) and self.requests[self._next].arrival_at_us <= self.clock.us:
-            self.waiting.append(self.requests[self._next])
+            if self.requests[self._next].left:
+                self.waiting.append(self.requests[self._next])
+            else:           # a request of 0 iterations stands for one rejected on arrival (it never fits)
+                self.num_done += 1
             self._next += 1
         return bool(self.running or self.waiting)
 
@@ -105,6 +108,17 @@ def test_idle_tenants_are_trimmed_after_the_delay_even_when_done():
     assert a.executor.trims_at_us == [25.0, 125.0] and trims == [2, 0]
     assert b.executor.trims_at_us == []
     assert [name for name, _ in log] == ["A", "A", "B"]
+
+
+def test_serving_ends_when_the_last_requests_are_rejected_on_arrival():
+    """A serves one request at 0 us; B's only request (at 50 us) and A's second (at 60 us) are rejected on
+    arrival: every loop is then done with nothing ready (was: min() of an empty sequence, a traceback)."""
+    clock, log = _Clock(), []
+    a = _FakeLoop("A", clock, [0.0, 60.0], 1, 10.0, log)
+    a.requests[1].left = 0
+    b = _FakeLoop("B", clock, [50.0], 0, 10.0, log)
+    wait_us, trims = serve([a, b], None, _sleep(clock))
+    assert log == [("A", 0.0)] and a.done and b.done and wait_us == [0.0, 0.0] and trims == [0, 0]
 
 
 # ---- the CPU replay ----------------------------------------------------------------------------------------

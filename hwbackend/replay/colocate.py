@@ -165,7 +165,10 @@ def serve(loops: list[ReplayLoop], trim_delay_us: float | None, sleep: Callable[
                 trimmed[i] = True
         ready = [i for i in range(n) if ready_since[i] is not None and not loops[i].done]
         if not ready:
-            wake_us = min(loop.next_arrival_us for loop in loops if not loop.done)
+            pending_us = [loop.next_arrival_us for loop in loops if not loop.done]
+            if not pending_us:      # the last requests were rejected on arrival (they can never fit the pool)
+                break
+            wake_us = min(pending_us)
             if trim_delay_us is not None:
                 wake_us = min([wake_us, *(last_busy_us[i] + trim_delay_us for i in range(n) if not trimmed[i])])
             sleep(max(0.0, wake_us - clock.now_us()) * 1e-6)
@@ -366,8 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, output, stats in zip(run.names, run.outputs, run.stats):
         requests = output.requests_frame()
         finished = requests[requests["status"] == "finished"]
-        print(f"  {name}: {len(finished)}/{len(requests)} finished, TTFT p50 "
-              f"{np.nanpercentile(finished['ttft_us'], 50) / 1e3 if len(finished) else float('nan'):.1f} ms, "
+        ttft = f"{np.nanpercentile(finished['ttft_us'], 50) / 1e3:.1f} ms" if len(finished) else "-"
+        rejected = int((requests["status"] == "rejected").sum())
+        print(f"  {name}: {len(finished)}/{len(requests)} finished ({rejected} rejected), TTFT p50 {ttft}, "
               f"moved in {stats['moved_in_pages']} pages, GPU wait {stats['gpu_wait_s']:.2f} s")
     return 0
 

@@ -156,7 +156,7 @@ def tenant_configs(tenants: list[Tenant], sharing: Sharing) -> list[TenantConfig
         try:
             out.append(TenantConfig(**fields, kv_share_bytes=budget))
         except ConfigError as exc:
-            raise ConfigError(f"tenant {tenant.name}: {exc}") from None
+            raise ConfigError(f"tenant {tenant.name}: {exc}", *exc.fields) from None
     return out
 
 
