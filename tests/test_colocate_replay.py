@@ -198,6 +198,58 @@ def test_a_broken_colocated_summary_is_one_message(elastic_run, tmp_path, capsys
     assert "summary.json" in err and "tenants[1]" in err and "Traceback" not in err
 
 
+def _set(path: list, value):
+    def change(summary):
+        target = summary
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+    return change
+
+
+@pytest.mark.parametrize("change, message", [
+    (_set(["sharing", "split"], 5), "field sharing.split must be null or a list of shares, got 5"),
+    (_set(["sharing", "split"], [1, 2, 3]), "field sharing.split has 3 shares for 2 tenants"),
+    (_set(["sharing", "trim_delay_us"], "abc"), "field sharing.trim_delay_us must be a number, got 'abc'"),
+    (_set(["sharing", "trim_delay_us"], -5), "field sharing.trim_delay_us=-5 must lie in [0, inf]"),
+    (_set(["sharing", "compute"], "isolated"), "field sharing.compute='isolated'"),     # was simulated as given
+    (_set(["tenants"], []), "field 'tenants' is empty"),
+    (_set(["tenants", 0, "dir"], 5), "field tenants[0].dir must be a non-empty string, got 5"),
+    (_set(["tenants", 1, "tenant"], "a"), "field tenants[1].tenant='a' names a tenant twice"),
+    (_set(["tenants", 0, "floor_frac"], None), "field tenants[0].floor_frac must be a number, got None"),
+    (_set(["tenants", 0, "ceiling_frac"], 0), "field tenants[0].ceiling_frac=0 must lie in (0, 1]"),
+    (_set(["tenants", 1, "moved_in_pages"], "x"), "field tenants[1].moved_in_pages must be a number, got 'x'"),
+    (_set(["tenants", 1, "gpu_wait_s"], [1]), "field tenants[1].gpu_wait_s must be a number, got [1]"),
+])
+def test_a_corrupt_colocated_summary_field_is_one_message(elastic_run, tmp_path, capsys, change, message):
+    """Each was a traceback (TypeError), a message without file or field (float()'s), or simulated as given."""
+    import shutil
+
+    from cli import main
+
+    broken = tmp_path / "broken"
+    shutil.copytree(elastic_run, broken)
+    summary = json.loads((broken / "summary.json").read_text())
+    change(summary)
+    (broken / "summary.json").write_text(json.dumps(summary))
+    assert main(["validate", "--hw-run", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert f"{broken / 'summary.json'}: {message}" in err and "Traceback" not in err
+
+
+def test_a_colocated_tenant_without_its_records_is_one_message(elastic_run, tmp_path, capsys):
+    import shutil
+
+    from cli import main
+
+    broken = tmp_path / "broken"
+    shutil.copytree(elastic_run, broken)
+    (broken / "tenants" / "b" / "iterations.parquet").unlink()
+    assert main(["validate", "--hw-run", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert "tenants/b: not a kvsim run directory (iterations.parquet is missing)" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda argv: argv + ["--compute", "isolated"], "--compute isolated"),
     (lambda argv: [x.replace("name=b,", "name=b,sleep-after=5s,") for x in argv], "sleep-after"),
