@@ -170,3 +170,13 @@ def test_synthetic_default_tenant_runs():
     trace = traces.synthetic_default(0, num_requests=10)
     run = simulate_colocated([Tenant("s", SimConfig(model="llama-3.1-8b"), trace)], Sharing("static"))
     assert run.results[0].summary["finished"] == 10
+
+
+@pytest.mark.parametrize("extra, flag", [(["--out", "cap.json"], "--out"), (["--target-rate", "10"], "--target-rate")])
+def test_capacity_colocate_refuses_flags_it_would_ignore(extra, flag, capsys, tmp_path):
+    """capacity --colocate wrote no --out file and used no --target-rate, silently."""
+    import cli
+    argv = ["capacity", "--colocate", "--tenant", "model=llama-3.1-8b,slo=ttft_p99=2s", *extra]
+    assert cli.main([x.replace("cap.json", str(tmp_path / "cap.json")) for x in argv]) == 2
+    assert f"{flag} does not apply to capacity --colocate" in capsys.readouterr().err
+    assert not (tmp_path / "cap.json").exists()
