@@ -143,14 +143,40 @@ def test_cli_writes_tenants_and_prints_table(tmp_path, capsys):
     (["--tenant", "model=llama-3.1-8b,floor=2"], "floor=2: must lie in"),
     (["--tenant", "model=llama-3.1-8b", "--sharing", "static:split=1/2"], "split needs 1 positive"),
     (["--tenant", "model=llama-3.1-8b", "--sharing", "fancy"], "choose static"),
+    (["--tenant", "model=llama-3.1-8b,name=../x"], "name='../x': names the directory tenants/<name>/"),
+    (["--tenant", "model=llama-3.1-8b,name=a/b"], "may not contain '/'"),
+    (["--tenant", "model=llama-3.1-8b,name= "], "name= is empty"),
+    (["--tenant", "model=llama-3.1-8b", "--tenant", "model=qwen2.5-7b", "--memory-util", "0.2"],
+     "leave no KV memory on h200 at --memory-util 0.2 (memory_util_frac)"),
+    # a share below one page group: the tenant's own config error keeps its fields (was: memory_util_frac, tp)
+    (["--tenant", "model=llama-3.1-8b", "--tenant", "model=qwen2.5-7b", "--memory-util", "0.2076"],
+     "not one page group (128 MiB); raise --memory-util or --tp"),
 ])
 def test_cli_bad_tenant_specs(argv, message, capsys, tmp_path):
     import cli
     assert cli.main(["colocate", *argv, "--out", str(tmp_path / "o")]) == 2
     assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists() and not (tmp_path / "x").exists()    # nothing written, not even beside
+
+
+def test_default_tenant_name_of_a_model_file_is_its_stem():
+    """A tenant's name is a directory under tenants/: a model file's folder would nest it (tenants/t0-models/...)."""
+    from sim.frontend.colocate_options import parse_tenant_spec
+    assert parse_tenant_spec("model=models/gpt-oss-20b.json", 0)["name"] == "t0-gpt-oss-20b"
+    assert parse_tenant_spec("model=llama-3.1-8b", 1)["name"] == "t1-llama-3.1-8b"
 
 
 def test_synthetic_default_tenant_runs():
     trace = traces.synthetic_default(0, num_requests=10)
     run = simulate_colocated([Tenant("s", SimConfig(model="llama-3.1-8b"), trace)], Sharing("static"))
     assert run.results[0].summary["finished"] == 10
+
+
+@pytest.mark.parametrize("extra, flag", [(["--out", "cap.json"], "--out"), (["--target-rate", "10"], "--target-rate")])
+def test_capacity_colocate_refuses_flags_it_would_ignore(extra, flag, capsys, tmp_path):
+    """capacity --colocate wrote no --out file and used no --target-rate, silently."""
+    import cli
+    argv = ["capacity", "--colocate", "--tenant", "model=llama-3.1-8b,slo=ttft_p99=2s", *extra]
+    assert cli.main([x.replace("cap.json", str(tmp_path / "cap.json")) for x in argv]) == 2
+    assert f"{flag} does not apply to capacity --colocate" in capsys.readouterr().err
+    assert not (tmp_path / "cap.json").exists()

@@ -60,7 +60,10 @@ class _FakeLoop:
 
     def accept_arrivals(self):
         while self._next < len(self.requests) and self.requests[self._next].arrival_at_us <= self.clock.us:
-            self.waiting.append(self.requests[self._next])
+            if self.requests[self._next].left:
+                self.waiting.append(self.requests[self._next])
+            else:           # a request of 0 iterations stands for one rejected on arrival (it never fits)
+                self.num_done += 1
             self._next += 1
         return bool(self.running or self.waiting)
 
@@ -105,6 +108,17 @@ def test_idle_tenants_are_trimmed_after_the_delay_even_when_done():
     assert a.executor.trims_at_us == [25.0, 125.0] and trims == [2, 0]
     assert b.executor.trims_at_us == []
     assert [name for name, _ in log] == ["A", "A", "B"]
+
+
+def test_serving_ends_when_the_last_requests_are_rejected_on_arrival():
+    """A serves one request at 0 us; B's only request (at 50 us) and A's second (at 60 us) are rejected on
+    arrival: every loop is then done with nothing ready (was: min() of an empty sequence, a traceback)."""
+    clock, log = _Clock(), []
+    a = _FakeLoop("A", clock, [0.0, 60.0], 1, 10.0, log)
+    a.requests[1].left = 0
+    b = _FakeLoop("B", clock, [50.0], 0, 10.0, log)
+    wait_us, trims = serve([a, b], None, _sleep(clock))
+    assert log == [("A", 0.0)] and a.done and b.done and wait_us == [0.0, 0.0] and trims == [0, 0]
 
 
 # ---- the CPU replay ----------------------------------------------------------------------------------------
@@ -186,12 +200,76 @@ def test_a_broken_colocated_summary_is_one_message(elastic_run, tmp_path, capsys
     assert "summary.json" in err and "tenants[1]" in err and "Traceback" not in err
 
 
+def _set(path: list, value):
+    def change(summary):
+        target = summary
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+    return change
+
+
+@pytest.mark.parametrize("change, message", [
+    (_set(["sharing", "split"], 5), "field sharing.split must be null or a list of shares, got 5"),
+    (_set(["sharing", "split"], [1, 2, 3]), "field sharing.split has 3 shares for 2 tenants"),
+    (_set(["sharing", "trim_delay_us"], "abc"), "field sharing.trim_delay_us must be a number, got 'abc'"),
+    (_set(["sharing", "trim_delay_us"], -5), "field sharing.trim_delay_us=-5 must lie in [0, inf]"),
+    (_set(["sharing", "compute"], "isolated"), "field sharing.compute='isolated'"),     # was simulated as given
+    (_set(["tenants"], []), "field 'tenants' is empty"),
+    (_set(["tenants", 0, "dir"], 5), "field tenants[0].dir must be a non-empty string, got 5"),
+    (_set(["tenants", 1, "tenant"], "a"), "field tenants[1].tenant='a' names a tenant twice"),
+    (_set(["tenants", 0, "floor_frac"], None), "field tenants[0].floor_frac must be a number, got None"),
+    (_set(["tenants", 0, "ceiling_frac"], 0), "field tenants[0].ceiling_frac=0 must lie in (0, 1]"),
+    (_set(["tenants", 1, "moved_in_pages"], "x"), "field tenants[1].moved_in_pages must be a number, got 'x'"),
+    (_set(["tenants", 1, "gpu_wait_s"], [1]), "field tenants[1].gpu_wait_s must be a number, got [1]"),
+])
+def test_a_corrupt_colocated_summary_field_is_one_message(elastic_run, tmp_path, capsys, change, message):
+    """Each was a traceback (TypeError), a message without file or field (float()'s), or simulated as given."""
+    import shutil
+
+    from cli import main
+
+    broken = tmp_path / "broken"
+    shutil.copytree(elastic_run, broken)
+    summary = json.loads((broken / "summary.json").read_text())
+    change(summary)
+    (broken / "summary.json").write_text(json.dumps(summary))
+    assert main(["validate", "--hw-run", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert f"{broken / 'summary.json'}: {message}" in err and "Traceback" not in err
+
+
+def test_a_colocated_tenant_without_its_records_is_one_message(elastic_run, tmp_path, capsys):
+    import shutil
+
+    from cli import main
+
+    broken = tmp_path / "broken"
+    shutil.copytree(elastic_run, broken)
+    (broken / "tenants" / "b" / "iterations.parquet").unlink()
+    assert main(["validate", "--hw-run", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert "tenants/b: not a kvsim run directory (iterations.parquet is missing)" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda argv: argv + ["--compute", "isolated"], "--compute isolated"),
     (lambda argv: [x.replace("name=b,", "name=b,sleep-after=5s,") for x in argv], "sleep-after"),
     (lambda argv: [x.replace("elastic:trim-delay=0.05s", "both") for x in argv], "--sharing both"),
     (lambda argv: [x for i, x in enumerate(argv) if not (x == "--tenant" or (i and argv[i - 1] == "--tenant"))],
      "no --tenant"),
+    # the replay's loop has no prefix cache (a static run failed mid-replay: "slots [0] were not prepared by
+    # admit_prefix()"); elastic sharing refused it only inside the replay, with a traceback
+    (lambda argv: [x.replace("name=b,", "name=b,policy=vattention:prefix=on,") for x in argv],
+     "prefix_caching True: the hardware replay implements prefix_caching=False only"),
+    (lambda argv: [x.replace("name=b,", "name=b,policy=vattention:prefix=on,").replace(
+        "elastic:trim-delay=0.05s", "static") for x in argv], "prefix_caching True"),
+    (lambda argv: [x.replace("name=b,model=qwen2.5-7b", "name=b,model=models/gpt-oss-20b.json,policy="
+                             "vattention:window=unmap") for x in argv], "window_alloc 'unmap'"),
+    # weights that leave no KV pool: was a traceback from inside the replay
+    (lambda argv: [("0.2" if i and argv[i - 1] == "--memory-util" else x) for i, x in enumerate(argv)],
+     "leave no KV memory on h200 at --memory-util 0.2 (memory_util_frac)"),
+    (lambda argv: [x.replace("name=b,", "name=../b,") for x in argv], "name='../b'"),
 ])
 def test_what_the_replay_does_not_implement_is_refused_before_it_starts(tmp_path, capsys, change, message):
     pytest.importorskip("torch")
@@ -201,4 +279,4 @@ def test_what_the_replay_does_not_implement_is_refused_before_it_starts(tmp_path
     assert main(change(_argv(tmp_path, out))) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
-    assert not (out / "summary.json").exists()
+    assert not (out / "summary.json").exists() and not (tmp_path / "b").exists()

@@ -124,6 +124,11 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         from analysis.colocate import cmd_capacity_colocate
         if not args.colocate:
             raise ValueError("--tenant belongs to --colocate")
+        ignored = [flag for flag, given in (("--out", args.json), ("--target-rate", args.target_rate is not None),
+                                            ("--check-replicas", args.check_replicas)) if given]
+        if ignored:     # capacity --colocate prints its table only: these would be silently dropped
+            raise ValueError(f"{ignored[0]} does not apply to capacity --colocate (it prints the common rate scale "
+                             "per sharing)")
         return cmd_capacity_colocate(args)
     if not args.slo:
         raise ValueError("capacity needs --slo, e.g. --slo ttft_p99=2s,tpot_p99=100ms")

@@ -54,39 +54,106 @@ class ColocatedValidation:
                          ignore_index=True)
 
 
+def _number(source: Path, where: str, value, low: float = float("-inf"), high: float = float("inf"),
+            low_open: bool = False) -> float:
+    """``value`` of field ``where`` as a float in ``[low, high]`` (``(low, high]`` with ``low_open``).
+
+    Raises:
+        RunInputError: not a JSON number (a bool, string, list or null), or outside the range; names the file,
+            the field and the value.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RunInputError(f"{source}: field {where} must be a number, got {value!r}")
+    if value != value:      # NaN: written by the replay for a figure it could not measure
+        return float("nan")
+    if not (low < value if low_open else low <= value) or value > high:
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise RunInputError(f"{source}: field {where}={value!r} must lie in {interval}")
+    return float(value)
+
+
+def _sharing(source: Path, fields) -> object:
+    """The :class:`sim.cluster.colocate.Sharing` of the summary's ``sharing`` field (the replay writes ``mode``,
+    ``split`` (null or one positive share per tenant), ``trim_delay_us`` >= 0 and ``compute: serial``).
+
+    Raises:
+        RunInputError: a field of another type or value, naming the file and field.
+    """
+    from sim.cluster.colocate import Sharing
+
+    if not isinstance(fields, dict) or fields.get("mode") not in ("static", "elastic"):
+        raise RunInputError(f"{source}: field 'sharing' must hold mode static or elastic, got {fields!r}")
+    split = fields.get("split")
+    if split is not None:
+        if not isinstance(split, list) or not split:
+            raise RunInputError(f"{source}: field sharing.split must be null or a list of shares, got {split!r}")
+        split = tuple(_number(source, f"sharing.split[{i}]", x, 0.0, low_open=True) for i, x in enumerate(split))
+    trim_us = _number(source, "sharing.trim_delay_us", fields.get("trim_delay_us", Sharing.trim_delay_us), 0.0)
+    compute = fields.get("compute", "serial")
+    if compute != "serial":      # the replay serialises iterations (hwbackend.replay.colocate.check_replayable)
+        raise RunInputError(f"{source}: field sharing.compute={compute!r}: a co-located hardware run computes "
+                            "serially (serial)")
+    return Sharing(fields["mode"], split, trim_us, compute)
+
+
+def _tenant_rows(source: Path, rows) -> list[dict]:
+    """The summary's ``tenants`` rows, checked: each a dict with a string ``tenant`` (unique) and ``dir``,
+    fractions ``floor_frac`` / ``ceiling_frac`` in [0, 1] / (0, 1] and numeric co-location figures.
+
+    Raises:
+        RunInputError: naming the file, ``tenants[i].field`` and the value.
+    """
+    if not rows:
+        raise RunInputError(f"{source}: field 'tenants' is empty (a co-located run has at least one tenant)")
+    names = []
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict) or "tenant" not in row or "dir" not in row:
+            raise RunInputError(f"{source}: tenants[{index}] needs the fields 'tenant' and 'dir'")
+        for key in ("tenant", "dir"):
+            if not isinstance(row[key], str) or not row[key]:
+                raise RunInputError(f"{source}: field tenants[{index}].{key} must be a non-empty string, "
+                                    f"got {row[key]!r}")
+        if row["tenant"] in names:
+            raise RunInputError(f"{source}: field tenants[{index}].tenant={row['tenant']!r} names a tenant twice")
+        names.append(row["tenant"])
+        _number(source, f"tenants[{index}].floor_frac", row.get("floor_frac", 0.0), 0.0, 1.0)
+        _number(source, f"tenants[{index}].ceiling_frac", row.get("ceiling_frac", 1.0), 0.0, 1.0, low_open=True)
+        for _, key, _, _ in COLOCATION_FIGURES:
+            if key in row:
+                _number(source, f"tenants[{index}].{key}", row[key], 0.0)
+    return rows
+
+
 def load_colocated(hw_dir: str | Path):
     """The run's tenants (:class:`sim.cluster.colocate.Tenant`, traces rebuilt from the requests replayed), its
     :class:`sim.cluster.colocate.Sharing`, the hardware tenants' :class:`RunResult` and the summary's rows.
 
     Raises:
-        RunInputError: a summary without its sharing or a tenant row without ``tenant`` / ``dir``;
-            a tenant directory that :func:`load_hw_run` refuses (its message, naming the file).
+        RunInputError: a summary field of the wrong type or value (sharing, split, trim delay, compute, a tenant
+            row's name, directory, fractions or figures: :func:`_sharing`, :func:`_tenant_rows`); a tenant
+            directory that :func:`load_hw_run` refuses (its message, naming the file).
         FileNotFoundError: a tenant directory or file is missing.
     """
     from hwbackend.calibration.run_files import load_hw_run
     from hwbackend.calibration.validate import trace_of_run
-    from sim.cluster.colocate import Sharing, Tenant
+    from sim.cluster.colocate import Tenant
 
     root = Path(hw_dir)
     source = root / "summary.json"
     summary = json.loads(source.read_text())
-    sharing_fields = summary.get("sharing")
-    if not isinstance(sharing_fields, dict) or sharing_fields.get("mode") not in ("static", "elastic"):
-        raise RunInputError(f"{source}: field 'sharing' must hold mode static or elastic, got {sharing_fields!r}")
-    split = sharing_fields.get("split")
-    sharing = Sharing(sharing_fields["mode"], tuple(split) if split else None,
-                      float(sharing_fields.get("trim_delay_us", Sharing.trim_delay_us)),
-                      sharing_fields.get("compute", "serial"))
+    sharing = _sharing(source, summary.get("sharing"))
+    rows = _tenant_rows(source, summary["tenants"])
     tenants, hw_runs = [], []
-    for index, row in enumerate(summary["tenants"]):
-        if not isinstance(row, dict) or "tenant" not in row or "dir" not in row:
-            raise RunInputError(f"{source}: tenants[{index}] needs the fields 'tenant' and 'dir'")
+    for row in rows:
         hw, config = load_hw_run(root / row["dir"])
         trace = trace_of_run(root / row["dir"], hw.requests)
         tenants.append(Tenant(row["tenant"], config, trace, floor_frac=float(row.get("floor_frac", 0.0)),
                               ceiling_frac=float(row.get("ceiling_frac", 1.0))))
         hw_runs.append(hw)
-    return tenants, sharing, hw_runs, summary["tenants"]
+    if sharing.split is not None and len(sharing.split) != len(tenants):
+        raise RunInputError(f"{source}: field sharing.split has {len(sharing.split)} shares for {len(tenants)} "
+                            "tenants")
+    return tenants, sharing, hw_runs, rows
 
 
 def validate_colocated(hw_dir: str | Path, profile: str | None = None, out_dir: str | Path | None = None,

@@ -23,7 +23,8 @@ model (a real decoder forward, weights resident on the GPU), trace, scheduler an
   foreground mapping step) is serialised too: one process drives both tenants, where co-located engines are
   separate processes whose host work overlaps the other's GPU time (docs/colocate.md says what this changes).
   The background mappers (asynchronous mapping, the default) run on their own threads, as in one engine.
-* not on hardware: sleep / wake (refused), ``compute=isolated`` (refused), tensor parallelism.
+* not on hardware (refused): sleep / wake, ``compute=isolated``, tensor parallelism, prefix caching, window-aware
+  allocation.
 
 Run directory, the layout of ``kvsim colocate`` so that ``kvsim validate --hw-run DIR`` can simulate the same
 tenants: ``summary.json`` (``backend: hardware``, ``sharing``, ``pool_bytes``, ``tenants: [...]`` with each
@@ -91,13 +92,24 @@ class ColocatedReplay:
     extra: dict = field(default_factory=dict)
 
 
+REPLAYED_FIELDS = {"preemption": "recompute", "policy": "vattention", "kv_layout": "per-layer", "zero_on_reuse": "off",
+                   "prefix_caching": False, "window_alloc": "off"}
+"""Configuration field -> the one value the replay implements (:class:`hwbackend.replay.loop.ReplayLoop` refuses
+the others too)."""
+
+
 def check_replayable(tenants: list, sharing: Any) -> None:
     """Refuse what the co-located replay does not implement (one line naming the tenant and key).
 
     Raises:
         ValueError: a sleeping tenant, ``compute=isolated``, tensor parallelism, a policy or preemption mode the
-            single-model replay refuses (:class:`ReplayLoop`).
+            single-model replay refuses (:class:`ReplayLoop`), prefix caching or window-aware allocation (the
+            replay's loop implements neither); ``ConfigError``: the tenants' configurations and pool
+            (:func:`sim.cluster.colocate.tenant_configs`, ``kv_pool_bytes``, ``elastic_pool``), checked here so that
+            a run that cannot start is refused before any model is built.
     """
+    from sim.cluster.colocate import elastic_pool, kv_pool_bytes, tenant_configs
+
     if sharing.compute != "serial":
         raise ValueError(f"--compute {sharing.compute}: the hardware replay serialises the tenants' iterations "
                          "on one GPU (serial) only")
@@ -107,11 +119,14 @@ def check_replayable(tenants: list, sharing: Any) -> None:
             raise ValueError(f"--tenant {tenant.name}: sleep-after: sleep / wake is simulated only, not replayed")
         if c.tp != 1:
             raise ValueError(f"--tp {c.tp}: the co-located replay runs every tenant on one GPU (tp 1)")
-        for name, value in {"preemption": "recompute", "policy": "vattention", "kv_layout": "per-layer",
-                            "zero_on_reuse": "off"}.items():
+        for name, value in REPLAYED_FIELDS.items():
             if getattr(c, name, value) != value:
                 raise ValueError(f"--tenant {tenant.name}: {name} {getattr(c, name)!r}: the hardware replay "
-                                 f"implements {value} only")
+                                 f"implements {value if isinstance(value, str) else f'{name}={value}'} only")
+    kv_pool_bytes(tenants)
+    configs = tenant_configs(tenants, sharing)
+    if sharing.mode == "elastic":
+        elastic_pool(tenants, configs)
 
 
 def _percentiles(values: list[float]) -> dict:
@@ -150,7 +165,10 @@ def serve(loops: list[ReplayLoop], trim_delay_us: float | None, sleep: Callable[
                 trimmed[i] = True
         ready = [i for i in range(n) if ready_since[i] is not None and not loops[i].done]
         if not ready:
-            wake_us = min(loop.next_arrival_us for loop in loops if not loop.done)
+            pending_us = [loop.next_arrival_us for loop in loops if not loop.done]
+            if not pending_us:      # the last requests were rejected on arrival (they can never fit the pool)
+                break
+            wake_us = min(pending_us)
             if trim_delay_us is not None:
                 wake_us = min([wake_us, *(last_busy_us[i] + trim_delay_us for i in range(n) if not trimmed[i])])
             sleep(max(0.0, wake_us - clock.now_us()) * 1e-6)
@@ -318,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; exit 0, or 2 with one line for an option, trace, configuration or machine that cannot be used."""
     from analysis.colocate import build_tenants, sharing_of
     from hwbackend.replay.cli import preflight
+    from sim.frontend.flags import flag_message, parser_flags
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -330,8 +349,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("no --tenant given: name at least one (model=M,trace=T)")
         sharing = sharing_of(args, len(tenants))
         check_replayable(tenants, sharing)
-    except (ValueError, OSError) as exc:
-        print(f"replay: error: {exc}", file=sys.stderr)
+    except (ValueError, OSError) as exc:    # the core's fields written as their flags, as kvsim colocate does
+        print(f"replay: error: {flag_message(exc, parser_flags(parser))}", file=sys.stderr)
         return 2
     problem = preflight(args.device, args.out, args.force, args.warmup_s)
     if problem:
@@ -350,8 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, output, stats in zip(run.names, run.outputs, run.stats):
         requests = output.requests_frame()
         finished = requests[requests["status"] == "finished"]
-        print(f"  {name}: {len(finished)}/{len(requests)} finished, TTFT p50 "
-              f"{np.nanpercentile(finished['ttft_us'], 50) / 1e3 if len(finished) else float('nan'):.1f} ms, "
+        ttft = f"{np.nanpercentile(finished['ttft_us'], 50) / 1e3:.1f} ms" if len(finished) else "-"
+        rejected = int((requests["status"] == "rejected").sum())
+        print(f"  {name}: {len(finished)}/{len(requests)} finished ({rejected} rejected), TTFT p50 {ttft}, "
               f"moved in {stats['moved_in_pages']} pages, GPU wait {stats['gpu_wait_s']:.2f} s")
     return 0
 

@@ -86,7 +86,7 @@ class ReplayLoop(RequestBookkeeping):
 
     Args:
         config: the :class:`sim.setup.config.SimConfig` (scheduler, budget, policy knobs; ``preemption`` must be
-            ``recompute``: swapping is not implemented on hardware).
+            ``recompute``: swapping is not implemented on hardware; nor are prefix caching and window-aware allocation).
         trace: canonical table, arrival-sorted. model: a :class:`hwbackend.replay.model.DecoderModel` (or any
             object with ``device`` and ``forward``; an optional ``batch_inputs`` replaces :class:`BatchInputs`:
             the tensor-parallel model of :mod:`hwbackend.replay.tp`, and CPU tests without torch).
@@ -96,10 +96,11 @@ class ReplayLoop(RequestBookkeeping):
     def __init__(self, config: Any, trace: pd.DataFrame, model: Any, kv: Any,
                  sleep: Callable[[float], None] = time.sleep):
         unsupported = {"preemption": "recompute", "policy": "vattention", "kv_layout": "per-layer",
-                       "zero_on_reuse": "off"}
+                       "zero_on_reuse": "off", "prefix_caching": False, "window_alloc": "off"}
         for name, value in unsupported.items():
             if getattr(config, name, value) != value:
-                raise ValueError(f"{name} {getattr(config, name)!r}: the hardware replay implements {value} only")
+                raise ValueError(f"{name} {getattr(config, name)!r}: the hardware replay implements "
+                                 f"{value if isinstance(value, str) else f'{name}={value}'} only")
         self.config, self.model, self.kv, self.sleep = config, model, kv, sleep
         self.executor, self.policy = kv.executor, kv.executor.policy
         self.scheduler = SCHEDULERS[config.scheduler]

@@ -131,7 +131,7 @@ def kv_pool_bytes(tenants: list[Tenant]) -> int:
     pool = int(first.memory_util_frac * first.gpu_spec.hbm_bytes) - weights
     if pool <= 0:
         raise ConfigError(f"the tenants' weights ({weights / 2**30:.1f} GiB) leave no KV memory on {first.gpu} at "
-                          f"memory_util {first.memory_util_frac}")
+                          f"memory_util_frac={first.memory_util_frac}", "memory_util_frac")
     return pool
 
 
@@ -156,7 +156,7 @@ def tenant_configs(tenants: list[Tenant], sharing: Sharing) -> list[TenantConfig
         try:
             out.append(TenantConfig(**fields, kv_share_bytes=budget))
         except ConfigError as exc:
-            raise ConfigError(f"tenant {tenant.name}: {exc}") from None
+            raise ConfigError(f"tenant {tenant.name}: {exc}", *exc.fields) from None
     return out
 
 

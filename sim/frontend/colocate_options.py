@@ -5,7 +5,8 @@
 =================  ==========================================================================================
 ``model``          catalogue name or model file (required)
 ``trace``          trace file or public trace name (default: the built-in synthetic workload)
-``name``           label in tables (default ``t<i>-<model>``)
+``name``           label in tables and directory ``tenants/<name>/`` (default ``t<i>-<model>``, a model file's
+                   name without folder and suffix; no ``/``, ``\\`` or leading ``.``)
 ``rate-scale``     arrival-rate multiplier (default 1)
 ``num-requests``   first N requests; ``skip-requests``: skip the first N
 ``policy``         memory policy spec with ``:`` between keys, e.g. ``vattention:page=2MiB`` (as ``--policy``)
@@ -49,10 +50,24 @@ def parse_tenant_spec(text: str, index: int) -> dict:
         if key in values:
             raise ConfigError(f"--tenant {text!r}: key {key!r} given twice")
         values[key] = value.strip()
+        if not values[key]:
+            raise ConfigError(f"--tenant {text!r}: {key}= is empty")
     if "model" not in values:
         raise ConfigError(f"--tenant {text!r}: model= is required")
-    values.setdefault("name", f"t{index}-{values['model']}")
+    values.setdefault("name", f"t{index}-{model_label(values['model'])}")
+    name = values["name"]
+    if any(c in name for c in "/\\") or name.startswith("."):
+        raise ConfigError(f"--tenant {text!r}: name={name!r}: names the directory tenants/<name>/ of the run, so it "
+                          "may not contain '/' or '\\' nor start with '.'")
     return values
+
+
+def model_label(model: str) -> str:
+    """A model's label in a default tenant name: a catalogue name as given, a model file's name without its
+    folder and suffix (``models/gpt-oss-20b.json`` -> ``gpt-oss-20b``)."""
+    from pathlib import PurePath
+    path = PurePath(model.replace("\\", "/"))
+    return path.stem if path.suffix in (".json", ".toml") or len(path.parts) > 1 else model
 
 
 def _duration_us(text: str, what: str) -> float:

@@ -23,7 +23,7 @@ REQUEST_COLUMNS = ("request_id", "arrival_at_us", "prompt_tokens", "output_token
 REJECT_REASONS = {
     "slot": "more KV than one slot holds (a static reservation shorter than the request)",
     "pool": "more KV at its last token than the page pool holds above the admission watermark",
-    "pages": "no pages for its next step even when running alone",
+    "pages": "more pages for one step than the pool has, even when running alone",
 }
 """Why a request was rejected (the ``reject_reason`` column)."""
 
