@@ -128,12 +128,17 @@ def summary_lines(summary: dict) -> list[tuple[str, str]]:
 
 
 def tier_lines(summary: dict) -> list[tuple[str, str]]:
-    """One line per KV tier below HBM (``--kv-tier``; none otherwise): hit ratio over prompt tokens, pages
-    loaded (promoted) and demoted, bytes read / written and link time each way (analysis.results._tier_summary)."""
+    """One line per KV tier below HBM (``--kv-tier``): hit ratio over prompt tokens, pages loaded (promoted) and
+    demoted, bytes read / written and link time each way (analysis.results._tier_summary); with prefix caching
+    and no tiers, one ``prefix cache`` line (hit ratio over prompt tokens, prefill tokens saved, evictions)."""
     rows = []
     if "prefix_hit_ratio" in summary and any(k.startswith("tier_") for k in summary):
         rows.append(("tier hbm", f"hit {summary['prefix_hit_ratio']:.1%} of prompt tokens, "
                                  f"{summary.get('tier_hbm_demotions', 0):,} pages evicted down"))
+    elif "prefix_hit_ratio" in summary:   # prefix caching without tiers: the cache's own line
+        rows.append(("prefix cache", f"hit {summary['prefix_hit_ratio']:.1%} of prompt tokens "
+                                     f"({summary.get('prefill_tokens_saved', 0):,} prefill tokens saved), "
+                                     f"{summary.get('prefix_evictions', 0):,} evictions"))
     for kind in ("dram", "ssd"):
         if f"tier_{kind}_hit_tokens" not in summary:
             continue

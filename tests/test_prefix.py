@@ -187,3 +187,16 @@ class PrefixMachine(RuleBasedStateMachine):
 
 TestPrefixMachine = PrefixMachine.TestCase
 TestPrefixMachine.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
+
+
+def test_the_printed_summary_has_a_prefix_cache_line_only_with_prefix_caching():
+    """Hit ratio, prefill tokens saved and evictions printed beside the table (a new user found them only in
+    summary.json); a run without prefix caching prints no such line, a tiered run its ``tier hbm`` line instead."""
+    from analysis.summary import tier_lines
+
+    cached = {"prefix_hit_ratio": 0.0536, "prefill_tokens_saved": 228864, "prefix_evictions": 201364}
+    assert tier_lines(cached) == [("prefix cache", "hit 5.4% of prompt tokens (228,864 prefill tokens saved), "
+                                                   "201,364 evictions")]
+    assert tier_lines({}) == []
+    tiered = tier_lines({**cached, "tier_hbm_demotions": 3})
+    assert [label for label, _ in tiered] == ["tier hbm"]
