@@ -27,7 +27,9 @@ def test_emulated_workers_in_processes_map_independently(tmp_path):
     both = result["modes"]["both"]["map_page_group"]
     assert [w["n"] for w in both["per_worker"]] == [3, 3] and both["critical_path"]["n"] == 3
     assert result["modes"]["alone"]["map_page_group"]["per_worker"][0]["n"] == 3
-    assert 0.8 < result["both_over_alone_p50"]["worker_0"] < 1.6
+    # independent: about 1; serialised workers would give about 2. The lower end only rejects nonsense (a loaded
+    # 2-core machine gave 0.755 once, both-at-once sleeping less than alone by scheduling noise)
+    assert 0.5 < result["both_over_alone_p50"]["worker_0"] < 1.6
 
 
 def test_section_is_the_ratio_of_mean_worker_times():
