@@ -280,3 +280,31 @@ def test_what_the_replay_does_not_implement_is_refused_before_it_starts(tmp_path
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (out / "summary.json").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.gpu
+def test_elastic_replay_on_the_gpu_hands_pages_over(tmp_path):
+    """The CPU scenario on CUDA with real VMM calls and engine kernels (2-layer decoders of each model's KV head
+    shape): every request of A and B's late ones finish, B maps A's trimmed handles, the pool is conserved. A
+    pool this short reclaims slot 0, which is what broke Triton's pointer check on the H200 before
+    ``pin_base_pages`` (2026-12-02)."""
+    pytest.importorskip("triton")
+    from analysis.colocate import build_tenants, sharing_of
+    from hwbackend.replay.colocate import build_parser, replay_colocated
+
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"      # 2 MiB pages (the real driver's granularity): 1,024 /
+    a.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,4000,3\n0.0,3800,3\n0.0,3500,2\n")
+    b.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,100,1\n2.5,5000,3\n2.5,4000,3\n")  # 2,048 tokens
+    memory_util = (WEIGHTS_BYTES + 654 * 2**21) / H200_HBM_BYTES    # 10 Llama page groups of 2 MiB pages
+    args = build_parser().parse_args(["--sharing", "elastic:trim-delay=0.05s", "--memory-util", f"{memory_util:.6f}",
+                                      "--out", str(tmp_path / "run"), "--tenant", f"name=a,model=llama-3.1-8b,trace={a}",
+                                      "--tenant", f"name=b,model=qwen2.5-7b,trace={b}"])
+    tenants = build_tenants(args)
+    run = replay_colocated(tenants, sharing_of(args, len(tenants)), "cuda:0", "engine", warmup_s=0.0,
+                           tiny_models=True)
+    a, b = (output.requests_frame() for output in run.outputs)
+    assert (a["status"] == "finished").all()
+    assert (b.loc[b["arrival_at_us"] >= 2.5e6, "status"] == "finished").all()
+    assert 0 < run.stats[1]["moved_in_pages"] <= run.stats[0]["trim_unmap_page_groups"] * 4   # 4 sub-tensors
+    assert run.extra["hw_pool_conservation_error"] == 0
+    assert all(meta.get("anchor_slot") == 0 for meta in run.metas)

@@ -188,11 +188,12 @@ def serve(loops: list[ReplayLoop], trim_delay_us: float | None, sleep: Callable[
 
 def replay_colocated(tenants: list, sharing: Any, device: str = "cuda:0", compute: str = "engine",
                      attention: str = "auto", warmup_s: float = 5.0, cuda_graphs: bool = True,
-                     sleep: Callable[[float], None] = time.sleep) -> ColocatedReplay:
+                     sleep: Callable[[float], None] = time.sleep, tiny_models: bool = False) -> ColocatedReplay:
     """Serve ``tenants`` (:class:`sim.cluster.colocate.Tenant`) on one GPU under ``sharing`` (module docstring).
 
     ``device``: ``cuda:N`` (real VMM and compute, each tenant's full model shape) or ``cpu`` (emulated driver,
-    :func:`cpu_shape` decoders). The other arguments as :func:`hwbackend.replay.cli.replay`.
+    :func:`cpu_shape` decoders); ``tiny_models``: :func:`cpu_shape` decoders on CUDA too (the GPU test: real VMM
+    calls and kernels in seconds). The other arguments as :func:`hwbackend.replay.cli.replay`.
 
     Raises:
         ValueError: what :func:`check_replayable` refuses; ``ConfigError`` as :func:`sim.cluster.colocate.tenant_configs`.
@@ -209,7 +210,8 @@ def replay_colocated(tenants: list, sharing: Any, device: str = "cuda:0", comput
     configs = tenant_configs(tenants, sharing)
     elastic = sharing.mode == "elastic"
     pool_bytes = kv_pool_bytes(tenants)
-    shapes = [cpu_shape(c.model_spec) if device == "cpu" else c.model_spec.per_worker(1) for c in configs]
+    shapes = [cpu_shape(c.model_spec) if device == "cpu" or tiny_models else c.model_spec.per_worker(1)
+              for c in configs]
     sim_pool = elastic_pool(tenants, configs) if elastic else None
     page = configs[0].page_size_bytes
     if device == "cpu":
