@@ -31,13 +31,25 @@ def _layout(model: str, page_size_bytes: int, max_context_tokens: int):
                                    page_size_bytes=page_size_bytes)
 
 
-def _percentiles(values: list[float]) -> dict:
+def latency_percentiles(values_us: list[float]) -> dict:
+    """``n``, ``p50_us``, ``p90_us``, ``p99_us`` (linear, ``np.percentile``) and ``mean_us`` of latencies in us;
+    ``{}`` for none."""
     import numpy as np
-    if not values:
+    if not values_us:
         return {}
-    arr = np.asarray(values)
+    arr = np.asarray(values_us, dtype=float)
     return {"n": int(arr.size), "p50_us": float(np.percentile(arr, 50)), "p90_us": float(np.percentile(arr, 90)),
             "p99_us": float(np.percentile(arr, 99)), "mean_us": float(arr.mean())}
+
+
+def vmm_call_percentiles(driver) -> dict:
+    """:func:`latency_percentiles` of the driver's timed ``cuMemMap``, ``cuMemUnmap`` and ``cuMemSetAccess`` calls
+    (:class:`hwbackend.vmm.driver.CallStats`); ``{}`` for a driver without call statistics. Used here and by the
+    co-located replay (:mod:`hwbackend.replay.colocate`)."""
+    stats = getattr(driver, "stats", None)
+    if stats is None:
+        return {}
+    return {c: latency_percentiles(stats.latencies_us(c)) for c in ("cuMemMap", "cuMemUnmap", "cuMemSetAccess")}
 
 
 def measure(driver, bursts: int, burst_groups: int, page_size_bytes: int = 2 << 20) -> dict:
@@ -68,12 +80,10 @@ def measure(driver, bursts: int, burst_groups: int, page_size_bytes: int = 2 << 
                 a.apply(Plan(maps=(MapOp(0, 0, burst_groups),)))
                 handover_us["b_to_a"].append((time.perf_counter() - started) * 1e6 / burst_groups)
                 a.apply(Plan(unmaps=(UnmapOp(0, 0, burst_groups),)))
-        stats = getattr(driver, "stats", None)
-        calls = {c: _percentiles(stats.latencies_us(c)) for c in ("cuMemMap", "cuMemUnmap", "cuMemSetAccess")} \
-            if stats is not None else {}
+        calls = vmm_call_percentiles(driver)
         return {"models": list(MODELS), "page_size_bytes": page_size_bytes, "bursts": bursts,
                 "burst_page_groups": burst_groups, "handed_over_pages": pool.handed_over_pages,
-                "handover_per_page_group": {k: _percentiles(v) for k, v in handover_us.items()}, "calls": calls}
+                "handover_per_page_group": {k: latency_percentiles(v) for k, v in handover_us.items()}, "calls": calls}
     finally:
         pool.close()
 

@@ -129,14 +129,6 @@ def check_replayable(tenants: list, sharing: Any) -> None:
         elastic_pool(tenants, configs)
 
 
-def _percentiles(values: list[float]) -> dict:
-    if not values:
-        return {"n": 0}
-    arr = np.asarray(values, dtype=float)
-    return {"n": int(arr.size), "p50_us": float(np.percentile(arr, 50)), "p90_us": float(np.percentile(arr, 90)),
-            "p99_us": float(np.percentile(arr, 99)), "mean_us": float(arr.mean())}
-
-
 def serve(loops: list[ReplayLoop], trim_delay_us: float | None, sleep: Callable[[float], None] = time.sleep,
           on_iteration: Callable[[int], None] | None = None) -> tuple[list[float], list[int]]:
     """Drive the tenants' loops on one clock until every request is done (module docstring: first come first
@@ -199,6 +191,7 @@ def replay_colocated(tenants: list, sharing: Any, device: str = "cuda:0", comput
         ValueError: what :func:`check_replayable` refuses; ``ConfigError`` as :func:`sim.cluster.colocate.tenant_configs`.
         VmmError: a driver call the GPU refuses.
     """
+    from hwbackend.calibration.colocate_handover import vmm_call_percentiles
     from hwbackend.replay.cli import capture_graphs, prepare_model
     from hwbackend.replay.kv import open_tenant_kv, pin_base_pages
     from hwbackend.vmm.shared_pool import SharedHandlePool
@@ -284,9 +277,7 @@ def replay_colocated(tenants: list, sharing: Any, device: str = "cuda:0", comput
                       "mean_kv_bytes": float(column.mean()) if len(column) else 0.0,
                       "gpu_wait_s": wait_us[i] * 1e-6, "trim_unmap_page_groups": trim_groups[i]})
         stats[-1]["moved_in_bytes"] = stats[-1]["moved_in_pages"] * page
-    stats_calls = getattr(driver, "stats", None)
-    calls = {c: _percentiles(stats_calls.latencies_us(c)) for c in ("cuMemMap", "cuMemUnmap", "cuMemSetAccess")} \
-        if stats_calls is not None and hasattr(stats_calls, "latencies_us") else {}
+    calls = vmm_call_percentiles(driver)
     driver.close()
     for meta in metas:
         meta["replay_wall_s"] = wall_s
