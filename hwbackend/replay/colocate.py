@@ -53,7 +53,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from hwbackend.replay.loop import ReplayLoop, ReplayOutput
+from hwbackend.replay.loop import ReplayLoop, ReplayOutput, unreplayed_field
 from sim.setup.catalog import ModelSpec
 
 
@@ -92,14 +92,10 @@ class ColocatedReplay:
     extra: dict = field(default_factory=dict)
 
 
-REPLAYED_FIELDS = {"preemption": "recompute", "policy": "vattention", "kv_layout": "per-layer", "zero_on_reuse": "off",
-                   "prefix_caching": False, "window_alloc": "off"}
-"""Configuration field -> the one value the replay implements (:class:`hwbackend.replay.loop.ReplayLoop` refuses
-the others too)."""
-
-
-def check_replayable(tenants: list, sharing: Any) -> None:
-    """Refuse what the co-located replay does not implement (one line naming the tenant and key).
+def check_replayable(tenants: list, sharing: Any) -> tuple[list, Any]:
+    """Refuse what the co-located replay does not implement (one line naming the tenant and key); returns the
+    tenants' configurations (:func:`sim.cluster.colocate.tenant_configs`) and, for elastic sharing, the policies'
+    page pool (:func:`sim.cluster.colocate.elastic_pool`, else None).
 
     Raises:
         ValueError: a sleeping tenant, ``compute=isolated``, tensor parallelism, a policy or preemption mode the
@@ -119,14 +115,12 @@ def check_replayable(tenants: list, sharing: Any) -> None:
             raise ValueError(f"--tenant {tenant.name}: sleep-after: sleep / wake is simulated only, not replayed")
         if c.tp != 1:
             raise ValueError(f"--tp {c.tp}: the co-located replay runs every tenant on one GPU (tp 1)")
-        for name, value in REPLAYED_FIELDS.items():
-            if getattr(c, name, value) != value:
-                raise ValueError(f"--tenant {tenant.name}: {name} {getattr(c, name)!r}: the hardware replay "
-                                 f"implements {value if isinstance(value, str) else f'{name}={value}'} only")
+        problem = unreplayed_field(c)
+        if problem:
+            raise ValueError(f"--tenant {tenant.name}: {problem}")
     kv_pool_bytes(tenants)
     configs = tenant_configs(tenants, sharing)
-    if sharing.mode == "elastic":
-        elastic_pool(tenants, configs)
+    return configs, (elastic_pool(tenants, configs) if sharing.mode == "elastic" else None)
 
 
 def serve(loops: list[ReplayLoop], trim_delay_us: float | None, sleep: Callable[[float], None] = time.sleep,
@@ -195,17 +189,15 @@ def replay_colocated(tenants: list, sharing: Any, device: str = "cuda:0", comput
     from hwbackend.replay.cli import capture_graphs, prepare_model
     from hwbackend.replay.kv import open_tenant_kv, pin_base_pages
     from hwbackend.vmm.shared_pool import SharedHandlePool
-    from sim.cluster.colocate import elastic_pool, kv_pool_bytes, tenant_configs
+    from sim.cluster.colocate import kv_pool_bytes
     from sim.memory import build_policy
     from sim.memory.shared_pool import SharedPoolPolicy
 
-    check_replayable(tenants, sharing)
-    configs = tenant_configs(tenants, sharing)
-    elastic = sharing.mode == "elastic"
+    configs, sim_pool = check_replayable(tenants, sharing)
+    elastic = sim_pool is not None
     pool_bytes = kv_pool_bytes(tenants)
     shapes = [cpu_shape(c.model_spec) if device == "cpu" or tiny_models else c.model_spec.per_worker(1)
               for c in configs]
-    sim_pool = elastic_pool(tenants, configs) if elastic else None
     page = configs[0].page_size_bytes
     if device == "cpu":
         from hwbackend.vmm.emulated import EmulatedVmmDriver

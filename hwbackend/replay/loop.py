@@ -81,6 +81,22 @@ def requests_from_trace(trace: pd.DataFrame, slot_max_tokens: int) -> list[Reque
         trace["request_id"], arrivals_us, trace["prompt_tokens"], trace["output_tokens"])]
 
 
+REPLAYED_FIELDS = {"preemption": "recompute", "policy": "vattention", "kv_layout": "per-layer", "zero_on_reuse": "off",
+                   "prefix_caching": False, "window_alloc": "off"}
+"""Configuration field -> the one value the hardware replay implements (swap preemption, the paged and static
+policies, the cross-layer layout, zeroing, prefix caching and window-aware allocation are simulated only)."""
+
+
+def unreplayed_field(config: Any) -> str | None:
+    """The first field of ``config`` whose value the replay does not implement (:data:`REPLAYED_FIELDS`), as one
+    line naming field, value and what is implemented; None when every one is replayable."""
+    for name, value in REPLAYED_FIELDS.items():
+        if getattr(config, name, value) != value:
+            return (f"{name} {getattr(config, name)!r}: the hardware replay implements "
+                    f"{value if isinstance(value, str) else f'{name}={value}'} only")
+    return None
+
+
 class ReplayLoop(RequestBookkeeping):
     """Serves a trace on a model and an open :class:`hwbackend.replay.kv.ReplayKV`.
 
@@ -95,12 +111,9 @@ class ReplayLoop(RequestBookkeeping):
 
     def __init__(self, config: Any, trace: pd.DataFrame, model: Any, kv: Any,
                  sleep: Callable[[float], None] = time.sleep):
-        unsupported = {"preemption": "recompute", "policy": "vattention", "kv_layout": "per-layer",
-                       "zero_on_reuse": "off", "prefix_caching": False, "window_alloc": "off"}
-        for name, value in unsupported.items():
-            if getattr(config, name, value) != value:
-                raise ValueError(f"{name} {getattr(config, name)!r}: the hardware replay implements "
-                                 f"{value if isinstance(value, str) else f'{name}={value}'} only")
+        problem = unreplayed_field(config)
+        if problem:
+            raise ValueError(problem)
         self.config, self.model, self.kv, self.sleep = config, model, kv, sleep
         self.executor, self.policy = kv.executor, kv.executor.policy
         self.scheduler = SCHEDULERS[config.scheduler]
