@@ -189,7 +189,7 @@ def replay_colocated(tenants: list, sharing: Any, device: str = "cuda:0", comput
     from hwbackend.replay.cli import capture_graphs, prepare_model
     from hwbackend.replay.kv import open_tenant_kv, pin_base_pages
     from hwbackend.vmm.shared_pool import SharedHandlePool
-    from sim.cluster.colocate import kv_pool_bytes
+    from sim.cluster.colocate import held_page_groups, kv_pool_bytes
     from sim.memory import build_policy
     from sim.memory.shared_pool import SharedPoolPolicy
 
@@ -234,8 +234,7 @@ def replay_colocated(tenants: list, sharing: Any, device: str = "cuda:0", comput
         group_bytes = [c.page_group_bytes for c in configs]
 
         def held_bytes() -> list[int]:
-            return [(loop.policy.held_page_groups if elastic else loop.policy.physical_page_groups
-                     + sum(loop.policy.in_flight_maps)) * b for loop, b in zip(loops, group_bytes)]
+            return [held_page_groups(loop.policy) * b for loop, b in zip(loops, group_bytes)]
 
         def sample(_: int) -> None:
             samples.append((clock_loop.now_us() * 1e-6, *held_bytes()))

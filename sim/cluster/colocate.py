@@ -325,11 +325,17 @@ def simulate_colocated(tenants: list[Tenant], sharing: Sharing, profile_path: st
     return ColocatedRun(tenants, results, sharing, kv_pool_bytes(tenants), memory, stats)
 
 
+def held_page_groups(policy) -> int:
+    """Page groups a tenant's vAttention policy holds: its share of the elastic pool
+    (:attr:`SharedPoolPolicy.held_page_groups`), else its mapped groups plus those being mapped. The simulator's
+    memory samples and the hardware replay's (:mod:`hwbackend.replay.colocate`) both count this."""
+    if isinstance(policy, SharedPoolPolicy):
+        return policy.held_page_groups
+    return policy.physical_page_groups + sum(policy.in_flight_maps)
+
+
 def _held_bytes(simulator: TenantSimulator) -> int:
-    policy = simulator.policy
-    groups = (policy.held_page_groups if isinstance(policy, SharedPoolPolicy)
-              else policy.physical_page_groups + sum(policy.in_flight_maps))
-    return groups * simulator.config.page_group_bytes
+    return held_page_groups(simulator.policy) * simulator.config.page_group_bytes
 
 
 def _housekeeping(env: simpy.Environment, sims: list[TenantSimulator], sharing: Sharing, period_us: float,
@@ -369,5 +375,5 @@ def _tenant_stats(simulator: TenantSimulator, held_bytes: pd.Series, pool: Share
             "kv_budget_bytes": simulator.config.kv_budget_bytes}
 
 
-__all__ = ["ColocatedRun", "Sharing", "Tenant", "TenantConfig", "TenantSimulator", "elastic_pool", "kv_pool_bytes",
-           "simulate_colocated", "tenant_configs"]
+__all__ = ["ColocatedRun", "Sharing", "Tenant", "TenantConfig", "TenantSimulator", "elastic_pool", "held_page_groups",
+           "kv_pool_bytes", "simulate_colocated", "tenant_configs"]
