@@ -27,7 +27,7 @@ class Admission:
         first, reserve, committed = self._admission_args(request, first_tokens)
         skips = self._skip_refusals and getattr(self.policy, "refusals_repeat", False)   # a policy set after start
         if skips and request is self._refused_request:
-            key = (first_tokens, first, reserve, committed, request.generated, self.policy.admission_epoch)
+            key = self._refusal_key(request, first_tokens, first, reserve, committed)
             if key == self._refused_key and self.policy.free_page_groups <= self._refused_free:
                 self._admission_refused = True          # refused again: nothing it reads changed for the better
                 self._admissions_skipped += 1
@@ -44,8 +44,7 @@ class Admission:
             self._admission_refused = True
             if skips:         # a refusal changes nothing: the epoch and arguments are those it was asked with
                 self._refused_request, self._refused_free = request, self.policy.free_page_groups
-                self._refused_key = (first_tokens, first, reserve, committed, request.generated,
-                                     self.policy.admission_epoch)
+                self._refused_key = self._refusal_key(request, first_tokens, first, reserve, committed)
             return 0
         stale_groups = self.policy.mapped[slot]      # deferred pages: hold the previous request's KV
         hit_tokens = self._map_prefix(request, slot)
@@ -73,6 +72,11 @@ class Admission:
             request.swapped = False
         self._start_running(request, slot, self.env.now)
         return first_tokens
+
+    def _refusal_key(self, request, first_tokens: int, first: int, reserve, committed: int) -> tuple:
+        """What a refused admission was asked with (:meth:`_admit`): a repeat with the same key, at the same
+        admission epoch and no more free page groups, is refused again."""
+        return first_tokens, first, reserve, committed, request.generated, self.policy.admission_epoch
 
     def _map_prefix(self, request: Request, slot: int) -> int:
         """Map the cached prefix of a request that starts from scratch; returns the tokens it skips."""
