@@ -170,21 +170,20 @@ class HybridPrefixPolicy(HybridPolicy):
         per_page = self.config.tokens_per_page
         return [GroupCache(g.group.kind, per_page, g.cached(chain), g.group.window_tokens) for g in self.groups]
 
-    def lookup_tokens(self, hash_ids: Sequence[int], prompt_tokens: int) -> int:
-        """The hit (tokens) :func:`longest_cache_hit_tokens` gives now; changes nothing."""
+    def _lookup(self, hash_ids: Sequence[int], prompt_tokens: int) -> tuple[list[int], int, int]:
+        """``(chain, hit, full_hit)``: the prompt's block chain, the hit (tokens) :func:`longest_cache_hit_tokens`
+        gives now over every group, and the hit the full groups alone would give (what one group holding every
+        layer in full would serve with the same blocks cached); the chain and the groups' views are built once.
+        Changes nothing."""
         if not hash_ids:
-            return 0
+            return [], 0, 0
         chain, cap_tokens = self._chain(hash_ids, prompt_tokens)
-        return longest_cache_hit_tokens(self.group_caches(chain), cap_tokens) if cap_tokens else 0
-
-    def full_groups_hit_tokens(self, hash_ids: Sequence[int], prompt_tokens: int) -> int:
-        """The hit the full groups alone would give now (what one group holding every layer in full would serve
-        with the same blocks cached); changes nothing."""
-        if not hash_ids:
-            return 0
-        chain, cap_tokens = self._chain(hash_ids, prompt_tokens)
-        full = [c for c in self.group_caches(chain) if c.kind == "full"]
-        return longest_cache_hit_tokens(full, cap_tokens) if full and cap_tokens else 0
+        if not cap_tokens:
+            return chain, 0, 0
+        caches = self.group_caches(chain)
+        full = [c for c in caches if c.kind == "full"]
+        return (chain, longest_cache_hit_tokens(caches, cap_tokens),
+                longest_cache_hit_tokens(full, cap_tokens) if full else 0)
 
     def _hit_pages(self, g, hit_pages: int) -> range:
         """Pages of a hit of ``hit_pages`` pages group ``g`` maps: all of them (full), or the window's run before
@@ -198,10 +197,9 @@ class HybridPrefixPolicy(HybridPolicy):
         """``(hit_tokens, hit_pages, touched_free_units)``: the tokens a lookup would serve now, its pages, and
         the units of the hit's entries that sit in the free queue (touching them takes them off it:
         ``num_evictable_computed_blocks``). Changes nothing; passed on to :meth:`alloc_slot` as ``cached``."""
-        hit = self.lookup_tokens(hash_ids, prompt_tokens)
+        chain, hit, _ = self._lookup(hash_ids, prompt_tokens)
         if not hit:
             return 0, 0, 0
-        chain, _ = self._chain(hash_ids, prompt_tokens)
         pages = hit // self.config.tokens_per_page
         touched = sum(g.units for g in self.groups for page in self._hit_pages(g, pages)
                       if not g.entries[g.page_key(chain, page)])
@@ -241,11 +239,10 @@ class HybridPrefixPolicy(HybridPolicy):
         """After :meth:`alloc_slot`: map the hit's cached blocks into ``slot`` in every group (module docstring).
         Returns a :class:`PrefixHit` whose plan is already applied to the accounting (maps of shared blocks:
         no VMM call in paged)."""
-        self._chains[slot] = (hash_ids, self._chain(hash_ids, prompt_tokens)[0]) if hash_ids else ((), [])
-        hit = self.lookup_tokens(hash_ids, prompt_tokens)
+        chain, hit, self._full_groups_hit = self._lookup(hash_ids, prompt_tokens)
+        self._chains[slot] = (hash_ids, chain) if hash_ids else ((), [])
         pages = hit // self.config.tokens_per_page
-        chain, plans, shared = self._chains[slot][1], [], 0
-        self._full_groups_hit = self.full_groups_hit_tokens(hash_ids, prompt_tokens)
+        plans, shared = [], 0
         for index, g in enumerate(self.groups):
             used = self._hit_pages(g, pages)
             g.map_entries(slot, used.start, [g.page_key(chain, page) for page in used])
