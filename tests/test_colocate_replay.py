@@ -185,6 +185,21 @@ def test_validate_compares_a_colocated_run_tenant_by_tenant(elastic_run, tmp_pat
     assert "## a (" in (out / "validation.md").read_text()
 
 
+def test_validate_warns_per_tenant_where_the_profile_does_not_cover_its_model(elastic_run, tmp_path, capsys):
+    """profiles/h200-engine.json was fitted on Llama-3-8B / 3.1-8B replays (its stored coverage): tenant a
+    (Llama-3.1-8B) gets the coverage line alone, tenant b (Qwen2.5-7B) a warning naming its model too."""
+    from cli import main
+
+    profile = str(Path(__file__).resolve().parents[1] / "profiles" / "h200-engine.json")
+    out = tmp_path / "validation"
+    assert main(["validate", "--hw-run", str(elastic_run), "--profile", profile, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    part_a, part_b = printed.split("\na (3 requests")[1].split("\nb (3 requests")
+    assert "profile coverage: models" in part_a and "warning" not in part_a.split("|")[0]
+    assert "warning: the run's model qwen2.5-7b is not among the profile's models" in part_b
+    assert "warning: the run's model qwen2.5-7b" in (out / "validation.md").read_text()
+
+
 def test_a_broken_colocated_summary_is_one_message(elastic_run, tmp_path, capsys):
     import shutil
 

@@ -40,13 +40,16 @@ def is_colocated_run(hw_dir: str | Path) -> bool:
 @dataclass
 class ColocatedValidation:
     """Per tenant (in the run's order): ``names``, ``tables`` (the error table with the co-location rows),
-    ``hw`` / ``sim`` (:class:`analysis.results.RunResult`); ``sharing``: the sharing simulated."""
+    ``hw`` / ``sim`` (:class:`analysis.results.RunResult`); ``sharing``: the sharing simulated; ``notes``: per
+    tenant, the profile's coverage and a warning for each way the tenant's run leaves it
+    (:func:`hwbackend.calibration.validate.coverage_notes`; empty without a profile)."""
 
     names: list[str]
     tables: list[pd.DataFrame]
     hw: list
     sim: list
     sharing: object
+    notes: list[list[str]]
 
     def frame(self) -> pd.DataFrame:
         """Every tenant's rows in one table (a leading ``tenant`` column)."""
@@ -164,7 +167,8 @@ def validate_colocated(hw_dir: str | Path, profile: str | None = None, out_dir: 
     Raises:
         RunInputError / FileNotFoundError: as :func:`load_colocated`; ProfileError: a bad ``profile``.
     """
-    from hwbackend.calibration.validate import check_profile, check_targets, error_table, markdown_table
+    from hwbackend.calibration.validate import (check_profile, check_targets, coverage_notes, error_table,
+                                                markdown_table)
     from sim.cluster.colocate import simulate_colocated
 
     check_profile(profile)
@@ -178,16 +182,18 @@ def validate_colocated(hw_dir: str | Path, profile: str | None = None, out_dir: 
         extra_frame = pd.DataFrame(extra, columns=["metric", "stat", "unit", "hw", "sim"])
         extra_frame["error"] = extra_frame["sim"] / extra_frame["hw"].where(extra_frame["hw"] != 0) - 1
         tables.append(pd.concat([table, extra_frame], ignore_index=True))
-    result = ColocatedValidation([t.name for t in tenants], tables, hw_runs, run.results, sharing)
+    notes = [coverage_notes(profile, Path(hw_dir) / row["dir"], tenant.config) for row, tenant in zip(rows, tenants)]
+    result = ColocatedValidation([t.name for t in tenants], tables, hw_runs, run.results, sharing, notes)
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         result.frame().to_csv(out / "errors.csv", index=False)
         parts = [f"# co-located run, {sharing.mode} sharing: simulator vs hardware\n",
                  f"hardware run: `{shown_hw_dir or hw_dir}`; profile: `{profile or 'built-in'}`\n"]
-        for name, table, sim in zip(result.names, tables, run.results):
+        for name, table, sim, tenant_notes in zip(result.names, tables, run.results, notes):
             missed = check_targets(table)
-            parts.append(f"## {name} ({sim.config['label']})\n\n{markdown_table(table)}\n\ntargets missed: "
+            noted = "".join(f"{line}\n\n" for line in tenant_notes)
+            parts.append(f"## {name} ({sim.config['label']})\n\n{noted}{markdown_table(table)}\n\ntargets missed: "
                          f"{'; '.join(missed) or 'none'}\n")
         (out / "validation.md").write_text("\n".join(parts))
     return result
@@ -198,8 +204,10 @@ def print_colocated(result: ColocatedValidation) -> None:
     from hwbackend.calibration.validate import check_targets, markdown_table
 
     print(f"co-located run, {result.sharing.mode} sharing, {len(result.names)} tenants")
-    for name, table, hw in zip(result.names, result.tables, result.hw):
+    for name, table, hw, notes in zip(result.names, result.tables, result.hw, result.notes):
         print(f"\n{name} ({len(hw.requests)} requests, {len(hw.iterations)} hw iterations)")
+        for line in notes:
+            print(line)
         print(markdown_table(table))
         print("targets missed: " + ("; ".join(check_targets(table)) or "none"))
 
