@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sim.results.records import ITERATION_COLUMNS
+from sim.results.records import ITERATION_COLUMNS, ITERATION_UNIQUE_COLUMNS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -162,7 +162,8 @@ class IterationRecorder:
                                      names=list(ITERATION_COLUMNS))
         if self._writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(self.path, table.schema)
+            self._writer = pq.ParquetWriter(self.path, table.schema, use_dictionary=[
+                name for name in ITERATION_COLUMNS if name not in ITERATION_UNIQUE_COLUMNS])
         self._writer.write_table(table)
 
     def _keep_for_summary(self, columns: dict[str, np.ndarray], rows: int) -> None:
