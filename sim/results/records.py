@@ -57,7 +57,10 @@ def tbt_distinct_us(single_gaps_us, runs):
                        else np.asarray(weight, dtype=np.int64))
     gaps, counts = np.concatenate(values), np.concatenate(weights)
     del values, weights
-    order = np.argsort(gaps, kind="stable")       # few temporaries at a time: this runs on millions of tokens
+    # few temporaries at a time: this runs on millions of tokens. Not a stable sort (quicksort: 7x faster on the
+    # conversation trace's ~1 M gaps): equal gaps are merged below and their token counts summed in integers, so
+    # the order among them changes nothing (gaps are differences end - start, never -0.0)
+    order = np.argsort(gaps)
     gaps = gaps[order]
     counts = counts[order]
     del order
