@@ -35,3 +35,26 @@ def test_decode_run_iter_equals_decode_run_us(label, model):
         array = model.decode_run_us(size, kv_read, float(kv_read + size), steps, longest)
         steps_one_by_one = list(model.decode_run_iter(size, kv_read, float(kv_read + size), steps, longest))
         assert np.array_equal(array, np.array(steps_one_by_one)), (label, size, kv_read, steps)
+
+
+@pytest.mark.parametrize("label, model", _models())
+def test_decode_run_until_is_the_array_run_cut_at_the_stop(label, model):
+    """The serving loop's plain-float run (:meth:`decode_run_until`) gives the steps that the array form cut at
+    the stop gives (``Simulator._run_steps``'s long path: cumulative ends, steps starting before the stop),
+    bit for bit; with ``long_steps`` it declines exactly the runs whose first step puts the stop farther."""
+    for size, kv_read, longest, steps in RUNS:
+        durations_us = model.decode_run_us(size, kv_read, float(kv_read + size), steps, longest)
+        start_us, block_table_us = 1234.5, 0.75
+        ends_us = np.cumsum(np.concatenate(([start_us], durations_us + block_table_us)))
+        for stop_us in (start_us, ends_us[1], ends_us[min(3, steps)] - 1e-3, ends_us[-2] + 1.0, float("inf")):
+            k = int(np.searchsorted(ends_us[:-1], stop_us, side="left"))
+            run = model.decode_run_until(size, kv_read, float(kv_read + size), steps, longest, start_us,
+                                         block_table_us, stop_us)
+            assert np.array_equal(np.array(run[0]), ends_us[:k + 1]), (label, size, stop_us)
+            assert np.array_equal(np.array(run[1]), durations_us[:k])
+            assert np.array_equal(np.array(run[2]), np.diff(ends_us[:k + 1]))
+            long_steps = 4
+            declined = steps > long_steps and stop_us - start_us > long_steps * (durations_us[0] + block_table_us)
+            bounded = model.decode_run_until(size, kv_read, float(kv_read + size), steps, longest, start_us,
+                                             block_table_us, stop_us, long_steps)
+            assert (bounded is None) == declined and (declined or bounded == run)

@@ -34,15 +34,30 @@ class DecodeRunForms:
 
     def decode_run_iter(self, batch_size: int, kv_read_tokens: int, attention_pairs: float, steps: int,
                         max_context_tokens: int = 0) -> Iterator[float]:
-        """:meth:`decode_run_us` one step at a time (us per iteration, the same floats bit for bit), so that
-        the serving loop can stop at the next arrival without computing the steps after it.
+        """:meth:`decode_run_us` as plain floats (us per iteration, the same floats bit for bit): the durations
+        of :meth:`decode_run_until` without a stop."""
+        yield from self.decode_run_until(batch_size, kv_read_tokens, attention_pairs, steps, max_context_tokens,
+                                         0.0, 0.0, float("inf"))[1]
 
-        The roofline forms are evaluated in plain floats with the array form's order of operations (the
-        terms constant over the run computed once); the block form yields its array's values."""
+    def decode_run_until(self, batch_size: int, kv_read_tokens: int, attention_pairs: float, steps: int,
+                         max_context_tokens: int, start_us: float, step_extra_us: float, stop_us: float,
+                         long_steps: int | None = None) -> tuple[list[float], list[float], list[float]] | None:
+        """The steps of :meth:`decode_run_us`'s run that start before ``stop_us``, timed one at a time in plain
+        floats (the array form's floats bit for bit), so that the serving loop computes no step after the next
+        arrival: step ``i`` starts at ``starts_us[i]`` (the first at ``start_us``) and ends at
+        ``start + (duration + step_extra_us)`` (us; ``step_extra_us`` the block-table time of each step).
+
+        Returns ``(starts_us, compute_us, gaps_us)``: k + 1 starts (the last one the run's end), k durations
+        and k step lengths ``end - start`` (us, lists), k <= ``steps``; or None when ``long_steps`` is given,
+        the run has more steps than that and the first step's length puts ``stop_us`` more than ``long_steps``
+        steps away (the caller then computes the run as arrays: cheaper than plain floats for long runs).
+
+        The roofline forms are evaluated with the array form's order of operations (the terms constant over
+        the run computed once); the block form takes its array's values (:func:`steps_until`)."""
         if self.attention_key_us:
-            yield from self.decode_run_us(batch_size, kv_read_tokens, attention_pairs, steps,
-                                          max_context_tokens).tolist()
-            return
+            return steps_until(self.decode_run_us(batch_size, kv_read_tokens, attention_pairs, steps,
+                                                  max_context_tokens).tolist(),
+                               start_us, step_extra_us, stop_us, long_steps)
         m, tp = self.model, self.tp
         maximum = max
         # _time_us's terms that do not depend on the step, then its sum's first partial (left to right)
@@ -65,21 +80,33 @@ class DecodeRunForms:
         # pairs and keys read grow by batch_size a step: integer-valued floats far below 2**53, so adding the
         # step's growth (the array form) or one batch_size a step gives the same floats
         pairs, kv_tokens = float(attention_pairs), kv_read_tokens + 0.0 + batch_size
+        starts_us, compute_us, gaps_us = [start_us], [], []
         for step in range(steps):
-            compute_us = flops_per_pair * pairs * heads_q * pair_dim * layers / attention_flops_per_us
+            if start_us >= stop_us:
+                break
+            attention_us = flops_per_pair * pairs * heads_q * pair_dim * layers / attention_flops_per_us
             memory_us = kv_tokens * kv_bytes_per_token * bytes_factor / bytes_per_us
             if step_factors is not None:
                 attention_factor = step_factors[step]
-            attn_us = (compute_us if compute_us >= memory_us else memory_us) * attention_factor * layout_factor
+            attn_us = (attention_us if attention_us >= memory_us else memory_us) * attention_factor * layout_factor
             roofline = head + attn_us + comm_us + 0.0
             wave_us = wave_per_token * (max_context_tokens + float(step)) if wave_per_token else 0.0
             if graphs:
-                yield roofline + graph_overhead_us + correction_us + wave_us
+                duration_us = roofline + graph_overhead_us + correction_us + wave_us
             else:
                 eager_us = roofline + overhead_us + wave_us
-                yield eager_us if eager_us >= floor_us else floor_us
+                duration_us = eager_us if eager_us >= floor_us else floor_us
+            if not step and long_steps is not None and steps > long_steps \
+                    and stop_us - start_us > long_steps * (duration_us + step_extra_us):
+                return None
+            end_us = start_us + (duration_us + step_extra_us)
+            compute_us.append(duration_us)
+            gaps_us.append(end_us - start_us)
+            starts_us.append(end_us)
+            start_us = end_us
             pairs += batch_size
             kv_tokens += batch_size
+        return starts_us, compute_us, gaps_us
 
     def _decode_run_factors(self, batch_size: int, kv_read_tokens: int, steps: int):
         """``(factor, None)`` when a decode run's paged factor is one number, else ``(None, per-step list)``
@@ -92,3 +119,22 @@ class DecodeRunForms:
         growth = np.arange(steps, dtype=float) * batch_size
         return None, np.broadcast_to(self._paged_factor(batch_size, kv_read_tokens + growth, batch_size),
                                      (steps,)).tolist()
+
+
+def steps_until(durations_us, start_us: float, step_extra_us: float, stop_us: float, long_steps: int | None = None):
+    """:meth:`DecodeRunForms.decode_run_until` over given step durations (us, a sequence of floats: a model
+    without the plain-float form); the same arguments and result."""
+    steps = len(durations_us)
+    if (long_steps is not None and steps > long_steps
+            and stop_us - start_us > long_steps * (durations_us[0] + step_extra_us)):
+        return None
+    starts_us, compute_us, gaps_us = [start_us], [], []
+    for duration_us in durations_us:
+        if start_us >= stop_us:
+            break
+        end_us = start_us + (duration_us + step_extra_us)
+        compute_us.append(duration_us)
+        gaps_us.append(end_us - start_us)
+        starts_us.append(end_us)
+        start_us = end_us
+    return starts_us, compute_us, gaps_us
