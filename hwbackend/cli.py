@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from analysis.flags import add_out, add_profile, add_quiet
     from sim.frontend.options import add_config_args
     from traces.workload import add_trace_args
-    from hwbackend.calibration.vmm import add_arguments
+    from hwbackend.calibration.vmm_options import add_arguments
 
     parser = subparsers.add_parser("calibrate", help="measure CUDA VMM latencies (or --compute) into a profile",
                                    description="Measure CUDA VMM call latencies on this GPU and write a "

@@ -1,5 +1,6 @@
 """The step-at-a-time form of a decode run (:meth:`RooflineComputeModel.decode_run_iter`, what the serving loop
 uses to stop a fast-forwarded run at the next arrival) gives :meth:`decode_run_us`'s floats bit for bit."""
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,21 @@ def _models():
     models.append(("blocks", load_models(SimConfig(), PROFILE, "in-loop")[1].with_overrides(
         {"attention_key_us": 0.02, "attention_block_us": 3.0, "split_kv_sms": 132})))
     models.append(("wave", models[0][1].with_overrides({"wave_us_per_token": 0.4, "launch_floor_us": 9000.0})))
+    # attention compute-bound (the plain-float form then evaluates both sides of the roofline's max), and at
+    # the crossing: memory and compute times per token within rounding of each other
+    models.append(("compute-bound", replace(models[0][1], attention_flops_efficiency=1e-4)))
+    base = models[0][1]
+    compute_per_pair = 4 * base.model.num_q_heads * base.model.head_dim * base.model.num_layers / base._flops_per_us
+    memory_per_key = base._kv_bytes_per_token / base._bytes_per_us
+    models.append(("crossing", replace(base, attention_flops_efficiency=compute_per_pair / memory_per_key)))
     return models
+
+
+def test_the_plain_float_form_covers_both_sides_of_the_max():
+    """The models above include memory-bound attention (its compute time skipped) and compute-bound or
+    crossing attention (both evaluated), so the bit-for-bit tests cover both loops."""
+    bound = {label: model._decode_run_terms[-1] for label, model in _models() if hasattr(model, "_decode_run_terms")}
+    assert bound["{}"] and not bound["compute-bound"] and not bound["crossing"]
 
 
 @pytest.mark.parametrize("label, model", _models())
@@ -35,3 +50,26 @@ def test_decode_run_iter_equals_decode_run_us(label, model):
         array = model.decode_run_us(size, kv_read, float(kv_read + size), steps, longest)
         steps_one_by_one = list(model.decode_run_iter(size, kv_read, float(kv_read + size), steps, longest))
         assert np.array_equal(array, np.array(steps_one_by_one)), (label, size, kv_read, steps)
+
+
+@pytest.mark.parametrize("label, model", _models())
+def test_decode_run_until_is_the_array_run_cut_at_the_stop(label, model):
+    """The serving loop's plain-float run (:meth:`decode_run_until`) gives the steps that the array form cut at
+    the stop gives (``Simulator._run_steps``'s long path: cumulative ends, steps starting before the stop),
+    bit for bit; with ``long_steps`` it declines exactly the runs whose first step puts the stop farther."""
+    for size, kv_read, longest, steps in RUNS:
+        durations_us = model.decode_run_us(size, kv_read, float(kv_read + size), steps, longest)
+        start_us, block_table_us = 1234.5, 0.75
+        ends_us = np.cumsum(np.concatenate(([start_us], durations_us + block_table_us)))
+        for stop_us in (start_us, ends_us[1], ends_us[min(3, steps)] - 1e-3, ends_us[-2] + 1.0, float("inf")):
+            k = int(np.searchsorted(ends_us[:-1], stop_us, side="left"))
+            run = model.decode_run_until(size, kv_read, float(kv_read + size), steps, longest, start_us,
+                                         block_table_us, stop_us)
+            assert np.array_equal(np.array(run[0]), ends_us[:k + 1]), (label, size, stop_us)
+            assert np.array_equal(np.array(run[1]), durations_us[:k])
+            assert np.array_equal(np.array(run[2]), np.diff(ends_us[:k + 1]))
+            long_steps = 4
+            declined = steps > long_steps and stop_us - start_us > long_steps * (durations_us[0] + block_table_us)
+            bounded = model.decode_run_until(size, kv_read, float(kv_read + size), steps, longest, start_us,
+                                             block_table_us, stop_us, long_steps)
+            assert (bounded is None) == declined and (declined or bounded == run)

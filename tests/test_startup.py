@@ -33,3 +33,14 @@ def test_version_imports_no_numpy_pandas_pyarrow():
 @pytest.mark.parametrize("args", [("--help",), ("simulate", "--help"), ("traces", "--help")])
 def test_help_imports_no_numpy_pandas_pyarrow(args):
     assert not imported_modules(*args) & HEAVY
+
+
+def test_parser_imports_no_vmm_driver_code():
+    """The ``calibrate`` options come from :mod:`hwbackend.calibration.vmm_options`: building the parser (here
+    for ``simulate --help``) imports neither the calibration code nor the VMM driver wrappers."""
+    done = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "cli.py"), "simulate", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    modules = {line.split("|")[2].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "hwbackend.calibration.vmm_options" in modules
+    assert not modules & {"hwbackend.calibration.vmm", "hwbackend.vmm.driver", "hwbackend.vmm.kvcache"}

@@ -27,6 +27,7 @@ from typing import Any
 
 from hwbackend.vmm.driver import CudaVmmDriver, GpuUnavailableError
 from hwbackend.vmm.kvcache import KVCache, KVCacheLayout
+from hwbackend.calibration.vmm_options import DEFAULT_MODELS, add_arguments  # noqa: F401 (re-exported)
 from sim.memory.plan import MapOp, Plan, UnmapOp
 
 MIB = 1 << 20
@@ -35,7 +36,6 @@ MEASURED_CALLS = ("cuMemAddressReserve", "cuMemAddressFree", "cuMemCreate", "cuM
                   "cuMemUnmap", "cuMemRelease")
 MAX_BATCH_BYTES = 8 << 30  # pages alive at once while measuring (8 GiB of the H200's 141 GB)
 MAX_STORED_SAMPLES = 1000
-DEFAULT_MODELS = ("llama-3-8b",)
 
 
 def summarize_us(values_us: list[float] | np.ndarray, keep_samples: bool = True) -> dict[str, Any]:
@@ -350,17 +350,6 @@ def parse_page_sizes(text: str) -> list[int]:
     from sim.units import parse_size_bytes
 
     return [parse_size_bytes(part.strip()) for part in text.split(",") if part.strip()]
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``calibrate`` options (shared by ``kvsim calibrate`` and ``python -m hwbackend.calibration.vmm``)."""
-    parser.add_argument("--page-sizes", default="2MiB,4MiB,32MiB", help="comma-separated page sizes")
-    parser.add_argument("--samples", type=int, default=1000, help="calls measured per call and page size")
-    parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="models for page-group growth")
-    parser.add_argument("--out", default="profiles/calibration.json", help="profile file to write")
-    parser.add_argument("--force", action="store_true", help="overwrite an existing profile")
-    parser.add_argument("--no-load", action="store_true", help="skip the under-load measurements")
-    parser.add_argument("--device", type=int, default=0, help="CUDA device ordinal")
 
 
 def command(args: argparse.Namespace, prog: str = "kvsim") -> int:

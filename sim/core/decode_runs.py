@@ -9,7 +9,6 @@ advances plain decodes in aggregate; the records are those of stepping every ite
 from __future__ import annotations
 
 import bisect
-import itertools
 from array import array
 
 import numpy as np
@@ -17,6 +16,7 @@ import numpy as np
 from sim.core.request import Request
 from sim.core.scheduler import Batch
 from sim.results.recorder import extend_array
+from sim.timing.decode_run_times import steps_until
 
 PLAIN_RUN_STEPS = 64
 """A fast-forwarded decode run expected to be at most this long is computed one step at a time in plain floats
@@ -255,35 +255,28 @@ class DecodeRuns:
     def _run_steps(self, size: int, kv_read: int, longest: int, steps: int, block_table_us: float):
         """The steps of a decode run of at most ``steps`` iterations that start before the next arrival:
         computed one at a time in plain floats while the run looks short (the next arrival within
-        :data:`PLAIN_RUN_STEPS` steps of the first step's length), else all ``steps`` as arrays and cut there
-        (the same floats). Returns ``(starts_us, compute_us, gaps_us)``: k + 1 start times (the last one the
-        run's end), k compute times and k durations (us; lists of floats, or float arrays for a long run)."""
+        :data:`PLAIN_RUN_STEPS` steps of the first step's length: the compute model's ``decode_run_until``),
+        else all ``steps`` as arrays and cut there (the same floats). Returns ``(starts_us, compute_us,
+        gaps_us)``: k + 1 start times (the last one the run's end), k compute times and k durations (us; lists
+        of floats, or float arrays for a long run)."""
         next_arrival_us = (self.requests[self._next_arrival].arrival_at_us
                            if self._next_arrival < len(self.requests) else float("inf"))
         if self._open:                    # requests not submitted yet may arrive: stop at the router's next one
             next_arrival_us = min(next_arrival_us, self.arrival_horizon_us)
         compute, start_us = self.compute, self.env.now
         pairs = float(kv_read + size)
-        if hasattr(compute, "decode_run_iter"):
-            durations = compute.decode_run_iter(size, kv_read, pairs, steps, longest + 1)
-        else:
-            durations = iter(compute.decode_run_us(size, kv_read, pairs, steps, longest + 1).tolist())
-        first_us = next(durations)
-        if steps > PLAIN_RUN_STEPS and next_arrival_us - start_us > PLAIN_RUN_STEPS * (first_us + block_table_us):
-            all_us = compute.decode_run_us(size, kv_read, pairs, steps, longest + 1)
-            ends_us = np.cumsum(np.concatenate(([start_us], all_us + block_table_us)))
-            k = int(np.searchsorted(ends_us[:-1], next_arrival_us, side="left"))
-            return ends_us[: k + 1], all_us[:k], np.diff(ends_us[: k + 1])
-        starts_us, compute_us, gaps_us = [start_us], [], []
-        for duration_us in itertools.chain((first_us,), durations):
-            if start_us >= next_arrival_us:
-                break
-            end_us = start_us + (duration_us + block_table_us)
-            compute_us.append(duration_us)
-            gaps_us.append(end_us - start_us)
-            starts_us.append(end_us)
-            start_us = end_us
-        return starts_us, compute_us, gaps_us
+        if hasattr(compute, "decode_run_until"):
+            run = compute.decode_run_until(size, kv_read, pairs, steps, longest + 1, start_us, block_table_us,
+                                           next_arrival_us, PLAIN_RUN_STEPS)
+        else:                             # a model with the array form only
+            run = steps_until(compute.decode_run_us(size, kv_read, pairs, steps, longest + 1).tolist(), start_us,
+                              block_table_us, next_arrival_us, PLAIN_RUN_STEPS)
+        if run is not None:
+            return run
+        all_us = compute.decode_run_us(size, kv_read, pairs, steps, longest + 1)
+        ends_us = np.cumsum(np.concatenate(([start_us], all_us + block_table_us)))
+        k = int(np.searchsorted(ends_us[:-1], next_arrival_us, side="left"))
+        return ends_us[: k + 1], all_us[:k], np.diff(ends_us[: k + 1])
 
     def _record_decode_run(self, iteration: int, starts_us, compute_us, used: int, crossings: dict,
                            kv_read: int, active_mapped: int, block_table_us: float) -> None:

@@ -59,8 +59,6 @@ def check_disagg_flags(args: argparse.Namespace, allow_unused: bool = False) -> 
     Raises:
         ValueError: one line naming the flag and value.
     """
-    from sim.cluster.disagg import parse_kv_stream, parse_pd
-    from sim.timing.kvlink import parse_kv_link
     args.pd = pd_of(args)
     searching = getattr(args, "pd_search", None) is not None
     if getattr(args, "pd", None) is None and not searching:
@@ -71,6 +69,9 @@ def check_disagg_flags(args: argparse.Namespace, allow_unused: bool = False) -> 
             raise ValueError(f"{given[0]} applies to disaggregated runs; add --pd P:D (or --pd-search GPUS) or "
                              f"leave {given[0]} out")
         return
+    # here: a co-located run (the common case) does not import the disaggregated simulator
+    from sim.cluster.disagg import parse_kv_stream, parse_pd
+    from sim.timing.kvlink import parse_kv_link
     if (getattr(args, "pp", 1) or 1) > 1:
         raise ValueError(f"--pp {args.pp} applies to co-located replicas; a disaggregated deployment (--pd / "
                          "--pd-search) models tensor parallelism per role only (--prefill-tp, --decode-tp)")

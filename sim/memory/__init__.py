@@ -8,7 +8,7 @@ mixin),
 bookkeeping is the :class:`sim.memory.prefix_entries.PrefixEntries` mixin), :class:`HybridPrefixPolicy`
 (:mod:`sim.memory.hybrid_prefix`: prefix caching with window-aware paged allocation, vLLM v1's multi-group hit rule), and the plans both executors carry
 out (:mod:`sim.memory.plan`: ``Plan``, ``MapOp``, ``UnmapOp``, ``EMPTY_PLAN``). Imports nothing of ``sim`` but
-itself.
+itself (and :mod:`sim.lazy`, which loads the prefix and hybrid policies on first use).
 
 All three policies share one interface (that of :class:`VAttentionPolicy`) and one accounting unit, the
 *allocation unit* of :class:`sim.setup.config.SimConfig` (``tokens_per_page`` tokens, ``page_group_bytes`` bytes):
@@ -23,10 +23,14 @@ All three policies share one interface (that of :class:`VAttentionPolicy`) and o
 The paged and static managers are the same slot/pool bookkeeping with deferral, eager allocation and
 watermark reclamation switched off, so their differences from vAttention are exactly the knobs.
 """
-from sim.memory.hybrid import HybridPolicy, build_hybrid_policy
-from sim.memory.hybrid_prefix import HybridPrefixPolicy, build_hybrid_prefix_policy
-from sim.memory.prefix import PrefixCachingPolicy, PrefixHit
+from sim.lazy import lazy_exports
 from sim.memory.vattention import VAttentionConfig, VAttentionPolicy
+
+# the prefix-caching and hybrid policies load on first use (PEP 562; build_policy imports the one it builds):
+# a plain run does not import them (issue 32: start-up)
+_EXPORTS = {"HybridPolicy": "sim.memory.hybrid", "HybridPrefixPolicy": "sim.memory.hybrid_prefix",
+            "PrefixCachingPolicy": "sim.memory.prefix", "PrefixHit": "sim.memory.prefix"}
+__getattr__ = lazy_exports(globals(), _EXPORTS)
 
 
 def build_policy(config) -> VAttentionPolicy:
@@ -45,17 +49,20 @@ def build_policy(config) -> VAttentionPolicy:
     if getattr(config, "hybrid_alloc", False) and config.policy == "static":
         return VAttentionPolicy(policy_config)   # one unit = one request's reservation over every group (hybrid_sizing)
     if getattr(config, "hybrid_alloc", False) and config.prefix_caching:
+        from sim.memory.hybrid_prefix import build_hybrid_prefix_policy
         return build_hybrid_prefix_policy(config, policy_config)   # per-group block caches (sim.memory.hybrid_prefix)
     if getattr(config, "hybrid_alloc", False):
+        from sim.memory.hybrid import build_hybrid_policy
         return build_hybrid_policy(config, policy_config)      # per-group sub-policies (sim.memory.hybrid)
     if config.prefix_caching:
+        from sim.memory.prefix import PrefixCachingPolicy
         policy = PrefixCachingPolicy(policy_config, config.prefix_block_tokens, cow_partial=vattention)
         _attach_eviction_and_tiers(policy, config)
         return policy
     return VAttentionPolicy(policy_config)
 
 
-def _attach_eviction_and_tiers(policy: PrefixCachingPolicy, config) -> None:
+def _attach_eviction_and_tiers(policy, config) -> None:
     """The eviction policy (``config.prefix_evict``, with 2 MiB regions of cache pages for ``page``) and the
     tier store below HBM (``config.kv_tiers``; pages of ``tokens_per_page x kv_bytes_per_token`` bytes)."""
     from sim.memory.eviction import VICTIMS

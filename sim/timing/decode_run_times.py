@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import cached_property
 
 import numpy as np
 
@@ -34,52 +35,115 @@ class DecodeRunForms:
 
     def decode_run_iter(self, batch_size: int, kv_read_tokens: int, attention_pairs: float, steps: int,
                         max_context_tokens: int = 0) -> Iterator[float]:
-        """:meth:`decode_run_us` one step at a time (us per iteration, the same floats bit for bit), so that
-        the serving loop can stop at the next arrival without computing the steps after it.
+        """:meth:`decode_run_us` as plain floats (us per iteration, the same floats bit for bit): the durations
+        of :meth:`decode_run_until` without a stop."""
+        yield from self.decode_run_until(batch_size, kv_read_tokens, attention_pairs, steps, max_context_tokens,
+                                         0.0, 0.0, float("inf"))[1]
 
-        The roofline forms are evaluated in plain floats with the array form's order of operations (the
-        terms constant over the run computed once); the block form yields its array's values."""
+    def decode_run_until(self, batch_size: int, kv_read_tokens: int, attention_pairs: float, steps: int,
+                         max_context_tokens: int, start_us: float, step_extra_us: float, stop_us: float,
+                         long_steps: int | None = None) -> tuple[list[float], list[float], list[float]] | None:
+        """The steps of :meth:`decode_run_us`'s run that start before ``stop_us``, timed one at a time in plain
+        floats (the array form's floats bit for bit), so that the serving loop computes no step after the next
+        arrival: step ``i`` starts at ``starts_us[i]`` (the first at ``start_us``) and ends at
+        ``start + (duration + step_extra_us)`` (us; ``step_extra_us`` the block-table time of each step).
+
+        Returns ``(starts_us, compute_us, gaps_us)``: k + 1 starts (the last one the run's end), k durations
+        and k step lengths ``end - start`` (us, lists), k <= ``steps``; or None when ``long_steps`` is given,
+        the run has more steps than that and the first step's length puts ``stop_us`` more than ``long_steps``
+        steps away (the caller then computes the run as arrays: cheaper than plain floats for long runs).
+
+        The roofline forms are evaluated with the array form's order of operations (the terms constant over
+        the run computed once); the block form takes its array's values (:func:`steps_until`)."""
         if self.attention_key_us:
-            yield from self.decode_run_us(batch_size, kv_read_tokens, attention_pairs, steps,
-                                          max_context_tokens).tolist()
-            return
-        m, tp = self.model, self.tp
-        maximum = max
-        # _time_us's terms that do not depend on the step, then its sum's first partial (left to right)
-        head = (maximum(2 * batch_size * self._linear_params / self._linear_flops_per_us,
-                        self._weight_read_bytes(batch_size) / self._bytes_per_us)
-                + 2 * batch_size * m.hidden_size * m.vocab_size / tp / self._flops_per_us)
-        comm_us = self._comm_us(batch_size)
-        heads_q = m.num_q_heads // tp
-        flops_per_pair = 2 if m.uses_mla else 4
-        pair_dim = m.attention_qk_dim + m.attention_v_dim if m.uses_mla else m.head_dim
-        attention_flops_per_us = self._flops_per_us * self.attention_flops_efficiency
-        kv_bytes_per_token, bytes_factor = self._kv_bytes_per_token, self.attention_bytes_factor
-        bytes_per_us, layers = self._bytes_per_us, m.num_layers
-        layout_factor = self.layout_attention_factor
+            return steps_until(self.decode_run_us(batch_size, kv_read_tokens, attention_pairs, steps,
+                                                  max_context_tokens).tolist(),
+                               start_us, step_extra_us, stop_us, long_steps)
+        head, comm_us, correction_us = self._decode_run_batch_terms(batch_size)
+        (flops_per_pair, heads_q, pair_dim, layers, attention_flops_per_us, kv_bytes_per_token, bytes_factor,
+         bytes_per_us, layout_factor, memory_per_pair_bound) = self._decode_run_terms
         attention_factor, step_factors = self._decode_run_factors(batch_size, kv_read_tokens, steps)
         wave_per_token = self.wave_us_per_token
         graphs, floor_us, overhead_us = self.decode_graphs, self._eager_floor_us, self.overhead_us
         graph_overhead_us = self.decode_overhead_us
-        correction_us = float(self._decode_correction_us(batch_size)) if graphs else 0.0
         # pairs and keys read grow by batch_size a step: integer-valued floats far below 2**53, so adding the
         # step's growth (the array form) or one batch_size a step gives the same floats
         pairs, kv_tokens = float(attention_pairs), kv_read_tokens + 0.0 + batch_size
+        # the attention's compute time is not evaluated where its memory time provably wins at every step
+        # (_decode_run_terms: a margin far above the rounding of either; pairs never above keys read)
+        memory_bound = memory_per_pair_bound and 0.0 <= pairs <= kv_tokens
+        starts_us, compute_us, gaps_us = [start_us], [], []
         for step in range(steps):
-            compute_us = flops_per_pair * pairs * heads_q * pair_dim * layers / attention_flops_per_us
+            if start_us >= stop_us:
+                break
             memory_us = kv_tokens * kv_bytes_per_token * bytes_factor / bytes_per_us
             if step_factors is not None:
                 attention_factor = step_factors[step]
-            attn_us = (compute_us if compute_us >= memory_us else memory_us) * attention_factor * layout_factor
+            if memory_bound:
+                attn_us = memory_us * attention_factor * layout_factor
+            else:
+                attention_us = flops_per_pair * pairs * heads_q * pair_dim * layers / attention_flops_per_us
+                attn_us = (attention_us if attention_us >= memory_us else memory_us) * attention_factor * layout_factor
             roofline = head + attn_us + comm_us + 0.0
             wave_us = wave_per_token * (max_context_tokens + float(step)) if wave_per_token else 0.0
             if graphs:
-                yield roofline + graph_overhead_us + correction_us + wave_us
+                duration_us = roofline + graph_overhead_us + correction_us + wave_us
             else:
                 eager_us = roofline + overhead_us + wave_us
-                yield eager_us if eager_us >= floor_us else floor_us
+                duration_us = eager_us if eager_us >= floor_us else floor_us
+            if not step and long_steps is not None and steps > long_steps \
+                    and stop_us - start_us > long_steps * (duration_us + step_extra_us):
+                return None
+            end_us = start_us + (duration_us + step_extra_us)
+            compute_us.append(duration_us)
+            gaps_us.append(end_us - start_us)
+            starts_us.append(end_us)
+            start_us = end_us
             pairs += batch_size
             kv_tokens += batch_size
+        return starts_us, compute_us, gaps_us
+
+    def _decode_run_batch_terms(self, batch_size: int) -> tuple[float, float, float]:
+        """``(head, comm_us, correction_us)`` of a decode run of ``batch_size`` sequences (us), kept per batch
+        size (the model is frozen): the first partial of :meth:`_time_us`'s sum (linear layers, then logits,
+        left to right), the TP communication, and the graphed decodes' correction (0 without graphs)."""
+        terms = self._decode_run_batch_cache.get(batch_size)
+        if terms is None:
+            m, tp, maximum = self.model, self.tp, max
+            head = (maximum(2 * batch_size * self._linear_params / self._linear_flops_per_us,
+                            self._weight_read_bytes(batch_size) / self._bytes_per_us)
+                    + 2 * batch_size * m.hidden_size * m.vocab_size / tp / self._flops_per_us)
+            correction_us = float(self._decode_correction_us(batch_size)) if self.decode_graphs else 0.0
+            terms = self._decode_run_batch_cache[batch_size] = (head, self._comm_us(batch_size), correction_us)
+        return terms
+
+    @cached_property
+    def _decode_run_batch_cache(self) -> dict[int, tuple[float, float, float]]:
+        return {}
+
+    @cached_property
+    def _decode_run_terms(self) -> tuple:
+        """The attention terms of :meth:`decode_run_until` that depend on nothing of the run: ``(flops_per_pair,
+        heads_q, pair_dim, layers, attention_flops_per_us, kv_bytes_per_token, bytes_factor, bytes_per_us,
+        layout_factor, memory_per_pair_bound)``. ``memory_per_pair_bound``: the attention's memory time per key
+        read exceeds its compute time per query-key pair by more than a factor 1 + 1e-9, both positive and
+        finite, so that with pairs <= keys the memory time wins the roofline's max at every step whatever the
+        rounding (each side is a few correctly rounded operations: relative errors ~1e-15)."""
+        m, tp = self.model, self.tp
+        flops_per_pair = 2 if m.uses_mla else 4
+        heads_q = m.num_q_heads // tp
+        pair_dim = m.attention_qk_dim + m.attention_v_dim if m.uses_mla else m.head_dim
+        attention_flops_per_us = self._flops_per_us * self.attention_flops_efficiency
+        kv_bytes_per_token, bytes_factor, bytes_per_us = (self._kv_bytes_per_token, self.attention_bytes_factor,
+                                                          self._bytes_per_us)
+        bound = False
+        if attention_flops_per_us > 0 and bytes_per_us > 0:
+            compute_per_pair = flops_per_pair * heads_q * pair_dim * m.num_layers / attention_flops_per_us
+            memory_per_key = kv_bytes_per_token * bytes_factor / bytes_per_us
+            bound = (0.0 <= compute_per_pair < float("inf") and memory_per_key < float("inf")
+                     and memory_per_key > compute_per_pair * (1 + 1e-9))
+        return (flops_per_pair, heads_q, pair_dim, m.num_layers, attention_flops_per_us, kv_bytes_per_token,
+                bytes_factor, bytes_per_us, self.layout_attention_factor, bound)
 
     def _decode_run_factors(self, batch_size: int, kv_read_tokens: int, steps: int):
         """``(factor, None)`` when a decode run's paged factor is one number, else ``(None, per-step list)``
@@ -92,3 +156,22 @@ class DecodeRunForms:
         growth = np.arange(steps, dtype=float) * batch_size
         return None, np.broadcast_to(self._paged_factor(batch_size, kv_read_tokens + growth, batch_size),
                                      (steps,)).tolist()
+
+
+def steps_until(durations_us, start_us: float, step_extra_us: float, stop_us: float, long_steps: int | None = None):
+    """:meth:`DecodeRunForms.decode_run_until` over given step durations (us, a sequence of floats: a model
+    without the plain-float form); the same arguments and result."""
+    steps = len(durations_us)
+    if (long_steps is not None and steps > long_steps
+            and stop_us - start_us > long_steps * (durations_us[0] + step_extra_us)):
+        return None
+    starts_us, compute_us, gaps_us = [start_us], [], []
+    for duration_us in durations_us:
+        if start_us >= stop_us:
+            break
+        end_us = start_us + (duration_us + step_extra_us)
+        compute_us.append(duration_us)
+        gaps_us.append(end_us - start_us)
+        starts_us.append(end_us)
+        start_us = end_us
+    return starts_us, compute_us, gaps_us

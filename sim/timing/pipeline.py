@@ -36,6 +36,7 @@ from functools import cached_property
 import numpy as np
 
 from sim.timing.compute import BatchShape, RooflineComputeModel
+from sim.timing.decode_run_times import steps_until
 from sim.units import US_PER_S
 
 
@@ -125,6 +126,15 @@ class PipelineComputeModel(RooflineComputeModel):
                         max_context_tokens: int = 0):
         """:meth:`decode_run_us` one step at a time (the array's values; us per round)."""
         yield from self.decode_run_us(batch_size, kv_read_tokens, attention_pairs, steps, max_context_tokens).tolist()
+
+    def decode_run_until(self, batch_size: int, kv_read_tokens: int, attention_pairs: float, steps: int,
+                         max_context_tokens: int, start_us: float, step_extra_us: float, stop_us: float,
+                         long_steps: int | None = None):
+        """The rounds of :meth:`decode_run_us`'s run that start before ``stop_us`` (the array's values), as
+        :meth:`RooflineComputeModel.decode_run_until` gives a run's steps (us)."""
+        return steps_until(self.decode_run_us(batch_size, kv_read_tokens, attention_pairs, steps,
+                                              max_context_tokens).tolist(),
+                           start_us, step_extra_us, stop_us, long_steps)
 
 
 def compute_model_for(config, **fields_) -> RooflineComputeModel:
