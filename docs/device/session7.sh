@@ -80,4 +80,12 @@ case "$1" in
           logs/test2-$w-a.machine logs/test2-$w-b.machine 2>/dev/null
     done
     ;;
+  D)  # issue 34: static sharing on the same traffic as call A's elastic run (300 requests a tenant), so that the
+      # hardware compares the two sharings like for like
+    timeout 150 python3 -m hwbackend.replay.colocate --sharing static --memory-util 0.3 --warmup-s 3 --out "$R/static300" \
+        --tenant "model=llama-3.1-8b,trace=$CONV,num-requests=300,rate-scale=4" \
+        --tenant "model=qwen2.5-7b,trace=$CODE,num-requests=300,rate-scale=4" > "$R/logs/static300.log" 2>&1
+    echo "static300 rc=$?"; tail -3 "$R/logs/static300.log"
+    tar czf "$OUT/static300.tgz" -C "$R" static300 logs/static300.log 2>/dev/null
+    ;;
 esac
