@@ -1,10 +1,12 @@
 """Held-out table of the engine profile (PLAN.md): per workload and metric, the error ``sim / hw - 1`` (mean of
 the two same-start repeats' errors, each from ``validation/RUN/errors.csv`` of ``kvsim validate``), the repeat
 spread ``|hw_a / hw_b - 1|`` of the hardware figure, and whether the target holds (|error| <= 5% at p50, <= 10%
-at p99, or <= the spread where larger). ``python docs/validation/engine-profile/make_report.py`` writes
-``heldout.csv`` and prints a markdown table."""
+at p99, or <= the spread where larger). ``python docs/validation/engine-profile/make_report.py [--round 2]`` writes
+``heldout.csv`` (round 1: runs ``test-W-a|b``) or ``heldout2.csv`` (round 2: ``test2-W-a|b``) and prints a markdown
+table."""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pandas as pd
@@ -16,9 +18,17 @@ METRICS = (("iteration latency", "p50"), ("iteration latency", "p99"), ("TTFT", 
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--round", type=int, choices=(1, 2), default=1)
+    parser.add_argument("--validation", default=str(HERE / "validation"),
+                        help="folder of the validations (default: validation/ beside this file)")
+    parser.add_argument("--csv", help="table written (default: heldout.csv, round 2 heldout2.csv, beside this file)")
+    args = parser.parse_args()
+    prefix, csv_name = ("test", "heldout.csv") if args.round == 1 else ("test2", "heldout2.csv")
+    csv_path = Path(args.csv) if args.csv else HERE / csv_name
     rows = []
     for w in WORKLOADS:
-        tables = [pd.read_csv(HERE / "validation" / f"test-{w}-{r}" / "errors.csv") for r in "ab"]
+        tables = [pd.read_csv(Path(args.validation) / f"{prefix}-{w}-{r}" / "errors.csv") for r in "ab"]
         for metric, stat in METRICS:
             got = [t[(t.metric == metric) & (t.stat == stat)] for t in tables]
             if any(g.empty for g in got):
@@ -30,7 +40,7 @@ def main() -> int:
             rows.append({"workload": w, "metric": f"{metric} {stat}", "error": err, "error_a": float(got[0].error.iloc[0]),
                          "error_b": float(got[1].error.iloc[0]), "spread": spread, "met": abs(err) <= limit})
     frame = pd.DataFrame(rows)
-    frame.to_csv(HERE / "heldout.csv", index=False, float_format="%.4f")
+    frame.to_csv(csv_path, index=False, float_format="%.4f")
     pivot = frame.assign(cell=[f"{'' if m else '**'}{e:+.1%}{'' if m else '**'} ({s:.1%})"
                                for e, s, m in zip(frame.error, frame.spread, frame.met)])
     table = pivot.pivot(index="workload", columns="metric", values="cell").reindex(WORKLOADS)
