@@ -47,12 +47,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="(--grid: old spelling, deprecated; sweep's --grid is a grid axis) "
                              "with --from-run: also fit on a calibration grid (python -m hwbackend.calibration.grid; "
                              "repeatable); each run carries equal weight, and the grids together as much as one run")
-    parser.add_argument("--form", default="A", choices=("A", "B", "C", "D", "E", "auto"),
+    parser.add_argument("--form", default="A", choices=("A", "B", "C", "D", "E", "auto", "select"),
                         help="with --from-run: compute-model form to fit: A (roofline attention + longest-sequence "
                              "term), B (attention by thread blocks), C (B with FlashAttention-2's split-KV decodes), "
                              "D (C with the longest block's own time per key), E (D with that block partly after "
-                             "the others), auto (all five; the lowest weighted median training error ships) "
-                             "(default: A)")
+                             "the others), auto (all five; the lowest weighted median training error ships), "
+                             "select (each run left out of the fit in turn; the form of least error on the runs "
+                             "it did not see ships; needs two runs or more, 1 + forms x runs fits) (default: A)")
     parser.add_argument("--from-vidur", default=None, metavar="DIR",
                         help="import Vidur's published operator profiles (a microsoft/vidur checkout: "
                              "data/profiling/compute/<gpu>/<org>/<model>/mlp.csv, network/<gpu>_dgx/all_reduce.csv; "

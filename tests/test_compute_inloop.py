@@ -102,6 +102,40 @@ def test_fit_reproduces_iterations_of_a_known_model():
     assert errors["decode_only"]["n"] + errors["mixed"]["n"] == len(rows)
 
 
+def test_held_back_errors_never_fit_on_the_run_they_predict(monkeypatch):
+    """``--form select``: each run is predicted by a fit on the other rows alone; on iterations of a known form-A
+    model both runs' held-back errors are small (the other run determines the same parameters)."""
+    from hwbackend.calibration import inloop
+
+    truth = BASE.with_overrides({"decode_graphs": 1, "flops_efficiency": 0.7, "bw_efficiency": 0.6,
+                                 "attention_flops_efficiency": 0.4, "overhead_us": 4000, "mixed_tile_rows": 100,
+                                 "launch_floor_us": 12000, "decode_overhead_us": 2500, "attention_bytes_factor": 3,
+                                 "wave_us_per_token": 0.8})
+    rows = pd.concat([synthetic_rows(truth, seed=1).assign(source="run-a"),
+                      synthetic_rows(truth, seed=2).assign(source="run-b")], ignore_index=True)
+    seen = []
+    real_fit = inloop.fit_compute
+
+    def recording_fit(base, fit_rows, *args, **kwargs):
+        seen.append(set(fit_rows["source"]))
+        return real_fit(base, fit_rows, *args, **kwargs)
+
+    monkeypatch.setattr(inloop, "fit_compute", recording_fit)
+    result = inloop.held_back_errors(BASE.with_overrides({"decode_graphs": 1}), rows, ["run-a", "run-b"], 0.0,
+                                     forms=("A",))
+    assert seen == [{"run-b"}, {"run-a"}]
+    assert set(result["A"]["runs"]) == {"run-a", "run-b"}
+    assert all(0 <= v < 0.02 for v in result["A"]["runs"].values())
+    assert result["A"]["score"] == pytest.approx(np.mean(list(result["A"]["runs"].values())), abs=1e-4)
+    with pytest.raises(InLoopError, match="run-c"):
+        inloop.held_back_errors(BASE, rows, ["run-c"], 0.0, forms=("A",))
+
+
+def test_select_needs_two_runs():
+    with pytest.raises(InLoopError, match="at least two runs"):
+        calibrate_from_runs([str(TRAIN)], json.loads(PROFILE.read_text()), form="select")
+
+
 def test_decode_correction_recovers_a_step_in_batch_size():
     fitted = BASE.with_overrides({"decode_graphs": 1, "decode_overhead_us": 2000})
     truth = fitted.with_overrides({"decode_batch_knots": [1, 24, 32, 64],
@@ -261,14 +295,14 @@ def test_in_loop_growth_scale_applies_at_its_own_tp_only(tmp_path):
 
 def test_calibrate_form_choices_are_the_fitted_forms():
     """``kvsim calibrate --form`` lists its choices literally (its --help imports no numpy); they must be the
-    forms the fit knows, plus ``auto``."""
+    forms the fit knows, plus the rules that pick among them (``auto``, ``select``)."""
     import argparse
 
     from hwbackend import cli
-    from hwbackend.calibration.inloop import FORMS
+    from hwbackend.calibration.inloop import FORM_RULES, FORMS
 
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers())
     calibrate = parser._subparsers._group_actions[0].choices["calibrate"]
     form = next(action for action in calibrate._actions if action.dest == "form")
-    assert tuple(form.choices) == (*FORMS, "auto")
+    assert tuple(form.choices) == (*FORMS, *FORM_RULES)
