@@ -101,7 +101,8 @@ def cmd_simulate_disagg(args: argparse.Namespace) -> int:
 
     config = disagg_config_from_args(args)
     out = OutputDir(args.out if args.out is not None else default_out_dir(), args.force, inputs=command_inputs(args))
-    if args.profile is not None:
+    from sim.setup.catalog import is_profile_keyword
+    if args.profile is not None and not is_profile_keyword(args.profile):
         from sim.timing.latency import read_profile
         read_profile(args.profile)
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens)

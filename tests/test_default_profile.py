@@ -1,6 +1,8 @@
 """The catalogue's default profile per GPU (issue 30 item 2) and the engine split-KV rule of the block model."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import sim.setup.catalog as catalog
@@ -54,3 +56,23 @@ def test_engine_split_rule_by_hand():
     assert engine_decode_splits(1, 8, 528.0) == 64
     assert engine_decode_splits(64, 8, 528.0) == 2
     assert engine_decode_splits(256, 8, 528.0) == 1
+
+
+@pytest.mark.parametrize("keyword", ["roofline", "None"])
+def test_every_command_takes_the_profile_keywords(tmp_path, capsys, keyword):
+    """README: ``--profile roofline`` (or ``none``) forces the roofline: simulate, compare, capacity and validate
+    accept it (the pre-checks read no file of that name) and record the roofline."""
+    import json
+
+    from cli import main
+
+    assert main(["simulate", "--num-requests", "20", "--profile", keyword, "--out", str(tmp_path / "s"),
+                 "--quiet"]) == 0
+    config = json.loads((tmp_path / "s" / "config.json").read_text())
+    assert config["compute_model"].startswith("roofline (built-in defaults")
+    assert main(["compare", "--num-requests", "20", "--policy", "paged", "--policy", "vattention", "--profile", keyword,
+                 "--out", str(tmp_path / "c"), "--quiet"]) == 0
+    assert main(["capacity", "--num-requests", "40", "--profile", keyword, "--slo", "ttft_p99=2s"]) == 0
+    assert "compute model: roofline (built-in defaults" in capsys.readouterr().out
+    run = Path(__file__).resolve().parents[1] / "docs" / "validation" / "colocate" / "static"
+    assert main(["validate", "--hw-run", str(run), "--profile", keyword]) == 0

@@ -265,7 +265,9 @@ def matching_compute_model(run_config: dict, profile: str | None, compute_model:
     """``auto`` for a run that served decodes eagerly (no ``cuda_graphs`` in its config: the first session's
     runs) becomes ``tiled`` (else ``roofline``) when the profile's ``compute_in_loop`` was fitted on graphed
     decodes: that fit describes another loop. Any explicit choice is kept."""
-    if compute_model != "auto" or profile is None or run_config.get("cuda_graphs"):
+    from sim.setup.catalog import is_profile_keyword
+
+    if compute_model != "auto" or profile is None or is_profile_keyword(profile) or run_config.get("cuda_graphs"):
         return compute_model
     from sim.timing.latency import read_profile
 
@@ -322,7 +324,9 @@ def coverage_notes(profile: str | None, hw_dir: str | Path, config: SimConfig) -
     """The profile's coverage (``compute_in_loop.coverage``, written by ``kvsim calibrate --from-run``) as one
     line, then one warning line for each way the run leaves it: another model, a longer context, a larger
     decode-only or mixed batch (from the run's ``shapes.parquet``). Empty without a profile or coverage."""
-    if not profile:
+    from sim.setup.catalog import is_profile_keyword
+
+    if not profile or is_profile_keyword(profile):
         return []
     from sim.timing.latency import read_profile
 
@@ -384,7 +388,9 @@ def check_profile(profile: str | Path | None) -> None:
         RunInputError: the path is a directory, or cannot be read.
         ProfileError: missing, not JSON, or not of format ``kvsim-profile/1`` (a ValueError naming the file).
     """
-    if profile is None:
+    from sim.setup.catalog import is_profile_keyword
+
+    if profile is None or is_profile_keyword(profile):
         return
     from sim.timing.latency import read_profile
 

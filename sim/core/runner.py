@@ -111,6 +111,7 @@ def measured_on_other_gpu(profile: dict, config: SimConfig | None) -> str | None
 def compute_gpu_note(config: SimConfig, profile_path: str | None) -> list[str]:
     """A note (list of one line, or empty) when ``profile_path``'s compute fits were measured on another GPU than
     ``config``'s and so are not used (an unreadable profile gives none: it is refused elsewhere)."""
+    profile_path = effective_profile(config, profile_path) if config is not None else profile_path
     if not profile_path:
         return []
     try:
@@ -235,6 +236,7 @@ def compute_model_source(config: SimConfig, profile_path: str | None,
     Raises:
         ProfileError / ValueError: as :func:`resolve_compute_model` (an unreadable profile, a missing section).
     """
+    profile_path = effective_profile(config, profile_path)
     if not profile_path:
         return compute_model, "roofline (built-in defaults)"
     profile = read_profile(profile_path)

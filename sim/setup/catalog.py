@@ -14,13 +14,19 @@ from sim.setup.model_files import is_file_reference, load_gpu_file, load_model_f
 from sim.setup.specs import DTYPE_BYTES, GPU_FIELDS, MODEL_FIELDS, CatalogError, GPUSpec, ModelSpec
 
 __all__ = ["DTYPE_BYTES", "GPU_FIELDS", "MODEL_FIELDS", "CatalogError", "GPUSpec", "ModelSpec", "get_gpu", "get_model",
-           "gpu_names", "is_file_reference", "model_names", "default_profile", "PROFILE_KEYWORDS"]
+           "gpu_names", "is_file_reference", "model_names", "default_profile", "PROFILE_KEYWORDS",
+           "is_profile_keyword"]
 
 CATALOG_ONLY_GPU_FIELDS = ("default_profile", "host_copy_profile")
 """Keys of a catalogue GPU entry that are not :class:`GPUSpec` fields (read by :func:`default_profile`)."""
 
 PROFILE_KEYWORDS = ("roofline", "none")
 """Profile names that force the built-in models (the roofline) even where the GPU names a default profile."""
+
+
+def is_profile_keyword(profile: object) -> bool:
+    """Whether a ``--profile`` value is one of :data:`PROFILE_KEYWORDS` (any case): no file to read or check."""
+    return profile is not None and str(profile).lower() in PROFILE_KEYWORDS
 
 
 @cache
