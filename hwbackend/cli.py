@@ -240,13 +240,21 @@ def _validate(args: argparse.Namespace) -> int:
     import sys
 
     from hwbackend.calibration.validate import command
-    from hwbackend.calibration.validate_colocate import is_colocated_run
+    from hwbackend.calibration.validate_colocate import colocated_parent, is_colocated_run
 
     from analysis.flags import ERROR_PREFIX, Progress
 
-    if args.hw_run is not None and is_colocated_run(args.hw_run):   # python -m hwbackend.replay.colocate
-        from hwbackend.calibration.validate_colocate import command
-
+    try:
+        if args.hw_run is not None and is_colocated_run(args.hw_run):   # python -m hwbackend.replay.colocate
+            from hwbackend.calibration.validate_colocate import command
+        elif args.hw_run is not None and (parent := colocated_parent(args.hw_run)) is not None:
+            print(f"{ERROR_PREFIX}--hw-run {args.hw_run} is tenant {parent[1]!r} of the co-located run {parent[0]}: "
+                  f"validate the whole run (kvsim validate --hw-run {parent[0]}); alone, the tenant would be "
+                  "simulated without the other tenants' compute and memory", file=sys.stderr)
+            return 2
+    except (ValueError, OSError) as exc:
+        print(f"{ERROR_PREFIX}{exc}", file=sys.stderr)
+        return 2
     try:
         with Progress(None, args.quiet, "validating (simulation; replay without --hw-run)"):
             return command(args)

@@ -215,6 +215,31 @@ def test_a_broken_colocated_summary_is_one_message(elastic_run, tmp_path, capsys
     assert "summary.json" in err and "tenants[1]" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("text", ['{"backend": "hardware", "tenants": [', "", "[1, 2]"])
+def test_an_unreadable_colocated_summary_is_named(elastic_run, tmp_path, capsys, text):
+    """A co-located run's summary.json that is not a JSON object is the message (it was blamed on a missing
+    requests.parquet: the folder fell through to the single-run loader)."""
+    import shutil
+
+    from cli import main
+
+    broken = tmp_path / "broken"
+    shutil.copytree(elastic_run, broken)
+    (broken / "summary.json").write_text(text)
+    assert main(["validate", "--hw-run", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert f"{broken / 'summary.json'}:" in err and "requests.parquet" not in err and "Traceback" not in err
+
+
+def test_one_tenant_of_a_colocated_run_is_refused_alone(elastic_run, capsys):
+    """Validated alone, a tenant was simulated without the other tenant's compute and memory (TTFT -99%)."""
+    from cli import main
+
+    assert main(["validate", "--hw-run", str(elastic_run / "tenants" / "a")]) == 2
+    err = capsys.readouterr().err
+    assert "is tenant 'a' of the co-located run" in err and f"kvsim validate --hw-run {elastic_run.resolve()}" in err
+
+
 def _set(path: list, value):
     def change(summary):
         target = summary
@@ -237,6 +262,7 @@ def _set(path: list, value):
     (_set(["tenants", 0, "ceiling_frac"], 0), "field tenants[0].ceiling_frac=0 must lie in (0, 1]"),
     (_set(["tenants", 1, "moved_in_pages"], "x"), "field tenants[1].moved_in_pages must be a number, got 'x'"),
     (_set(["tenants", 1, "gpu_wait_s"], [1]), "field tenants[1].gpu_wait_s must be a number, got [1]"),
+    (_set(["tenants", 1, "dir"], "tenants/a"), "field tenants[1].dir='tenants/a' is also tenant 'a''s folder"),
 ])
 def test_a_corrupt_colocated_summary_field_is_one_message(elastic_run, tmp_path, capsys, change, message):
     """Each was a traceback (TypeError), a message without file or field (float()'s), or simulated as given."""

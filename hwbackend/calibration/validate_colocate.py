@@ -26,15 +26,48 @@ COLOCATION_FIGURES = (("pages moved in", "moved_in_pages", "count", 1.0), ("peak
 
 def is_colocated_run(hw_dir: str | Path) -> bool:
     """Whether ``hw_dir`` holds a co-located hardware run (a ``summary.json`` with ``tenants`` and
-    ``backend: hardware``)."""
-    path = Path(hw_dir) / "summary.json"
+    ``backend: hardware``).
+
+    Raises:
+        RunInputError: a ``summary.json`` that is not a JSON object, in a folder without ``requests.parquet`` (so
+            not a single run either): the message names ``summary.json`` and the parse error, instead of the
+            single-run loader's "requests.parquet is missing".
+    """
+    root = Path(hw_dir)
+    path = root / "summary.json"
     if not path.is_file():
         return False
     try:
         summary = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        if (root / "requests.parquet").exists():
+            return False        # a single run: its own loader reports the summary
+        raise RunInputError(f"{path}: unreadable or not JSON ({exc})") from None
+    if not isinstance(summary, dict):
+        if (root / "requests.parquet").exists():
+            return False
+        raise RunInputError(f"{path}: expected a JSON object, got {type(summary).__name__}")
+    return summary.get("backend") == "hardware" and isinstance(summary.get("tenants"), list)
+
+
+def colocated_parent(hw_dir: str | Path) -> tuple[Path, str] | None:
+    """``(run folder, tenant name)`` when ``hw_dir`` is one tenant's folder (``RUN/tenants/NAME``) of a co-located
+    hardware run, else None (validated alone, a tenant would be simulated without the other tenants' compute and
+    memory: ``kvsim validate`` refuses it and names the run folder)."""
+    folder = Path(hw_dir).resolve()
+    if folder.parent.name != "tenants":
+        return None
+    root = folder.parent.parent
+    try:
+        if not is_colocated_run(root):
+            return None
+        rows = json.loads((root / "summary.json").read_text())["tenants"]
     except (OSError, ValueError):
-        return False
-    return isinstance(summary, dict) and summary.get("backend") == "hardware" and isinstance(summary.get("tenants"), list)
+        return None
+    for row in rows:
+        if isinstance(row, dict) and isinstance(row.get("dir"), str) and (root / row["dir"]).resolve() == folder:
+            return root, str(row.get("tenant", folder.name))
+    return None
 
 
 @dataclass
@@ -108,7 +141,7 @@ def _tenant_rows(source: Path, rows) -> list[dict]:
     """
     if not rows:
         raise RunInputError(f"{source}: field 'tenants' is empty (a co-located run has at least one tenant)")
-    names = []
+    names, folders = [], []
     for index, row in enumerate(rows):
         if not isinstance(row, dict) or "tenant" not in row or "dir" not in row:
             raise RunInputError(f"{source}: tenants[{index}] needs the fields 'tenant' and 'dir'")
@@ -118,7 +151,12 @@ def _tenant_rows(source: Path, rows) -> list[dict]:
                                     f"got {row[key]!r}")
         if row["tenant"] in names:
             raise RunInputError(f"{source}: field tenants[{index}].tenant={row['tenant']!r} names a tenant twice")
+        folder = (source.parent / row["dir"]).resolve()
+        if folder in folders:
+            raise RunInputError(f"{source}: field tenants[{index}].dir={row['dir']!r} is also tenant "
+                                f"{names[folders.index(folder)]!r}'s folder (each tenant has its own)")
         names.append(row["tenant"])
+        folders.append(folder)
         _number(source, f"tenants[{index}].floor_frac", row.get("floor_frac", 0.0), 0.0, 1.0)
         _number(source, f"tenants[{index}].ceiling_frac", row.get("ceiling_frac", 1.0), 0.0, 1.0, low_open=True)
         for _, key, _, _ in COLOCATION_FIGURES:
