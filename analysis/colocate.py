@@ -23,8 +23,11 @@ def build_tenants(args) -> list:
     """The :class:`sim.cluster.colocate.Tenant` list of ``args.tenant`` (specs) with the shared flags of ``args``.
 
     Raises:
-        ConfigError / TraceError / CatalogError: a bad key, value, model or trace (naming the tenant).
+        ConfigError / TraceError / CatalogError: a bad key, value, model or trace (naming the tenant); ValueError:
+            a tenant's ``slo=`` that :func:`analysis.planning.slo.parse_slos` refuses (checked here, before any
+            simulation, by ``colocate`` and ``capacity --colocate`` alike).
     """
+    from analysis.planning.slo import parse_slos
     from sim.cluster.colocate import Tenant
     from sim.frontend.colocate_options import parse_tenant_spec, tenant_extras
     from sim.frontend.options import config_from_args
@@ -43,9 +46,16 @@ def build_tenants(args) -> list:
             trace, notes = load_workload(targs, config.seed, config.slot_max_tokens)
         except ValueError as exc:
             raise type(exc)(f"--tenant {values['name']}: {exc}") from None
+        extras = tenant_extras(values)
+        if extras["slo"] is not None:
+            try:
+                parse_slos(extras["slo"])
+            except ValueError as exc:
+                raise ValueError(f"--tenant {values['name']}: slo={values['slo']}: "
+                                 f"{str(exc).removeprefix('--slo: ').removeprefix('--slo ')}") from None
         for note in notes:
             print(f"kvsim: warning: tenant {values['name']}: {note}", file=sys.stderr)
-        tenants.append(Tenant(values["name"], config, trace, **tenant_extras(values)))
+        tenants.append(Tenant(values["name"], config, trace, **extras))
     return tenants
 
 
@@ -218,14 +228,24 @@ def colocated_capacity(tenants: list, sharing, profile_path: str | None = None, 
 def cmd_capacity_colocate(args) -> int:
     """``kvsim capacity --colocate``: the common capacity scale for static and elastic sharing."""
     tenants = build_tenants(args)
+    if not any(t.slo for t in tenants):           # before the table's header: the error is the only output
+        raise ValueError("capacity --colocate needs slo= on at least one --tenant")
     print(f"{'sharing':>8}  {'scale':>7}  {'req/s (all)':>11}  binding")
+    none = []
     for mode in ("static", "elastic"):
         sharing = sharing_of(type(args)(**{**vars(args), "sharing": mode}), len(tenants))
         step = None if args.quiet else (lambda e, m=mode: print(f"  {m} scale {e.scale:.3f}: "
                                                                 f"{'pass' if e.passed else ', '.join(e.failed)}"))
         result = colocated_capacity(tenants, sharing, args.profile, args.tolerance, step)
-        scale = result.best.scale if result.best else 0.0
-        print(f"{mode:>8}  {scale:7.3f}  {result.rate_per_s:11.2f}  {result.binding}")
+        if result.best is None:
+            lowest = min((e.scale for e in result.steps), default=float("nan"))
+            print(f"{mode:>8}  {'none':>7}  {'-':>11}  {result.binding}")
+            none.append(f"{mode}: the SLOs fail even at scale {lowest:.3g} (binding: {result.binding})")
+            continue
+        print(f"{mode:>8}  {result.best.scale:7.3f}  {result.rate_per_s:11.2f}  {result.binding}")
+    if none:        # as kvsim capacity: no capacity is a failed search, not a capacity of 0
+        print(f"capacity: none for {'; '.join(none)}; relax the SLOs or change the configuration", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -180,3 +180,37 @@ def test_capacity_colocate_refuses_flags_it_would_ignore(extra, flag, capsys, tm
     assert cli.main([x.replace("cap.json", str(tmp_path / "cap.json")) for x in argv]) == 2
     assert f"{flag} does not apply to capacity --colocate" in capsys.readouterr().err
     assert not (tmp_path / "cap.json").exists()
+
+
+@pytest.mark.parametrize("slo, message", [
+    ("ttft_p99=fast", "--tenant a: slo=ttft_p99=fast: ttft_p99: not a duration: 'fast'"),
+    ("bogus_p99=2s", "--tenant a: slo=bogus_p99=2s: unknown metric 'bogus_p99'"),
+])
+@pytest.mark.parametrize("command", [["colocate"], ["capacity", "--colocate"]])
+def test_a_tenants_bad_slo_is_refused_before_anything_runs(command, slo, message, capsys, tmp_path):
+    """kvsim colocate ran with an unparsable slo= (it only matters to capacity); capacity --colocate printed its
+    table's header before the error. Both now refuse it first, naming the tenant."""
+    import cli
+    argv = [*command, "--tenant", f"model=llama-3.1-8b,name=a,slo={slo}", "--tenant", "model=qwen2.5-7b,name=b"]
+    if command == ["colocate"]:
+        argv += ["--out", str(tmp_path / "o")]
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and captured.out == ""
+    assert not (tmp_path / "o").exists()
+
+
+def test_capacity_colocate_with_slos_that_never_hold_fails(capsys, tmp_path):
+    """A 1 us TTFT p99 holds at no rate: the search reports no capacity and exits 1 (it printed 0.000 and 0)."""
+    import cli
+    path = tmp_path / "a.csv"
+    t = _trace(1, n=10)
+    pd.DataFrame({"arrived_at": t.arrival_s, "num_prefill_tokens": t.prompt_tokens,
+                  "num_decode_tokens": t.output_tokens}).to_csv(path, index=False)
+    code = cli.main(["capacity", "--colocate", "--quiet", "--memory-util", "0.3",
+                     "--tenant", f"model=llama-3.1-8b,name=a,trace={path},slo=ttft_p99=1us",
+                     "--tenant", f"model=qwen2.5-7b,name=b,trace={path},slo=ttft_p99=2s"])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "  static     none" in captured.out and " elastic     none" in captured.out
+    assert "capacity: none for static: the SLOs fail even at scale" in captured.err and "a:ttft_p99" in captured.err
