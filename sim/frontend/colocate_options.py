@@ -104,7 +104,8 @@ def parse_sharing(text: str, num_tenants: int):
     from sim.cluster.colocate import TRIM_DELAY_US, Sharing
     mode, _, rest = text.partition(":")
     if mode not in ("static", "elastic"):
-        raise ConfigError(f"--sharing {text!r}: choose static[:split=a/b/...] or elastic[:trim-delay=1s] (kvsim colocate also takes both)")
+        raise ConfigError(f"--sharing {text!r}: choose static[:split=a/b/...] or elastic[:trim-delay=1s] "
+                          "(kvsim colocate also takes both)")
     split, trim_us = None, TRIM_DELAY_US
     for item in filter(None, rest.split(":")):
         key, _, value = item.partition("=")
