@@ -241,7 +241,8 @@ def print_colocated(result: ColocatedValidation) -> None:
     """The per-tenant tables on stdout."""
     from hwbackend.calibration.validate import check_targets, markdown_table
 
-    print(f"co-located run, {result.sharing.mode} sharing, {len(result.names)} tenants")
+    count = len(result.names)
+    print(f"co-located run, {result.sharing.mode} sharing, {count} tenant{'' if count == 1 else 's'}")
     for name, table, hw, notes in zip(result.names, result.tables, result.hw, result.notes):
         print(f"\n{name} ({len(hw.requests)} requests, {len(hw.iterations)} hw iterations)")
         for line in notes:

@@ -25,7 +25,7 @@ PROFILE_KEYWORDS = ("roofline", "none")
 
 
 def is_profile_keyword(profile: object) -> bool:
-    """Whether a ``--profile`` value is one of :data:`PROFILE_KEYWORDS` (any case): no file to read or check."""
+    """Whether a profile name is one of :data:`PROFILE_KEYWORDS` (any case): no file to read or check."""
     return profile is not None and str(profile).lower() in PROFILE_KEYWORDS
 
 
