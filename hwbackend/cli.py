@@ -168,6 +168,13 @@ def _from_vidur(args: argparse.Namespace) -> int:
 MIN_ITERATIONS = 1000  # below this a fit of the in-loop model's ~20 fields is warned about
 
 
+HARNESS_COMPUTE_FITS = ("roofline", "tiled_roofline")
+"""The ``compute`` fits of ``kvsim calibrate --compute`` (the harness's grid): a profile fitted on engine replays
+(``compute_in_loop.replay_compute == "engine"``) drops them, since they describe the harness, which ran
+1.07-2.36x the roofline where the engine kernels run 1.03-1.56x (docs/validation/engine-replay/README.md): the
+Qwen2.5-7B tenant of docs/validation/colocate ran +68% at iteration p50 on the harness's tiled fit."""
+
+
 def _from_runs(args: argparse.Namespace) -> int:
     import json
     import sys
@@ -218,6 +225,13 @@ def _from_runs(args: argparse.Namespace) -> int:
               "(replays before 2026-12-01), so the block form estimates them for those runs' iterations (one block "
               "per 128 chunk tokens over cached + new keys, low for long chunks)", file=sys.stderr)
     profile.pop("vmm_in_loop", None)
+    harness_fits = [key for key in HARNESS_COMPUTE_FITS if key in (profile.get("compute") or {})]
+    if sections["compute_in_loop"].get("replay_compute") == "engine" and harness_fits:
+        print(f"kvsim: note: the profile's compute.{' and compute.'.join(harness_fits)} (kvsim calibrate --compute: "
+              "the PyTorch harness's grid, ~2x slower than the engine kernels) removed: for a model outside "
+              "compute_in_loop's the built-in roofline applies, not the harness's timing", file=sys.stderr)
+        for key in harness_fits:
+            del profile["compute"][key]
     profile.update(sections)
     out.write_text(json.dumps(profile, indent=1) + "\n")
     fit = sections["compute_in_loop"]

@@ -306,3 +306,25 @@ def test_calibrate_form_choices_are_the_fitted_forms():
     calibrate = parser._subparsers._group_actions[0].choices["calibrate"]
     form = next(action for action in calibrate._actions if action.dest == "form")
     assert tuple(form.choices) == (*FORMS, *FORM_RULES)
+
+
+def test_a_fit_on_engine_runs_drops_the_harness_grid_fits(tmp_path, capsys):
+    """The base profile's compute.roofline / tiled_roofline (kvsim calibrate --compute: the harness's grid) leave a
+    profile fitted on engine replays, so a model outside compute_in_loop gets the built-in roofline and is told
+    so, not the harness's timing (the Qwen tenant of docs/validation/colocate ran +68% at iteration p50 on it)."""
+    from cli import main
+    from sim.core.runner import compute_model_source
+
+    run = ROOT / "docs" / "validation" / "engine-profile" / "train-code-sync"
+    out = tmp_path / "engine.json"
+    shutil.copy(PROFILE, out)
+    assert {"roofline", "tiled_roofline"} <= set(json.loads(out.read_text())["compute"])
+    assert main(["calibrate", "--from-run", str(run), "--form", "A", "--out", str(out), "--force"]) == 0
+    assert "compute.roofline and compute.tiled_roofline" in capsys.readouterr().err
+    profile = json.loads(out.read_text())
+    assert not {"roofline", "tiled_roofline"} & set(profile["compute"])
+    assert profile["compute_in_loop"]["replay_compute"] == "engine"
+    chosen, text = compute_model_source(SimConfig(model="qwen2.5-7b"), str(out))
+    assert chosen == "roofline" and text.startswith("roofline (built-in defaults: ")
+    assert "compute_in_loop was fitted for llama-3-8b on h200 at tp 1, not qwen2.5-7b on h200 at tp 1" in text
+    assert compute_model_source(SimConfig(), str(out))[0] == "in-loop"      # llama-3-8b, the run's model

@@ -405,7 +405,8 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "", g
     if len(computes) != 1:
         raise InLoopError(f"runs and grids of different replay computes ({', '.join(sorted(computes))}): the split-KV "
                           "decode kernels differ; fit one compute at a time")
-    split_kv_programs = ENGINE_SPLIT_KV_PROGRAMS if computes == {"engine"} else 0.0
+    replay_compute = next(iter(computes))
+    split_kv_programs = ENGINE_SPLIT_KV_PROGRAMS if replay_compute == "engine" else 0.0
     if form not in FORMS + FORM_RULES:
         raise InLoopError(f"form {form!r}: choose one of {', '.join(FORMS + FORM_RULES)}")
     held_back = None
@@ -444,6 +445,7 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "", g
                "models": sorted({c.model for c in configs}),
                "coverage": coverage_of(rows, sorted({c.model for c in configs})),
                "model": config.model, "gpu": config.gpu, "tp": config.tp, "command": command,
+               "replay_compute": replay_compute,
                "method": "least squares (soft-L1, scale 0.05) on relative error of duration_us minus the mapping "
                          "part of sync_stall_us, over every iteration of the runs (hwbackend/calibration/inloop.py)"}
     sections = {"compute_in_loop": section}

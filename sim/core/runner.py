@@ -245,6 +245,14 @@ def compute_model_source(config: SimConfig, profile_path: str | None,
     other_gpu = measured_on_other_gpu(profile, config)
     if other_gpu and chosen == "roofline":
         return chosen, f"roofline (built-in defaults: {profile_path}'s compute fits were measured on {other_gpu})"
+    in_loop = profile.get("compute_in_loop") or {}
+    if chosen == "roofline" and not (profile.get("compute") or {}).get("roofline"):
+        if in_loop:          # the profile's only fit is for other models: say so, it is not used here
+            covered = ", ".join(in_loop.get("models") or [str(in_loop.get("model"))])
+            return chosen, (f"roofline (built-in defaults: {profile_path}'s compute_in_loop was fitted for {covered} "
+                            f"on {in_loop.get('gpu')} at tp {in_loop.get('tp', 1)}, not {config.model} on "
+                            f"{config.gpu} at tp {config.tp})")
+        return chosen, f"roofline (built-in defaults: {profile_path} has no compute fit)"
     return chosen, f"{chosen} ({section[chosen]} of {profile_path})"
 
 
