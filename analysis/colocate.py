@@ -117,33 +117,34 @@ def memory_figure(memory, title: str):
     return fig
 
 
-def _check_out(path: str | None, force: bool) -> Path:
-    from analysis.output import default_out_dir
-    out = Path(path) if path else default_out_dir("colocate")
-    if out.exists() and any(out.iterdir()) and not force:
-        raise FileExistsError(f"--out {out} is not empty; choose another or pass --force")
-    return out
-
-
 def cmd_colocate(args) -> int:
-    """``kvsim colocate``: simulate, write the run directory (and ``report.html``), print the table."""
+    """``kvsim colocate``: simulate, write the run directory (and ``report.html``), print the table. ``--out`` is
+    an :class:`analysis.output.OutputDir`: checked before any work, written as a whole, and with ``--force`` a
+    previous kvsim result is replaced entirely (it failed at the first tenant folder, and left stale files)."""
+    from analysis.output import OutputDir, command_inputs, default_out_dir
     from sim.cluster.colocate import simulate_colocated
+    from sim.frontend.colocate_options import parse_tenant_spec
     tenants = build_tenants(args)
-    out = _check_out(args.out, args.force)
+    traces_read = [Path(spec["trace"]) for spec in (parse_tenant_spec(text, i) for i, text in
+                                                     enumerate(args.tenant or [])) if spec.get("trace")]
+    out = OutputDir(args.out if args.out else default_out_dir("colocate"), args.force,
+                    inputs=[*command_inputs(args), *(p for p in traces_read if p.exists())])
     modes = ["static", "elastic"] if args.sharing == "both" else [args.sharing]
-    for mode in modes:
-        args_mode = type(args)(**{**vars(args), "sharing": mode})
-        sharing = sharing_of(args_mode, len(tenants))
-        started = time.time()
-        run = simulate_colocated(tenants, sharing, args.profile)
-        target = out / sharing.mode if len(modes) > 1 else out
-        write_colocated(run, target)
-        if not args.no_report:
-            memory_figure(run.memory, f"mapped KV per tenant ({sharing.mode} sharing)").write_html(
-                target / "report.html", include_plotlyjs="cdn")
-        print(f"kvsim colocate: {len(tenants)} tenants, {sharing.mode} sharing, compute {sharing.compute}, KV pool "
-              f"{run.pool_bytes / 2**30:.1f} GiB ({time.time() - started:.1f} s) -> {target}")
-        print(format_table(tenant_rows(run), sharing.mode))
+    with out.writing() as stage:
+        for mode in modes:
+            args_mode = type(args)(**{**vars(args), "sharing": mode})
+            sharing = sharing_of(args_mode, len(tenants))
+            started = time.time()
+            run = simulate_colocated(tenants, sharing, args.profile)
+            target = stage / sharing.mode if len(modes) > 1 else stage
+            write_colocated(run, target)
+            if not args.no_report:
+                memory_figure(run.memory, f"mapped KV per tenant ({sharing.mode} sharing)").write_html(
+                    target / "report.html", include_plotlyjs="cdn")
+            shown = out.path / sharing.mode if len(modes) > 1 else out.path
+            print(f"kvsim colocate: {len(tenants)} tenant{'' if len(tenants) == 1 else 's'}, {sharing.mode} sharing, compute {sharing.compute}, "
+                  f"KV pool {run.pool_bytes / 2**30:.1f} GiB ({time.time() - started:.1f} s) -> {shown}")
+            print(format_table(tenant_rows(run), sharing.mode))
     return 0
 
 

@@ -31,7 +31,7 @@ def default_out_dir(kind: str = "sim") -> Path:
 # hardware replay's shapes.parquet) is never deleted.
 RESULT_FILES = frozenset({"requests.parquet", "iterations.parquet", "summary.json", "config.json", "report.html",
                           "compare.csv", "compare.parquet", "sweep.parquet", "sweep.csv", "sweep.html",
-                          "validation.md", "errors.csv", "overlay.html", "tiers.parquet"})
+                          "validation.md", "errors.csv", "overlay.html", "tiers.parquet", "memory.parquet"})
 _RUN_FILES = frozenset({"requests.parquet", "iterations.parquet", "summary.json", "config.json", "report.html",
                         "tiers.parquet"})
 # the hardware replay that ``kvsim validate`` without --hw-run saves in its result (hwbackend.replay.cli.write_hw_run)
@@ -61,6 +61,11 @@ def _is_result_entry(entry: Path) -> bool:
         return all(p.is_file() and p.name in _RUN_FILES for p in entry.iterdir())
     if entry.name == "hw":                    # validate's fresh replay
         return all(p.is_file() and p.name in _HW_RUN_FILES for p in entry.iterdir())
+    if entry.name == "tenants":               # kvsim colocate: tenants/<name>/ run folders
+        return all(t.is_dir() and not t.is_symlink() and all(p.is_file() and p.name in _RUN_FILES for p in t.iterdir())
+                   for t in entry.iterdir())
+    if entry.name in ("static", "elastic"):   # kvsim colocate --sharing both: one co-located result per sharing
+        return all(_is_result_entry(p) for p in entry.iterdir())
     return False
 
 

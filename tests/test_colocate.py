@@ -1,6 +1,7 @@
 """Co-location (sim.cluster.colocate): static sharing equals separate runs bit for bit, determinism, ceilings,
 the compute resource serialising tenants, sleep/wake, the CLI's run directory and its bad-input messages."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -214,3 +215,32 @@ def test_capacity_colocate_with_slos_that_never_hold_fails(capsys, tmp_path):
     assert code == 1
     assert "  static     none" in captured.out and " elastic     none" in captured.out
     assert "capacity: none for static: the SLOs fail even at scale" in captured.err and "a:ttft_p99" in captured.err
+
+
+def test_colocate_force_replaces_the_whole_result_and_records_each_compute_model(tmp_path, capsys):
+    """--force failed at the first tenant folder ("already holds a run") and would have left a --sharing both
+    result's static/ and elastic/ beside a new one; each tenant's config.json names its compute model (a profile
+    fitted for one tenant's model falls back to the roofline for the other's)."""
+    import cli
+    path = tmp_path / "a.csv"
+    t = _trace(1, n=10)
+    pd.DataFrame({"arrived_at": t.arrival_s, "num_prefill_tokens": t.prompt_tokens,
+                  "num_decode_tokens": t.output_tokens}).to_csv(path, index=False)
+    out = tmp_path / "run"
+    tenants = ["--tenant", f"model=llama-3.1-8b,name=a,trace={path}", "--tenant", f"model=qwen2.5-7b,name=b,trace={path}"]
+    assert cli.main(["colocate", *tenants, "--memory-util", "0.3", "--sharing", "both", "--no-report",
+                     "--out", str(out)]) == 0
+    assert (out / "static").is_dir() and (out / "elastic").is_dir()
+    profile = str(Path(__file__).resolve().parents[1] / "profiles" / "h200-engine.json")
+    assert cli.main(["colocate", *tenants, "--memory-util", "0.3", "--no-report", "--out", str(out), "--force",
+                     "--profile", profile]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [".kvsim-result", "memory.parquet", "summary.json", "tenants"]
+    config_a = json.loads((out / "tenants" / "a" / "config.json").read_text())
+    config_b = json.loads((out / "tenants" / "b" / "config.json").read_text())
+    assert config_a["compute_model"].startswith("in-loop (compute_in_loop of ")
+    assert config_b["compute_model"].startswith("roofline (built-in defaults: ") and "not qwen2.5-7b" in config_b["compute_model"]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    assert cli.main(["colocate", *tenants, "--out", str(mine), "--force"]) == 2
+    assert (mine / "notes.txt").read_text() == "mine"

@@ -309,8 +309,11 @@ def simulate_colocated(tenants: list[Tenant], sharing: Sharing, profile_path: st
         coalesce = gpu is None and not elastic     # fast-forwarded decode runs would hold the shared resources
         sims.append(TenantSimulator(config, tenant.trace, gpu=gpu, pool=pool, index=index, tenant=tenant,
                                     vmm=vmm, compute=compute, env=env, coalesce=coalesce))
+        # each tenant's compute model, as a single run records it (config.json's compute_model): a profile fitted
+        # for one tenant's model falls back to the roofline for another's, and says so
         metas.append({**config.to_dict(), "trace_source": tenant.trace.attrs.get("source", "in-memory table"),
-                      "vmm_latency_source": vmm.source, "tenant": tenant.name})
+                      "vmm_latency_source": vmm.source, "tenant": tenant.name,
+                      "compute_model": runner.compute_model_source(config, profile_path)[1]})
     for simulator in sims:
         simulator.start()
     span_us = max((float(t.trace["arrival_s"].max()) * US_PER_S for t in tenants if len(t.trace)), default=0.0)
