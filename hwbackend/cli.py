@@ -52,8 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "term), B (attention by thread blocks), C (B with FlashAttention-2's split-KV decodes), "
                              "D (C with the longest block's own time per key), E (D with that block partly after "
                              "the others), auto (all five; the lowest weighted median training error ships), "
-                             "select (each run left out of the fit in turn; the form of least error on the runs "
-                             "it did not see ships; needs two runs or more, 1 + forms x runs fits) (default: A)")
+                             "select (each run left out of the fit in turn; the form of least time-weighted error on "
+                             "the runs it did not see ships; needs two runs or more, 1 + forms x runs fits) "
+                             "(default: A)")
     parser.add_argument("--from-vidur", default=None, metavar="DIR",
                         help="import Vidur's published operator profiles (a microsoft/vidur checkout: "
                              "data/profiling/compute/<gpu>/<org>/<model>/mlp.csv, network/<gpu>_dgx/all_reduce.csv; "
