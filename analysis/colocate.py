@@ -275,7 +275,9 @@ def register(subparsers) -> None:
                                 description="Co-simulate several models on one GPU (docs/colocate.md).")
     add_colocate_args(sub)
     sub.add_argument("--sharing", default="static",
-                     help="static[:split=a/b/...] | elastic[:trim-delay=1s] | both (default: static)")
+                     help="static[:split=a/b/...] | elastic[:trim-delay=1s] | both (default: static); split: "
+                          "relative shares of the KV pool, one per tenant, normalised to sum 1 (1/2 and 0.9/1.8 "
+                          "are the same split; default equal)")
     sub.add_argument("--out", default=None, help="run directory, new or empty (default: runs/colocate-<UTC time>)")
     sub.add_argument("--force", action="store_true", help="write into a non-empty --out")
     sub.add_argument("--no-report", action="store_true", help="no report.html (the stacked mapped-KV plot)")
