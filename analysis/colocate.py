@@ -127,9 +127,14 @@ def cmd_colocate(args) -> int:
     tenants = build_tenants(args)
     traces_read = [Path(spec["trace"]) for spec in (parse_tenant_spec(text, i) for i, text in
                                                      enumerate(args.tenant or [])) if spec.get("trace")]
-    out = OutputDir(args.out if args.out else default_out_dir("colocate"), args.force,
+    out = OutputDir(args.out if args.out is not None else default_out_dir("colocate"), args.force,
                     inputs=[*command_inputs(args), *(p for p in traces_read if p.exists())])
     modes = ["static", "elastic"] if args.sharing == "both" else [args.sharing]
+    from sim.core.runner import compute_model_source
+    from sim.results.summary import compute_model_text
+    for tenant in tenants:      # as simulate and capacity print theirs: a profile may cover one tenant's model only
+        print(f"compute model of {tenant.name}: "
+              f"{compute_model_text(compute_model_source(tenant.config, args.profile)[1], tenant.config.gpu)}")
     with out.writing() as stage:
         for mode in modes:
             args_mode = type(args)(**{**vars(args), "sharing": mode})

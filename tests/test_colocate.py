@@ -173,9 +173,13 @@ def test_synthetic_default_tenant_runs():
     assert run.results[0].summary["finished"] == 10
 
 
-@pytest.mark.parametrize("extra, flag", [(["--out", "cap.json"], "--out"), (["--target-rate", "10"], "--target-rate")])
+@pytest.mark.parametrize("extra, flag", [(["--out", "cap.json"], "--out"), (["--target-rate", "10"], "--target-rate"),
+                                         (["--slo", "ttft_p99=1ms"], "--slo"), (["--num-requests", "5"], "--num-requests"),
+                                         (["--model", "qwen2.5-7b"], "--model"), (["--policy", "paged"], "--policy"),
+                                         (["--rate-scale", "3"], "--rate-scale")])
 def test_capacity_colocate_refuses_flags_it_would_ignore(extra, flag, capsys, tmp_path):
-    """capacity --colocate wrote no --out file and used no --target-rate, silently."""
+    """capacity --colocate wrote no --out file and used no --target-rate, --slo, --num-requests, --model, --policy
+    or --rate-scale (each tenant's come from its --tenant keys), silently: the same table with or without them."""
     import cli
     argv = ["capacity", "--colocate", "--tenant", "model=llama-3.1-8b,slo=ttft_p99=2s", *extra]
     assert cli.main([x.replace("cap.json", str(tmp_path / "cap.json")) for x in argv]) == 2
@@ -244,3 +248,19 @@ def test_colocate_force_replaces_the_whole_result_and_records_each_compute_model
     (mine / "notes.txt").write_text("mine")
     assert cli.main(["colocate", *tenants, "--out", str(mine), "--force"]) == 2
     assert (mine / "notes.txt").read_text() == "mine"
+
+
+def test_colocate_refuses_an_empty_out_and_prints_each_tenants_compute_model(tmp_path, capsys, monkeypatch):
+    """--out '' wrote into runs/colocate-<time> (simulate refuses it); the compute model of every tenant is
+    printed, as simulate and capacity print theirs."""
+    import cli
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["colocate", "--out", "", "--tenant", "model=llama-3.1-8b,num-requests=5"]) == 2
+    assert "--out '': an empty path" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+    profile = str(Path(__file__).resolve().parents[1] / "profiles" / "h200-engine.json")
+    assert cli.main(["colocate", "--out", str(tmp_path / "o"), "--no-report", "--memory-util", "0.3", "--profile",
+                     profile, "--tenant", "model=llama-3.1-8b,name=a,num-requests=5",
+                     "--tenant", "model=qwen2.5-7b,name=b,num-requests=5"]) == 0
+    out = capsys.readouterr().out
+    assert "compute model of a: in-loop (compute_in_loop of " in out
+    assert "compute model of b: roofline (built-in defaults: " in out

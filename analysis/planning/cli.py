@@ -124,11 +124,26 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         from analysis.colocate import cmd_capacity_colocate
         if not args.colocate:
             raise ValueError("--tenant belongs to --colocate")
+        from sim.setup.config import SimConfig
         ignored = [flag for flag, given in (("--out", args.json), ("--target-rate", args.target_rate is not None),
                                             ("--check-replicas", args.check_replicas)) if given]
         if ignored:     # capacity --colocate prints its table only: these would be silently dropped
             raise ValueError(f"{ignored[0]} does not apply to capacity --colocate (it prints the common rate scale "
                              "per sharing)")
+        # the tenants take their workload, model, policy, scheduler and SLOs from their own --tenant keys; only
+        # --gpu, --memory-util, --seed, --page-size, --tp and --profile are shared (analysis.colocate.tenant_args)
+        per_tenant = [flag for flag, given in (
+            ("--slo", bool(args.slo)), ("--trace", args.trace is not None),
+            ("--num-requests", args.num_requests is not None), ("--rate-scale", args.rate_scale != 1.0),
+            ("--arrival", args.arrival is not None), ("--sample", args.sample is not None),
+            ("--skip-requests", bool(args.skip_requests)), ("--model", args.model != SimConfig().model),
+            ("--policy", args.policy is not None), ("--scheduler", args.scheduler is not None),
+            ("--token-budget", args.token_budget is not None), ("--max-batch", args.max_batch is not None))
+            if given]
+        if per_tenant:
+            raise ValueError(f"{per_tenant[0]} does not apply to capacity --colocate: give it per tenant in --tenant "
+                             "(keys: docs/colocate.md; slo=ttft_p99=2s+tpot_p99=100ms); only --gpu, --memory-util, "
+                             "--seed, --page-size, --tp and --profile are shared")
         return cmd_capacity_colocate(args)
     if not args.slo:
         raise ValueError("capacity needs --slo, e.g. --slo ttft_p99=2s,tpot_p99=100ms")
