@@ -130,11 +130,7 @@ def cmd_colocate(args) -> int:
     out = OutputDir(args.out if args.out is not None else default_out_dir("colocate"), args.force,
                     inputs=[*command_inputs(args), *(p for p in traces_read if p.exists())])
     modes = ["static", "elastic"] if args.sharing == "both" else [args.sharing]
-    from sim.core.runner import compute_model_source
-    from sim.results.summary import compute_model_text
-    for tenant in tenants:      # as simulate and capacity print theirs: a profile may cover one tenant's model only
-        print(f"compute model of {tenant.name}: "
-              f"{compute_model_text(compute_model_source(tenant.config, args.profile)[1], tenant.config.gpu)}")
+    print_compute_models(tenants, args.profile)
     with out.writing() as stage:
         for mode in modes:
             args_mode = type(args)(**{**vars(args), "sharing": mode})
@@ -151,6 +147,16 @@ def cmd_colocate(args) -> int:
                   f"KV pool {run.pool_bytes / 2**30:.1f} GiB ({time.time() - started:.1f} s) -> {shown}")
             print(format_table(tenant_rows(run), sharing.mode))
     return 0
+
+
+def print_compute_models(tenants: list, profile_path: str | None) -> None:
+    """One ``compute model of NAME: ...`` line per tenant (as ``simulate`` and ``capacity`` print theirs): a
+    profile may cover one tenant's model only, and the other then runs on the built-in roofline."""
+    from sim.core.runner import compute_model_source
+    from sim.results.summary import compute_model_text
+    for tenant in tenants:
+        print(f"compute model of {tenant.name}: "
+              f"{compute_model_text(compute_model_source(tenant.config, profile_path)[1], tenant.config.gpu)}")
 
 
 def tenant_args(values: dict, shared: argparse.Namespace) -> argparse.Namespace:
@@ -236,6 +242,7 @@ def cmd_capacity_colocate(args) -> int:
     tenants = build_tenants(args)
     if not any(t.slo for t in tenants):           # before the table's header: the error is the only output
         raise ValueError("capacity --colocate needs slo= on at least one --tenant")
+    print_compute_models(tenants, args.profile)
     print(f"{'sharing':>8}  {'scale':>7}  {'req/s (all)':>11}  binding")
     none = []
     for mode in ("static", "elastic"):

@@ -197,6 +197,8 @@ def test_validate_warns_per_tenant_where_the_profile_does_not_cover_its_model(el
     part_a, part_b = printed.split("\na (3 requests")[1].split("\nb (3 requests")
     assert "profile coverage: models" in part_a and "warning" not in part_a.split("|")[0]
     assert "warning: the run's model qwen2.5-7b is not among the profile's models" in part_b
+    assert "compute model: in-loop (compute_in_loop of " in part_a
+    assert "compute model: roofline (built-in defaults: " in part_b and "not qwen2.5-7b" in part_b
     assert "warning: the run's model qwen2.5-7b" in (out / "validation.md").read_text()
 
 

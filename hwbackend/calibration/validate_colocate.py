@@ -230,7 +230,9 @@ def validate_colocated(hw_dir: str | Path, profile: str | None = None, out_dir: 
                  f"hardware run: `{shown_hw_dir or hw_dir}`; profile: `{profile or 'built-in'}`\n"]
         for name, table, sim, tenant_notes in zip(result.names, tables, run.results, notes):
             missed = check_targets(table)
-            noted = "".join(f"{line}\n\n" for line in tenant_notes)
+            shown = [f"compute model: {sim.config['compute_model']}"] if isinstance(sim.config.get("compute_model"),
+                                                                                     str) else []
+            noted = "".join(f"{line}\n\n" for line in shown + tenant_notes)
             parts.append(f"## {name} ({sim.config['label']})\n\n{noted}{markdown_table(table)}\n\ntargets missed: "
                          f"{'; '.join(missed) or 'none'}\n")
         (out / "validation.md").write_text("\n".join(parts))
@@ -243,8 +245,10 @@ def print_colocated(result: ColocatedValidation) -> None:
 
     count = len(result.names)
     print(f"co-located run, {result.sharing.mode} sharing, {count} tenant{'' if count == 1 else 's'}")
-    for name, table, hw, notes in zip(result.names, result.tables, result.hw, result.notes):
+    for name, table, hw, sim, notes in zip(result.names, result.tables, result.hw, result.sim, result.notes):
         print(f"\n{name} ({len(hw.requests)} requests, {len(hw.iterations)} hw iterations)")
+        if isinstance(sim.config.get("compute_model"), str):
+            print(f"compute model: {sim.config['compute_model']}")
         for line in notes:
             print(line)
         print(markdown_table(table))
