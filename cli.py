@@ -23,11 +23,9 @@ def _check_profile_first(profile_path: str | None) -> None:
     Raises:
         ProfileError: from :func:`sim.timing.latency.read_profile`, naming the file and field.
     """
-    from sim.setup.catalog import is_profile_keyword
+    from sim.timing.latency import check_profile_option
 
-    if profile_path is not None and not is_profile_keyword(profile_path):
-        from sim.timing.latency import read_profile
-        read_profile(profile_path)
+    check_profile_option(profile_path)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -101,10 +101,8 @@ def cmd_simulate_disagg(args: argparse.Namespace) -> int:
 
     config = disagg_config_from_args(args)
     out = OutputDir(args.out if args.out is not None else default_out_dir(), args.force, inputs=command_inputs(args))
-    from sim.setup.catalog import is_profile_keyword
-    if args.profile is not None and not is_profile_keyword(args.profile):
-        from sim.timing.latency import read_profile
-        read_profile(args.profile)
+    from sim.timing.latency import check_profile_option
+    check_profile_option(args.profile)
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
     from traces.workload import instances_note
     notes.append(instances_note(config.num_prefill, config.num_decode, len(trace)))

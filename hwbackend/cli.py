@@ -267,10 +267,6 @@ def _validate(args: argparse.Namespace) -> int:
                   f"validate the whole run (kvsim validate --hw-run {parent[0]}); alone, the tenant would be "
                   "simulated without the other tenants' compute and memory", file=sys.stderr)
             return 2
-    except (ValueError, OSError) as exc:
-        print(f"{ERROR_PREFIX}{exc}", file=sys.stderr)
-        return 2
-    try:
         with Progress(None, args.quiet, "validating (simulation; replay without --hw-run)"):
             return command(args)
     except BrokenPipeError:

@@ -322,10 +322,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         objectives(args.slo or "", args.slo_attainment)
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    from sim.setup.catalog import is_profile_keyword
-    if getattr(args, "profile", None) is not None and not is_profile_keyword(args.profile):
-        from sim.timing.latency import read_profile   # a bad profile is refused once, before any point runs
-        read_profile(args.profile)
+    from sim.timing.latency import check_profile_option
+    check_profile_option(getattr(args, "profile", None))   # a bad profile is refused once, before any point runs
     jobs = make_jobs(grid, base_settings(args), args.job)
     _check_long_context(jobs)
     from analysis.planning.sweep import point_args

@@ -426,10 +426,12 @@ def calibrate_from_runs(run_dirs: list[str], profile: dict, command: str = "", g
             raise InLoopError("form 'select' leaves each run out of the fit in turn: it needs at least two runs "
                               f"(got {len(sources)})")
         held_back = held_back_errors(base, rows, sources, split_kv_programs)
+    if held_back is not None:
+        names = (min(held_back, key=lambda n: held_back[n]["score"]),)
+    else:
+        names = FORMS if form == "auto" else (form,)
     candidates = {}
-    for name in (FORMS if form in FORM_RULES else (form,)):
-        if held_back is not None and name != min(held_back, key=lambda n: held_back[n]["score"]):
-            continue
+    for name in names:
         params, correction, errors, _ = _fit_form(base, rows, name, split_kv_programs)
         candidates[name] = (params, correction, errors)
     # "auto": the selection rule of docs/validation/cross-workload/PLAN.md, the lowest weighted median error on

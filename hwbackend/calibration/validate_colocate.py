@@ -24,9 +24,9 @@ COLOCATION_FIGURES = (("pages moved in", "moved_in_pages", "count", 1.0), ("peak
                       ("mean mapped KV", "mean_kv_bytes", "GiB", 2**30), ("GPU wait", "gpu_wait_s", "s", 1.0))
 
 
-def is_colocated_run(hw_dir: str | Path) -> bool:
-    """Whether ``hw_dir`` holds a co-located hardware run (a ``summary.json`` with ``tenants`` and
-    ``backend: hardware``).
+def _colocated_summary(hw_dir: str | Path) -> dict | None:
+    """``hw_dir``'s ``summary.json`` when it is a co-located hardware run's (``backend: hardware`` and a
+    ``tenants`` list), else None (no summary, or another run's).
 
     Raises:
         RunInputError: a ``summary.json`` that is not a JSON object, in a folder without ``requests.parquet`` (so
@@ -36,18 +36,24 @@ def is_colocated_run(hw_dir: str | Path) -> bool:
     root = Path(hw_dir)
     path = root / "summary.json"
     if not path.is_file():
-        return False
+        return None
     try:
         summary = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         if (root / "requests.parquet").exists():
-            return False        # a single run: its own loader reports the summary
+            return None         # a single run: its own loader reports the summary
         raise RunInputError(f"{path}: unreadable or not JSON ({exc})") from None
     if not isinstance(summary, dict):
         if (root / "requests.parquet").exists():
-            return False
+            return None
         raise RunInputError(f"{path}: expected a JSON object, got {type(summary).__name__}")
-    return summary.get("backend") == "hardware" and isinstance(summary.get("tenants"), list)
+    is_colocated = summary.get("backend") == "hardware" and isinstance(summary.get("tenants"), list)
+    return summary if is_colocated else None
+
+
+def is_colocated_run(hw_dir: str | Path) -> bool:
+    """Whether ``hw_dir`` holds a co-located hardware run (:func:`_colocated_summary`; raises as it does)."""
+    return _colocated_summary(hw_dir) is not None
 
 
 def colocated_parent(hw_dir: str | Path) -> tuple[Path, str] | None:
@@ -59,12 +65,10 @@ def colocated_parent(hw_dir: str | Path) -> tuple[Path, str] | None:
         return None
     root = folder.parent.parent
     try:
-        if not is_colocated_run(root):
-            return None
-        rows = json.loads((root / "summary.json").read_text())["tenants"]
-    except (OSError, ValueError):
+        summary = _colocated_summary(root)
+    except RunInputError:
         return None
-    for row in rows:
+    for row in (summary or {}).get("tenants", []):
         if isinstance(row, dict) and isinstance(row.get("dir"), str) and (root / row["dir"]).resolve() == folder:
             return root, str(row.get("tenant", folder.name))
     return None

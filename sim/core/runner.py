@@ -24,11 +24,11 @@ def effective_profile(config: SimConfig, profile_path: str | None) -> str | None
     Raises:
         CatalogError: a catalogue default that names no file under ``profiles/``.
     """
-    from sim.setup.catalog import PROFILE_KEYWORDS, default_profile
+    from sim.setup.catalog import default_profile, is_profile_keyword
 
     if profile_path is None:
         return default_profile(config.gpu)
-    if str(profile_path).lower() in PROFILE_KEYWORDS:
+    if is_profile_keyword(profile_path):
         return None
     return profile_path
 
@@ -111,7 +111,7 @@ def measured_on_other_gpu(profile: dict, config: SimConfig | None) -> str | None
 def compute_gpu_note(config: SimConfig, profile_path: str | None) -> list[str]:
     """A note (list of one line, or empty) when ``profile_path``'s compute fits were measured on another GPU than
     ``config``'s and so are not used (an unreadable profile gives none: it is refused elsewhere)."""
-    profile_path = effective_profile(config, profile_path) if config is not None else profile_path
+    profile_path = effective_profile(config, profile_path)
     if not profile_path:
         return []
     try:

@@ -272,6 +272,19 @@ class VmmLatencyModel:
         return self.distribution(call, page_size_bytes).total_us(count, rng)
 
 
+def check_profile_option(path: str | Path | None) -> None:
+    """A profile option checked before any work: a file is read (:func:`read_profile`); None (the GPU's
+    default) and the keywords of :func:`sim.setup.catalog.is_profile_keyword` (the roofline) name no file.
+
+    Raises:
+        ProfileError: as :func:`read_profile`.
+    """
+    from sim.setup.catalog import is_profile_keyword
+
+    if path is not None and not is_profile_keyword(path):
+        read_profile(path)
+
+
 def read_profile(path: str | Path) -> dict:
     """Load a profile JSON file (parsed once per file version: a run reads its VMM, compute and measurement
     sections from it; treat the returned dict as read-only).
