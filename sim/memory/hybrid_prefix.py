@@ -38,7 +38,7 @@ from math import lcm
 from sim.memory.hybrid import HybridPolicy, WindowGroupPolicy, _merge, _tag
 from sim.memory.hybrid_prefix_pool import CachedPages, CachingPool
 from sim.memory.plan import MapOp, Plan
-from sim.memory.prefix import PrefixCachingPolicy, PrefixHit
+from sim.memory.prefix import PrefixCachingPolicy, PrefixHit, count_admission
 
 
 @dataclass(frozen=True)
@@ -264,15 +264,8 @@ class HybridPrefixPolicy(HybridPolicy):
 
     def record_admission(self, hit: PrefixHit, preempted: bool) -> None:
         """Count an admission that succeeded, as :meth:`PrefixCachingPolicy.record_admission`."""
-        if preempted:
-            self._stats["preempted_lookups"] += 1
-            self._stats["preempted_hit_tokens"] += hit.hit_tokens
-            return
-        self._stats["lookups"] += 1
-        self._stats["hit_tokens"] += hit.hit_tokens
-        self._stats["shared_pages"] += hit.cached_pages
-        self._stats["shared_maps"] += hit.shared_pages
-        self._stats["window_limited_tokens"] += self._full_groups_hit - hit.hit_tokens
+        if count_admission(self._stats, hit, preempted):
+            self._stats["window_limited_tokens"] += self._full_groups_hit - hit.hit_tokens
 
     def free_slot(self, slot: int, last_read_iteration: int) -> Plan:
         plan = super().free_slot(slot, last_read_iteration)

@@ -55,6 +55,23 @@ class PrefixHit:
     cached_pages: int = 0
 
 
+def count_admission(stats: dict, hit: PrefixHit, preempted: bool) -> bool:
+    """Add one successful admission's hit to a prefix cache's ``stats``: a re-admission after a preemption under
+    ``preempted_lookups`` / ``preempted_hit_tokens`` (vLLM v1's ``PrefixCacheStats`` keeps them apart), any
+    other under ``lookups``, ``hit_tokens``, ``shared_pages`` and ``shared_maps``. Returns whether it was the
+    latter (the caller adds its own counters then). Shared by :class:`PrefixCachingPolicy` and
+    :class:`sim.memory.hybrid_prefix.HybridPrefixPolicy`."""
+    if preempted:
+        stats["preempted_lookups"] += 1
+        stats["preempted_hit_tokens"] += hit.hit_tokens
+        return False
+    stats["lookups"] += 1
+    stats["hit_tokens"] += hit.hit_tokens
+    stats["shared_pages"] += hit.cached_pages
+    stats["shared_maps"] += hit.shared_pages
+    return True
+
+
 class PrefixCachingPolicy(PrefixEntries, VAttentionPolicy):
     """vAttention (or, with no VMM cost charged, a paged block manager) with a shared prefix cache.
 
@@ -228,15 +245,8 @@ class PrefixCachingPolicy(PrefixEntries, VAttentionPolicy):
         """Count an admission that succeeded (a failed one counts nothing). Hits of a request re-admitted
         after a preemption (on blocks it computed itself) are counted apart, as vLLM v1's
         ``PrefixCacheStats`` keeps ``preempted_queries`` / ``preempted_hits`` apart from ``queries`` / ``hits``."""
-        if preempted:
-            self.stats["preempted_lookups"] += 1
-            self.stats["preempted_hit_tokens"] += hit.hit_tokens
-            return
-        self.stats["lookups"] += 1
-        self.stats["hit_tokens"] += hit.hit_tokens
-        self.stats["shared_pages"] += hit.cached_pages
-        self.stats["shared_maps"] += hit.shared_pages
-        self.stats["cow_tokens"] += hit.cow_tokens
+        if count_admission(self.stats, hit, preempted):
+            self.stats["cow_tokens"] += hit.cow_tokens
 
     @staticmethod
     def _merge(maps: list[MapOp]) -> list[MapOp]:
