@@ -28,15 +28,19 @@ def simulate(tmp_path, *args):
 
 
 @pytest.mark.parametrize("deferred", [[], ["--no-deferred-reclaim"]])
-def test_nodefer_hang_finishes_every_request(tmp_path, case, deferred):
+@pytest.mark.parametrize("profile", [[], ["--profile", "roofline"]])
+def test_nodefer_hang_finishes_every_request(tmp_path, case, deferred, profile):
     """Three 1,000-token prompts on a 3-page-group pool: one preemption does not free enough, and the
     asynchronous mapper holds only unmaps already accounted for. Right value: all 3 finish; with deferred
-    reclamation 3 preemptions and a makespan of about 1.32 s."""
+    reclamation 3 preemptions and a makespan of about 1.32 s. That makespan was given (2026-11-30) under the
+    roofline, then the H200's only compute model: with ``--profile roofline`` it holds to 10 ms; the default
+    H200 profile since 2026-12-02 (``profiles/h200-engine.json``, iterations a few percent slower at this batch)
+    gives 1.34-1.35 s, "about 1.32 s" within 30 ms."""
     summary, requests, _ = simulate(tmp_path, "--trace", case("nodefer_hang.csv"),
-                                    "--memory-util", "0.1096501228516182", *deferred)
+                                    "--memory-util", "0.1096501228516182", *deferred, *profile)
     assert summary["finished"] == 3 and summary["rejected"] == 0
     assert summary["preemptions"] == 3
-    assert summary["makespan_s"] == pytest.approx(1.32, abs=0.01)
+    assert summary["makespan_s"] == pytest.approx(1.32, abs=0.01 if profile else 0.03)
 
 
 @pytest.mark.parametrize("admission", ["", ",admission=chunk"])

@@ -262,11 +262,11 @@ def run_simulation(config: SimConfig, trace: pd.DataFrame, profile_path: str | N
     """Simulate ``trace`` under ``config``; the result's config records the sources of trace and latencies.
     ``compute_model`` chooses the profile's compute section (see :func:`compute_overrides`); ``records_path``
     streams the per-iteration records into that Parquet file as the run goes (memory stays flat)."""
-    given = profile_path
-    profile_path = effective_profile(config, profile_path)
+    # each helper resolves the profile itself (effective_profile): pass them what was given, never its resolution,
+    # since None (no profile given: the GPU's default) and the keyword roofline (resolved to None) differ
     config = profile_config_overrides(config, profile_path)
     chosen, resolved = compute_model_source(config, profile_path, compute_model)
-    if given is None and profile_path:
+    if profile_path is None and effective_profile(config, None):
         resolved += f"; the default profile of {config.gpu} (sim/setup/catalog.toml; the profile name roofline for the roofline)"
     vmm, compute = load_models(config, profile_path, chosen)
     if config.tp > 1 and vmm.tp_worker_scale.get(config.tp, 1.0) != 1.0:

@@ -2,8 +2,8 @@
 the two same-start repeats' errors, each from ``validation/RUN/errors.csv`` of ``kvsim validate``), the repeat
 spread ``|hw_a / hw_b - 1|`` of the hardware figure, and whether the target holds (|error| <= 5% at p50, <= 10%
 at p99, or <= the spread where larger). ``python docs/validation/engine-profile/make_report.py [--round 2]`` writes
-``heldout.csv`` (round 1: runs ``test-W-a|b``) or ``heldout2.csv`` (round 2: ``test2-W-a|b``) and prints a markdown
-table."""
+``heldout.csv`` (round 1: runs ``test-W-a|b``), ``heldout2.csv`` (round 2: ``test2-W-a|b``) or ``heldout3.csv``
+(round 3: ``test3-W-a|b``) and prints a markdown table."""
 from __future__ import annotations
 
 import argparse
@@ -19,12 +19,12 @@ METRICS = (("iteration latency", "p50"), ("iteration latency", "p99"), ("TTFT", 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--round", type=int, choices=(1, 2), default=1)
+    parser.add_argument("--round", type=int, choices=(1, 2, 3), default=1)
     parser.add_argument("--validation", default=str(HERE / "validation"),
                         help="folder of the validations (default: validation/ beside this file)")
-    parser.add_argument("--csv", help="table written (default: heldout.csv, round 2 heldout2.csv, beside this file)")
+    parser.add_argument("--csv", help="table written (default: heldout.csv, round N > 1 heldoutN.csv, beside this file)")
     args = parser.parse_args()
-    prefix, csv_name = ("test", "heldout.csv") if args.round == 1 else ("test2", "heldout2.csv")
+    prefix, csv_name = ("test", "heldout.csv") if args.round == 1 else (f"test{args.round}", f"heldout{args.round}.csv")
     csv_path = Path(args.csv) if args.csv else HERE / csv_name
     rows = []
     for w in WORKLOADS:
