@@ -151,12 +151,18 @@ def cmd_colocate(args) -> int:
 
 def print_compute_models(tenants: list, profile_path: str | None) -> None:
     """One ``compute model of NAME: ...`` line per tenant (as ``simulate`` and ``capacity`` print theirs): a
-    profile may cover one tenant's model only, and the other then runs on the built-in roofline."""
-    from sim.core.runner import compute_model_source
+    profile may cover one tenant's model only, and the other then runs on the built-in roofline. A compute fit timed
+    on the replay harness (:func:`sim.core.runner.harness_compute_warning`) adds one ``kvsim: warning:`` line on
+    stderr (one for the profile, however many tenants use it)."""
+    from sim.core.runner import compute_model_source, harness_compute_warning
     from sim.results.summary import compute_model_text
+    warnings = []
     for tenant in tenants:
         print(f"compute model of {tenant.name}: "
               f"{compute_model_text(compute_model_source(tenant.config, profile_path)[1], tenant.config.gpu)}")
+        warnings += [w for w in harness_compute_warning(tenant.config, profile_path) if w not in warnings]
+    for warning in warnings:
+        print(f"kvsim: warning: {warning}", file=sys.stderr)
 
 
 def tenant_args(values: dict, shared: argparse.Namespace) -> argparse.Namespace:
