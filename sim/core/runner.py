@@ -128,14 +128,14 @@ PLAN_SECTION = 'README.md, "Which compute model to plan with"'
 
 def harness_compute_warning(config: SimConfig, profile_path: str | None, compute_model: str = "auto") -> list[str]:
     """A warning (list of one line, or empty) when the compute fit a run of ``config`` takes from ``profile_path``
-    was timed on the hardware replay's PyTorch harness (``--compute harness``; 1.07-2.36x the roofline, where an
-    engine's kernels run 1.03-1.56x: docs/validation/engine-replay/README.md), not on a serving engine. The profile
-    records it: ``compute_in_loop.replay_compute`` is the replay compute of the runs the fit was made on (a fit made
-    before the field existed has none, and its runs were harness runs: ``hwbackend.calibration.inloop`` reads a run
-    without ``compute`` as ``harness``); ``compute.roofline`` / ``compute.tiled_roofline`` (``kvsim calibrate
-    --compute``) always time the harness's forward (``hwbackend.cli.HARNESS_COMPUTE_FITS``). No warning for the
-    built-in roofline (no profile, ``--profile roofline`` / ``none``, a fit not used for this model or GPU), an
-    engine fit, or an unreadable profile (refused elsewhere)."""
+    was timed on the hardware replay's PyTorch harness (a run's ``compute`` ``harness``; 1.07-2.36x the roofline,
+    where an engine's kernels run 1.03-1.56x: docs/validation/engine-replay/README.md), not on a serving engine. The
+    profile records it: ``compute_in_loop.replay_compute`` is the replay compute of the runs the fit was made on (a
+    fit made before the field existed has none, and its runs were harness runs: ``hwbackend.calibration.inloop``
+    reads a run without ``compute`` as ``harness``); ``compute.roofline`` / ``compute.tiled_roofline`` (the grid fits
+    of ``kvsim calibrate --compute``) always time the harness's forward (``hwbackend.cli.HARNESS_COMPUTE_FITS``). No
+    warning for the built-in roofline (no profile, the profile names ``roofline`` / ``none``, a fit not used for this
+    model or GPU), an engine fit, or an unreadable profile (refused elsewhere)."""
     profile_path = effective_profile(config, profile_path)
     if not profile_path:
         return []
