@@ -182,10 +182,18 @@ def _from_runs(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hwbackend.calibration.inloop import InLoopError, calibrate_from_runs
+    from hwbackend.calibration.validate_colocate import colocated_member
 
     if args.compute:
         print("kvsim: error: calibrate: --from-run fits on saved runs; leave out --compute", file=sys.stderr)
         return 2
+    for run in args.from_run:
+        member = colocated_member(run)
+        if member is not None:
+            print(f"kvsim: error: calibrate: --from-run {run}: {member}: calibration from a co-located run is not "
+                  "supported: its tenants share the GPU's compute, so a tenant's iteration times hold the other "
+                  "tenants' work; fit on a single-tenant run of python -m hwbackend.replay.cli", file=sys.stderr)
+            return 2
     out = Path(args.out)
     if not out.is_file():
         what = "is a directory" if out.is_dir() else "does not exist"

@@ -328,3 +328,26 @@ def test_a_fit_on_engine_runs_drops_the_harness_grid_fits(tmp_path, capsys):
     assert chosen == "roofline" and text.startswith("roofline (built-in defaults: ")
     assert "compute_in_loop was fitted for llama-3-8b on h200 at tp 1, not qwen2.5-7b on h200 at tp 1" in text
     assert compute_model_source(SimConfig(), str(out))[0] == "in-loop"      # llama-3-8b, the run's model
+
+
+def test_calibrate_refuses_a_co_located_run_and_its_tenants(tmp_path, capsys):
+    """A new-user trial: --from-run on a tenant folder of a python -m hwbackend.replay.colocate run was fitted on
+    (its iteration times hold the other tenant's work on the shared GPU). The tenant folder, the run folder and a
+    tenant folder copied out of its run (config.json names its tenant) are refused with one line and exit 2; the
+    profile is left as it was."""
+    from cli import main
+
+    run = ROOT / "docs" / "validation" / "colocate" / "elastic"
+    tenant = run / "tenants" / "t0-llama-3.1-8b"
+    copied = tmp_path / "t0"
+    shutil.copytree(tenant, copied)
+    out = tmp_path / "p.json"
+    shutil.copy(ROOT / "profiles" / "h200-engine.json", out)
+    before = out.read_text()
+    for folder, named in ((tenant, f"tenant 't0-llama-3.1-8b' of the co-located run {run}"),
+                          (run, "a co-located run (summary.json lists its tenants)"),
+                          (copied, "config.json names tenant 't0-llama-3.1-8b' of a co-located run")):
+        assert main(["calibrate", "--from-run", str(folder), "--out", str(out), "--force"]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert named in line and "calibration from a co-located run is not supported" in line
+        assert "tenants share the GPU's compute" in line and out.read_text() == before

@@ -74,6 +74,29 @@ def colocated_parent(hw_dir: str | Path) -> tuple[Path, str] | None:
     return None
 
 
+def colocated_member(run_dir: str | Path) -> str | None:
+    """How ``run_dir`` belongs to a co-located hardware run (``python -m hwbackend.replay.colocate``), for a
+    refusal (``kvsim calibrate --from-run``: a tenant's iteration times hold the other tenants' work), or None:
+    the run's folder (:func:`is_colocated_run`), one tenant's folder in it (:func:`colocated_parent`), or a tenant's
+    folder copied out of its run (its ``config.json`` names the ``tenant``; an unreadable one is left to the
+    run's loader, as an unreadable ``summary.json`` is)."""
+    try:
+        if is_colocated_run(run_dir):
+            return "a co-located run (summary.json lists its tenants)"
+    except RunInputError:
+        pass
+    parent = colocated_parent(run_dir)
+    if parent is not None:
+        return f"tenant {parent[1]!r} of the co-located run {parent[0]}"
+    try:
+        config = json.loads((Path(run_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(config, dict) and config.get("backend") == "hardware" and config.get("tenant") is not None:
+        return f"config.json names tenant {config['tenant']!r} of a co-located run"
+    return None
+
+
 @dataclass
 class ColocatedValidation:
     """Per tenant (in the run's order): ``names``, ``tables`` (the error table with the co-location rows),
