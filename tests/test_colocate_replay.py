@@ -242,6 +242,27 @@ def test_one_tenant_of_a_colocated_run_is_refused_alone(elastic_run, capsys):
     assert "is tenant 'a' of the co-located run" in err and f"kvsim validate --hw-run {elastic_run.resolve()}" in err
 
 
+def test_tenant_folders_not_in_the_summary_are_named(elastic_run, tmp_path, capsys):
+    """A tenant folder on disk that summary.json does not list was silently left out of the validation: one
+    warning line names it (and validation.md says so); the listed tenants are validated as before."""
+    import shutil
+
+    from cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(elastic_run, run)
+    shutil.copytree(run / "tenants" / "b", run / "tenants" / "c")
+    assert main(["validate", "--hw-run", str(run), "--out", str(tmp_path / "v")]) == 0
+    captured = capsys.readouterr()
+    (line,) = [line for line in captured.err.splitlines() if "tenants/c" in line]
+    assert line == ("kvsim: warning: tenant folder tenants/c on disk is not listed in the run's summary.json (field "
+                    "tenants), so not simulated or validated")
+    assert "elastic sharing, 2 tenants" in captured.out
+    assert "tenants/c" in (tmp_path / "v" / "validation.md").read_text()
+    assert main(["validate", "--hw-run", str(elastic_run)]) == 0      # every folder listed: no warning
+    assert "not listed" not in capsys.readouterr().err
+
+
 def _set(path: list, value):
     def change(summary):
         target = summary

@@ -13,7 +13,7 @@ for the other tenants' (GPU wait). Errors are ``sim / hw - 1`` as everywhere in 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -102,7 +102,8 @@ class ColocatedValidation:
     """Per tenant (in the run's order): ``names``, ``tables`` (the error table with the co-location rows),
     ``hw`` / ``sim`` (:class:`analysis.results.RunResult`); ``sharing``: the sharing simulated; ``notes``: per
     tenant, the profile's coverage and a warning for each way the tenant's run leaves it
-    (:func:`hwbackend.calibration.validate.coverage_notes`; empty without a profile)."""
+    (:func:`hwbackend.calibration.validate.coverage_notes`; empty without a profile); ``unlisted``: tenant folders
+    on disk that the run's ``summary.json`` does not list, so not validated (:func:`unlisted_tenant_folders`)."""
 
     names: list[str]
     tables: list[pd.DataFrame]
@@ -110,6 +111,15 @@ class ColocatedValidation:
     sim: list
     sharing: object
     notes: list[list[str]]
+    unlisted: list[str] = field(default_factory=list)
+
+    def unlisted_warning(self) -> str | None:
+        """One line naming :attr:`unlisted`, or None when every tenant folder is listed."""
+        if not self.unlisted:
+            return None
+        return (f"tenant folder{'s' if len(self.unlisted) > 1 else ''} {', '.join(self.unlisted)} on disk "
+                f"{'are' if len(self.unlisted) > 1 else 'is'} not listed in the run's summary.json (field tenants), "
+                "so not simulated or validated")
 
     def frame(self) -> pd.DataFrame:
         """Every tenant's rows in one table (a leading ``tenant`` column)."""
@@ -192,6 +202,18 @@ def _tenant_rows(source: Path, rows) -> list[dict]:
     return rows
 
 
+def unlisted_tenant_folders(hw_dir: str | Path, rows: list[dict]) -> list[str]:
+    """The folders under ``hw_dir/tenants`` (where ``python -m hwbackend.replay.colocate`` writes each tenant's
+    run) that no row of the summary's ``tenants`` names in its ``dir``, as ``tenants/NAME``, sorted; empty without a
+    ``tenants`` folder."""
+    root = Path(hw_dir)
+    listed = {(root / row["dir"]).resolve() for row in rows}
+    folder = root / "tenants"
+    if not folder.is_dir():
+        return []
+    return sorted(f"tenants/{path.name}" for path in folder.iterdir() if path.is_dir() and path.resolve() not in listed)
+
+
 def load_colocated(hw_dir: str | Path):
     """The run's tenants (:class:`sim.cluster.colocate.Tenant`, traces rebuilt from the requests replayed), its
     :class:`sim.cluster.colocate.Sharing`, the hardware tenants' :class:`RunResult` and the summary's rows.
@@ -248,13 +270,16 @@ def validate_colocated(hw_dir: str | Path, profile: str | None = None, out_dir: 
         extra_frame["error"] = extra_frame["sim"] / extra_frame["hw"].where(extra_frame["hw"] != 0) - 1
         tables.append(pd.concat([table, extra_frame], ignore_index=True))
     notes = [coverage_notes(profile, Path(hw_dir) / row["dir"], tenant.config) for row, tenant in zip(rows, tenants)]
-    result = ColocatedValidation([t.name for t in tenants], tables, hw_runs, run.results, sharing, notes)
+    result = ColocatedValidation([t.name for t in tenants], tables, hw_runs, run.results, sharing, notes,
+                                 unlisted_tenant_folders(hw_dir, rows))
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         result.frame().to_csv(out / "errors.csv", index=False)
         parts = [f"# co-located run, {sharing.mode} sharing: simulator vs hardware\n",
                  f"hardware run: `{shown_hw_dir or hw_dir}`; profile: `{profile or 'built-in'}`\n"]
+        if result.unlisted_warning():
+            parts.append(f"warning: {result.unlisted_warning()}\n")
         for name, table, sim, tenant_notes in zip(result.names, tables, run.results, notes):
             missed = check_targets(table)
             shown = [f"compute model: {sim.config['compute_model']}"] if isinstance(sim.config.get("compute_model"),
@@ -298,5 +323,8 @@ def command(args) -> int:
             result = validate_colocated(args.hw_run, args.profile, stage, shown_hw_dir=args.hw_run)
     else:
         result = validate_colocated(args.hw_run, args.profile)
+    if result.unlisted_warning():
+        import sys
+        print(f"kvsim: warning: {result.unlisted_warning()}", file=sys.stderr)
     print_colocated(result)
     return 0
