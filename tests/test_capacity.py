@@ -334,3 +334,13 @@ def test_capacity_warns_about_a_harness_timed_profile(capsys):
                  "--profile", profile]) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if "harness" in line]
     assert len(lines) == 1 and lines[0].startswith("kvsim: warning: ") and "Which compute model to plan with" in lines[0]
+
+
+def test_an_slo_with_a_stray_plus_is_one_line_naming_it(capsys):
+    """--slo ttft_p99=2s+ (the tenant specs' '+' joiner on the command line) is refused, naming the value; a
+    tenant's slo=...+ is refused as well (tests/test_colocate.py)."""
+    from cli import main
+    assert main(["capacity", "--num-requests", "20", "--slo", "ttft_p99=2s+"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == ["kvsim: error: --slo ttft_p99: not a duration: '2s+' "
+                                                 "(examples: 2s, 100ms, 250us)"]

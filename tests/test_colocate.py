@@ -190,6 +190,10 @@ def test_capacity_colocate_refuses_flags_it_would_ignore(extra, flag, capsys, tm
 @pytest.mark.parametrize("slo, message", [
     ("ttft_p99=fast", "--tenant a: slo=ttft_p99=fast: ttft_p99: not a duration: 'fast'"),
     ("bogus_p99=2s", "--tenant a: slo=bogus_p99=2s: unknown metric 'bogus_p99'"),
+    # a stray '+' (read as a comma) left an empty objective that was dropped silently
+    ("ttft_p99=2s+", "--tenant a: slo=ttft_p99=2s+: an empty objective between '+'"),
+    ("+ttft_p99=2s", "--tenant a: slo=+ttft_p99=2s: an empty objective between '+'"),
+    ("ttft_p99=2s++tpot_p99=100ms", "--tenant a: slo=ttft_p99=2s++tpot_p99=100ms: an empty objective between '+'"),
 ])
 @pytest.mark.parametrize("command", [["colocate"], ["capacity", "--colocate"]])
 def test_a_tenants_bad_slo_is_refused_before_anything_runs(command, slo, message, capsys, tmp_path):
