@@ -235,8 +235,11 @@ def test_cli_from_run_adds_sections_and_asks_before_replacing(tmp_path, capsys):
     written = json.loads(profile.read_text())
     assert {"compute_in_loop", "vmm_in_loop", "vmm", "compute"} <= set(written)
     before = profile.read_text()
-    assert main(["calibrate", "--from-run", str(TRAIN), "--out", str(profile)]) == 1
-    assert profile.read_text() == before and "--force" in capsys.readouterr().err
+    # a refusal exits 2 with one line, as every kvsim refusal (it exited 1)
+    assert main(["calibrate", "--from-run", str(TRAIN), "--out", str(profile)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert profile.read_text() == before and line == (f"kvsim: error: calibrate: {profile} already holds "
+                                                      "compute_in_loop; pass --force to replace it")
     assert main(["calibrate", "--from-run", str(tmp_path), "--out", str(profile), "--force"]) == 2
     assert "iterations.parquet" in capsys.readouterr().err
     assert main(["calibrate", "--from-run", str(TRAIN), "--out", str(tmp_path / "missing.json")]) == 2
