@@ -270,6 +270,7 @@ def cmd_capacity_colocate(args) -> int:
 
 def add_colocate_args(parser) -> None:
     """The flags ``colocate`` and ``capacity --colocate`` share."""
+    from analysis.flags import add_profile
     from sim.frontend.argtypes import int_at_least, positive_float, size_arg
     parser.add_argument("--tenant", action="append", metavar="SPEC",
                         help="one model on the GPU: model=M,trace=T[,rate-scale=X,num-requests=N,policy=SPEC,"
@@ -284,7 +285,7 @@ def add_colocate_args(parser) -> None:
     parser.add_argument("--page-size", type=size_arg, default="2MiB", help="VMM page size (default 2MiB)")
     parser.add_argument("--tp", type=int_at_least(1), default=1, help="tensor-parallel degree of every tenant")
     parser.add_argument("--seed", type=int_at_least(0), default=0, help="seed of every tenant's generator")
-    parser.add_argument("--profile", default=None, help="calibration profile JSON (default: built-in H200 latencies)")
+    add_profile(parser)
 
 
 def register(subparsers) -> None:
