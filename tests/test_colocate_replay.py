@@ -263,6 +263,20 @@ def test_tenant_folders_not_in_the_summary_are_named(elastic_run, tmp_path, caps
     assert "not listed" not in capsys.readouterr().err
 
 
+def test_the_colocated_table_names_each_figure_once(elastic_run, tmp_path):
+    """The co-located table showed "peak mapped memory" and "peak mapped KV" (two rows, identical in the committed
+    runs): they are two quantities (the iteration records' largest mapped count; the page groups held with those
+    in flight, the pool's running peak or the largest memory sample), so each is named once and by what it is."""
+    from cli import main
+
+    assert main(["validate", "--hw-run", str(elastic_run), "--out", str(tmp_path / "v"), "--quiet"]) == 0
+    errors = pd.read_csv(tmp_path / "v" / "errors.csv")
+    for _, rows in errors.groupby("tenant"):
+        assert not rows.duplicated(["metric", "stat"]).any()
+        assert {"peak mapped memory", "peak held KV (mapped + in flight)"} <= set(rows["metric"])
+        assert "peak mapped KV" not in set(rows["metric"])
+
+
 def _set(path: list, value):
     def change(summary):
         target = summary

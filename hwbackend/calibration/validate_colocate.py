@@ -7,8 +7,11 @@ reads and checks it; its ``requests.parquet`` rebuilds the tenant's trace slice,
 :func:`sim.cluster.colocate.simulate_colocated` runs those tenants together, and every tenant gets the error
 table of a single run (:func:`validate.error_table`: iteration latency, TTFT, TPOT, E2E, TBT, mapping) plus the
 co-location figures: pages moved in from the other tenants (hardware: physical handles another tenant had
-returned; simulator: ``SharedPagePool.moved_in_pages``), peak mapped KV and the time its ready iterations waited
-for the other tenants' (GPU wait). Errors are ``sim / hw - 1`` as everywhere in ``kvsim validate``.
+returned; simulator: ``SharedPagePool.moved_in_pages``), peak held KV (the tenant's page groups mapped and in
+flight: under elastic sharing the shared pool's running peak, under static sharing the largest memory sample; not
+the single-run row ``peak mapped memory``, the largest mapped count of the tenant's iteration records, which it
+may exceed or fall short of), mean mapped KV and the time its ready iterations waited for the other tenants' (GPU
+wait). Errors are ``sim / hw - 1`` as everywhere in ``kvsim validate``.
 """
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ import pandas as pd
 
 from hwbackend.calibration.run_files import RunInputError
 
-COLOCATION_FIGURES = (("pages moved in", "moved_in_pages", "count", 1.0), ("peak mapped KV", "peak_kv_bytes", "GiB", 2**30),
+COLOCATION_FIGURES = (("pages moved in", "moved_in_pages", "count", 1.0),
+                      ("peak held KV (mapped + in flight)", "peak_kv_bytes", "GiB", 2**30),
                       ("mean mapped KV", "mean_kv_bytes", "GiB", 2**30), ("GPU wait", "gpu_wait_s", "s", 1.0))
 
 
