@@ -71,11 +71,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def print_config_notes(config, profile_path: str | None = None) -> None:
     """Print the configuration's notes (:attr:`sim.setup.config.SimConfig.notes`: a borrowed VMM profile, sliding
-    windows; a profile whose compute fits were measured on another GPU) as ``kvsim: note:`` lines on stderr."""
-    from sim.core.runner import compute_gpu_note
+    windows; a profile whose compute fits were measured on another GPU) as ``kvsim: note:`` lines on stderr, and a
+    profile whose compute fit was timed on the replay harness (:func:`sim.core.runner.harness_compute_warning`)
+    as a ``kvsim: warning:`` line."""
+    from sim.core.runner import compute_gpu_note, harness_compute_warning
 
     for note in config.notes + compute_gpu_note(config, profile_path):
         print(f"kvsim: note: {note}", file=sys.stderr)
+    for warning in harness_compute_warning(config, profile_path):
+        print(f"kvsim: warning: {warning}", file=sys.stderr)
 
 
 def _note_long_context(config) -> None:

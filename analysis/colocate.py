@@ -151,12 +151,18 @@ def cmd_colocate(args) -> int:
 
 def print_compute_models(tenants: list, profile_path: str | None) -> None:
     """One ``compute model of NAME: ...`` line per tenant (as ``simulate`` and ``capacity`` print theirs): a
-    profile may cover one tenant's model only, and the other then runs on the built-in roofline."""
-    from sim.core.runner import compute_model_source
+    profile may cover one tenant's model only, and the other then runs on the built-in roofline. A compute fit timed
+    on the replay harness (:func:`sim.core.runner.harness_compute_warning`) adds one ``kvsim: warning:`` line on
+    stderr (one for the profile, however many tenants use it)."""
+    from sim.core.runner import compute_model_source, harness_compute_warning
     from sim.results.summary import compute_model_text
+    warnings = []
     for tenant in tenants:
         print(f"compute model of {tenant.name}: "
               f"{compute_model_text(compute_model_source(tenant.config, profile_path)[1], tenant.config.gpu)}")
+        warnings += [w for w in harness_compute_warning(tenant.config, profile_path) if w not in warnings]
+    for warning in warnings:
+        print(f"kvsim: warning: {warning}", file=sys.stderr)
 
 
 def tenant_args(values: dict, shared: argparse.Namespace) -> argparse.Namespace:
@@ -264,6 +270,7 @@ def cmd_capacity_colocate(args) -> int:
 
 def add_colocate_args(parser) -> None:
     """The flags ``colocate`` and ``capacity --colocate`` share."""
+    from analysis.flags import add_profile
     from sim.frontend.argtypes import int_at_least, positive_float, size_arg
     parser.add_argument("--tenant", action="append", metavar="SPEC",
                         help="one model on the GPU: model=M,trace=T[,rate-scale=X,num-requests=N,policy=SPEC,"
@@ -278,7 +285,7 @@ def add_colocate_args(parser) -> None:
     parser.add_argument("--page-size", type=size_arg, default="2MiB", help="VMM page size (default 2MiB)")
     parser.add_argument("--tp", type=int_at_least(1), default=1, help="tensor-parallel degree of every tenant")
     parser.add_argument("--seed", type=int_at_least(0), default=0, help="seed of every tenant's generator")
-    parser.add_argument("--profile", default=None, help="calibration profile JSON (default: built-in H200 latencies)")
+    add_profile(parser)
 
 
 def register(subparsers) -> None:

@@ -106,6 +106,8 @@ def cmd_simulate_disagg(args: argparse.Namespace) -> int:
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
     from traces.workload import instances_note
     notes.append(instances_note(config.num_prefill, config.num_decode, len(trace)))
+    from sim.core.runner import harness_compute_warning
+    notes += harness_compute_warning(config.prefill, args.profile)       # compute timed on the replay harness
     for note in filter(None, notes):
         print(f"kvsim: warning: {note}", file=sys.stderr)
     started = time.perf_counter()

@@ -10,14 +10,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     ``kvsim calibrate [--page-sizes 2MiB,4MiB,32MiB] [--samples N] [--out profiles/NAME.json] [--force]``
     measures VMM latencies; it exits 2 with one message on a machine without a usable GPU or without
-    cuda-python, 1 when the output exists and ``--force`` is not given.
+    cuda-python, for a bad value, or when the output exists and ``--force`` is not given (as every kvsim refusal:
+    docs/cli.md, "Errors").
     ``kvsim calibrate --compute --model M --out PROFILE [--no-paged]`` measures iteration times over a grid
     of batch shapes, fits the roofline compute model and adds the ``compute`` (and ``paged_attention``)
     sections to PROFILE, keeping its other sections.
     ``kvsim calibrate --from-run RUN_DIR [--from-run ...] --out PROFILE [--force]`` fits the compute model on
     the iterations of hardware replays (CPU; :mod:`hwbackend.calibration.inloop`) and adds ``compute_in_loop``
-    (and ``vmm_in_loop``) to PROFILE; 1 if PROFILE already holds them and ``--force`` is not given, 2 for a
-    run directory that cannot be fitted on.
+    (and ``vmm_in_loop``) to PROFILE; 2 with one message if PROFILE already holds them and ``--force`` is not
+    given, or for a run directory that cannot be fitted on.
     ``kvsim validate [--hw-run DIR] [--profile P] [--out DIR] [workload and config options]`` compares the
     simulator with a hardware replay (``docs/validation/README.md``).
     """
@@ -141,7 +142,7 @@ def _compute(args: argparse.Namespace) -> int:
 
 def _from_vidur(args: argparse.Namespace) -> int:
     """``kvsim calibrate --from-vidur DIR [--out OUT_DIR] [--force]``: 2 with one message for a bad directory or CSV,
-    1 for an existing output without ``--force``."""
+    or an existing output without ``--force``."""
     import sys
     from pathlib import Path
 
@@ -160,7 +161,7 @@ def _from_vidur(args: argparse.Namespace) -> int:
                                    force=args.force)
     except VidurError as exc:
         print(f"kvsim: error: calibrate: {exc}", file=sys.stderr)
-        return 1 if "pass --force" in str(exc) else 2
+        return 2
     for path in written:
         print(f"wrote {path}")
     return 0
@@ -182,10 +183,18 @@ def _from_runs(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hwbackend.calibration.inloop import InLoopError, calibrate_from_runs
+    from hwbackend.calibration.validate_colocate import colocated_member
 
     if args.compute:
         print("kvsim: error: calibrate: --from-run fits on saved runs; leave out --compute", file=sys.stderr)
         return 2
+    for run in args.from_run:
+        member = colocated_member(run)
+        if member is not None:
+            print(f"kvsim: error: calibrate: --from-run {run}: {member}: calibration from a co-located run is not "
+                  "supported: its tenants share the GPU's compute, so a tenant's iteration times hold the other "
+                  "tenants' work; fit on a single-tenant run of python -m hwbackend.replay.cli", file=sys.stderr)
+            return 2
     out = Path(args.out)
     if not out.is_file():
         what = "is a directory" if out.is_dir() else "does not exist"
@@ -206,7 +215,7 @@ def _from_runs(args: argparse.Namespace) -> int:
         return 2
     if "compute_in_loop" in profile and not args.force:
         print(f"kvsim: error: calibrate: {out} already holds compute_in_loop; pass --force to replace it", file=sys.stderr)
-        return 1
+        return 2
     try:
         sections = calibrate_from_runs(args.from_run, profile, command=" ".join(["kvsim", *sys.argv[1:]]),
                                        grid_dirs=args.grid or [], form=args.form)

@@ -321,3 +321,26 @@ def test_pd_search_and_capacity_search_on_attainment_from_the_command_line(tmp_p
     capsys.readouterr()
     assert main(["capacity", "--num-requests", "40", "--slo", "ttft=300ms"]) == 2
     assert "a per-request objective needs --slo-attainment" in capsys.readouterr().err
+
+
+def test_capacity_warns_about_a_harness_timed_profile(capsys):
+    """kvsim capacity --profile profiles/h200.json: one warning line that its compute was timed on the replay
+    harness (README.md, "Which compute model to plan with")."""
+    from pathlib import Path
+
+    from cli import main
+    profile = str(Path(__file__).resolve().parents[1] / "profiles" / "h200.json")
+    assert main(["capacity", "--num-requests", "20", "--slo", "ttft_p99=2s", "--tolerance", "0.3", "--quiet",
+                 "--profile", profile]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "harness" in line]
+    assert len(lines) == 1 and lines[0].startswith("kvsim: warning: ") and "Which compute model to plan with" in lines[0]
+
+
+def test_an_slo_with_a_stray_plus_is_one_line_naming_it(capsys):
+    """--slo ttft_p99=2s+ (the tenant specs' '+' joiner on the command line) is refused, naming the value; a
+    tenant's slo=...+ is refused as well (tests/test_colocate.py)."""
+    from cli import main
+    assert main(["capacity", "--num-requests", "20", "--slo", "ttft_p99=2s+"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == ["kvsim: error: --slo ttft_p99: not a duration: '2s+' "
+                                                 "(examples: 2s, 100ms, 250us)"]

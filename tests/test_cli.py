@@ -160,3 +160,18 @@ def test_vllm_scheduler_refuses_a_token_budget_below_max_batch(tmp_path, capsys)
     assert not (tmp_path / "r").exists()
     assert main(["simulate", "--out", str(tmp_path / "d"), "--num-requests", "5", "--scheduler", "vllm",
                  "--quiet"]) == 0
+
+
+def test_simulate_warns_once_about_a_harness_timed_profile(tmp_path, capsys):
+    """--profile profiles/h200.json (compute fitted on the replay harness) prints one warning line naming the
+    README section; profiles/h200-engine.json and --profile roofline print none."""
+    from pathlib import Path
+    profiles = Path(__file__).resolve().parents[1] / "profiles"
+    assert main(["simulate", "--num-requests", "20", "--quiet", "--out", str(tmp_path / "a"),
+                 "--profile", str(profiles / "h200.json")]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "harness" in line]
+    assert len(lines) == 1 and lines[0].startswith("kvsim: warning: ") and "Which compute model to plan with" in lines[0]
+    for index, profile in enumerate((str(profiles / "h200-engine.json"), "roofline")):
+        assert main(["simulate", "--num-requests", "20", "--quiet", "--out", str(tmp_path / f"b{index}"),
+                     "--profile", profile]) == 0
+        assert "harness" not in capsys.readouterr().err

@@ -190,6 +190,10 @@ def test_capacity_colocate_refuses_flags_it_would_ignore(extra, flag, capsys, tm
 @pytest.mark.parametrize("slo, message", [
     ("ttft_p99=fast", "--tenant a: slo=ttft_p99=fast: ttft_p99: not a duration: 'fast'"),
     ("bogus_p99=2s", "--tenant a: slo=bogus_p99=2s: unknown metric 'bogus_p99'"),
+    # a stray '+' (read as a comma) left an empty objective that was dropped silently
+    ("ttft_p99=2s+", "--tenant a: slo=ttft_p99=2s+: an empty objective between '+'"),
+    ("+ttft_p99=2s", "--tenant a: slo=+ttft_p99=2s: an empty objective between '+'"),
+    ("ttft_p99=2s++tpot_p99=100ms", "--tenant a: slo=ttft_p99=2s++tpot_p99=100ms: an empty objective between '+'"),
 ])
 @pytest.mark.parametrize("command", [["colocate"], ["capacity", "--colocate"]])
 def test_a_tenants_bad_slo_is_refused_before_anything_runs(command, slo, message, capsys, tmp_path):
@@ -267,3 +271,22 @@ def test_colocate_refuses_an_empty_out_and_prints_each_tenants_compute_model(tmp
     out = capsys.readouterr().out
     assert "compute model of a: in-loop (compute_in_loop of " in out
     assert "compute model of b: roofline (built-in defaults: " in out
+
+
+def test_colocate_warns_once_about_a_harness_timed_profile(tmp_path, capsys):
+    """Both tenants run on profiles/h200.json's harness-timed tiled fit: one warning line, not one per tenant;
+    profiles/h200-engine.json (an engine fit, the roofline for these models) gives none."""
+    import cli
+    path = tmp_path / "a.csv"
+    t = _trace(1, n=10)
+    pd.DataFrame({"arrived_at": t.arrival_s, "num_prefill_tokens": t.prompt_tokens,
+                  "num_decode_tokens": t.output_tokens}).to_csv(path, index=False)
+    tenants = ["--tenant", f"model=llama-3.1-8b,name=a,trace={path}", "--tenant", f"model=qwen2.5-7b,name=b,trace={path}"]
+    profiles = Path(__file__).resolve().parents[1] / "profiles"
+    assert cli.main(["colocate", *tenants, "--memory-util", "0.3", "--no-report", "--out", str(tmp_path / "r1"),
+                     "--profile", str(profiles / "h200.json")]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "harness" in line]
+    assert len(lines) == 1 and lines[0].startswith("kvsim: warning: ") and "Which compute model to plan with" in lines[0]
+    assert cli.main(["colocate", *tenants, "--memory-util", "0.3", "--no-report", "--out", str(tmp_path / "r2"),
+                     "--profile", str(profiles / "h200-engine.json")]) == 0
+    assert "harness" not in capsys.readouterr().err

@@ -235,8 +235,11 @@ def test_cli_from_run_adds_sections_and_asks_before_replacing(tmp_path, capsys):
     written = json.loads(profile.read_text())
     assert {"compute_in_loop", "vmm_in_loop", "vmm", "compute"} <= set(written)
     before = profile.read_text()
-    assert main(["calibrate", "--from-run", str(TRAIN), "--out", str(profile)]) == 1
-    assert profile.read_text() == before and "--force" in capsys.readouterr().err
+    # a refusal exits 2 with one line, as every kvsim refusal (it exited 1)
+    assert main(["calibrate", "--from-run", str(TRAIN), "--out", str(profile)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert profile.read_text() == before and line == (f"kvsim: error: calibrate: {profile} already holds "
+                                                      "compute_in_loop; pass --force to replace it")
     assert main(["calibrate", "--from-run", str(tmp_path), "--out", str(profile), "--force"]) == 2
     assert "iterations.parquet" in capsys.readouterr().err
     assert main(["calibrate", "--from-run", str(TRAIN), "--out", str(tmp_path / "missing.json")]) == 2
@@ -328,3 +331,26 @@ def test_a_fit_on_engine_runs_drops_the_harness_grid_fits(tmp_path, capsys):
     assert chosen == "roofline" and text.startswith("roofline (built-in defaults: ")
     assert "compute_in_loop was fitted for llama-3-8b on h200 at tp 1, not qwen2.5-7b on h200 at tp 1" in text
     assert compute_model_source(SimConfig(), str(out))[0] == "in-loop"      # llama-3-8b, the run's model
+
+
+def test_calibrate_refuses_a_co_located_run_and_its_tenants(tmp_path, capsys):
+    """A new-user trial: --from-run on a tenant folder of a python -m hwbackend.replay.colocate run was fitted on
+    (its iteration times hold the other tenant's work on the shared GPU). The tenant folder, the run folder and a
+    tenant folder copied out of its run (config.json names its tenant) are refused with one line and exit 2; the
+    profile is left as it was."""
+    from cli import main
+
+    run = ROOT / "docs" / "validation" / "colocate" / "elastic"
+    tenant = run / "tenants" / "t0-llama-3.1-8b"
+    copied = tmp_path / "t0"
+    shutil.copytree(tenant, copied)
+    out = tmp_path / "p.json"
+    shutil.copy(ROOT / "profiles" / "h200-engine.json", out)
+    before = out.read_text()
+    for folder, named in ((tenant, f"tenant 't0-llama-3.1-8b' of the co-located run {run}"),
+                          (run, "a co-located run (summary.json lists its tenants)"),
+                          (copied, "config.json names tenant 't0-llama-3.1-8b' of a co-located run")):
+        assert main(["calibrate", "--from-run", str(folder), "--out", str(out), "--force"]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert named in line and "calibration from a co-located run is not supported" in line
+        assert "tenants share the GPU's compute" in line and out.read_text() == before

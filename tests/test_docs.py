@@ -140,6 +140,10 @@ def test_quiet_and_profile_have_one_help_text():
         assert options["--quiet"].help == QUIET_HELP, name
         assert options["--profile"].help == PROFILE_HELP, name
     assert "replaces the compute model" in PROFILE_HELP
+    # the keywords that force the built-in models are in the help (a new-user trial found them nowhere in it)
+    from sim.setup.catalog import PROFILE_KEYWORDS
+    assert all(f" {word} " in PROFILE_HELP for word in PROFILE_KEYWORDS)
+    assert _options(commands["colocate"])["--profile"].help == PROFILE_HELP
 
 
 def test_old_spellings_still_parse():

@@ -57,15 +57,17 @@ def test_calibrate_without_gpu_says_so_and_exits_2(tmp_path, monkeypatch, capsys
 
 
 def test_calibrate_refuses_to_overwrite_without_force(tmp_path, capsys):
+    """A refusal exits 2 with one line, as every kvsim refusal (it exited 1: docs/cli.md, "Errors")."""
     out = tmp_path / "p.json"
     out.write_text(json.dumps({"keep": True}))
     args = parse(["--out", str(out)])
-    assert args.func(args) == 1
-    assert "--force" in capsys.readouterr().err
+    assert args.func(args) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("kvsim: error: --out ") and "pass --force" in line
     assert json.loads(out.read_text()) == {"keep": True}
 
 
 def test_bad_page_size_is_a_clear_error(tmp_path, capsys):
     args = parse(["--out", str(tmp_path / "p.json"), "--page-sizes", "2MiB,lots"])
-    assert args.func(args) == 1
+    assert args.func(args) == 2
     assert "lots" in capsys.readouterr().err

@@ -88,7 +88,7 @@ def test_the_profile_records_provenance_and_loads_in_the_simulator(tmp_path):
                               "data/profiling/network/a100_dgx/all_reduce.csv"]
     _, compute = load_models(SimConfig(gpu="a100", model="llama-3-8b", tp=2), str(path))
     assert (compute.flops_efficiency, compute.bw_efficiency, compute.allreduce_base_us) == (0.6, 0.5, 10.0)
-    assert main(["calibrate", "--from-vidur", str(root), "--out", str(out)]) == 1      # exists, no --force
+    assert main(["calibrate", "--from-vidur", str(root), "--out", str(out)]) == 2      # exists, no --force
 
 
 def test_a_bad_cell_is_one_message_naming_file_row_and_column(tmp_path, capsys):

@@ -173,10 +173,12 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                          "offline workload has not; use kvsim simulate for its throughput")
     check_servable(config, trace, args.allow_rejected)        # refuse before printing anything else
     started = time.perf_counter()
-    from sim.core.runner import compute_gpu_note
+    from sim.core.runner import compute_gpu_note, harness_compute_warning
     # a borrowed VMM profile, sliding windows (sim.setup.config.SimConfig.notes), compute fits of another GPU
     for note in config.notes + compute_gpu_note(config, getattr(args, "profile", None)):
         print(f"kvsim: note: {note}", file=sys.stderr)
+    for warning in harness_compute_warning(config, getattr(args, "profile", None)):    # compute timed on the harness
+        print(f"kvsim: warning: {warning}", file=sys.stderr)
     print(f"capacity search: {config.model} on {config.gpu} (tp={config.tp}{f', pp={config.pp}' if config.pp > 1 else ''}), {config.label}, "
           f"{len(trace):,} requests of {trace.attrs.get('source', 'trace')}")
     from analysis.results import compute_model_text

@@ -43,6 +43,8 @@ def cmd_capacity_disagg(args: argparse.Namespace) -> int:
         parse_tp_list(args.pd_tp, args.tp)
         seed, slot = base.seed, base.slot_max_tokens
     trace, notes = load_workload(args, seed, slot)
+    from sim.core.runner import harness_compute_warning
+    notes += harness_compute_warning(base, args.profile)       # compute timed on the replay harness
     for note in notes:
         print(f"kvsim: warning: {note}", file=sys.stderr)
     started = time.perf_counter()

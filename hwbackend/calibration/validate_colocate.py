@@ -7,20 +7,24 @@ reads and checks it; its ``requests.parquet`` rebuilds the tenant's trace slice,
 :func:`sim.cluster.colocate.simulate_colocated` runs those tenants together, and every tenant gets the error
 table of a single run (:func:`validate.error_table`: iteration latency, TTFT, TPOT, E2E, TBT, mapping) plus the
 co-location figures: pages moved in from the other tenants (hardware: physical handles another tenant had
-returned; simulator: ``SharedPagePool.moved_in_pages``), peak mapped KV and the time its ready iterations waited
-for the other tenants' (GPU wait). Errors are ``sim / hw - 1`` as everywhere in ``kvsim validate``.
+returned; simulator: ``SharedPagePool.moved_in_pages``), peak held KV (the tenant's page groups mapped and in
+flight: under elastic sharing the shared pool's running peak, under static sharing the largest memory sample; not
+the single-run row ``peak mapped memory``, the largest mapped count of the tenant's iteration records, which it
+may exceed or fall short of), mean mapped KV and the time its ready iterations waited for the other tenants' (GPU
+wait). Errors are ``sim / hw - 1`` as everywhere in ``kvsim validate``.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from hwbackend.calibration.run_files import RunInputError
 
-COLOCATION_FIGURES = (("pages moved in", "moved_in_pages", "count", 1.0), ("peak mapped KV", "peak_kv_bytes", "GiB", 2**30),
+COLOCATION_FIGURES = (("pages moved in", "moved_in_pages", "count", 1.0),
+                      ("peak held KV (mapped + in flight)", "peak_kv_bytes", "GiB", 2**30),
                       ("mean mapped KV", "mean_kv_bytes", "GiB", 2**30), ("GPU wait", "gpu_wait_s", "s", 1.0))
 
 
@@ -74,12 +78,36 @@ def colocated_parent(hw_dir: str | Path) -> tuple[Path, str] | None:
     return None
 
 
+def colocated_member(run_dir: str | Path) -> str | None:
+    """How ``run_dir`` belongs to a co-located hardware run (``python -m hwbackend.replay.colocate``), for a
+    refusal (``kvsim calibrate --from-run``: a tenant's iteration times hold the other tenants' work), or None:
+    the run's folder (:func:`is_colocated_run`), one tenant's folder in it (:func:`colocated_parent`), or a tenant's
+    folder copied out of its run (its ``config.json`` names the ``tenant``; an unreadable one is left to the
+    run's loader, as an unreadable ``summary.json`` is)."""
+    try:
+        if is_colocated_run(run_dir):
+            return "a co-located run (summary.json lists its tenants)"
+    except RunInputError:
+        pass
+    parent = colocated_parent(run_dir)
+    if parent is not None:
+        return f"tenant {parent[1]!r} of the co-located run {parent[0]}"
+    try:
+        config = json.loads((Path(run_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(config, dict) and config.get("backend") == "hardware" and config.get("tenant") is not None:
+        return f"config.json names tenant {config['tenant']!r} of a co-located run"
+    return None
+
+
 @dataclass
 class ColocatedValidation:
     """Per tenant (in the run's order): ``names``, ``tables`` (the error table with the co-location rows),
     ``hw`` / ``sim`` (:class:`analysis.results.RunResult`); ``sharing``: the sharing simulated; ``notes``: per
     tenant, the profile's coverage and a warning for each way the tenant's run leaves it
-    (:func:`hwbackend.calibration.validate.coverage_notes`; empty without a profile)."""
+    (:func:`hwbackend.calibration.validate.coverage_notes`; empty without a profile); ``unlisted``: tenant folders
+    on disk that the run's ``summary.json`` does not list, so not validated (:func:`unlisted_tenant_folders`)."""
 
     names: list[str]
     tables: list[pd.DataFrame]
@@ -87,6 +115,15 @@ class ColocatedValidation:
     sim: list
     sharing: object
     notes: list[list[str]]
+    unlisted: list[str] = field(default_factory=list)
+
+    def unlisted_warning(self) -> str | None:
+        """One line naming :attr:`unlisted`, or None when every tenant folder is listed."""
+        if not self.unlisted:
+            return None
+        return (f"tenant folder{'s' if len(self.unlisted) > 1 else ''} {', '.join(self.unlisted)} on disk "
+                f"{'are' if len(self.unlisted) > 1 else 'is'} not listed in the run's summary.json (field tenants), "
+                "so not simulated or validated")
 
     def frame(self) -> pd.DataFrame:
         """Every tenant's rows in one table (a leading ``tenant`` column)."""
@@ -169,6 +206,18 @@ def _tenant_rows(source: Path, rows) -> list[dict]:
     return rows
 
 
+def unlisted_tenant_folders(hw_dir: str | Path, rows: list[dict]) -> list[str]:
+    """The folders under ``hw_dir/tenants`` (where ``python -m hwbackend.replay.colocate`` writes each tenant's
+    run) that no row of the summary's ``tenants`` names in its ``dir``, as ``tenants/NAME``, sorted; empty without a
+    ``tenants`` folder."""
+    root = Path(hw_dir)
+    listed = {(root / row["dir"]).resolve() for row in rows}
+    folder = root / "tenants"
+    if not folder.is_dir():
+        return []
+    return sorted(f"tenants/{path.name}" for path in folder.iterdir() if path.is_dir() and path.resolve() not in listed)
+
+
 def load_colocated(hw_dir: str | Path):
     """The run's tenants (:class:`sim.cluster.colocate.Tenant`, traces rebuilt from the requests replayed), its
     :class:`sim.cluster.colocate.Sharing`, the hardware tenants' :class:`RunResult` and the summary's rows.
@@ -225,13 +274,16 @@ def validate_colocated(hw_dir: str | Path, profile: str | None = None, out_dir: 
         extra_frame["error"] = extra_frame["sim"] / extra_frame["hw"].where(extra_frame["hw"] != 0) - 1
         tables.append(pd.concat([table, extra_frame], ignore_index=True))
     notes = [coverage_notes(profile, Path(hw_dir) / row["dir"], tenant.config) for row, tenant in zip(rows, tenants)]
-    result = ColocatedValidation([t.name for t in tenants], tables, hw_runs, run.results, sharing, notes)
+    result = ColocatedValidation([t.name for t in tenants], tables, hw_runs, run.results, sharing, notes,
+                                 unlisted_tenant_folders(hw_dir, rows))
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         result.frame().to_csv(out / "errors.csv", index=False)
         parts = [f"# co-located run, {sharing.mode} sharing: simulator vs hardware\n",
                  f"hardware run: `{shown_hw_dir or hw_dir}`; profile: `{profile or 'built-in'}`\n"]
+        if result.unlisted_warning():
+            parts.append(f"warning: {result.unlisted_warning()}\n")
         for name, table, sim, tenant_notes in zip(result.names, tables, run.results, notes):
             missed = check_targets(table)
             shown = [f"compute model: {sim.config['compute_model']}"] if isinstance(sim.config.get("compute_model"),
@@ -275,5 +327,8 @@ def command(args) -> int:
             result = validate_colocated(args.hw_run, args.profile, stage, shown_hw_dir=args.hw_run)
     else:
         result = validate_colocated(args.hw_run, args.profile)
+    if result.unlisted_warning():
+        import sys
+        print(f"kvsim: warning: {result.unlisted_warning()}", file=sys.stderr)
     print_colocated(result)
     return 0

@@ -353,7 +353,8 @@ def parse_page_sizes(text: str) -> list[int]:
 
 
 def command(args: argparse.Namespace, prog: str = "kvsim") -> int:
-    """Run calibration for parsed ``args``; returns the exit status (2: no usable GPU or cuda-python).
+    """Run calibration for parsed ``args``; returns the exit status (2 with one ``kvsim: error:`` line: no usable
+    GPU or cuda-python, a bad ``--page-sizes`` / ``--samples``, an existing ``--out`` without ``--force``).
 
     ``prog`` prefixes ``sys.argv[1:]`` in the profile's ``created_by`` (``kvsim`` when called as
     ``kvsim calibrate ...``, whose argv[1] is ``calibrate``).
@@ -361,14 +362,14 @@ def command(args: argparse.Namespace, prog: str = "kvsim") -> int:
     out = Path(args.out)
     if out.exists() and not args.force:
         print(f"kvsim: error: --out {out} exists; pass --force to overwrite it", file=sys.stderr)
-        return 1
+        return 2
     try:
         page_sizes = parse_page_sizes(args.page_sizes)
         if args.samples < 1:
             raise ValueError(f"--samples must be >= 1, got {args.samples}")
     except ValueError as exc:
         print(f"kvsim: error: {exc}", file=sys.stderr)
-        return 1
+        return 2
     created_by = " ".join([prog, *sys.argv[1:]])
     try:
         profile = run_calibration(page_sizes, args.samples, tuple(m for m in args.models.split(",") if m),

@@ -122,6 +122,44 @@ def compute_gpu_note(config: SimConfig, profile_path: str | None) -> list[str]:
             "(config.json compute_model)"] if other else []
 
 
+PLAN_SECTION = 'README.md, "Which compute model to plan with"'
+"""Where the README says which profiles describe a serving engine and which the replay harness."""
+
+
+def harness_compute_warning(config: SimConfig, profile_path: str | None, compute_model: str = "auto") -> list[str]:
+    """A warning (list of one line, or empty) when the compute fit a run of ``config`` takes from ``profile_path``
+    was timed on the hardware replay's PyTorch harness (a run's ``compute`` ``harness``; 1.07-2.36x the roofline,
+    where an engine's kernels run 1.03-1.56x: docs/validation/engine-replay/README.md), not on a serving engine. The
+    profile records it: ``compute_in_loop.replay_compute`` is the replay compute of the runs the fit was made on (a
+    fit made before the field existed has none, and its runs were harness runs: ``hwbackend.calibration.inloop``
+    reads a run without ``compute`` as ``harness``); ``compute.roofline`` / ``compute.tiled_roofline`` (the grid fits
+    of ``kvsim calibrate --compute``) always time the harness's forward (``hwbackend.cli.HARNESS_COMPUTE_FITS``). No
+    warning for the built-in roofline (no profile, the profile names ``roofline`` / ``none``, a fit not used for this
+    model or GPU), an engine fit, or an unreadable profile (refused elsewhere)."""
+    profile_path = effective_profile(config, profile_path)
+    if not profile_path:
+        return []
+    try:
+        profile = read_profile(profile_path)
+        chosen = resolve_compute_model(profile, compute_model, config)
+        used = bool(compute_overrides(profile, chosen, config))
+    except Exception:  # noqa: BLE001 - the profile's own errors are reported by its loader
+        return []
+    if not used:
+        return []
+    if chosen == "in-loop":
+        replay = (profile.get("compute_in_loop") or {}).get("replay_compute", "harness")
+        if replay == "engine":
+            return []
+        section = f"compute_in_loop, replay_compute {replay}" if "replay_compute" in profile["compute_in_loop"] else \
+            "compute_in_loop, fitted before replay_compute was recorded"
+    else:
+        section = COMPUTE_SECTIONS[chosen].removesuffix(".params") + ", kvsim calibrate --compute"
+    return [f"{profile_path}'s compute timing ({section}) was measured on the hardware replay's PyTorch harness, not a "
+            f"serving engine (~2x slower than engine kernels, so times are long and capacities pessimistic for an "
+            f"engine): see {PLAN_SECTION}"]
+
+
 def resolve_compute_model(profile: dict, compute_model: str, config: SimConfig | None = None) -> str:
     """The compute model ``compute_model`` stands for with this profile (``auto`` resolved; ``roofline`` when
     the profile has no fitted section, meaning the built-in defaults). ``profile`` as :func:`read_profile`

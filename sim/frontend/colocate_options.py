@@ -127,7 +127,8 @@ def tenant_extras(values: dict) -> dict:
     """The co-location keys of one tenant: floor, ceiling (fractions), sleep_after_us, sleep_weights, slo.
 
     Raises:
-        ConfigError: a fraction outside [0, 1], floor > ceiling, a bad duration or yes/no.
+        ConfigError: a fraction outside [0, 1], floor > ceiling, a bad duration or yes/no, an ``slo`` with an empty
+            objective between its ``+`` (a stray leading, trailing or doubled ``+``: read as a comma, it was dropped).
     """
     name = values["name"]
     floor = _fraction(values.get("floor", "0"), f"--tenant {name}: floor")
@@ -139,6 +140,9 @@ def tenant_extras(values: dict) -> dict:
     weights = values.get("sleep-weights", "no")
     if weights not in ("yes", "no"):
         raise ConfigError(f"--tenant {name}: sleep-weights={weights!r}: yes or no")
+    if "+" in values.get("slo", "") and not all(part.strip() for part in values["slo"].split("+")):
+        raise ConfigError(f"--tenant {name}: slo={values['slo']}: an empty objective between '+' (objectives are "
+                          "joined by '+', e.g. slo=ttft_p99=2s+tpot_p99=100ms)")
     slo = values["slo"].replace("+", ",") if "slo" in values else None
     return {"floor_frac": floor, "ceiling_frac": ceiling, "sleep_after_us": sleep_after,
             "sleep_weights": weights == "yes", "slo": slo}
