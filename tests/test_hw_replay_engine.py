@@ -10,8 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hwbackend.replay.cli import TINY_SHAPE, replay  # noqa: E402
-from hwbackend.replay.engine import (EngineBatch, EngineDecoderModel, _split_kv_decode_torch, add_rms_norm,  # noqa: E402
-                                     build_model, decode_splits, silu_mul, split_kv_decode, store_kv)
+from hwbackend.replay.engine import (EngineBatch, EngineDecoderModel, EnginePiecewiseGraphs,  # noqa: E402
+                                     _split_kv_decode_torch, add_rms_norm, build_model, decode_splits, silu_mul,
+                                     split_kv_decode, store_kv)
 from hwbackend.replay.model import BatchInputs, DecoderModel, SeqWork, reference_attention  # noqa: E402
 from sim.setup.config import SimConfig  # noqa: E402
 
@@ -100,6 +101,54 @@ def test_cpu_replay_runs_with_the_engine_compute():
     pd.testing.assert_frame_equal(engine_out.iterations_frame()[columns], runs["harness"][0].iterations_frame()[columns])
 
 
+def _tiny_caches(seed: int = 3) -> tuple[list, list]:
+    k, v = random_cache(4 * SLOT_TOKENS, seed=seed)
+    return [k.clone() for _ in range(TINY_SHAPE.num_layers)], [v.clone() for _ in range(TINY_SHAPE.num_layers)]
+
+
+@pytest.mark.parametrize("sizes", [(366,), (16, 400, 512)])
+def test_piecewise_pieces_compute_the_eager_forward_and_store_no_padding(sizes):
+    """The pieces between attention calls (run as plain calls on CPU, the graphs' content) give the eager
+    forward's logits, token for token, and write the same cache rows: the batch's 366 tokens padded to 366 (no
+    padding) or to 400 (34 padding rows of -1, never stored)."""
+    engine = EngineDecoderModel(TINY_SHAPE, "cpu", 0, "reference")
+    eager_caches, piece_caches = _tiny_caches(), _tiny_caches()
+    batch = engine.batch_inputs(WORK, SLOT_TOKENS, "cpu")
+    assert batch.num_tokens == 366
+    want = engine.eager_forward(batch, *eager_caches, return_logits=True).argmax(dim=-1)
+    graphs = EnginePiecewiseGraphs(engine, *piece_caches, sizes=sizes, capture=False)
+    assert graphs.bucket(366) == (366 if sizes == (366,) else 400)
+    assert len(graphs.calls[graphs.bucket(366)]) == TINY_SHAPE.num_layers + 1
+    engine.piecewise = graphs
+    got = engine.forward(batch, *piece_caches)
+    assert torch.equal(got, want)
+    for layer in range(TINY_SHAPE.num_layers):      # every cache row equal: the padding wrote nothing
+        assert torch.equal(piece_caches[0][layer], eager_caches[0][layer])
+        assert torch.equal(piece_caches[1][layer], eager_caches[1][layer])
+
+
+def test_piecewise_graphs_refuse_a_batch_above_their_largest_size_and_forward_runs_it_eagerly():
+    engine = EngineDecoderModel(TINY_SHAPE, "cpu", 0, "reference")
+    caches = _tiny_caches()
+    graphs = EnginePiecewiseGraphs(engine, *caches, sizes=(16, 64), capture=False)
+    with pytest.raises(ValueError, match="366 tokens: piecewise graphs hold at most 64"):
+        graphs.bucket(366)
+    engine.piecewise = graphs
+    batch = engine.batch_inputs(WORK, SLOT_TOKENS, "cpu")
+    want = engine.eager_forward(batch, *_tiny_caches(), return_logits=True).argmax(dim=-1)
+    assert torch.equal(engine.forward(batch, *caches), want)     # 366 > 64: the eager path
+
+
+def test_store_kv_skips_padding_rows_on_cpu():
+    k, v = random_cache(8, heads=2, dim=4)
+    before_k, before_v = k.clone(), v.clone()
+    qkv = torch.arange(3 * 24, dtype=torch.float32).view(3, 24)   # q 8 columns, k 8, v 8
+    store_kv(qkv, torch.tensor([5, -1, 2]), k, v, 8, 8)
+    assert torch.equal(k[5].reshape(-1), qkv[0, 8:16]) and torch.equal(v[2].reshape(-1), qkv[2, 16:])
+    untouched = [r for r in range(8) if r not in (2, 5)]
+    assert torch.equal(k[untouched], before_k[untouched]) and torch.equal(v[untouched], before_v[untouched])
+
+
 def test_build_model_names_the_modes():
     with pytest.raises(ValueError, match="--compute 'fast': choose one of harness, engine"):
         build_model("fast", TINY_SHAPE, "cpu", 0)
@@ -132,6 +181,26 @@ def test_triton_kernels_match_their_torch_equivalents_on_cuda():
     rows = torch.tensor([5, SLOT_TOKENS + 3, 2 * SLOT_TOKENS], device="cuda")
     store_kv(qkv, rows, k, v, 4096, 1024)
     assert torch.equal(k[rows].reshape(3, -1), qkv[:, 4096:5120]) and torch.equal(v[rows].reshape(3, -1), qkv[:, 5120:])
+    before = k.clone()
+    store_kv(qkv, torch.tensor([-1, -1, -1], device="cuda"), k, v, 4096, 1024)   # padding rows: nothing stored
+    assert torch.equal(k, before)
+
+
+@pytest.mark.gpu
+def test_piecewise_graphs_replay_the_eager_forward_on_cuda():
+    """Captured piecewise graphs (with 34 padding tokens) give the eager forward's tokens on a mixed batch."""
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    engine = EngineDecoderModel(TINY_SHAPE, "cuda:0", 0, "varlen")
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    k, v = (torch.randn(4 * SLOT_TOKENS, 8, 128, generator=gen, device="cuda", dtype=engine.dtype) for _ in range(2))
+    caches = [[t.clone() for _ in range(TINY_SHAPE.num_layers)] for t in (k, v)]
+    batch = engine.batch_inputs(WORK, SLOT_TOKENS, "cuda:0")
+    want = engine.eager_forward(batch, *[[t.clone() for t in c] for c in caches], return_logits=True).float()
+    engine.piecewise = EnginePiecewiseGraphs(engine, *caches, sizes=(16, 400))
+    got_tokens = engine.forward(batch, *caches)
+    assert torch.equal(got_tokens, want.argmax(dim=-1))
 
 
 def _base_pages_accessible(kv) -> bool:

@@ -3,7 +3,8 @@
 # and the traces copied to shared/traces/... (never committed):  bash docs/device/session8.sh A1|A2|C
 #   A1, A2 (one start, back to back): issue 30 round 3's held-out replays (engine-profile/PLAN.md "Round 3"), each
 #     twice: A1 conversation, code, Mooncake; A2 ShareGPT, arXiv.
-#   C (a later start): per-phase bench of the engine replay, eager against piecewise CUDA graphs for mixed batches.
+#   C (a later start): the engine GPU tests, the per-phase bench of the engine replay, eager against piecewise CUDA
+#     graphs for batches with prefill chunks (<= 512 tokens), then two slices replayed eager and piecewise.
 # Every step has its own time limit; results are tarred into a few files under $OUT (the tool returns at most 8).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -41,5 +42,23 @@ case "$1" in
   A2)
     pair 80 sharegpt-async --trace $SHAREGPT --arrival poisson:8.5 --skip-requests 9000 --num-requests 180 --seed 7
     pair 75 arxiv-async --trace $ARXIV --arrival poisson:22 --skip-requests 5000 --num-requests 200 --seed 8
+    ;;
+  C)
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_hw_replay_engine.py -rs > "$R/logs/gpu-tests.log" 2>&1
+    echo "gpu tests rc=$?"; tail -3 "$R/logs/gpu-tests.log"
+    ident > "$R/logs/piecewise-bench.machine" 2>&1
+    { time timeout 180 python3 -m hwbackend.replay.bench_engine --compute engine --piecewise --out "$R/piecewise"; } \
+        > "$R/logs/piecewise-bench.log" 2>&1
+    echo "piecewise bench rc=$?"; grep -E "^engine-piecewise|real" "$R/logs/piecewise-bench.log" | tail -16
+    tar czf "$OUT/piecewise-bench.tgz" -C "$R" piecewise logs 2>/dev/null
+    if [ -f "$R/piecewise/points-engine.csv" ]; then   # the same slices eager and piecewise, on this start
+      replay 80 pw-sharegpt-eager --trace $SHAREGPT --arrival poisson:8.5 --skip-requests 9000 --num-requests 180 --seed 7
+      replay 80 pw-sharegpt-piecewise --piecewise-graphs --trace $SHAREGPT --arrival poisson:8.5 --skip-requests 9000 \
+          --num-requests 180 --seed 7
+      replay 80 pw-conv-eager --trace $CONV --skip-requests 15000 --num-requests 300 --rate-scale 3
+      replay 80 pw-conv-piecewise --piecewise-graphs --trace $CONV --skip-requests 15000 --num-requests 300 --rate-scale 3
+      tar czf "$OUT/piecewise-replays.tgz" -C "$R" pw-sharegpt-eager pw-sharegpt-piecewise pw-conv-eager pw-conv-piecewise \
+          logs/pw-*.log logs/pw-*.machine 2>/dev/null
+    fi
     ;;
 esac

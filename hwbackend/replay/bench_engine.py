@@ -21,11 +21,17 @@ DECODE_CONTEXTS = (1024, 8192, 32768)
 PREFILL_CHUNKS = ((512, 0), (2048, 0), (512, 8192), (2048, 8192))
 MIXED = ((512, 0, 64, 1024), (2048, 0, 16, 8192), (1024, 4096, 128, 1024))
 """(chunk tokens, chunk context, decodes, decode context) of the mixed points."""
+SMALL_PREFILL = ((128, 0), (256, 0), (256, 4096))
+SMALL_MIXED = ((64, 0, 64, 1024), (128, 1024, 32, 4096), (256, 0, 16, 8192), (448, 2048, 64, 1024),
+               (32, 4096, 128, 1024), (256, 4096, 256, 1024))
+"""Points of at most 512 tokens (the piecewise graphs' largest size), measured with ``--piecewise``: eager, then
+as piecewise graphs."""
 
 
-def bench_points(pool_tokens: int, tokens_per_group: int, max_context: int) -> list[dict]:
+def bench_points(pool_tokens: int, tokens_per_group: int, max_context: int, small: bool = False) -> list[dict]:
     """Decodes of :data:`DECODE_BATCHES` x :data:`DECODE_CONTEXTS` (cached tokens), prefill chunks
-    :data:`PREFILL_CHUNKS` and :data:`MIXED` batches, less those whose pages exceed ``pool_tokens``."""
+    :data:`PREFILL_CHUNKS` and :data:`MIXED` batches (with ``small``, also :data:`SMALL_PREFILL` and
+    :data:`SMALL_MIXED`), less those whose pages exceed ``pool_tokens``."""
     points = []
 
     def add(family: str, seqs: list[tuple[int, int]]) -> None:
@@ -40,10 +46,19 @@ def bench_points(pool_tokens: int, tokens_per_group: int, max_context: int) -> l
         add("prefill", [(t, c)])
     for t, c, d, dc in MIXED:
         add("mixed", [(1, dc)] * d + [(t, c)])
+    if small:
+        for t, c in SMALL_PREFILL:
+            add("prefill", [(t, c)])
+        for t, c, d, dc in SMALL_MIXED:
+            add("mixed", [(1, dc)] * d + [(t, c)])
     return points
 
 
-def run_bench(compute: str, out: Path, model_name: str, max_context: int, warmup_s: float, repeats: int) -> dict:
+def run_bench(compute: str, out: Path, model_name: str, max_context: int, warmup_s: float, repeats: int,
+              piecewise: bool = False) -> dict:
+    """Time :func:`bench_points` (module docstring); with ``piecewise`` (engine), the points with a prefill chunk
+    and at most 512 tokens are then timed again as piecewise CUDA graphs (rows of compute
+    ``engine-piecewise``, with the capture time in the metadata)."""
     import gc
 
     import pandas as pd
@@ -70,21 +85,32 @@ def run_bench(compute: str, out: Path, model_name: str, max_context: int, warmup
         meta["graph_capture_s"] = round(capture_decode_graphs(model, kv, max(sizes), sizes), 1)
         pc = kv.executor.policy.config
         pool_tokens = int(pc.pool_page_groups * pc.tokens_per_page * 0.95)
-        points = bench_points(pool_tokens, pc.tokens_per_page, max_context)
+        points = bench_points(pool_tokens, pc.tokens_per_page, max_context, small=piecewise)
         meta.update(pool_tokens=pool_tokens, points=len(points))
-        gc.collect()
-        gc.disable()
-        try:
-            rows = measure_points(model, kv, points, warmup=3, repeats=repeats, progress=lambda i, n, r: print(
-                f"{compute} {i + 1}/{n} {r['family']} decodes {r['decodes']} chunk {r['chunk_tokens']} "
-                f"max ctx {r['max_context_tokens']} graphed {r['graphed']}: {r['measured_us'] / 1000:.3f} ms",
-                flush=True))
-        finally:
-            gc.enable()
+
+        def timed(label: str, chosen: list[dict]) -> list[dict]:
+            gc.collect()
+            gc.disable()
+            try:
+                rows = measure_points(model, kv, chosen, warmup=3, repeats=repeats, progress=lambda i, n, r: print(
+                    f"{label} {i + 1}/{n} {r['family']} decodes {r['decodes']} chunk {r['chunk_tokens']} "
+                    f"max ctx {r['max_context_tokens']} graphed {r['graphed']}: {r['measured_us'] / 1000:.3f} ms",
+                    flush=True))
+            finally:
+                gc.enable()
+            return [{"compute": label, **row} for row in rows]
+
+        rows = timed(compute, points)
+        if piecewise and compute == "engine":
+            from hwbackend.replay.engine import PIECEWISE_SIZES, capture_piecewise_graphs
+
+            meta["piecewise_capture_s"] = round(capture_piecewise_graphs(model, kv), 1)
+            small = [p for p in points if p["family"] != "decode"
+                     and sum(t for t, _ in p["seqs"]) <= max(PIECEWISE_SIZES)]
+            rows += timed("engine-piecewise", small)
     finally:
         kv.close()
-    frame = pd.DataFrame(rows, columns=list(GRID_COLUMNS))
-    frame.insert(0, "compute", compute)
+    frame = pd.DataFrame(rows, columns=["compute", *GRID_COLUMNS])
     frame.to_csv(out / f"points-{compute}.csv", index=False)
     meta.update(gpu_name=torch.cuda.get_device_name(), torch_version=torch.__version__,
                 wall_s=round(time.perf_counter() - started, 1))
@@ -142,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-s", type=float, default=5.0)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--check", action="store_true", help="run the GPU checks instead (check.json)")
+    parser.add_argument("--piecewise", action="store_true",
+                        help="engine: also time the points of <= 512 tokens with a prefill chunk as piecewise CUDA graphs")
     args = parser.parse_args(argv)
     from hwbackend.replay.tp.cli import gpu_preflight
     problem = gpu_preflight(("cuda:0",), "the per-phase timings need the GPU (tests/test_hw_replay_engine.py runs "
@@ -154,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         (out / "check.json").write_text(json.dumps(run_check(out, args.model), indent=1) + "\n")
         return 0
-    meta = run_bench(args.compute, out, args.model, args.max_context, args.warmup_s, args.repeats)
+    meta = run_bench(args.compute, out, args.model, args.max_context, args.warmup_s, args.repeats, args.piecewise)
     meta["command"] = " ".join(["python -m hwbackend.replay.bench_engine", *(argv or sys.argv[1:])])
     (out / f"bench-{args.compute}.json").write_text(json.dumps(meta, indent=1) + "\n")
     return 0

@@ -93,13 +93,15 @@ def warm_up(model: DecoderModel, seconds: float = 0.0) -> int:
 
 def replay(config: Any, trace: pd.DataFrame, device: str = "cuda:0", shape: ModelSpec | None = None,
            attention: str = "auto", sleep=time.sleep, cuda_graphs: bool = True,
-           warmup_s: float = 20.0, compute: str = "harness") -> tuple[Any, dict]:
+           warmup_s: float = 20.0, compute: str = "harness", piecewise_graphs: bool = False) -> tuple[Any, dict]:
     """Replay ``trace`` under ``config``; returns the :class:`hwbackend.replay.loop.ReplayOutput` and run metadata.
 
     On CUDA: ``warmup_s`` seconds of eager warm-up (:func:`warm_up`), then, with ``cuda_graphs``, decode
     iterations as CUDA graphs (:func:`hwbackend.replay.model.capture_decode_graphs`, batch sizes 1..max batch).
     ``compute``: ``harness`` (:class:`hwbackend.replay.model.DecoderModel`) or ``engine``
-    (:class:`hwbackend.replay.engine.EngineDecoderModel`: fused kernels, split-KV decodes).
+    (:class:`hwbackend.replay.engine.EngineDecoderModel`: fused kernels, split-KV decodes); ``piecewise_graphs``
+    (engine, with ``cuda_graphs``): batches with prefill chunks of up to 512 tokens run as piecewise CUDA graphs
+    (:class:`hwbackend.replay.engine.EnginePiecewiseGraphs`).
     """
     shape = shape or config.model_spec.per_worker(config.tp)
     model, extra = prepare_model(shape, device, config.seed, attention, warmup_s, compute)
@@ -107,7 +109,7 @@ def replay(config: Any, trace: pd.DataFrame, device: str = "cuda:0", shape: Mode
     try:
         if compute == "engine" and model.device.type == "cuda":   # Triton checks the tensors' base pointers
             extra["anchor_slot"] = pin_base_pages(kv)
-        capture_graphs(model, kv, config.max_batch_slots, cuda_graphs, extra)
+        capture_graphs(model, kv, config.max_batch_slots, cuda_graphs, extra, piecewise_graphs)
         gc.collect()
         gc.freeze()
         gc.disable()  # a full collection mid-run costs ~50 ms (docs/hwbackend.md)
@@ -140,11 +142,14 @@ def prepare_model(shape: ModelSpec, device: str, seed: int, attention: str = "au
     return model, extra
 
 
-def capture_graphs(model: Any, kv: Any, max_batch: int, cuda_graphs: bool, extra: dict) -> None:
+def capture_graphs(model: Any, kv: Any, max_batch: int, cuda_graphs: bool, extra: dict,
+                   piecewise_graphs: bool = False) -> None:
     """On CUDA with ``cuda_graphs``, capture decode iterations of batch 1..``max_batch`` as CUDA graphs over the
-    open cache ``kv`` (:func:`hwbackend.replay.model.capture_decode_graphs`); ``extra`` gets ``cuda_graphs``,
-    ``graph_capture_s`` or ``graph_capture_error`` (a failed capture leaves every iteration eager, with a
-    warning on stderr)."""
+    open cache ``kv`` (:func:`hwbackend.replay.model.capture_decode_graphs`) and, with ``piecewise_graphs`` on the
+    engine decoder, the piecewise graphs of batches with prefill chunks
+    (:func:`hwbackend.replay.engine.capture_piecewise_graphs`); ``extra`` gets ``cuda_graphs``,
+    ``graph_capture_s`` or ``graph_capture_error``, ``piecewise_graphs`` and ``piecewise_capture_s`` (a failed
+    capture leaves those iterations eager, with a warning on stderr)."""
     backend = extra.get("attention_backend", getattr(model, "attention", ""))
     if not cuda_graphs or model.device.type != "cuda":
         return
@@ -162,6 +167,18 @@ def capture_graphs(model: Any, kv: Any, max_batch: int, cuda_graphs: bool, extra
         model.graphs = None
         extra["graph_capture_error"] = str(exc).splitlines()[0][:300]
         print(f"replay: warning: CUDA graph capture failed, decodes run eagerly: {exc}", file=sys.stderr)
+    extra["piecewise_graphs"] = False
+    if piecewise_graphs and hasattr(model, "pieces"):
+        from hwbackend.replay.engine import capture_piecewise_graphs
+
+        try:
+            extra["piecewise_capture_s"] = round(capture_piecewise_graphs(model, kv), 1)
+            extra["piecewise_graphs"] = True
+        except RuntimeError as exc:
+            model.piecewise = None
+            extra["piecewise_capture_error"] = str(exc).splitlines()[0][:300]
+            print(f"replay: warning: piecewise graph capture failed, mixed batches run eagerly: {exc}",
+                  file=sys.stderr)
 
 
 def _environment(model: DecoderModel) -> dict:
@@ -226,6 +243,9 @@ def build_parser(prog: str = "python -m hwbackend.replay.cli", description: str 
                              "default) or harness (the unfused decoder of the replays before 2026-12)")
     parser.add_argument("--no-cuda-graphs", action="store_true",
                         help="run decode iterations eagerly too (default: CUDA graphs for decode-only batches)")
+    parser.add_argument("--piecewise-graphs", action="store_true",
+                        help="engine compute: run batches with prefill chunks of up to 512 tokens as piecewise CUDA "
+                             "graphs (all but attention captured per padded token count, as vLLM v1); default off")
     parser.add_argument("--warmup-s", type=float, default=20.0,
                         help="seconds of eager warm-up before the clock starts (CUDA); default 20")
     return parser
@@ -310,6 +330,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m hwbackend.replay.
     shape = TINY_SHAPE if args.device == "cpu" else None
     try:
         output, meta = replay(config, trace, args.device, shape, args.attention, cuda_graphs=not args.no_cuda_graphs,
+                              piecewise_graphs=args.piecewise_graphs,
                               warmup_s=args.warmup_s, compute=args.compute)
     except MemoryError as exc:
         print(f"replay: error: the KV cache or model does not fit this machine's memory ({exc})", file=sys.stderr)

@@ -13,11 +13,15 @@ the kernels a serving engine (vLLM v1, SGLang) launches:
   then a kernel that merges the splits by their log-sum-exp (the scheme of vLLM's / SGLang's Triton decode
   attention, ``triton_decode_attention.py``);
 * FlashAttention-2 varlen for prefill chunks over the cache without copies (as the harness's ``varlen``);
-* CUDA graphs for decode-only iterations (as the harness, with fewer kernels inside).
+* CUDA graphs for decode-only iterations (as the harness, with fewer kernels inside);
+* optionally (``piecewise_graphs``, :class:`EnginePiecewiseGraphs`) piecewise CUDA graphs for iterations with a
+  prefill chunk of up to :data:`PIECEWISE_SIZES`' largest token count, as vLLM v1 runs them: everything but
+  attention captured per padded token count, between layers' attention calls, which run eagerly (their grids
+  depend on the batch's sequences).
 
 Per layer: 1 norm, 3 GEMMs + the down GEMM, 1 K/V store, 2 attention kernels (decodes) and/or 1
-(chunks), 1 SiLU-mul, 1 add+norm: 9-10 launches instead of ~20. Iterations with a prefill chunk stay eager
-(no piecewise graphs: not built).
+(chunks), 1 SiLU-mul, 1 add+norm: 9-10 launches instead of ~20; with piecewise graphs, one graph launch and
+the attention kernels (2-4 launches).
 
 Tokens are packed decodes first (slot order), then chunks (slot order): :class:`EngineBatch`. On CPU (tests,
 emulated replays) every kernel has a torch equivalent computing the same function (the split-KV one with the
@@ -163,7 +167,7 @@ if triton is not None:
         t = tl.program_id(0)
         row = tl.load(Rows + t)
         cols = tl.arange(0, BLOCK)
-        mask = cols < KV_DIM
+        mask = (cols < KV_DIM) & (row >= 0)     # row -1: a padding token of a piecewise graph, not stored
         k = tl.load(QKV + t * stride_t + k_offset + cols, mask=mask)
         v = tl.load(QKV + t * stride_t + v_offset + cols, mask=mask)
         tl.store(K + row * stride_kr + cols, k, mask=mask)
@@ -183,7 +187,7 @@ def _pow2(n: int) -> int:
 
 
 def split_kv_decode(q: Any, k_flat: Any, v_flat: Any, starts: Any, lens: Any, splits: int,
-                    triton_kernels: bool | None = None) -> Any:
+                    triton_kernels: bool | None = None, out: Any = None) -> Any:
     """Split-KV attention of one query per sequence over its cache rows.
 
     Args:
@@ -191,8 +195,9 @@ def split_kv_decode(q: Any, k_flat: Any, v_flat: Any, starts: Any, lens: Any, sp
         starts: ``[n]`` int64 first row of each sequence (``slot * L_max``). lens: ``[n]`` int32 keys each
             sequence attends to (cached + the new one). splits: key splits (:func:`decode_splits`).
         triton_kernels: run the Triton kernels (default: :func:`use_triton`), else the torch equivalent.
+        out: ``[n, Hq, D]`` tensor to write the result into (default: a new one).
     Returns:
-        ``[n, Hq, D]`` in ``q``'s dtype.
+        ``[n, Hq, D]`` in ``q``'s dtype (``out`` when given).
     """
     import torch
 
@@ -205,11 +210,12 @@ def split_kv_decode(q: Any, k_flat: Any, v_flat: Any, starts: Any, lens: Any, sp
     if triton_kernels is None:
         triton_kernels = use_triton(q)
     if not triton_kernels:
-        return _split_kv_decode_torch(q, k_flat, v_flat, starts, lens, splits, scale)
+        result = _split_kv_decode_torch(q, k_flat, v_flat, starts, lens, splits, scale)
+        return result if out is None else out.copy_(result)
     block_keys, warps, stages = decode_tile()
     part_o = torch.empty((n, hq, splits, dim), device=q.device, dtype=torch.float32)
     part_l = torch.empty((n, hq, splits), device=q.device, dtype=torch.float32)
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     _decode_split_kernel[(n, hkv, splits)](
         q, k_flat, v_flat, starts, lens, part_o, part_l, q.stride(0), q.stride(1), k_flat.stride(0), k_flat.stride(1),
         v_flat.stride(0), v_flat.stride(1), part_o.stride(0), part_o.stride(1), part_o.stride(2), part_l.stride(0),
@@ -283,9 +289,13 @@ def silu_mul(gate_up: Any) -> Any:
 
 
 def store_kv(qkv: Any, rows: Any, k_flat: Any, v_flat: Any, q_dim: int, kv_dim: int) -> None:
-    """Write each token's K and V (columns ``q_dim..`` of ``qkv [T, q + 2 kv]``) into cache rows ``rows [T]``."""
+    """Write each token's K and V (columns ``q_dim..`` of ``qkv [T, q + 2 kv]``) into cache rows ``rows [T]``;
+    a row of -1 (a padding token of :class:`EnginePiecewiseGraphs`) is not written."""
     if not use_triton(qkv):
         heads = k_flat.shape[1]
+        keep = rows >= 0
+        if not bool(keep.all()):     # CPU only (the torch path): padding rows dropped
+            qkv, rows = qkv[keep], rows[keep]
         k_flat.index_copy_(0, rows, qkv[:, q_dim:q_dim + kv_dim].reshape(-1, heads, kv_dim // heads))
         v_flat.index_copy_(0, rows, qkv[:, q_dim + kv_dim:].reshape(-1, heads, kv_dim // heads))
         return
@@ -353,6 +363,7 @@ class EngineDecoderModel(DecoderModel):
         super().__init__(shape, device, seed, attention)
         self.sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
                     if self.device.type == "cuda" else 132)
+        self.piecewise: EnginePiecewiseGraphs | None = None
 
     @property
     def graph_class(self) -> type:
@@ -364,10 +375,13 @@ class EngineDecoderModel(DecoderModel):
         return EngineBatch(work, slot_tokens, device, self.shape.num_kv_heads, self.sms)
 
     def forward(self, batch: EngineBatch, k_flat: list[Any], v_flat: list[Any]) -> Any:
-        """One iteration (graph replay for decode-only batches of a captured size); next token ids ``[S]``."""
+        """One iteration (graph replay for decode-only batches of a captured size; piecewise graphs, when captured,
+        for other batches of up to their largest token count); next token ids ``[S]``."""
         if (self.graphs is not None and batch.num_decodes == batch.num_tokens and batch.num_tokens in self.graphs.sizes
                 and batch.logit_rows.shape[0] == batch.num_tokens):
             return self.graphs.replay(batch)
+        if self.piecewise is not None and batch.num_tokens <= self.piecewise.max_tokens:
+            return self.piecewise.replay(batch, k_flat, v_flat)
         return self.eager_forward(batch, k_flat, v_flat)
 
     def eager_forward(self, batch: Any, k_flat: list[Any], v_flat: list[Any], return_logits: bool = False) -> Any:
@@ -392,15 +406,16 @@ class EngineDecoderModel(DecoderModel):
         logits = F.linear(h[batch.logit_rows], self.lm_head)
         return logits if return_logits else logits.argmax(dim=-1)
 
-    def attend(self, q: Any, k_flat: Any, v_flat: Any, batch: Any, n_d: int) -> Any:
-        """Decodes (first ``n_d`` rows) by split-KV, chunks by FlashAttention varlen (CPU: the reference)."""
+    def attend(self, q: Any, k_flat: Any, v_flat: Any, batch: Any, n_d: int, out: Any = None) -> Any:
+        """Decodes (first ``n_d`` rows) by split-KV, chunks by FlashAttention varlen (CPU: the reference);
+        written into ``out`` (``[T, Hq, D]``) when given, else into a new tensor, which is returned."""
         import torch
 
         if n_d == q.shape[0]:
-            return split_kv_decode(q, k_flat, v_flat, batch.dec_starts, batch.dec_lens, batch.splits)
-        out = torch.empty_like(q)
+            return split_kv_decode(q, k_flat, v_flat, batch.dec_starts, batch.dec_lens, batch.splits, out=out)
+        out = torch.empty_like(q) if out is None else out
         if n_d:
-            out[:n_d] = split_kv_decode(q[:n_d], k_flat, v_flat, batch.dec_starts, batch.dec_lens, batch.splits)
+            split_kv_decode(q[:n_d], k_flat, v_flat, batch.dec_starts, batch.dec_lens, batch.splits, out=out[:n_d])
         qc = q[n_d:]
         if self.attention == "varlen":
             out[n_d:] = torch.ops.aten._flash_attention_forward(
@@ -409,6 +424,155 @@ class EngineDecoderModel(DecoderModel):
         else:
             out[n_d:] = reference_attention(qc, k_flat, v_flat, _ChunkView(batch))
         return out
+
+
+    def pieces(self, n: int, graphs: "EnginePiecewiseGraphs", k_flat: list[Any], v_flat: list[Any]) -> list[Any]:
+        """The ``num_layers + 1`` pieces of :meth:`eager_forward` between attention calls, for ``n`` (padded)
+        tokens over ``graphs``' static buffers: piece 0 embeds, normalises and projects layer 0's QKV and stores
+        its K/V; piece ``l`` (1..L-1) runs layer ``l - 1``'s output projection and MLP, then layer ``l``'s norm, QKV
+        and K/V store; piece L ends the last layer and returns the final norm's output ``[n, hidden]``. The same
+        kernels and arithmetic as :meth:`eager_forward` (QKV written into the static buffer by ``out=``)."""
+        import torch
+        import torch.nn.functional as F
+
+        s = self.shape
+        q_dim, kv_dim = s.num_q_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        x, qkv, attn, rows = graphs.x[:n], graphs.qkv[:n], graphs.attn[:n].view(n, q_dim), graphs.rows[:n]
+        layers = self.layers
+
+        def first() -> None:
+            x.copy_(self.embed[0].expand(n, -1))
+            h = add_rms_norm(x, None, layers[0]["norm1"])
+            torch.matmul(h, layers[0]["qkv"].t(), out=qkv)
+            store_kv(qkv, rows, k_flat[0], v_flat[0], q_dim, kv_dim)
+
+        def between(layer: int):
+            w = layers[layer - 1]
+            last = layer == len(layers)
+
+            def piece() -> Any:
+                h = add_rms_norm(x, F.linear(attn, w["o"]), w["norm2"])
+                down = F.linear(silu_mul(F.linear(h, w["gate_up"])), w["down"])
+                h = add_rms_norm(x, down, self.final_norm if last else layers[layer]["norm1"])
+                if last:
+                    return h
+                torch.matmul(h, layers[layer]["qkv"].t(), out=qkv)
+                store_kv(qkv, rows, k_flat[layer], v_flat[layer], q_dim, kv_dim)
+                return None
+            return piece
+
+        return [first] + [between(layer) for layer in range(1, len(layers) + 1)]
+
+
+PIECEWISE_SIZES = (16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448, 480, 512)
+"""Token counts the piecewise graphs are captured for; a batch runs the smallest that holds it (its padding tokens
+computed and not stored). vLLM v1's default capture sizes end at 512 tokens too (``max_capture_size``; its
+steps are 8 to 256, then 16): larger batches run eagerly there as here."""
+
+
+class EnginePiecewiseGraphs:
+    """Piecewise CUDA graphs of :class:`EngineDecoderModel` (vLLM v1's scheme for batches with prefill chunks):
+    per token count in ``sizes``, the ``num_layers + 1`` pieces of :meth:`EngineDecoderModel.pieces` captured as
+    graphs into one memory pool over static buffers; at replay the batch's write rows go into the static row
+    buffer (padding rows -1: :func:`store_kv` skips them), each piece's graph is launched and each layer's
+    attention runs eagerly between them over the batch's own index tensors (its ``[T]`` real rows of the static
+    query / output buffers), and the logits of the emitting rows are computed eagerly from the last piece's
+    output.
+
+    Args:
+        model: the decoder. k_flat / v_flat: the cache views (fixed virtual addresses). sizes: token counts.
+        capture: capture CUDA graphs (CUDA only); False runs the pieces as plain calls (the CPU tests' check that
+            pieces and padding compute what :meth:`EngineDecoderModel.eager_forward` computes).
+
+    Raises:
+        RuntimeError: from CUDA if a capture fails.
+    """
+
+    def __init__(self, model: EngineDecoderModel, k_flat: list[Any], v_flat: list[Any],
+                 sizes: Any = PIECEWISE_SIZES, capture: bool = True):
+        import time
+
+        import torch
+
+        started = time.perf_counter()
+        s, device = model.shape, model.device
+        self.model, self.sizes = model, sorted(set(int(n) for n in sizes))
+        self.max_tokens = self.sizes[-1]
+        top = self.max_tokens
+        q_dim, kv_dim = s.num_q_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        self.x = torch.zeros(top, s.hidden_size, device=device, dtype=model.dtype)
+        self.qkv = torch.zeros(top, q_dim + 2 * kv_dim, device=device, dtype=model.dtype)
+        self.attn = torch.zeros(top, s.num_q_heads, s.head_dim, device=device, dtype=model.dtype)
+        self.rows = torch.full((top,), -1, device=device, dtype=torch.long)
+        self.calls: dict[int, list[Any]] = {n: model.pieces(n, self, k_flat, v_flat) for n in self.sizes}
+        self.graphs: dict[int, list[Any]] | None = None
+        self.outputs: dict[int, Any] = {}
+        if capture:
+            self.graphs = {}
+            pool = torch.cuda.graph_pool_handle()
+            side = torch.cuda.Stream(device=device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for n in reversed(self.sizes):
+                    for call in self.calls[n]:     # warm-up: kernels chosen, workspaces allocated; rows all -1
+                        call()
+                    graphs = []
+                    for call in self.calls[n]:
+                        graph = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(graph, pool=pool, stream=side):
+                            result = call()
+                        graphs.append(graph)
+                    self.graphs[n], self.outputs[n] = graphs, result
+            torch.cuda.current_stream(device).wait_stream(side)
+            torch.cuda.synchronize(device)
+        self.capture_s = time.perf_counter() - started
+
+    def bucket(self, num_tokens: int) -> int:
+        """The smallest captured token count >= ``num_tokens``.
+
+        Raises:
+            ValueError: ``num_tokens`` above :attr:`max_tokens`.
+        """
+        import bisect
+
+        index = bisect.bisect_left(self.sizes, num_tokens)
+        if index == len(self.sizes):
+            raise ValueError(f"{num_tokens} tokens: piecewise graphs hold at most {self.max_tokens}")
+        return self.sizes[index]
+
+    def replay(self, batch: EngineBatch, k_flat: list[Any], v_flat: list[Any]) -> Any:
+        """One iteration of ``batch`` (:class:`EngineBatch`, at most :attr:`max_tokens` tokens); next token ids
+        ``[S]``."""
+        import torch.nn.functional as F
+
+        model, s = self.model, self.model.shape
+        t, n = batch.num_tokens, self.bucket(batch.num_tokens)
+        self.rows[:t].copy_(batch.write_rows)
+        if n > t:
+            self.rows[t:n].fill_(-1)
+        q = self.qkv[:t, :s.num_q_heads * s.head_dim].view(t, s.num_q_heads, s.head_dim)
+        steps = self.graphs[n] if self.graphs is not None else self.calls[n]
+        out = None
+        for layer, step in enumerate(steps):
+            if layer:
+                model.attend(q, k_flat[layer - 1], v_flat[layer - 1], batch, batch.num_decodes, out=self.attn[:t])
+            if self.graphs is not None:
+                step.replay()
+            else:
+                out = step()
+        h = (self.outputs[n] if self.graphs is not None else out)[:t]
+        return F.linear(h[batch.logit_rows], model.lm_head).argmax(dim=-1)
+
+
+def capture_piecewise_graphs(model: EngineDecoderModel, kv: Any, sizes: Any = PIECEWISE_SIZES) -> float:
+    """Capture :class:`EnginePiecewiseGraphs` on ``model`` over an open :class:`hwbackend.replay.kv.ReplayKV`
+    (``model.piecewise``); returns the capture's wall time (s). No cache row is written: every padding row is -1.
+
+    Raises:
+        RuntimeError: from CUDA if a capture fails.
+    """
+    model.piecewise = EnginePiecewiseGraphs(model, kv.k, kv.v, sizes)
+    return model.piecewise.capture_s
 
 
 class _ChunkView:
