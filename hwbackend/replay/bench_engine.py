@@ -23,7 +23,7 @@ MIXED = ((512, 0, 64, 1024), (2048, 0, 16, 8192), (1024, 4096, 128, 1024))
 """(chunk tokens, chunk context, decodes, decode context) of the mixed points."""
 SMALL_PREFILL = ((128, 0), (256, 0), (256, 4096))
 SMALL_MIXED = ((64, 0, 64, 1024), (128, 1024, 32, 4096), (256, 0, 16, 8192), (448, 2048, 64, 1024),
-               (32, 4096, 128, 1024), (256, 4096, 256, 1024))
+               (32, 4096, 128, 1024), (320, 4096, 192, 1024))
 """Points of at most 512 tokens (the piecewise graphs' largest size), measured with ``--piecewise``: eager, then
 as piecewise graphs."""
 
