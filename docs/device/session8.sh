@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Device calls of session 8 (2026-12-02), one lent H200, from the repository root, simpy carried as a wheel in .whl/
-# and the traces copied to shared/traces/... (never committed):  bash docs/device/session8.sh A1|A2|C
+# and the traces copied to shared/traces/... (never committed):  bash docs/device/session8.sh A1|A2|C|D
 #   A1, A2 (one start, back to back): issue 30 round 3's held-out replays (engine-profile/PLAN.md "Round 3"), each
 #     twice: A1 conversation, code, Mooncake; A2 ShareGPT, arXiv.
 #   C (a later start): the engine GPU tests, the per-phase bench of the engine replay, eager against piecewise CUDA
-#     graphs for batches with prefill chunks (<= 512 tokens), then two slices replayed eager and piecewise.
+#     graphs for batches with prefill chunks (<= 512 tokens), then two slices replayed eager and piecewise (their
+#     logs were lost: the tar's glob ran outside $R).
+#   D (a later start): round 4's training with piecewise graphs (engine-profile/PLAN.md, "Round 4").
 # Every step has its own time limit; results are tarred into a few files under $OUT (the tool returns at most 8).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -60,5 +62,19 @@ case "$1" in
       tar czf "$OUT/piecewise-replays.tgz" -C "$R" pw-sharegpt-eager pw-sharegpt-piecewise pw-conv-eager pw-conv-piecewise \
           logs/pw-*.log logs/pw-*.machine 2>/dev/null
     fi
+    ;;
+  D)  # round 4's training (engine-profile/PLAN.md "Round 4"): the grid and round 2's training slices, piecewise graphs
+    ident > "$R/logs/grid-piecewise.machine" 2>&1
+    { time timeout 110 python3 -m hwbackend.calibration.grid --compute engine --piecewise-graphs --model llama-3.1-8b \
+        --max-context 65536 --warmup-s 5 --out "$R/grid-piecewise"; } > "$R/logs/grid-piecewise.log" 2>&1
+    echo "grid rc=$?"; tail -2 "$R/logs/grid-piecewise.log"
+    replay 60 train4-code-sync --piecewise-graphs --trace $CODE --skip-requests 1000 --num-requests 250 --rate-scale 3 --sync-mapping
+    replay 60 train4-mooncake-sync --piecewise-graphs --trace $MOON --model llama-3.1-8b --max-context 131072 \
+        --skip-requests 100 --num-requests 20 --rate-scale 0.3 --sync-mapping
+    replay 60 train4-conv-async --piecewise-graphs --trace $CONV --skip-requests 1000 --num-requests 300 --rate-scale 3
+    replay 75 train4-sharegpt-async --piecewise-graphs --trace $SHAREGPT --arrival poisson:8.5 --skip-requests 1000 \
+        --num-requests 180 --seed 4
+    (cd "$R" && tar czf "$OUT/train4.tgz" grid-piecewise train4-code-sync train4-mooncake-sync train4-conv-async \
+        train4-sharegpt-async logs 2>/dev/null)
     ;;
 esac

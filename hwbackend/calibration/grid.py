@@ -201,14 +201,17 @@ def _wait_completed(executor: Any, iteration: int, timeout_s: float = 10.0) -> N
 
 
 def run_grid(model_name: str, out_dir: str | Path, device: str = "cuda:0", max_context: int = 65536,
-             warmup_s: float = 10.0, command: str = "", point_set: str = "base", compute: str = "harness") -> Path:
+             warmup_s: float = 10.0, command: str = "", point_set: str = "base", compute: str = "harness",
+             piecewise_graphs: bool = False) -> Path:
     """Measure the grid on ``device`` and write ``grid.parquet`` and ``grid.json`` (model, configuration,
     GPU, torch, timings) into ``out_dir`` (created; refused if it already holds a ``grid.parquet``).
 
     The configuration is the replay's defaults for ``model_name`` with ``max_context`` tokens per slot
     (``allow_long_context``), 256 slots and synchronous mapping; decode graphs are captured for 1..256.
     ``compute``: the replay's decoder (:data:`hwbackend.replay.engine.COMPUTE_MODES`: ``harness`` or ``engine``),
-    recorded in ``grid.json`` so that a fit knows which kernels it describes.
+    recorded in ``grid.json`` so that a fit knows which kernels it describes; ``piecewise_graphs`` (engine):
+    batches with prefill chunks of up to 512 tokens run as piecewise CUDA graphs
+    (:func:`hwbackend.replay.engine.capture_piecewise_graphs`), recorded as ``piecewise_graphs``.
 
     Raises:
         FileExistsError: ``out_dir`` already holds a grid. RuntimeError: CUDA / VMM errors, a point that does
@@ -241,6 +244,10 @@ def run_grid(model_name: str, out_dir: str | Path, device: str = "cuda:0", max_c
                   "warmup_forwards": warm_forwards, "command": command, **check}
     try:
         meta["graph_capture_s"] = round(capture_decode_graphs(model, kv, config.max_batch_slots), 1)
+        meta["piecewise_graphs"] = bool(piecewise_graphs and compute == "engine")
+        if meta["piecewise_graphs"]:
+            from hwbackend.replay.engine import capture_piecewise_graphs
+            meta["piecewise_capture_s"] = round(capture_piecewise_graphs(model, kv), 1)
         policy_config = kv.executor.policy.config
         tokens_per_group = policy_config.tokens_per_page
         pool_tokens = int(policy_config.pool_page_groups * tokens_per_group * 0.95)
@@ -288,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compute", choices=("harness", "engine"), default="harness",
                         help="decoder kernels, as python -m hwbackend.replay.cli --compute (default: harness, the "
                              "grids before 2026-12)")
+    parser.add_argument("--piecewise-graphs", action="store_true",
+                        help="engine: batches with prefill chunks of <= 512 tokens as piecewise CUDA graphs")
     args = parser.parse_args(argv)
     try:
         import torch
@@ -299,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = run_grid(args.model, args.out, args.device, args.max_context, args.warmup_s,
                        command=" ".join(["python -m hwbackend.calibration.grid", *(argv or sys.argv[1:])]),
-                       point_set=args.points, compute=args.compute)
+                       point_set=args.points, compute=args.compute, piecewise_graphs=args.piecewise_graphs)
     except FileExistsError as exc:
         print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 2
