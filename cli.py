@@ -96,7 +96,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     out = OutputDir(args.out if args.out is not None else default_out_dir(), args.force, inputs=command_inputs(args))
     _check_profile_first(args.profile)
-    trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
+    # one replica: a CSV trace read without pandas where it can be (pandas is imported once there are results)
+    single = not (args.replicas > 1 or args.routing != "round-robin" or args.executor != "local" or args.workers)
+    trace, notes = load_workload(args, config.seed, config.slot_max_tokens, light=single)
     notes.append(prefix_note(trace, [args.policy or config.policy] if config.prefix_caching else []))
     for note in filter(None, notes):
         print(f"kvsim: warning: {note}", file=sys.stderr)
@@ -106,7 +108,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from sim.units import format_bytes
         print(f"kvsim: note: page size {format_bytes(config.page_size_bytes)} is below the 2 MiB VMM granularity: "
               "a what-if that needs a modified NVIDIA driver (vAttention's 64-256 KiB pages used one)", file=sys.stderr)
-    if args.replicas > 1 or args.routing != "round-robin" or args.executor != "local" or args.workers:
+    if not single:
         return _simulate_replicas(args, config, trace, out)
     with out.writing() as stage:
         started = time.perf_counter()

@@ -3,6 +3,7 @@ pyarrow nor SimPy. A check of the set of modules imported (``python -X importtim
 figures are in ``python bench/bench_targets.py --only version`` and docs/scale.md."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -44,3 +45,59 @@ def test_parser_imports_no_vmm_driver_code():
     modules = {line.split("|")[2].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
     assert "hwbackend.calibration.vmm_options" in modules
     assert not modules & {"hwbackend.calibration.vmm", "hwbackend.vmm.driver", "hwbackend.vmm.kvcache"}
+
+
+WATCH_RUN = r"""
+import json, sys
+sys.path.insert(0, {root!r})
+state = {{"run_done": False, "pandas_during_run": None, "pandas": False}}
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "pandas" and not state["pandas"]:
+            state["pandas"], state["pandas_during_run"] = True, not state["run_done"]
+        return None
+sys.meta_path.insert(0, Watch())
+import sim.core.engine as engine
+run = engine.Simulator.run
+def watched(self):
+    out = run(self)
+    state["run_done"] = True
+    return out
+engine.Simulator.run = watched
+from cli import main
+status = main({args!r})
+print(json.dumps({{**state, "status": status}}))
+"""
+
+
+def _azure_csv(path: Path, rows: int) -> Path:
+    """An Azure-format trace (ISO timestamps, CRLF line ends as in the published files)."""
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    lines += [f"2023-11-16 18:{15 + i // 60:02d}:{i % 60:02d}.{(7 * i) % 10_000_000:07d},{100 + 13 * i},{5 + i % 40}"
+              for i in range(rows)]
+    path.write_bytes(("\r\n".join(lines)).encode())
+    return path
+
+
+def _lengths_csv(path: Path, rows: int) -> Path:
+    lines = ["num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio"]
+    lines += [f"{50 + 7 * i},{3 + i % 30},{53 + 7 * i + i % 30},{(50 + 7 * i) / (3 + i % 30)}" for i in range(rows)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("form", ["azure", "lengths"])
+def test_simulate_csv_imports_pandas_only_after_the_run(tmp_path, form):
+    """``simulate`` on a plain CSV trace (Azure timestamps, or lengths with --arrival) reads it and runs the
+    engine, records streamed, without pandas: it is imported once the run has results (issue 32)."""
+    if form == "azure":
+        args = ["--trace", str(_azure_csv(tmp_path / "azure.csv", 120))]
+    else:
+        args = ["--trace", str(_lengths_csv(tmp_path / "lengths.csv", 120)), "--arrival", "poisson:20"]
+    args = ["simulate", *args, "--num-requests", "100", "--quiet", "--out", str(tmp_path / "run")]
+    done = subprocess.run([sys.executable, "-c", WATCH_RUN.format(root=str(ROOT), args=args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    state = json.loads(done.stdout.strip().splitlines()[-1])
+    assert state["status"] == 0 and state["run_done"]
+    assert state["pandas"] and state["pandas_during_run"] is False

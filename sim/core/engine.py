@@ -15,8 +15,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 import simpy
 
 from sim.timing.compute import BatchShape, RooflineComputeModel
@@ -38,6 +39,9 @@ from sim.core.request import Request
 from sim.core.scheduler import SCHEDULERS
 from sim.core.step import IterationStep
 from sim.units import US_PER_S
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ARRIVAL_TICKS_PER_S = 10_000_000
 ARRIVAL_TICK_US = US_PER_S / ARRIVAL_TICKS_PER_S
@@ -71,6 +75,8 @@ class SimOutput:
 
     def requests_frame(self) -> pd.DataFrame:
         """Per-request records (columns :data:`REQUEST_COLUMNS`), in request order."""
+        import pandas as pd
+
         frame = pd.DataFrame.from_records(self.request_records, columns=list(REQUEST_COLUMNS))
         return frame.assign(**self.extra_request_columns) if self.extra_request_columns else frame
 
@@ -80,7 +86,8 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
 
     Args:
         config: the run configuration.
-        trace: canonical table (``request_id, arrival_s, prompt_tokens, output_tokens``), sorted by arrival;
+        trace: canonical table (``request_id, arrival_s, prompt_tokens, output_tokens``; a DataFrame or a
+            :class:`traces.canonical.TraceColumns`), sorted by arrival;
             every request must fit a slot (``prompt + output - 1 <= config.slot_max_tokens``).
         vmm: VMM latency model (default: the built-in H200 calibration profile).
         compute: compute model (default: roofline for the config's model/GPU/TP).
@@ -362,17 +369,25 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
             self.policy.donate(request.slot, request.hash_ids, request.prompt_tokens, request.computed)
 
 
-def _requests_from_trace(trace: pd.DataFrame, slot_max_tokens: int) -> list[Request]:
-    too_long = trace.index[trace["prompt_tokens"] + trace["output_tokens"] - 1 > slot_max_tokens]
+def _requests_from_trace(trace, slot_max_tokens: int) -> list[Request]:
+    """The trace's requests (a canonical DataFrame or :class:`traces.canonical.TraceColumns`), in its order.
+
+    Raises:
+        ValueError: the first request that needs more KV tokens than a slot holds.
+    """
+    prompt, output = np.asarray(trace["prompt_tokens"]), np.asarray(trace["output_tokens"])
+    too_long = np.flatnonzero(prompt + output - 1 > slot_max_tokens)
     if len(too_long):
-        row = trace.loc[too_long[0]]
-        raise ValueError(f"request {int(row.request_id)} needs {int(row.prompt_tokens + row.output_tokens - 1)} "
+        row = int(too_long[0])
+        raise ValueError(f"request {int(np.asarray(trace['request_id'])[row])} needs "
+                         f"{int(prompt[row] + output[row] - 1)} "
                          f"KV tokens, more than a slot holds ({slot_max_tokens}); clip the trace first")
     # Quantised to 100 ns, the Azure trace's tick, so that one trace in two file forms (absolute timestamps
     # vs float seconds with ~1e-12 s noise) gives bit-identical runs.
-    arrivals_us = (np.round(trace["arrival_s"].to_numpy(dtype=float) * ARRIVAL_TICKS_PER_S) * ARRIVAL_TICK_US).tolist()
+    arrivals_us = (np.round(np.asarray(trace["arrival_s"], dtype=float) * ARRIVAL_TICKS_PER_S)
+                   * ARRIVAL_TICK_US).tolist()
     requests = [Request(int(i), a, int(p), int(o)) for i, a, p, o in zip(
-        trace["request_id"], arrivals_us, trace["prompt_tokens"], trace["output_tokens"])]
+        np.asarray(trace["request_id"]).tolist(), arrivals_us, prompt.tolist(), output.tolist())]
     if "hash_ids" in trace.columns:
         for request, ids in zip(requests, trace["hash_ids"]):
             request.hash_ids = tuple(int(x) for x in ids) if ids is not None else None

@@ -12,6 +12,22 @@ _SIGN = 1 << 63
 _PAIRWISE_LEAF = 1 << 16
 
 
+# ---- Arrow arrays of numpy columns ----------------------------------------------------------------------
+
+def arrow_array(values: np.ndarray):
+    """``pyarrow.array(values)`` of a 1-D numpy column, the same array (zero-copy, no nulls: a NaN stays a
+    value), built from its buffer where it is int64 or float64: ``pyarrow.array`` asks pandas whether a
+    numpy array is a categorical, which imports pandas (0.3 s) the first time (issue 32: ``kvsim simulate``
+    streams its records without pandas). Other dtypes go through ``pyarrow.array``."""
+    import pyarrow as pa
+
+    arrow_type = {"i8": pa.int64(), "f8": pa.float64()}.get(values.dtype.str[1:]) if values.ndim == 1 else None
+    if arrow_type is None or not values.dtype.isnative:
+        return pa.array(values)
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(arrow_type, len(values), [None, pa.py_buffer(values)], null_count=0)
+
+
 # ---- exact order statistics across sorted arrays -------------------------------------------------------
 
 def _key(value: float) -> int:
