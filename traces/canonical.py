@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sim.results.columns import ColumnTable as TraceColumns
 from traces.errors import TraceError, TraceWarning, plain
 
 if TYPE_CHECKING:
@@ -49,50 +50,8 @@ MOONCAKE_BLOCK_TOKENS = 512        # tokens per Mooncake prefix block (one hash 
 MAX_BLOCK_ID = 2**63 - 1           # block ids must fit int64 (Parquet, numpy)
 
 
-class TraceColumns:
-    """The canonical table as numpy columns (no pandas): what ``kvsim simulate`` reads a CSV trace into and
-    hands to the engine (:class:`sim.core.engine.Simulator` takes either form).
-
-    The part of a DataFrame's surface that the simulate path uses: ``len``, ``columns`` (names, in order),
-    ``name in table``, ``table[name]`` (the numpy array, not a copy: do not write to it), ``attrs`` (a dict,
-    ``attrs["source"]``). Transformations return new tables (:func:`renumber`, :mod:`traces.transforms`).
-    """
-
-    __slots__ = ("_columns", "attrs")
-
-    def __init__(self, columns: Mapping[str, np.ndarray], attrs: dict | None = None):
-        self._columns = dict(columns)
-        self.attrs = dict(attrs or {})
-
-    def __len__(self) -> int:
-        return len(next(iter(self._columns.values()))) if self._columns else 0
-
-    @property
-    def columns(self) -> list[str]:
-        """Column names, in order."""
-        return list(self._columns)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._columns
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self._columns[name]
-
-    def with_columns(self, **columns: np.ndarray) -> TraceColumns:
-        """A new table with these columns replaced or added (the others shared), ``attrs`` copied."""
-        return TraceColumns({**self._columns, **columns}, self.attrs)
-
-    def take(self, rows) -> TraceColumns:
-        """A new table of ``rows`` (a slice or an index array) of every column, ``attrs`` copied."""
-        return TraceColumns({name: values[rows] for name, values in self._columns.items()}, self.attrs)
-
-    def to_frame(self) -> pd.DataFrame:
-        """The DataFrame of these columns (the loaders' own table for the same rows), ``attrs`` copied."""
-        import pandas as pd
-
-        frame = pd.DataFrame(self._columns, copy=False)
-        frame.attrs = dict(self.attrs)
-        return frame
+# TraceColumns: the canonical table as numpy columns (sim.results.columns.ColumnTable), what ``kvsim simulate``
+# reads a CSV trace into and hands to the engine (sim.core.engine.Simulator takes either form)
 
 
 def as_frame(table) -> pd.DataFrame:

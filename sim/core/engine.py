@@ -43,6 +43,13 @@ from sim.units import US_PER_S
 if TYPE_CHECKING:
     import pandas as pd
 
+REQUEST_KINDS = {name: (str if name in ("status", "reject_reason") else
+                        int if name in ("request_id", "prompt_tokens", "output_tokens", "preemptions", "slot",
+                                        "prefix_hit_tokens", "prefix_hit_tokens_preempted", "recomputed_tokens")
+                        else float) for name in REQUEST_COLUMNS}
+"""The Python type of each :data:`REQUEST_COLUMNS` value in :meth:`sim.core.request.Request.record`
+(:meth:`SimOutput.request_table`)."""
+_FLOAT_TYPES = {float, np.float64, int}
 ARRIVAL_TICKS_PER_S = 10_000_000
 ARRIVAL_TICK_US = US_PER_S / ARRIVAL_TICKS_PER_S
 TBT_FOLD_ENTRIES = 1 << 21
@@ -72,6 +79,32 @@ class SimOutput:
     def iterations_frame(self, columns: list[str] | None = None) -> pd.DataFrame:
         """All iteration records (columns :data:`ITERATION_COLUMNS`, or ``columns``), in iteration order."""
         return self.recorder.frame(columns)
+
+    def request_table(self):
+        """The per-request records as a :class:`sim.results.columns.ColumnTable` (no pandas; issue 32): int64,
+        float64 and string columns as :meth:`requests_frame` infers them (ints of a float column as floats);
+        None where a column holds another mix of types (a None, a float column of ints only, a bool) or there
+        are extra request columns, whose frame only pandas builds."""
+        if self.extra_request_columns or not self.request_records:
+            return None
+        from sim.results.columns import ColumnTable
+
+        columns = {}
+        for name, values in zip(REQUEST_COLUMNS, zip(*self.request_records)):
+            kind = REQUEST_KINDS[name]
+            if kind is str:
+                if not all(type(value) is str for value in values):
+                    return None
+                columns[name] = np.array(values, dtype=object)
+                continue
+            types = set(map(type, values))
+            if kind is int and types != {int}:
+                return None
+            # a float column: floats, numpy floats and ints (pandas' float64; all ints would make it int64)
+            if kind is float and not (types <= _FLOAT_TYPES and types & {float, np.float64}):
+                return None
+            columns[name] = np.array(values, dtype=np.int64 if kind is int else np.float64)
+        return ColumnTable(columns)
 
     def requests_frame(self) -> pd.DataFrame:
         """Per-request records (columns :data:`REQUEST_COLUMNS`), in request order."""
