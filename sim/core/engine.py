@@ -31,7 +31,6 @@ from sim.timing.layer_reads import batch_reads, read_groups
 from sim.core.lifecycle import RequestBookkeeping
 from sim.core.mapper import AsyncMapper
 from sim.memory import build_policy
-from sim.core.tier_charges import TierCharges
 from sim.memory.plan import Plan
 from sim.results.records import ITERATION_COLUMNS, REQUEST_COLUMNS, tbt_distinct_us, tbt_stats_us
 from sim.results.recorder import IterationRecorder
@@ -179,7 +178,10 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
         self.zero_bytes = {"critical": 0, "background": 0}
         self.cow_bytes = 0
         self.swap = SwapSpace(config)
-        self.tiers = TierCharges(self) if getattr(self.policy, "tier_store", None) is not None else None
+        self.tiers = None
+        if getattr(self.policy, "tier_store", None) is not None:     # KV tiers (imported only for them)
+            from sim.core.tier_charges import TierCharges
+            self.tiers = TierCharges(self)
         self.scheduler = SCHEDULERS[config.scheduler]
         self.requests = _requests_from_trace(trace, config.slot_max_tokens)
         self.progress = progress
