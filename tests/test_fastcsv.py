@@ -103,3 +103,44 @@ def test_light_transforms_equal_the_frame_ones(tmp_path):
         assert isinstance(light, TraceColumns)
         pd.testing.assert_frame_equal(as_frame(light), frame, check_exact=True)
         assert as_frame(light).attrs == frame.attrs
+
+
+SPLITWISE_HEAD = "arrived_at,num_prefill_tokens,num_decode_tokens"
+
+
+@pytest.mark.parametrize("times, read", [
+    (["0.0", "4.314579", "10"], True),
+    (["0", "1", "2"], True),                                   # integer seconds (pandas: an int64 column)
+    (["0.123456789012345", "1.5"], True),                      # 15 digits: exact for every pandas
+    (["1e3", "2"], False), (["-1.5", "2"], False), ([".5", "2"], False), (["5.", "6"], False),
+    (["1.2.3", "4"], False), (["nan", "1"], False), (["1.5 ", "2"], False),
+    (["1.2345678901234567890", "2"], False),                   # 20 digits: pandas' reader
+])
+def test_splitwise_seconds_equal_pandas(tmp_path, times, read):
+    path = tmp_path / "s.csv"
+    path.write_text("\n".join([SPLITWISE_HEAD, *(f"{t},10,5" for t in times)]) + "\n")
+    slow = None
+    try:
+        slow, fast = _pandas_columns(path)
+    except traces.TraceError:
+        fast = fastcsv.read_columns(path, detect_csv(path, csvread.header_fields(path, csvread.read_head(path))),
+                                    csvread.header_fields(path, csvread.read_head(path)))
+    assert (fast is not None) == read
+    if fast is not None:
+        assert _same({k: v.view(np.int64) for k, v in fast.items()}, {k: v.view(np.int64) for k, v in slow.items()})
+
+
+@pytest.mark.skipif(not fastcsv.pandas_rounds_floats(), reason="the installed pandas is not known to round as float")
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10**17), st.integers(0, 17)), min_size=1, max_size=60))
+def test_long_decimals_read_as_pandas_reads_them(tmp_path_factory, values):
+    """Decimals of 16-18 digits (the Splitwise traces' times have up to 17): the same float64 bits."""
+    path = tmp_path_factory.mktemp("long") / "s.csv"
+    def text(mantissa: int, point: int) -> str:
+        digits = str(mantissa)
+        point = min(point, len(digits) - 1)
+        return digits[:len(digits) - point] + (("." + digits[len(digits) - point:]) if point else "")
+    path.write_text("\n".join([SPLITWISE_HEAD, *(f"{text(m, p)},10,5" for m, p in values)]) + "\n")
+    slow, fast = _pandas_columns(path)
+    assert fast is not None
+    assert np.array_equal(fast["time"].view(np.int64), slow["time"].astype(np.float64).view(np.int64))

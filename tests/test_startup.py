@@ -86,12 +86,21 @@ def _lengths_csv(path: Path, rows: int) -> Path:
     return path
 
 
-@pytest.mark.parametrize("form", ["azure", "lengths"])
+def _splitwise_csv(path: Path, rows: int) -> Path:
+    lines = ["arrived_at,num_prefill_tokens,num_decode_tokens"]
+    lines += [f"{0.37 * i + i / 7:.15g},{100 + 13 * i},{5 + i % 40}" for i in range(rows)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("form", ["azure", "lengths", "splitwise"])
 def test_simulate_csv_imports_no_pandas(tmp_path, form):
-    """``simulate`` on a plain CSV trace (Azure timestamps, or lengths with --arrival) reads it, runs the
+    """``simulate`` on a plain CSV trace (Azure timestamps, Splitwise seconds, or lengths with --arrival) reads it, runs the
     engine (records streamed), summarises and writes the run without importing pandas (issue 32)."""
     if form == "azure":
         args = ["--trace", str(_azure_csv(tmp_path / "azure.csv", 120))]
+    elif form == "splitwise":
+        args = ["--trace", str(_splitwise_csv(tmp_path / "splitwise.csv", 120))]
     else:
         args = ["--trace", str(_lengths_csv(tmp_path / "lengths.csv", 120)), "--arrival", "poisson:20"]
     args = ["simulate", *args, "--num-requests", "100", "--quiet", "--out", str(tmp_path / "run")]

@@ -1,17 +1,23 @@
 """A CSV trace read without pandas, where the file is plain (issue 32: ``kvsim simulate`` imports no pandas
 before its run has results).
 
-:func:`read_columns` reads the Azure (ISO timestamps) and length-only formats when every value the
-loader uses is plainly valid: token counts of ASCII digits in [1, ``MAX_TOKENS``], timestamps
+:func:`read_columns` reads the Azure (ISO timestamps), Splitwise (float seconds) and length-only formats when
+every value the loader uses is plainly valid: token counts of ASCII digits in [1, ``MAX_TOKENS``], times in
+seconds as plain decimals (:func:`_seconds`), timestamps
 ``YYYY-MM-DD HH:MM:SS[.f...]`` (``T`` or a space between date and time, 1 to 9 fraction digits, every row
 the same width, no offset) with every field in range; no quote, byte-order mark, blank line or CR but in a CRLF line end,
 valid UTF-8 throughout. It returns the columns that pandas' reader gives such a file
 (:func:`traces.formats.load_csv`'s ``_convert`` of every chunk, concatenated: int64 tokens, int64 ns since
 the Unix epoch, naive times taken as UTC, as ``pd.to_datetime(..., format="ISO8601", utc=True)`` parses
 them), and None for any other file, which then takes pandas' reader: its checks name the file, line, column
-and value of whatever is wrong, so every message stays the one it was. Files with float times (Splitwise,
-BurstGPT) always take pandas' reader: its float parser is not Python's correctly rounded one, and the
-times must keep their bits.
+and value of whatever is wrong, so every message stays the one it was. BurstGPT files (extra columns kept as
+categories) always take pandas' reader.
+
+Float times keep pandas' bits: a decimal of at most 15 digits is an exact integer over an exact power of ten,
+which every pandas parser since 1.2 (``precise_xstrtod``'s one division by its table of powers of ten) and
+Python's ``float`` round correctly alike; a longer one only where the installed pandas parses with
+fast_float, correctly rounded as ``float`` is (:func:`pandas_rounds_floats`: pandas >= 3.1.1, checked on
+600,000 random decimals of 16-18 digits and on the Splitwise traces, whose times have up to 17).
 
 The caller has checked the header (:func:`traces.csvread.header_fields`, the format's columns present) and
 every line's field count (:func:`traces.csvread.check_field_counts`).
@@ -22,12 +28,16 @@ from pathlib import Path
 
 import numpy as np
 
-FORMATS = ("azure", "lengths")
+FORMATS = ("azure", "lengths", "splitwise")
 """The formats read here (:data:`traces.formats.CSV_FORMATS` names)."""
 
 MAX_TOKENS = 100_000_000         # traces.fields.MAX_TOKENS (a larger count takes pandas' reader and its message)
 _DAYS_IN_MONTH = np.array([0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)
 _NS_PER_S = 1_000_000_000
+_EXACT_DIGITS = 15                # a decimal of at most this many digits: its mantissa and its power of ten exact
+CORRECTLY_ROUNDED_PANDAS = (3, 1, 1)
+"""The first pandas version known here to read CSV floats correctly rounded (fast_float, pandas-dev/pandas
+#64432; tested on 3.1.1)."""
 
 
 def read_columns(path: Path, spec, header: list[str]) -> dict[str, np.ndarray] | None:
@@ -72,9 +82,52 @@ def read_columns(path: Path, spec, header: list[str]) -> dict[str, np.ndarray] |
         if time is None:
             return None
         out["time"] = time
+    elif spec.time_kind == "seconds":
+        time = _seconds(cells[header.index(spec.time_column)::n_fields])
+        if time is None:
+            return None
+        out["time"] = time
     elif spec.time_kind != "none":
         return None
     return out
+
+
+def pandas_rounds_floats() -> bool:
+    """Whether the installed pandas reads CSV floats correctly rounded (version >=
+    :data:`CORRECTLY_ROUNDED_PANDAS`, read from its metadata: pandas is not imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        text = version("pandas")
+    except PackageNotFoundError:
+        return False
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = len(piece) - len(piece.lstrip("0123456789"))
+        if not digits:
+            break
+        parts.append(int(piece[:digits]))
+        if digits < len(piece):       # a pre-release (3.1.1rc1): not the release itself
+            return tuple(parts) > CORRECTLY_ROUNDED_PANDAS
+    return tuple(parts) >= CORRECTLY_ROUNDED_PANDAS
+
+
+def _seconds(cells: list[bytes]) -> np.ndarray | None:
+    """float64 seconds of plain decimals (ASCII digits with at most one point between two digits: no sign,
+    exponent or blank), as pandas reads them (module docstring), or None."""
+    joined = b"".join(cells)
+    if not joined.replace(b".", b"").isdigit() or not all(cells):
+        return None
+    for cell in cells:
+        if cell.count(b".") > 1 or cell[0] == 46 or cell[-1] == 46:
+            return None
+    longest = max(map(len, cells))
+    if longest > _EXACT_DIGITS:
+        digits = max(len(cell) - (b"." in cell) for cell in cells)
+        # up to 18 digits (an integer one still an int64 for pandas) where pandas rounds as float does
+        if digits > _EXACT_DIGITS and (digits > 18 or not pandas_rounds_floats()):
+            return None
+    return np.array(list(map(float, cells)), dtype=np.float64)
 
 
 def _tokens(cells: list[bytes]) -> np.ndarray | None:
