@@ -76,7 +76,7 @@ def write_run(result: RunResult, out_dir: str | Path, overwrite: bool = False) -
     out.mkdir(parents=True, exist_ok=True)
     if isinstance(result._requests, ColumnTable):     # a fresh streamed run's (build_result): without pandas
         write_parquet(result._requests, out / "requests.parquet")
-    elif not own_requests:        # a merged run's requests are already there (sim.cluster.replica_merge.write_merged_requests)
+    elif not own_requests:   # a merged run's are already there (sim.cluster.replica_merge.write_merged_requests)
         result.requests.to_parquet(out / "requests.parquet", index=False)
     if not own:        # a streamed run's records are already there
         result.iterations.to_parquet(out / "iterations.parquet", index=False)

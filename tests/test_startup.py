@@ -95,8 +95,8 @@ def _splitwise_csv(path: Path, rows: int) -> Path:
 
 @pytest.mark.parametrize("form", ["azure", "lengths", "splitwise"])
 def test_simulate_csv_imports_no_pandas(tmp_path, form):
-    """``simulate`` on a plain CSV trace (Azure timestamps, Splitwise seconds, or lengths with --arrival) reads it, runs the
-    engine (records streamed), summarises and writes the run without importing pandas (issue 32)."""
+    """``simulate`` on a plain CSV trace (Azure timestamps, Splitwise seconds, or lengths with --arrival) reads
+    it, runs the engine (records streamed), summarises and writes the run without importing pandas (issue 32)."""
     if form == "azure":
         args = ["--trace", str(_azure_csv(tmp_path / "azure.csv", 120))]
     elif form == "splitwise":

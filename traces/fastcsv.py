@@ -5,8 +5,8 @@ before its run has results).
 every value the loader uses is plainly valid: token counts of ASCII digits in [1, ``MAX_TOKENS``], times in
 seconds as plain decimals (:func:`_seconds`), timestamps
 ``YYYY-MM-DD HH:MM:SS[.f...]`` (``T`` or a space between date and time, 1 to 9 fraction digits, every row
-the same width, no offset) with every field in range; no quote, byte-order mark, blank line or CR but in a CRLF line end,
-valid UTF-8 throughout. It returns the columns that pandas' reader gives such a file
+the same width, no offset) with every field in range; no quote, byte-order mark, blank line or CR but in a CRLF
+line end, valid UTF-8 throughout. It returns the columns that pandas' reader gives such a file
 (:func:`traces.formats.load_csv`'s ``_convert`` of every chunk, concatenated: int64 tokens, int64 ns since
 the Unix epoch, naive times taken as UTC, as ``pd.to_datetime(..., format="ISO8601", utc=True)`` parses
 them), and None for any other file, which then takes pandas' reader: its checks name the file, line, column

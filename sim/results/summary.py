@@ -40,7 +40,8 @@ class RunResult:
     None for every other run.
     """
 
-    def __init__(self, requests: pd.DataFrame | ColumnTable | str | Path, iterations: pd.DataFrame | str | Path, summary: dict,
+    def __init__(self, requests: pd.DataFrame | ColumnTable | str | Path, iterations: pd.DataFrame | str | Path,
+                 summary: dict,
                  config: dict | None = None, path: Path | None = None, tbt_samples: tuple | None = None,
                  tiers: pd.DataFrame | str | Path | None = None):
         self._requests, self._iterations, self.summary = requests, iterations, summary
@@ -254,8 +255,8 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
         "zero_critical_bytes": int(counters.get("zero_critical_bytes", 0)),
         "zero_background_bytes": int(counters.get("zero_background_bytes", 0)),
         "clear_copy_total_ms": float((counts["clear_copy_sum_us"] if "clear_copy_sum_us" in counts
-                                      else _nan_sum(_array(iterations, "clear_copy_us")) if "clear_copy_us" in iterations
-                                      else 0.0) / US_PER_MS),
+                                      else _nan_sum(_array(iterations, "clear_copy_us"))
+                                      if "clear_copy_us" in iterations else 0.0) / US_PER_MS),
         **_prefix_summary(requests, finished, counters, calls_per_group),
         **_tier_summary(requests, counters),
     }
@@ -358,7 +359,8 @@ def _tier_summary(requests, counters: dict) -> dict:
     out = {key: value for key, value in counters.items() if key.startswith("tier_")}
     if not out:
         return {}
-    out["tier_prompt_tokens"] = int(_total(_array(requests, "prompt_tokens")[_admitted(requests)]))  # the ratios' denominator (replica merges)
+    # the ratios' denominator (replica merges)
+    out["tier_prompt_tokens"] = int(_total(_array(requests, "prompt_tokens")[_admitted(requests)]))
     for kind in ("dram", "ssd"):
         if f"{kind}_hit_tokens" in requests:
             out[f"tier_{kind}_request_hit_tokens"] = int(_total(_array(requests, f"{kind}_hit_tokens")))
