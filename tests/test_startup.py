@@ -37,9 +37,9 @@ def test_help_imports_no_numpy_pandas_pyarrow(args):
 
 
 def test_parser_imports_no_vmm_driver_code():
-    """The ``calibrate`` options come from :mod:`hwbackend.calibration.vmm_options`: building the parser (here
-    for ``simulate --help``) imports neither the calibration code nor the VMM driver wrappers."""
-    done = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "cli.py"), "simulate", "--help"], cwd=ROOT,
+    """The ``calibrate`` options come from :mod:`hwbackend.calibration.vmm_options`: building the whole parser
+    (here for ``--help``) imports neither the calibration code nor the VMM driver wrappers."""
+    done = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "cli.py"), "--help"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     modules = {line.split("|")[2].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
@@ -111,3 +111,40 @@ def test_simulate_csv_imports_no_pandas(tmp_path, form):
     assert state["status"] == 0 and state["run_done"]
     assert not state["pandas"], "pandas imported (during the run)" if state["pandas_during_run"] else "after the run"
     assert {p.name for p in (tmp_path / "run").iterdir()} >= {"requests.parquet", "iterations.parquet", "summary.json"}
+
+
+def _subparser(parser, name: str):
+    import argparse
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[name]
+
+
+@pytest.mark.parametrize("argv", [
+    ["simulate"], ["simulate", "--trace", "x.csv", "--num-requests", "5", "--policy", "paged", "--replicas", "2"],
+    ["simulate", "--replicas", "0"], ["simulate", "--bogus"], ["simulate", "--gpu"], ["simulate", "extra"],
+    ["simulate", "--help"],
+])
+def test_simulate_only_parser_parses_as_the_whole_one(argv, capsys):
+    """``kvsim simulate ...`` is parsed by a parser holding only ``simulate`` (issue 32): the same namespace,
+    help, usage and error lines as the whole parser's."""
+    import cli
+
+    def outcome(parser):
+        try:
+            return ("ok", vars(parser.parse_args(argv))), capsys.readouterr()
+        except SystemExit as stop:
+            return ("exit", stop.code), capsys.readouterr()
+
+    whole, light = outcome(cli.build_parser()), outcome(cli.build_parser("simulate"))
+    assert whole == light
+    assert (_subparser(cli.build_parser(), "simulate").format_help()
+            == _subparser(cli.build_parser("simulate"), "simulate").format_help())
+
+
+def test_simulate_builds_only_its_parser():
+    """``simulate`` imports none of the other sub-commands' option modules (issue 32)."""
+    done = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "cli.py"), "simulate", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    modules = {line.split("|")[2].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert not modules & {"hwbackend.cli", "analysis.planning.cli", "analysis.colocate", "traces.cli"}
