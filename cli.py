@@ -100,7 +100,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     out = OutputDir(args.out if args.out is not None else default_out_dir(), args.force, inputs=command_inputs(args))
     _check_profile_first(args.profile)
-    trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
+    # one replica: a CSV trace read without pandas where it can be (pandas is imported once there are results)
+    single = not (args.replicas > 1 or args.routing != "round-robin" or args.executor != "local" or args.workers)
+    trace, notes = load_workload(args, config.seed, config.slot_max_tokens, light=single)
     notes.append(prefix_note(trace, [args.policy or config.policy] if config.prefix_caching else []))
     for note in filter(None, notes):
         print(f"kvsim: warning: {note}", file=sys.stderr)
@@ -110,7 +112,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from sim.units import format_bytes
         print(f"kvsim: note: page size {format_bytes(config.page_size_bytes)} is below the 2 MiB VMM granularity: "
               "a what-if that needs a modified NVIDIA driver (vAttention's 64-256 KiB pages used one)", file=sys.stderr)
-    if args.replicas > 1 or args.routing != "round-robin" or args.executor != "local" or args.workers:
+    if not single:
         return _simulate_replicas(args, config, trace, out)
     with out.writing() as stage:
         started = time.perf_counter()
@@ -317,7 +319,11 @@ class Parser(argparse.ArgumentParser):
                      if self.prog != "kvsim" else f"kvsim: error: {message} (see kvsim --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``kvsim`` parser with every sub-command; ``only="simulate"``: the same top-level parser with only the
+    ``simulate`` sub-command, which parses ``kvsim simulate ...`` as the whole parser does (the same options,
+    help, usage and error lines) without building the others (their option modules cost ~30 ms at every start:
+    issue 32)."""
     from analysis.flags import add_out, add_profile, add_quiet
     parser = Parser(
         prog="kvsim", description="Trace-driven simulator of LLM-serving KV-cache memory management (vAttention, "
@@ -350,6 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
     from sim.frontend.disagg_options import add_disagg_args
     add_disagg_args(sim)
     sim.set_defaults(func=cmd_simulate)
+    if only == "simulate":
+        return parser
     comp = sub.add_parser("compare", help="run several memory policies on one trace and print one table",
                           description="Run several memory policies on one trace, model and GPU; print and save "
                                       "one comparison table (CSV and Parquet). " + OUT_RULE + ".",
@@ -376,12 +384,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``kvsim`` console command; returns the exit status."""
-    if (sys.argv[1:] if argv is None else argv) == ["--version"]:
+    given = sys.argv[1:] if argv is None else argv
+    if given == ["--version"]:
         # answered before the parser is built: its subcommands' options import the catalogue (as argparse's
         # own version action would, the line goes to stdout and the exit is SystemExit(0))
         print(f"kvsim {__version__}")
         sys.exit(0)
-    parser = build_parser()
+    only = "simulate" if given[:1] == ["simulate"] else None       # the sub-command named first: only its parser
+    parser = build_parser(only)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
@@ -392,7 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:     # an error of the core names its fields: show the flags instead
         from analysis.flags import ERROR_PREFIX
         from sim.frontend.flags import flag_message, parser_flags
-        print(f"{ERROR_PREFIX}{flag_message(exc, parser_flags(parser))}", file=sys.stderr)
+        # the flags of every sub-command, as the whole parser names them
+        print(f"{ERROR_PREFIX}{flag_message(exc, parser_flags(build_parser() if only else parser))}",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kvsim: interrupted", file=sys.stderr)

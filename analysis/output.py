@@ -73,12 +73,12 @@ def command_inputs(args) -> list[Path]:
     """The files and directories a command reads, from its parsed options (``--trace``, ``--profile``,
     ``--hw-run``, ``--from-run``, ``--grid``, the FILE of ``traces convert``, a ``report``'s run directories expanded to the files read in
     them); only those that exist as paths (a public trace name is not one)."""
-    from analysis.results import OPTIONAL_RUN_FILES, RUN_FILES
     found = []
     for name in ("trace", "profile", "hw_run", "from_run", "grid", "file"):
         value = getattr(args, name, None)
         found += [Path(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if v]
     for run in getattr(args, "runs", None) or []:
+        from analysis.results import OPTIONAL_RUN_FILES, RUN_FILES     # pandas: only for commands that read runs
         found += [Path(run) / name for name in RUN_FILES + OPTIONAL_RUN_FILES]
     return [path for path in found if os.path.lexists(path)]
 

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
+from sim.results.columns import ColumnTable, write_parquet
 from sim.results.summary import (SUMMARY_ITERATION_COLUMNS, RunResult, _column, _percentiles,  # noqa: F401
                                  _prefix_summary, _tbt_summary, build_result, iteration_counts,
                                  iteration_counts_of_file, summarize, tier_hit_ratios,
                                  ROOFLINE_CAVEAT, compute_model_entry, compute_model_text)
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 RUN_FILES = ("requests.parquet", "iterations.parquet", "summary.json", "config.json")
 OPTIONAL_RUN_FILES = ("tiers.parquet",)
@@ -54,7 +57,9 @@ def with_goodput(summary: dict, requests: pd.DataFrame, slos) -> dict:
 
 
 def write_run(result: RunResult, out_dir: str | Path, overwrite: bool = False) -> Path:
-    """Write a run directory (layout in the module docstring).
+    """Write a run directory (layout in the module docstring). Requests held as a
+    :class:`sim.results.columns.ColumnTable` (a fresh streamed run's) are written without pandas
+    (:func:`sim.results.columns.write_parquet`: the same table, without pandas' schema metadata).
 
     Raises:
         FileExistsError: if ``out_dir`` already holds run files and ``overwrite`` is false.
@@ -69,7 +74,9 @@ def write_run(result: RunResult, out_dir: str | Path, overwrite: bool = False) -
     if existing and not overwrite:
         raise FileExistsError(f"{out} already holds a run ({', '.join(existing)}); choose another --out or pass --force")
     out.mkdir(parents=True, exist_ok=True)
-    if not own_requests:        # a merged run's requests are already there (sim.cluster.replica_merge.write_merged_requests)
+    if isinstance(result._requests, ColumnTable):     # a fresh streamed run's (build_result): without pandas
+        write_parquet(result._requests, out / "requests.parquet")
+    elif not own_requests:   # a merged run's are already there (sim.cluster.replica_merge.write_merged_requests)
         result.requests.to_parquet(out / "requests.parquet", index=False)
     if not own:        # a streamed run's records are already there
         result.iterations.to_parquet(out / "iterations.parquet", index=False)
@@ -104,8 +111,7 @@ def load_run(path: str | Path) -> RunResult:
                 pq.read_metadata(run / name)
                 tables[name] = run / name
             else:
-                tables[name] = (pd.read_parquet(run / name) if name.endswith(".parquet")
-                                else json.loads((run / name).read_text()))
+                tables[name] = json.loads((run / name).read_text())
         except (ValueError, OSError) as exc:     # JSONDecodeError and Arrow errors are ValueErrors/OSErrors
             raise ValueError(f"{run / name}: unreadable or corrupt ({exc})") from None
         if name.endswith(".json") and not isinstance(tables[name], dict):

@@ -10,6 +10,10 @@ Columns (one row per request, sorted by arrival, stable)::
 
 ``df.attrs["source"]`` is a short human description of where the rows came from.
 
+The table is a pandas DataFrame, or on ``kvsim simulate``'s path (issue 32: no pandas before the run has
+results) a :class:`TraceColumns` of the same columns as numpy arrays (:func:`as_frame` turns it into the
+DataFrame, equal to the one the loaders build).
+
 Limits every loader enforces:
 
 * ``arrival_s`` is finite and at most :data:`MAX_ARRIVAL_S` (about 900.7 million s,
@@ -27,10 +31,15 @@ from __future__ import annotations
 import warnings
 from typing import Mapping
 
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING
 
+import numpy as np
+
+from sim.results.columns import ColumnTable as TraceColumns
 from traces.errors import TraceError, TraceWarning, plain
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 CANONICAL_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens")
 ARRIVAL_TICKS_PER_S = 10_000_000   # as sim.core.engine: arrivals quantised to 100 ns
@@ -39,6 +48,16 @@ MAX_ARRIVAL_TEXT = (f"{MAX_ARRIVAL_S:,.0f} s (2**53 ticks of 100 ns: the simulat
                     "clock holds later arrivals only approximately)")
 MOONCAKE_BLOCK_TOKENS = 512        # tokens per Mooncake prefix block (one hash id each)
 MAX_BLOCK_ID = 2**63 - 1           # block ids must fit int64 (Parquet, numpy)
+
+
+# TraceColumns: the canonical table as numpy columns (sim.results.columns.ColumnTable), what ``kvsim simulate``
+# reads a CSV trace into and hands to the engine (sim.core.engine.Simulator takes either form)
+
+
+def as_frame(table) -> pd.DataFrame:
+    """``table`` as a DataFrame: a :class:`TraceColumns` converted (:meth:`TraceColumns.to_frame`), a
+    DataFrame as it is."""
+    return table.to_frame() if isinstance(table, TraceColumns) else table
 
 
 def late_arrivals(time: np.ndarray, per_s: float = 1.0) -> np.ndarray:
@@ -136,7 +155,7 @@ def count_out_of_order(arrival_s: np.ndarray) -> int:
 def build_table(arrival_s: np.ndarray, prompt_tokens: np.ndarray,
                 output_tokens: np.ndarray, source: str,
                 extra: Mapping[str, object] | None = None,
-                sort_key: np.ndarray | None = None) -> pd.DataFrame:
+                sort_key: np.ndarray | None = None, light: bool = False) -> pd.DataFrame | TraceColumns:
     """Builds the canonical table, sorting rows out of time order with a warning.
 
     Rows are ordered by ``sort_key`` (default ``arrival_s``), stably; then the first
@@ -152,9 +171,10 @@ def build_table(arrival_s: np.ndarray, prompt_tokens: np.ndarray,
         extra: Extra columns (same length), e.g. ``{"hash_ids": [...]}``.
         sort_key: The file's times (e.g. int64 ns, float ms), in file order, ordered as
             ``arrival_s`` is (non-strictly); None to sort by ``arrival_s``.
+        light: return a :class:`TraceColumns` (no pandas) when there are no ``extra`` columns.
 
     Returns:
-        The canonical DataFrame (see module docstring).
+        The canonical DataFrame (see module docstring), or its :class:`TraceColumns` with ``light``.
 
     Raises:
         TraceError: No rows, a non-finite arrival, or an arrival more than
@@ -168,8 +188,11 @@ def build_table(arrival_s: np.ndarray, prompt_tokens: np.ndarray,
     columns = {"arrival_s": arrival_s,
                "prompt_tokens": np.asarray(prompt_tokens, dtype=np.int64),
                "output_tokens": np.asarray(output_tokens, dtype=np.int64)}
-    for name, values in (extra or {}).items():
-        columns[name] = values if isinstance(values, pd.Series) else pd.Series(values)
+    if extra:
+        import pandas as pd
+        light = False
+        for name, values in extra.items():
+            columns[name] = values if isinstance(values, pd.Series) else pd.Series(values)
     key = arrival_s if sort_key is None else np.asarray(sort_key)
     n_out = count_out_of_order(key)
     if n_out:
@@ -177,7 +200,7 @@ def build_table(arrival_s: np.ndarray, prompt_tokens: np.ndarray,
                       TraceWarning, stacklevel=3)
         order = np.argsort(key, kind="stable")
         columns = {k: _take(v, order) for k, v in columns.items()}
-    return _assemble(columns, source)
+    return _assemble(columns, source, light)
 
 
 def _check_arrivals(source: str, arrival_s: np.ndarray, row_word: str) -> None:
@@ -208,16 +231,23 @@ def _non_finite(value: float) -> str:
 
 
 def _take(values, order: np.ndarray):
+    if isinstance(values, np.ndarray):
+        return values[order]
+    import pandas as pd
     if isinstance(values, pd.Series):
         return values.iloc[order].reset_index(drop=True)
     return np.asarray(values)[order]
 
 
-def _assemble(columns: dict, source: str) -> pd.DataFrame:
+def _assemble(columns: dict, source: str, light: bool = False) -> pd.DataFrame | TraceColumns:
     arrival_s = columns.pop("arrival_s")
     arrival_s = arrival_s - arrival_s[0]
     data = {"request_id": np.arange(len(arrival_s), dtype=np.int64),
             "arrival_s": arrival_s}
+    if light:
+        data.update(columns)
+        return TraceColumns(data, {"source": source})
+    import pandas as pd
     data.update({k: (v.to_numpy() if isinstance(v, pd.Series) and v.dtype != object else v)
                  for k, v in columns.items()})
     df = pd.DataFrame(data, copy=False)
@@ -225,23 +255,25 @@ def _assemble(columns: dict, source: str) -> pd.DataFrame:
     return df
 
 
-def renumber(df: pd.DataFrame, source: str | None = None) -> pd.DataFrame:
+def renumber(df: pd.DataFrame | TraceColumns, source: str | None = None) -> pd.DataFrame | TraceColumns:
     """Re-sorts by arrival (stable), shifts the first arrival to 0 and renumbers ids.
 
     Used by the transformations, which may drop or reorder rows, or move arrivals (a rate scale, fresh
     arrival times): every arrival time they make passes the check that trace files get.
 
     Args:
-        df: A table with at least the canonical columns.
+        df: A table with at least the canonical columns (a DataFrame or a :class:`TraceColumns`).
         source: New ``attrs["source"]``; defaults to the old one.
 
     Returns:
-        A new canonical DataFrame (the input is not modified).
+        A new canonical table of the input's kind (the input is not modified).
 
     Raises:
         TraceError: A non-finite arrival, or one more than :data:`MAX_ARRIVAL_S` after the first (the
             request counted in arrival order).
     """
+    if isinstance(df, TraceColumns):
+        return _renumber_columns(df, source)
     out = df.sort_values("arrival_s", kind="stable").reset_index(drop=True)
     _check_arrivals(source or df.attrs.get("source", "trace"), out["arrival_s"].to_numpy(dtype=np.float64),
                     "request")
@@ -249,6 +281,23 @@ def renumber(df: pd.DataFrame, source: str | None = None) -> pd.DataFrame:
         out["arrival_s"] = out["arrival_s"] - out["arrival_s"].iloc[0]
     out["request_id"] = np.arange(len(out), dtype=np.int64)
     out.attrs = dict(df.attrs)
+    if source is not None:
+        out.attrs["source"] = source
+    return out
+
+
+def _renumber_columns(table: TraceColumns, source: str | None) -> TraceColumns:
+    """:func:`renumber` of a :class:`TraceColumns`: the DataFrame's values (numpy's stable sort orders floats
+    as pandas' stable ``sort_values`` does, NaN last)."""
+    arrival_s = np.asarray(table["arrival_s"], dtype=np.float64)
+    order = np.argsort(arrival_s, kind="stable")
+    if not (order[1:] > order[:-1]).all():
+        table = table.take(order)
+        arrival_s = arrival_s[order]
+    _check_arrivals(source or table.attrs.get("source", "trace"), arrival_s, "request")
+    if len(arrival_s):
+        arrival_s = arrival_s - arrival_s[0]
+    out = table.with_columns(arrival_s=arrival_s, request_id=np.arange(len(arrival_s), dtype=np.int64))
     if source is not None:
         out.attrs["source"] = source
     return out
@@ -269,6 +318,7 @@ def check_canonical(df: pd.DataFrame, source: str) -> None:
             (1-based, file order) and column.
     """
     from traces.fields import MAX_TOKENS
+    import pandas as pd
     for col in ("arrival_s", "prompt_tokens", "output_tokens"):
         if col not in df.columns:
             raise TraceError(f"{source}: missing column '{col}' "
@@ -300,6 +350,7 @@ def check_canonical(df: pd.DataFrame, source: str) -> None:
 
 def _nulls(column: pd.Series) -> np.ndarray:
     """Missing values of a nullable (extension) column; a numpy float NaN is not one."""
+    import pandas as pd
     if isinstance(column.dtype, pd.api.extensions.ExtensionDtype):
         return column.isna().to_numpy(dtype=bool)
     return np.zeros(len(column), dtype=bool)

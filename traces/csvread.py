@@ -12,10 +12,14 @@ from itertools import islice
 from pathlib import Path
 from typing import Iterator
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from traces.errors import TraceError, fail
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 HEAD_BYTES = 1 << 16
 CHUNK_ROWS = 1_000_000
@@ -95,6 +99,8 @@ def iter_chunks(path: Path, dtype: dict[str, type] | None = None,
     Raises:
         TraceError: Too many fields on a line, or invalid UTF-8 further in the file.
     """
+    import pandas as pd
+
     try:
         # Only an empty field is missing: "nan", "NA", "null" stay text, so that the
         # converters name them ("time is NaN", "not an integer") instead of "empty value".

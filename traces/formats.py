@@ -19,13 +19,17 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 import traces.csvread as csvread
-import traces.fields as fields
+import traces.fastcsv as fastcsv
 from traces.canonical import MAX_ARRIVAL_TEXT, build_table, late_arrivals
 from traces.errors import TraceError, TraceWarning, fail
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,7 @@ def check_columns(path: Path, header: list[str], spec: CsvFormat) -> None:
 
 
 def load_csv(path: Path, spec: CsvFormat | None, arrival: str | None,
-             seed: int) -> pd.DataFrame:
+             seed: int, light: bool = False) -> pd.DataFrame:
     """Loads a CSV trace into the canonical table.
 
     Args:
@@ -126,6 +130,8 @@ def load_csv(path: Path, spec: CsvFormat | None, arrival: str | None,
         arrival: Arrival process (``"poisson:RATE"``, ``"gamma:RATE,CV"``); required for
             ``lengths`` files and, for timed files, replaces the file's timestamps.
         seed: Seed of the arrival process.
+        light: return a :class:`traces.canonical.TraceColumns` where :mod:`traces.fastcsv` read the file
+            (no pandas imported); otherwise the DataFrame.
 
     Returns:
         The canonical table (BurstGPT: plus ``model`` and, where present,
@@ -146,8 +152,13 @@ def load_csv(path: Path, spec: CsvFormat | None, arrival: str | None,
         raise fail(path, "length-only trace has no arrival times; pass "
                    "arrival='poisson:RATE' or 'gamma:RATE,CV' (--arrival)")
     csvread.check_field_counts(path, len(header))
-    parts = [_convert(path, chunk, spec, len(header)) for chunk in _chunks(path, spec)]
-    columns = _concat_columns(parts)
+    # plain files of the formats without float times are read without pandas; any other file, and any value
+    # that is not plainly valid, takes pandas' reader, whose checks name what is wrong
+    columns = fastcsv.read_columns(path, spec, header)
+    if columns is None:
+        light = False
+        parts = [_convert(path, chunk, spec, len(header)) for chunk in _chunks(path, spec)]
+        columns = _concat_columns(parts)
     if not columns or len(columns["prompt_tokens"]) == 0:
         failed = int(columns["failed"].sum()) if columns and "failed" in columns else 0
         if failed:
@@ -162,7 +173,7 @@ def load_csv(path: Path, spec: CsvFormat | None, arrival: str | None,
         _check_span(path, spec, time)
     arrival_s = _arrival_s(time, len(prompt), arrival, seed)
     return build_table(arrival_s, prompt, output, str(path), extra=columns,
-                       sort_key=time if arrival is None else None)
+                       sort_key=time if arrival is None else None, light=light)
 
 
 def _concat_columns(parts: list[dict]) -> dict:
@@ -174,6 +185,8 @@ def _concat_columns(parts: list[dict]) -> dict:
 
 
 def _concat(arrays: list):
+    import pandas as pd
+
     if isinstance(arrays[0], pd.Series):
         return pd.concat(arrays, ignore_index=True)
     return np.concatenate(arrays)
@@ -187,6 +200,8 @@ def _chunks(path: Path, spec: CsvFormat):
 
 
 def _convert(path: Path, chunk: pd.DataFrame, spec: CsvFormat, n_fields: int) -> dict:
+    import traces.fields as fields
+
     failed = 0
     if spec.name == "burstgpt":
         chunk, failed = _drop_failed(chunk, spec.output_column)
@@ -236,6 +251,8 @@ def _locate(path: Path, spec: CsvFormat, rows: set[int]) -> dict[int, tuple[int,
 
 
 def _drop_failed(chunk: pd.DataFrame, column: str) -> tuple[pd.DataFrame, int]:
+    import pandas as pd
+
     failed = pd.to_numeric(chunk[column], errors="coerce").eq(0).to_numpy()
     return chunk[~failed], int(failed.sum())
 

@@ -9,11 +9,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from traces.canonical import build_table
 from traces.errors import TraceError, plain
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 Z_P90 = 1.2815515655446004  # standard-normal quantile at 0.90
 

@@ -5,17 +5,19 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 import traces.csvread as csvread
 from traces.canonical import (CANONICAL_COLUMNS, check_canonical, count_out_of_order,
                                renumber)
 from traces.errors import TraceError, TraceWarning, fail
 from traces.formats import CSV_FORMATS, load_csv
-from traces.jsonl import load_mooncake
-
 from traces.names import FORMAT_NAMES  # noqa: E402  (re-exported)
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def detect_format(path: str | Path) -> str:
@@ -49,7 +51,7 @@ def detect_format(path: str | Path) -> str:
 
 
 def load_trace(path: str | Path, fmt: str | None = None, arrival: str | None = None,
-               seed: int = 0) -> pd.DataFrame:
+               seed: int = 0, light: bool = False) -> pd.DataFrame:
     """Loads a trace file into the canonical request table.
 
     Args:
@@ -59,6 +61,9 @@ def load_trace(path: str | Path, fmt: str | None = None, arrival: str | None = N
         arrival: ``"poisson:RATE"`` or ``"gamma:RATE,CV"`` (RATE in req/s). Required for
             length-only files; for timed files it replaces the file's arrival times.
         seed: Seed of the arrival generator.
+        light: where the file allows it (a CSV trace read by :mod:`traces.fastcsv`: Azure or length-only, no
+            extra columns kept), return the table as a :class:`traces.canonical.TraceColumns` without importing
+            pandas (``kvsim simulate``); otherwise, and by default, the DataFrame.
 
     Returns:
         DataFrame with ``request_id``, ``arrival_s`` (s since the first request),
@@ -72,12 +77,16 @@ def load_trace(path: str | Path, fmt: str | None = None, arrival: str | None = N
     path = Path(path)
     fmt = fmt.lower() if fmt else detect_format(path)
     if fmt in CSV_FORMATS:
-        df = load_csv(path, CSV_FORMATS[fmt], arrival, seed)
+        df = load_csv(path, CSV_FORMATS[fmt], arrival, seed, light)
     elif fmt not in FORMAT_NAMES:
         raise TraceError(f"{path}: unknown format {fmt!r}; choose one of "
                          f"{', '.join(FORMAT_NAMES)}")
     else:
-        df = load_mooncake(path) if fmt == "mooncake" else read_parquet(path)
+        if fmt == "mooncake":
+            from traces.jsonl import load_mooncake
+            df = load_mooncake(path)
+        else:
+            df = read_parquet(path)
         if arrival is not None:     # the drawn times pass the clock-range check (renumber) as a file's do
             from traces.generators import arrivals_from_spec
             df = renumber(df.assign(arrival_s=arrivals_from_spec(arrival, len(df), np.random.default_rng(seed))))
@@ -103,6 +112,8 @@ def read_parquet(path: Path) -> pd.DataFrame:
         TraceError: Unreadable file, no rows, or any fault :func:`check_canonical`
             names (row, column and value).
     """
+    import pandas as pd
+
     if not path.is_file():
         raise TraceError(f"{path}: {'is a directory, not a trace file' if path.is_dir() else 'no such file'}")
     try:

@@ -1,16 +1,22 @@
 """Composable trace transformations; each returns a new canonical table.
 
 None modifies its input. Row order, ``request_id`` and the zero first arrival are
-re-established by :func:`traces.canonical.renumber`.
+re-established by :func:`traces.canonical.renumber`. :func:`scale_rate`, :func:`first_n`, :func:`skip_n` and
+:func:`clip_context` also take a :class:`traces.canonical.TraceColumns` (``kvsim simulate``'s table without
+pandas) and return one, with the values the DataFrame form gives.
 """
 
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING
 
-from traces.canonical import renumber
+import numpy as np
+
+from traces.canonical import TraceColumns, renumber
 from traces.errors import TraceError, plain
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _source(df: pd.DataFrame, what: str) -> str:
@@ -31,8 +37,11 @@ def scale_rate(df: pd.DataFrame, factor: float, name: str = "rate scale") -> pd.
     """
     if not (factor > 0 and np.isfinite(factor)):
         raise TraceError(f"{name}: must be a finite number > 0 (got {plain(factor)})")
-    out = df.assign(arrival_s=df["arrival_s"] / factor)
-    out.attrs = dict(df.attrs)
+    if isinstance(df, TraceColumns):
+        out = df.with_columns(arrival_s=df["arrival_s"] / factor)
+    else:
+        out = df.assign(arrival_s=df["arrival_s"] / factor)
+        out.attrs = dict(df.attrs)
     try:
         return renumber(out, _source(df, f"rate x{factor:g}"))
     except TraceError as exc:
@@ -56,7 +65,8 @@ def first_n(df: pd.DataFrame, n: int) -> pd.DataFrame:
     """Keeps the first ``n`` requests in arrival order (all of them if fewer)."""
     if n < 0:
         raise TraceError(f"first_n: n must be >= 0 (got {n})")
-    return renumber(df.iloc[:n], _source(df, f"first {n}"))
+    return renumber(df.take(slice(None, n)) if isinstance(df, TraceColumns) else df.iloc[:n],
+                    _source(df, f"first {n}"))
 
 
 def skip_n(df: pd.DataFrame, n: int) -> pd.DataFrame:
@@ -68,7 +78,8 @@ def skip_n(df: pd.DataFrame, n: int) -> pd.DataFrame:
     """
     if not 0 <= n < len(df):
         raise TraceError(f"--skip-requests {n}: must be in [0, {len(df) - 1}]: the trace has {len(df):,} requests")
-    return renumber(df.iloc[n:], _source(df, f"after the first {n}"))
+    return renumber(df.take(slice(n, None)) if isinstance(df, TraceColumns) else df.iloc[n:],
+                    _source(df, f"after the first {n}"))
 
 
 def sample_n(df: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
@@ -129,14 +140,18 @@ def clip_context(df: pd.DataFrame, max_context_tokens: int) -> tuple[pd.DataFram
     if max_context_tokens < 2:
         raise TraceError(f"a slot of {max_context_tokens} token(s) holds no request: the context (--max-context, or "
                          "the model's max_context_tokens) must be >= 2 tokens")
-    prompt = df["prompt_tokens"].to_numpy()
-    output = df["output_tokens"].to_numpy()
+    light = isinstance(df, TraceColumns)
+    prompt = df["prompt_tokens"] if light else df["prompt_tokens"].to_numpy()
+    output = df["output_tokens"] if light else df["output_tokens"].to_numpy()
     over = prompt + output > max_context_tokens
     new_prompt = np.where(over, np.maximum(1, max_context_tokens - output), prompt)
     new_output = np.where(over, max_context_tokens - new_prompt, output)
-    out = df.assign(prompt_tokens=new_prompt.astype(np.int64),
-                    output_tokens=new_output.astype(np.int64))
-    out.attrs = dict(df.attrs)
+    if light:
+        out = df.with_columns(prompt_tokens=new_prompt.astype(np.int64), output_tokens=new_output.astype(np.int64))
+    else:
+        out = df.assign(prompt_tokens=new_prompt.astype(np.int64),
+                        output_tokens=new_output.astype(np.int64))
+        out.attrs = dict(df.attrs)
     out.attrs["source"] = _source(df, f"clipped to {max_context_tokens} tokens")
     return out, int(over.sum())
 
@@ -150,6 +165,8 @@ def merge(dfs: list[pd.DataFrame]) -> pd.DataFrame:
     Raises:
         TraceError: If ``dfs`` is empty.
     """
+    import pandas as pd
+
     if not dfs:
         raise TraceError("merge: no traces given")
     parts = [d.assign(trace_index=i) for i, d in enumerate(dfs)]

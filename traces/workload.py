@@ -30,9 +30,13 @@ def add_trace_args(parser: argparse.ArgumentParser) -> None:
                         help="multiply the arrival rate (divide inter-arrival times) by X")
 
 
-def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int):
+def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int, light: bool = False):
     """Load (or synthesise) the trace, apply --sample (a seeded shuffled sample, fresh --arrival times) or
     --skip-requests / --num-requests, then --rate-scale; clip to the slot length.
+
+    ``light``: a CSV trace that :mod:`traces.fastcsv` reads stays a :class:`traces.canonical.TraceColumns`
+    (no pandas imported; ``kvsim simulate``), unless ``--sample`` draws from it; every other workload is a
+    DataFrame, as by default.
 
     Returns:
         ``(trace, notes)``: the canonical table and human-readable notes (warnings) to print.
@@ -43,7 +47,7 @@ def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int):
         warnings.simplefilter("always", traces.TraceWarning)
         if args.trace:
             path = traces.resolve_trace(args.trace)  # a file, or a public trace name (kvsim traces fetch)
-            trace = traces.load_trace(path, fmt=args.trace_format, arrival=args.arrival, seed=seed)
+            trace = traces.load_trace(path, fmt=args.trace_format, arrival=args.arrival, seed=seed, light=light)
         else:
             unused = [flag for flag, value in (("--format", args.trace_format), ("--arrival", args.arrival),
                                                ("--sample", getattr(args, "sample", None))) if value]
@@ -58,7 +62,8 @@ def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int):
                                          ("--num-requests", args.num_requests)) if used]
         if clash:
             raise traces.TraceError(f"--sample draws from the whole trace; leave out {' and '.join(clash)}")
-        trace = traces.shuffle_sample(trace, args.sample, seed, args.arrival)
+        from traces.canonical import as_frame
+        trace = traces.shuffle_sample(as_frame(trace), args.sample, seed, args.arrival)
     if getattr(args, "skip_requests", 0):
         if args.skip_requests >= len(trace):
             raise traces.TraceError(f"--skip-requests {args.skip_requests}: the trace has only {len(trace)} requests")

@@ -15,8 +15,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 import simpy
 
 from sim.timing.compute import BatchShape, RooflineComputeModel
@@ -30,7 +31,6 @@ from sim.timing.layer_reads import batch_reads, read_groups
 from sim.core.lifecycle import RequestBookkeeping
 from sim.core.mapper import AsyncMapper
 from sim.memory import build_policy
-from sim.core.tier_charges import TierCharges
 from sim.memory.plan import Plan
 from sim.results.records import ITERATION_COLUMNS, REQUEST_COLUMNS, tbt_distinct_us, tbt_stats_us
 from sim.results.recorder import IterationRecorder
@@ -39,6 +39,16 @@ from sim.core.scheduler import SCHEDULERS
 from sim.core.step import IterationStep
 from sim.units import US_PER_S
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+REQUEST_KINDS = {name: (str if name in ("status", "reject_reason") else
+                        int if name in ("request_id", "prompt_tokens", "output_tokens", "preemptions", "slot",
+                                        "prefix_hit_tokens", "prefix_hit_tokens_preempted", "recomputed_tokens")
+                        else float) for name in REQUEST_COLUMNS}
+"""The Python type of each :data:`REQUEST_COLUMNS` value in :meth:`sim.core.request.Request.record`
+(:meth:`SimOutput.request_table`)."""
+_FLOAT_TYPES = {float, np.float64, int}
 ARRIVAL_TICKS_PER_S = 10_000_000
 ARRIVAL_TICK_US = US_PER_S / ARRIVAL_TICKS_PER_S
 TBT_FOLD_ENTRIES = 1 << 21
@@ -69,8 +79,36 @@ class SimOutput:
         """All iteration records (columns :data:`ITERATION_COLUMNS`, or ``columns``), in iteration order."""
         return self.recorder.frame(columns)
 
+    def request_table(self):
+        """The per-request records as a :class:`sim.results.columns.ColumnTable` (no pandas; issue 32): int64,
+        float64 and string columns as :meth:`requests_frame` infers them (ints of a float column as floats);
+        None where a column holds another mix of types (a None, a float column of ints only, a bool) or there
+        are extra request columns, whose frame only pandas builds."""
+        if self.extra_request_columns or not self.request_records:
+            return None
+        from sim.results.columns import ColumnTable
+
+        columns = {}
+        for name, values in zip(REQUEST_COLUMNS, zip(*self.request_records)):
+            kind = REQUEST_KINDS[name]
+            if kind is str:
+                if not all(type(value) is str for value in values):
+                    return None
+                columns[name] = np.array(values, dtype=object)
+                continue
+            types = set(map(type, values))
+            if kind is int and types != {int}:
+                return None
+            # a float column: floats, numpy floats and ints (pandas' float64; all ints would make it int64)
+            if kind is float and not (types <= _FLOAT_TYPES and types & {float, np.float64}):
+                return None
+            columns[name] = np.array(values, dtype=np.int64 if kind is int else np.float64)
+        return ColumnTable(columns)
+
     def requests_frame(self) -> pd.DataFrame:
         """Per-request records (columns :data:`REQUEST_COLUMNS`), in request order."""
+        import pandas as pd
+
         frame = pd.DataFrame.from_records(self.request_records, columns=list(REQUEST_COLUMNS))
         return frame.assign(**self.extra_request_columns) if self.extra_request_columns else frame
 
@@ -80,7 +118,8 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
 
     Args:
         config: the run configuration.
-        trace: canonical table (``request_id, arrival_s, prompt_tokens, output_tokens``), sorted by arrival;
+        trace: canonical table (``request_id, arrival_s, prompt_tokens, output_tokens``; a DataFrame or a
+            :class:`traces.canonical.TraceColumns`), sorted by arrival;
             every request must fit a slot (``prompt + output - 1 <= config.slot_max_tokens``).
         vmm: VMM latency model (default: the built-in H200 calibration profile).
         compute: compute model (default: roofline for the config's model/GPU/TP).
@@ -139,7 +178,10 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
         self.zero_bytes = {"critical": 0, "background": 0}
         self.cow_bytes = 0
         self.swap = SwapSpace(config)
-        self.tiers = TierCharges(self) if getattr(self.policy, "tier_store", None) is not None else None
+        self.tiers = None
+        if getattr(self.policy, "tier_store", None) is not None:     # KV tiers (imported only for them)
+            from sim.core.tier_charges import TierCharges
+            self.tiers = TierCharges(self)
         self.scheduler = SCHEDULERS[config.scheduler]
         self.requests = _requests_from_trace(trace, config.slot_max_tokens)
         self.progress = progress
@@ -362,17 +404,25 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
             self.policy.donate(request.slot, request.hash_ids, request.prompt_tokens, request.computed)
 
 
-def _requests_from_trace(trace: pd.DataFrame, slot_max_tokens: int) -> list[Request]:
-    too_long = trace.index[trace["prompt_tokens"] + trace["output_tokens"] - 1 > slot_max_tokens]
+def _requests_from_trace(trace, slot_max_tokens: int) -> list[Request]:
+    """The trace's requests (a canonical DataFrame or :class:`traces.canonical.TraceColumns`), in its order.
+
+    Raises:
+        ValueError: the first request that needs more KV tokens than a slot holds.
+    """
+    prompt, output = np.asarray(trace["prompt_tokens"]), np.asarray(trace["output_tokens"])
+    too_long = np.flatnonzero(prompt + output - 1 > slot_max_tokens)
     if len(too_long):
-        row = trace.loc[too_long[0]]
-        raise ValueError(f"request {int(row.request_id)} needs {int(row.prompt_tokens + row.output_tokens - 1)} "
+        row = int(too_long[0])
+        raise ValueError(f"request {int(np.asarray(trace['request_id'])[row])} needs "
+                         f"{int(prompt[row] + output[row] - 1)} "
                          f"KV tokens, more than a slot holds ({slot_max_tokens}); clip the trace first")
     # Quantised to 100 ns, the Azure trace's tick, so that one trace in two file forms (absolute timestamps
     # vs float seconds with ~1e-12 s noise) gives bit-identical runs.
-    arrivals_us = (np.round(trace["arrival_s"].to_numpy(dtype=float) * ARRIVAL_TICKS_PER_S) * ARRIVAL_TICK_US).tolist()
+    arrivals_us = (np.round(np.asarray(trace["arrival_s"], dtype=float) * ARRIVAL_TICKS_PER_S)
+                   * ARRIVAL_TICK_US).tolist()
     requests = [Request(int(i), a, int(p), int(o)) for i, a, p, o in zip(
-        trace["request_id"], arrivals_us, trace["prompt_tokens"], trace["output_tokens"])]
+        np.asarray(trace["request_id"]).tolist(), arrivals_us, prompt.tolist(), output.tolist())]
     if "hash_ids" in trace.columns:
         for request, ids in zip(requests, trace["hash_ids"]):
             request.hash_ids = tuple(int(x) for x in ids) if ids is not None else None

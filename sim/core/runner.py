@@ -4,15 +4,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from sim.results.summary import RunResult, build_result
 from sim.timing.compute import ComputeFieldError, RooflineComputeModel
 from sim.setup.config import ConfigError, SimConfig
 from sim.core.engine import Simulator
 from sim.timing.pipeline import compute_model_for
 from sim.timing.latency import ProfileError, VmmLatencyModel, read_profile
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from sim.results.summary import RunResult
 
 
 def effective_profile(config: SimConfig, profile_path: str | None) -> str | None:
@@ -299,7 +302,9 @@ def run_simulation(config: SimConfig, trace: pd.DataFrame, profile_path: str | N
                    compute_model: str = "auto", records_path: str | None = None) -> RunResult:
     """Simulate ``trace`` under ``config``; the result's config records the sources of trace and latencies.
     ``compute_model`` chooses the profile's compute section (see :func:`compute_overrides`); ``records_path``
-    streams the per-iteration records into that Parquet file as the run goes (memory stays flat)."""
+    streams the per-iteration records into that Parquet file as the run goes (memory stays flat).
+    ``trace``: a canonical DataFrame or :class:`traces.canonical.TraceColumns`; pandas is imported once the
+    run has results (:func:`sim.results.summary.build_result`)."""
     # each helper resolves the profile itself (effective_profile): pass them what was given, never its resolution,
     # since None (no profile given: the GPU's default) and the keyword roofline (resolved to None) differ
     config = profile_config_overrides(config, profile_path)
@@ -310,6 +315,8 @@ def run_simulation(config: SimConfig, trace: pd.DataFrame, profile_path: str | N
     if config.tp > 1 and vmm.tp_worker_scale.get(config.tp, 1.0) != 1.0:
         vmm.source += f", each of {config.tp} workers x{vmm.tp_worker_scale[config.tp]:g} (vmm_tp)"
     output = Simulator(config, trace, vmm=vmm, compute=compute, progress=progress, records_path=records_path).run()
+    from sim.results.summary import build_result      # pandas: once there are results
+
     meta = config.to_dict()
     meta.update(trace_source=trace.attrs.get("source", "in-memory table"), vmm_latency_source=vmm.source,
                 compute_model=resolved,

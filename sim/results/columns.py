@@ -1,15 +1,112 @@
 """Exact statistics of float64 columns too large to hold twice (issue 18): order statistics across sorted
 arrays, numpy's linear-interpolated percentile and numpy's pairwise sum reproduced bit for bit, and Parquet
 columns read row group by row group. Used by the bounded replica merge (:mod:`sim.cluster.replica_merge`) and by a
-streamed run's summary (:func:`analysis.results.build_result`)."""
+streamed run's summary (:func:`analysis.results.build_result`).
+
+Tables without pandas (issue 32): :class:`ColumnTable` (numpy columns), their Arrow arrays
+(:func:`arrow_array`, :func:`arrow_strings`) and their Parquet file (:func:`write_parquet`)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 _SIGN = 1 << 63
 _PAIRWISE_LEAF = 1 << 16
+
+
+class ColumnTable:
+    """A table as numpy columns, without pandas (issue 32): ``kvsim simulate``'s canonical trace
+    (:data:`traces.canonical.TraceColumns`, which the engine takes as it takes the DataFrame) and a fresh run's
+    request table (:meth:`sim.core.engine.SimOutput.request_table`).
+
+    The part of a DataFrame's surface that these paths use: ``len``, ``columns`` (names, in order),
+    ``name in table``, ``table[name]`` (the numpy array, not a copy: do not write to it), ``attrs`` (a dict,
+    ``attrs["source"]``). Transformations return new tables (:func:`traces.canonical.renumber`,
+    :mod:`traces.transforms`).
+    """
+
+    __slots__ = ("_columns", "attrs")
+
+    def __init__(self, columns: Mapping[str, np.ndarray], attrs: dict | None = None):
+        self._columns = dict(columns)
+        self.attrs = dict(attrs or {})
+
+    def __len__(self) -> int:
+        return len(next(iter(self._columns.values()))) if self._columns else 0
+
+    @property
+    def columns(self) -> list[str]:
+        """Column names, in order."""
+        return list(self._columns)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._columns
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._columns[name]
+
+    def with_columns(self, **columns: np.ndarray) -> ColumnTable:
+        """A new table with these columns replaced or added (the others shared), ``attrs`` copied."""
+        return ColumnTable({**self._columns, **columns}, self.attrs)
+
+    def take(self, rows) -> ColumnTable:
+        """A new table of ``rows`` (a slice or an index array) of every column, ``attrs`` copied."""
+        return ColumnTable({name: values[rows] for name, values in self._columns.items()}, self.attrs)
+
+    def to_frame(self) -> pd.DataFrame:
+        """The DataFrame of these columns, ``attrs`` copied (string columns: pandas' own inference)."""
+        import pandas as pd
+
+        frame = pd.DataFrame(self._columns, copy=False)
+        frame.attrs = dict(self.attrs)
+        return frame
+
+
+# ---- Arrow arrays of numpy columns ----------------------------------------------------------------------
+
+def arrow_array(values: np.ndarray):
+    """``pyarrow.array(values)`` of a 1-D numpy column, the same array (zero-copy, no nulls: a NaN stays a
+    value), built from its buffer where it is int64 or float64: ``pyarrow.array`` asks pandas whether a
+    numpy array is a categorical, which imports pandas (0.3 s) the first time (issue 32: ``kvsim simulate``
+    streams its records without pandas). Other dtypes go through ``pyarrow.array``."""
+    import pyarrow as pa
+
+    arrow_type = {"i8": pa.int64(), "f8": pa.float64()}.get(values.dtype.str[1:]) if values.ndim == 1 else None
+    if arrow_type is None or not values.dtype.isnative:
+        return pa.array(values)
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(arrow_type, len(values), [None, pa.py_buffer(values)], null_count=0)
+
+
+def arrow_strings(values) -> object:
+    """``pyarrow.array(values, type=pyarrow.large_string())`` of Python strings (no None), from its buffers (no
+    pandas: see :func:`arrow_array`). ``large_string`` is what pandas 3's ``str`` columns are written as."""
+    import pyarrow as pa
+
+    encoded = [value.encode("utf-8") for value in values]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), out=offsets[1:])
+    return pa.Array.from_buffers(pa.large_string(), len(encoded),
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))], null_count=0)
+
+
+def write_parquet(table: ColumnTable, path: str | Path) -> None:
+    """Write ``table`` (int64 and float64 columns, and object columns of Python strings) to Parquet as
+    ``table.to_frame().to_parquet(path, index=False)`` writes it: the same Arrow schema and values, snappy
+    compression and pyarrow's defaults, but without pandas' schema metadata (``pandas.read_parquet`` reads
+    back the same DataFrame: ``tests/test_results_light.py``)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    arrays = [arrow_strings(table[name]) if table[name].dtype == object else arrow_array(table[name])
+              for name in table.columns]
+    pq.write_table(pa.Table.from_arrays(arrays, names=table.columns), path, compression="snappy")
 
 
 # ---- exact order statistics across sorted arrays -------------------------------------------------------

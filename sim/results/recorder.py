@@ -204,7 +204,9 @@ class IterationRecorder:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pa.Table.from_arrays([pa.array(columns[name]) for name in ITERATION_COLUMNS],
+        from sim.results.columns import arrow_array
+
+        table = pa.Table.from_arrays([arrow_array(columns[name]) for name in ITERATION_COLUMNS],
                                      names=list(ITERATION_COLUMNS))
         if self._writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)

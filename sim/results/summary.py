@@ -9,16 +9,24 @@ docstring derives it). Run directories on disk (:func:`analysis.results.write_ru
 report stay in :mod:`analysis`, which re-exports these names.
 
 Percentiles are linear-interpolated (numpy default) over finished requests.
+
+:func:`summarize` reads its tables' columns as numpy arrays, so it takes DataFrames or
+:class:`sim.results.columns.ColumnTable` alike (a fresh streamed run's, which ``kvsim simulate`` summarises and
+writes without importing pandas: :func:`build_result`); float totals are pandas' (NaN as 0, numpy's pairwise sum).
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from sim.units import US_PER_MS, US_PER_S
+from sim.results.columns import ColumnTable
 from sim.results.recorder import KEPT_COLUMNS
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class RunResult:
@@ -32,7 +40,8 @@ class RunResult:
     None for every other run.
     """
 
-    def __init__(self, requests: pd.DataFrame | str | Path, iterations: pd.DataFrame | str | Path, summary: dict,
+    def __init__(self, requests: pd.DataFrame | ColumnTable | str | Path, iterations: pd.DataFrame | str | Path,
+                 summary: dict,
                  config: dict | None = None, path: Path | None = None, tbt_samples: tuple | None = None,
                  tiers: pd.DataFrame | str | Path | None = None):
         self._requests, self._iterations, self.summary = requests, iterations, summary
@@ -44,9 +53,13 @@ class RunResult:
 
     @property
     def requests(self) -> pd.DataFrame:
-        """The per-request table (read from its Parquet file on first access when given as a path)."""
+        """The per-request table (read from its Parquet file on first access when given as a path; a
+        :class:`sim.results.columns.ColumnTable` made a DataFrame on first access)."""
         if isinstance(self._requests, (str, Path)):
+            import pandas as pd
             self._requests = pd.read_parquet(self._requests)
+        elif isinstance(self._requests, ColumnTable):
+            self._requests = self._requests.to_frame()
         return self._requests
 
     @requests.setter
@@ -57,6 +70,7 @@ class RunResult:
     def iterations(self) -> pd.DataFrame:
         """The per-iteration table (read from its Parquet file on first access)."""
         if isinstance(self._iterations, (str, Path)):
+            import pandas as pd
             self._iterations = pd.read_parquet(self._iterations)
         return self._iterations
 
@@ -68,6 +82,7 @@ class RunResult:
     def tiers(self) -> pd.DataFrame | None:
         """The KV-tier occupancy table (read from ``tiers.parquet`` on first access), None without tiers."""
         if isinstance(self._tiers, (str, Path)):
+            import pandas as pd
             self._tiers = pd.read_parquet(self._tiers)
         return self._tiers
 
@@ -96,14 +111,50 @@ class RunResult:
                 f"{self.iterations_file or f'{len(self._iterations):,} rows'}, path={self.path})")
 
 
-def _percentiles(values: pd.Series, name: str, scale: float, unit: str) -> dict:
-    finite = values.to_numpy(dtype=float)
+def _array(table, name: str) -> np.ndarray:
+    """Column ``name`` of a DataFrame or a :class:`ColumnTable` as a numpy array."""
+    values = table[name]
+    return values if isinstance(values, np.ndarray) else values.to_numpy()
+
+
+def _rows(table) -> int:
+    return len(table)
+
+
+def _nan_sum(values: np.ndarray) -> float:
+    """pandas' ``Series.sum()`` of float64 values, bit for bit: NaN as 0, then numpy's pairwise sum."""
+    values = np.asarray(values, dtype=np.float64)
+    nan = np.isnan(values)
+    return float(np.where(nan, 0.0, values).sum() if nan.any() else values.sum())
+
+
+def _total(values: np.ndarray):
+    """pandas' ``Series.sum()`` of a column: :func:`_nan_sum` of floats, numpy's sum of integers."""
+    return _nan_sum(values) if values.dtype.kind == "f" else values.sum()
+
+
+def _percentiles(values, name: str, scale: float, unit: str) -> dict:
+    finite = values.to_numpy(dtype=float) if hasattr(values, "to_numpy") else np.asarray(values, dtype=float)
     finite = finite[np.isfinite(finite)]
     out = {}
-    for q in (50, 90, 99):
-        out[f"{name}_p{q}_{unit}"] = float(np.percentile(finite, q) / scale) if len(finite) else float("nan")
+    for q, value in zip((50, 90, 99), _linear_percentiles(finite, (50, 90, 99))):
+        out[f"{name}_p{q}_{unit}"] = float(value / scale) if len(finite) else float("nan")
     out[f"{name}_mean_{unit}"] = float(finite.mean() / scale) if len(finite) else float("nan")
     return out
+
+
+def _linear_percentiles(finite: np.ndarray, qs: tuple) -> list:
+    """``np.percentile(finite, q)`` for each q, bit for bit, from one sort (:func:`sim.results.columns.linear_percentile`:
+    numpy's interpolation; ``np.percentile`` itself imports ``numpy.ma``, ~10 ms a start). A zero takes
+    ``np.percentile`` where a -0.0 is among them: sorting and numpy's partition may place it and 0.0 differently."""
+    if not len(finite):
+        return [float("nan")] * len(qs)
+    if not finite.all() and np.signbit(finite[finite == 0]).any():
+        return [np.percentile(finite, q) for q in qs]
+    from sim.results.columns import linear_percentile
+
+    ordered = np.sort(finite)
+    return [linear_percentile(len(ordered), q, ordered.__getitem__) for q in qs]
 
 
 def iteration_counts(iterations: pd.DataFrame) -> dict:
@@ -123,7 +174,7 @@ def iteration_counts_of_file(path: str | Path) -> dict:
 
     from sim.results.columns import column_sum
 
-    figures = iteration_counts(pd.DataFrame())
+    figures = {"iterations": 0, "batch_sum": 0, "batch_max": 0, "mapped_max": 0, "waste_sum": 0, "waste_max": 0}
     parquet = pq.ParquetFile(path)
     for group in range(parquet.num_row_groups):
         part = iteration_counts(parquet.read_row_group(group, columns=["batch_size", "mapped_page_groups",
@@ -154,31 +205,41 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
     """
     counts = count_figures if count_figures is not None else iteration_counts(iterations)
     runs = counts["iterations"]
-    finished = requests[requests["status"] == "finished"]
-    start_us = float(requests["arrival_at_us"].min()) if len(requests) else 0.0
-    end_us = float(finished["completion_at_us"].max()) if len(finished) else start_us
+    status = _array(requests, "status")
+    finished = status == "finished"
+    n_finished = int(np.count_nonzero(finished))
+    arrivals_us = _array(requests, "arrival_at_us")
+    # pandas' min and max skip NaN (fmin / fmax do)
+    start_us = float(np.fmin.reduce(arrivals_us)) if len(arrivals_us) else 0.0
+    end_us = float(np.fmax.reduce(_array(requests, "completion_at_us")[finished])) if n_finished else start_us
     span_s = max(end_us - start_us, 1e-9) / US_PER_S
     group_bytes = config["page_group_bytes"]
     # a vAttention page group is 2N' cuMemMap + cuMemSetAccess calls; blocks and reservations make none
     calls_per_group = config["num_sub_tensors"] if config.get("policy", "vattention") == "vattention" else 0
     maps = counters["sync_map_page_groups"] + counters["bg_map_page_groups"]
     unmaps = counters["sync_unmap_page_groups"] + counters["bg_unmap_page_groups"]
-    stalls = iterations["sync_stall_us"] if len(iterations) else pd.Series(dtype=float)
+    stalls = _array(iterations, "sync_stall_us") if _rows(iterations) else np.zeros(0)
+    output_tokens = _array(requests, "output_tokens")[finished]
+    prompt_tokens = _array(requests, "prompt_tokens")[finished]
+    e2e_us = _array(requests, "e2e_us")[finished]
+    with np.errstate(divide="ignore", invalid="ignore"):      # pandas' division: x / 0 = inf, 0 / 0 = NaN
+        e2e_per_token_us = e2e_us / output_tokens
     summary = {
-        "requests": int(len(requests)), "finished": int(len(finished)),
-        "rejected": int((requests["status"] == "rejected").sum()),
+        "requests": int(len(status)), "finished": n_finished,
+        "rejected": int(np.count_nonzero(status == "rejected")),
         "makespan_s": span_s,
-        "throughput_req_per_s": len(finished) / span_s,
-        "output_tokens_per_s": float(finished["output_tokens"].sum()) / span_s,
-        "total_tokens_per_s": float((finished["prompt_tokens"] + finished["output_tokens"]).sum()) / span_s,
-        **_percentiles(finished["ttft_us"], "ttft", US_PER_MS, "ms"),
-        **_percentiles(finished["tpot_us"], "tpot", US_PER_MS, "ms"),
-        **_percentiles(finished["e2e_us"], "e2e", US_PER_S, "s"),
+        "throughput_req_per_s": n_finished / span_s,
+        "output_tokens_per_s": float(_total(output_tokens)) / span_s,
+        "total_tokens_per_s": float(_total(prompt_tokens + output_tokens)) / span_s,
+        **_percentiles(_array(requests, "ttft_us")[finished], "ttft", US_PER_MS, "ms"),
+        **_percentiles(_array(requests, "tpot_us")[finished], "tpot", US_PER_MS, "ms"),
+        **_percentiles(e2e_us, "e2e", US_PER_S, "s"),
         **_tbt_summary(counters),
-        **_percentiles(_column(finished, "sched_delay_us"), "sched_delay", US_PER_MS, "ms"),
+        **_percentiles(_array_or_nan(requests, "sched_delay_us")[finished], "sched_delay", US_PER_MS, "ms"),
         # normalized latency (Vidur, Orca): E2E per output token, ms
-        **_percentiles(finished["e2e_us"] / finished["output_tokens"], "e2e_per_token", US_PER_MS, "ms"),
-        **_percentiles(iterations["duration_us"], "iteration", US_PER_MS, "ms"),
+        **_percentiles(e2e_per_token_us, "e2e_per_token", US_PER_MS, "ms"),
+        **_percentiles(_array(iterations, "duration_us") if _rows(iterations) else np.zeros(0), "iteration",
+                       US_PER_MS, "ms"),
         "iterations": int(runs),
         "mean_batch_size": counts["batch_sum"] / runs if runs else 0.0,
         "max_batch_size": counts["batch_max"],
@@ -189,19 +250,18 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
         "map_page_groups": int(maps), "unmap_page_groups": int(unmaps),
         "map_calls": int(maps * calls_per_group), "unmap_calls": int(unmaps * calls_per_group),
         "background_map_share": counters["bg_map_page_groups"] / maps if maps else float("nan"),
-        "sync_stall_total_ms": float(stalls.sum() / US_PER_MS),
-        "iterations_with_stall": int((stalls > 0).sum()),
-        "preemptions": int(requests["preemptions"].sum()),
-        "recomputed_tokens": int(_column(requests, "recomputed_tokens").sum()),
+        "sync_stall_total_ms": _nan_sum(stalls) / US_PER_MS,
+        "iterations_with_stall": int(np.count_nonzero(stalls > 0)),
+        "preemptions": int(_total(_array(requests, "preemptions"))),
+        "recomputed_tokens": int(_total(_array_or_nan(requests, "recomputed_tokens"))),
         # queueing trend (analysis.planning.slo): > 0.05 s/s means the queue grows through the run (overloaded)
         "ttft_growth_s_per_s": ttft_growth(requests),
-        "rejected_by_reason": {str(k): int(v) for k, v in
-                               requests.loc[requests["status"] == "rejected", "reject_reason"].value_counts().items()}
-        if "reject_reason" in requests else {},
+        "rejected_by_reason": _rejected_by_reason(requests, status),
         "swap_out_bytes": int(counters.get("swap_out_bytes", 0)), "swap_in_bytes": int(counters.get("swap_in_bytes", 0)),
         "swap_total_ms": float(counters.get("swap_total_us", 0.0) / US_PER_MS),
         "block_table_total_ms": float((counts["block_table_sum_us"] if "block_table_sum_us" in counts
-                                       else iterations["block_table_us"].sum() if runs else 0.0) / US_PER_MS),
+                                       else _nan_sum(_array(iterations, "block_table_us")) if runs else 0.0)
+                                      / US_PER_MS),
         # VMM time of every map/unmap, background included: per tensor-parallel worker, and the critical
         # path (per operation, the slowest worker)
         "mapping_worker_ms": [us / US_PER_MS for us in counters.get("mapping_worker_us", [])],
@@ -209,8 +269,8 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
         "zero_critical_bytes": int(counters.get("zero_critical_bytes", 0)),
         "zero_background_bytes": int(counters.get("zero_background_bytes", 0)),
         "clear_copy_total_ms": float((counts["clear_copy_sum_us"] if "clear_copy_sum_us" in counts
-                                      else iterations["clear_copy_us"].sum() if "clear_copy_us" in iterations
-                                      else 0.0) / US_PER_MS),
+                                      else _nan_sum(_array(iterations, "clear_copy_us"))
+                                      if "clear_copy_us" in iterations else 0.0) / US_PER_MS),
         **_prefix_summary(requests, finished, counters, calls_per_group),
         **_tier_summary(requests, counters),
     }
@@ -226,7 +286,27 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
 
 def _column(table: pd.DataFrame, name: str) -> pd.Series:
     """A column, or NaN/0 for runs written before it existed."""
+    import pandas as pd
     return table[name] if name in table else pd.Series(np.nan, index=table.index)
+
+
+def _array_or_nan(table, name: str) -> np.ndarray:
+    """:func:`_column` as a numpy array (NaN for runs written before the column existed)."""
+    return _array(table, name) if name in table else np.full(_rows(table), np.nan)
+
+
+def _rejected_by_reason(requests, status: np.ndarray) -> dict:
+    """``{reason: count}`` of the rejected requests in pandas' ``value_counts`` order (no rejection: no pandas)."""
+    if "reject_reason" not in requests:
+        return {}
+    rejected = status == "rejected"
+    if not rejected.any():
+        return {}
+    import pandas as pd
+    if isinstance(requests, ColumnTable):
+        requests = pd.DataFrame({"status": status, "reject_reason": requests["reject_reason"]})
+    return {str(k): int(v) for k, v in
+            requests.loc[requests["status"] == "rejected", "reject_reason"].value_counts().items()}
 
 
 def _tbt_summary(counters: dict) -> dict:
@@ -238,7 +318,7 @@ def _tbt_summary(counters: dict) -> dict:
     return out
 
 
-def _prefix_summary(requests: pd.DataFrame, finished: pd.DataFrame, counters: dict, calls_per_group: int) -> dict:
+def _prefix_summary(requests, finished: np.ndarray, counters: dict, calls_per_group: int) -> dict:
     """Prefix-cache figures (present only when the run used one).
 
     The hit ratio counts first admissions only: prompt tokens served from the cache over the prompt tokens of
@@ -247,12 +327,12 @@ def _prefix_summary(requests: pd.DataFrame, finished: pd.DataFrame, counters: di
     statistics do (``preempted_hits``)."""
     if "prefix_lookups" not in counters:
         return {}
-    hit = int(requests["prefix_hit_tokens"].sum())
-    admitted = requests[requests["first_scheduled_at_us"].notna()] if "first_scheduled_at_us" in requests else finished
-    prompt = int(admitted["prompt_tokens"].sum())
+    hit = int(_total(_array(requests, "prefix_hit_tokens")))
+    prompt = int(_total(_array(requests, "prompt_tokens")[_admitted(requests, finished)]))
+    preempted = _total(_array_or_nan(requests, "prefix_hit_tokens_preempted"))
     return {"prefix_hit_ratio": hit / prompt if prompt else float("nan"),
             "prefill_tokens_saved": hit,
-            "prefill_tokens_saved_preempted": int(_column(requests, "prefix_hit_tokens_preempted").fillna(0).sum()),
+            "prefill_tokens_saved_preempted": int(preempted),
             "prefix_pages_shared": int(counters["prefix_shared_pages"]),
             "prefix_map_calls_added": int(counters["prefix_shared_maps"] * calls_per_group),
             "prefix_cow_tokens": int(counters["prefix_cow_tokens"]), "cow_copy_bytes": int(counters.get("cow_bytes", 0)),
@@ -278,18 +358,26 @@ def compute_model_entry(config: dict) -> dict:
     return {"compute_model": compute_model_text(config["compute_model"], str(config.get("gpu", "this GPU")))}
 
 
-def _tier_summary(requests: pd.DataFrame, counters: dict) -> dict:
+def _admitted(requests, otherwise: np.ndarray | None = None) -> np.ndarray:
+    """Rows of the requests admitted at least once (``first_scheduled_at_us`` not NaN), or ``otherwise`` (all
+    rows when None) for tables written before that column existed."""
+    if "first_scheduled_at_us" in requests:
+        return ~np.isnan(_array(requests, "first_scheduled_at_us").astype(np.float64))
+    return np.ones(_rows(requests), dtype=bool) if otherwise is None else otherwise
+
+
+def _tier_summary(requests, counters: dict) -> dict:
     """KV-tier figures (present only with ``kv_tiers``): the tier store's counters (``tier_<kind>_*``:
     hit and miss tokens, promotions, demotions, bytes and time each way, resident pages; sim.memory.tiers) and
     each tier's hit ratio over the prompt tokens of first admissions (``tier_<kind>_hit_ratio``)."""
     out = {key: value for key, value in counters.items() if key.startswith("tier_")}
     if not out:
         return {}
-    admitted = requests[requests["first_scheduled_at_us"].notna()] if "first_scheduled_at_us" in requests else requests
-    out["tier_prompt_tokens"] = int(admitted["prompt_tokens"].sum())      # the ratios' denominator (replica merges)
+    # the ratios' denominator (replica merges)
+    out["tier_prompt_tokens"] = int(_total(_array(requests, "prompt_tokens")[_admitted(requests)]))
     for kind in ("dram", "ssd"):
         if f"{kind}_hit_tokens" in requests:
-            out[f"tier_{kind}_request_hit_tokens"] = int(requests[f"{kind}_hit_tokens"].sum())
+            out[f"tier_{kind}_request_hit_tokens"] = int(_total(_array(requests, f"{kind}_hit_tokens")))
     return {**out, **tier_hit_ratios(requests, with_hbm=False)}
 
 
@@ -314,10 +402,22 @@ figures come from :func:`iteration_counts_of_file`)."""
 def build_result(output, config: dict) -> RunResult:
     """Turn :class:`sim.core.engine.SimOutput` into a :class:`RunResult` (a streamed run's iterations stay in
     their Parquet file; its summary comes from what the recorder kept of them in memory: the integer figures
-    and totals, and :data:`SUMMARY_ITERATION_COLUMNS` whole, :class:`sim.results.recorder.IterationRecorder`)."""
-    requests = output.requests_frame()
+    and totals, and :data:`SUMMARY_ITERATION_COLUMNS` whole, :class:`sim.results.recorder.IterationRecorder`).
+
+    A streamed run without KV tiers keeps its requests as a :class:`sim.results.columns.ColumnTable`
+    (:meth:`sim.core.engine.SimOutput.request_table`, where its records allow): neither the summary nor
+    :func:`analysis.results.write_run` then imports pandas (issue 32); :attr:`RunResult.requests` is the
+    DataFrame :meth:`sim.core.engine.SimOutput.requests_frame` gives."""
     streamed = output.recorder.path
-    tiers = pd.DataFrame(output.tier_occupancy) if getattr(output, "tier_occupancy", None) else None
+    tier_occupancy = getattr(output, "tier_occupancy", None)
+    requests = (output.request_table() if streamed is not None and not tier_occupancy
+                and hasattr(output, "request_table") else None)
+    if requests is None:
+        requests = output.requests_frame()
+    tiers = None
+    if tier_occupancy:
+        import pandas as pd
+        tiers = pd.DataFrame(tier_occupancy)
     if streamed is None:
         iterations = output.iterations_frame()
         return RunResult(requests, iterations, summarize(requests, iterations, output.counters, config), config,
@@ -326,7 +426,7 @@ def build_result(output, config: dict) -> RunResult:
     # read_column's arrays, without reading the file back)
     recorder = output.recorder
     counts = recorder.summary_figures()
-    columns = pd.DataFrame({name: recorder.column(name) for name in SUMMARY_ITERATION_COLUMNS}, copy=False)
+    columns = ColumnTable({name: recorder.column(name) for name in SUMMARY_ITERATION_COLUMNS})
     summary = summarize(requests, columns, output.counters, config, counts)
     del columns
     return RunResult(requests, streamed, summary, config, tbt_samples=output.counters.get("tbt_samples"), tiers=tiers)
@@ -336,10 +436,12 @@ def ttft_growth(requests: pd.DataFrame) -> float:
     """Slope of TTFT over arrival time in the steady-state window (s/s, module docstring); 0.0 for tiny runs.
 
     Args:
-        requests: per-request table (``arrival_at_us``, ``ttft_us``, ``status``).
+        requests: per-request table (``arrival_at_us``, ``ttft_us``, ``status``; a DataFrame or a
+            :class:`sim.results.columns.ColumnTable`).
     """
-    finished = requests[requests["status"] == "finished"]
-    return ttft_growth_of(finished["arrival_at_us"].to_numpy(dtype=float), finished["ttft_us"].to_numpy(dtype=float))
+    finished = _array(requests, "status") == "finished"
+    return ttft_growth_of(_array(requests, "arrival_at_us").astype(float)[finished],
+                          _array(requests, "ttft_us").astype(float)[finished])
 
 
 def ttft_growth_of(arrivals_us: np.ndarray, ttft_us: np.ndarray) -> float:
