@@ -102,11 +102,11 @@ def run_bench(compute: str, out: Path, model_name: str, max_context: int, warmup
 
         rows = timed(compute, points)
         if piecewise and compute == "engine":
-            from hwbackend.replay.engine import PIECEWISE_SIZES, capture_piecewise_graphs
+            from hwbackend.replay.engine import capture_piecewise_graphs
 
             meta["piecewise_capture_s"] = round(capture_piecewise_graphs(model, kv), 1)
             small = [p for p in points if p["family"] != "decode"
-                     and sum(t for t, _ in p["seqs"]) <= max(PIECEWISE_SIZES)]
+                     and sum(t for t, _ in p["seqs"]) <= model.piecewise.max_tokens]
             rows += timed("engine-piecewise", small)
     finally:
         kv.close()

@@ -399,12 +399,22 @@ class EngineDecoderModel(DecoderModel):
             store_kv(qkv, batch.write_rows, k_flat[layer], v_flat[layer], q_dim, kv_dim)
             q = qkv[:, :q_dim].view(-1, s.num_q_heads, s.head_dim)
             a = self.attend(q, k_flat[layer], v_flat[layer], batch, n_d)
-            h = add_rms_norm(x, F.linear(a.view(-1, q_dim), w["o"]), w["norm2"])
-            down = F.linear(silu_mul(F.linear(h, w["gate_up"])), w["down"])
-            nxt = self.layers[layer + 1]["norm1"] if layer + 1 < len(self.layers) else self.final_norm
-            h = add_rms_norm(x, down, nxt)
+            h = self.layer_tail(x, a.view(-1, q_dim), layer)
         logits = F.linear(h[batch.logit_rows], self.lm_head)
         return logits if return_logits else logits.argmax(dim=-1)
+
+    def layer_tail(self, x: Any, a: Any, layer: int) -> Any:
+        """Layer ``layer``'s part after attention: output projection of ``a [T, Hq * D]`` added to the residual
+        ``x [T, hidden]`` (in place) and normalised, the MLP added likewise, then the next layer's input norm (the
+        final norm after the last layer); returns that norm's output ``[T, hidden]``. Shared by
+        :meth:`eager_forward` and the piecewise graphs' :meth:`pieces`, so both compute the same arithmetic."""
+        import torch.nn.functional as F
+
+        w = self.layers[layer]
+        h = add_rms_norm(x, F.linear(a, w["o"]), w["norm2"])
+        down = F.linear(silu_mul(F.linear(h, w["gate_up"])), w["down"])
+        nxt = self.layers[layer + 1]["norm1"] if layer + 1 < len(self.layers) else self.final_norm
+        return add_rms_norm(x, down, nxt)
 
     def attend(self, q: Any, k_flat: Any, v_flat: Any, batch: Any, n_d: int, out: Any = None) -> Any:
         """Decodes (first ``n_d`` rows) by split-KV, chunks by FlashAttention varlen (CPU: the reference);
@@ -425,7 +435,6 @@ class EngineDecoderModel(DecoderModel):
             out[n_d:] = reference_attention(qc, k_flat, v_flat, _ChunkView(batch))
         return out
 
-
     def pieces(self, n: int, graphs: "EnginePiecewiseGraphs", k_flat: list[Any], v_flat: list[Any]) -> list[Any]:
         """The ``num_layers + 1`` pieces of :meth:`eager_forward` between attention calls, for ``n`` (padded)
         tokens over ``graphs``' static buffers: piece 0 embeds, normalises and projects layer 0's QKV and stores
@@ -433,31 +442,26 @@ class EngineDecoderModel(DecoderModel):
         and K/V store; piece L ends the last layer and returns the final norm's output ``[n, hidden]``. The same
         kernels and arithmetic as :meth:`eager_forward` (QKV written into the static buffer by ``out=``)."""
         import torch
-        import torch.nn.functional as F
 
         s = self.shape
         q_dim, kv_dim = s.num_q_heads * s.head_dim, s.num_kv_heads * s.head_dim
         x, qkv, attn, rows = graphs.x[:n], graphs.qkv[:n], graphs.attn[:n].view(n, q_dim), graphs.rows[:n]
         layers = self.layers
 
+        def project(h: Any, layer: int) -> None:      # layer's QKV into the static buffer, its K/V into the cache
+            torch.matmul(h, layers[layer]["qkv"].t(), out=qkv)
+            store_kv(qkv, rows, k_flat[layer], v_flat[layer], q_dim, kv_dim)
+
         def first() -> None:
             x.copy_(self.embed[0].expand(n, -1))
-            h = add_rms_norm(x, None, layers[0]["norm1"])
-            torch.matmul(h, layers[0]["qkv"].t(), out=qkv)
-            store_kv(qkv, rows, k_flat[0], v_flat[0], q_dim, kv_dim)
+            project(add_rms_norm(x, None, layers[0]["norm1"]), 0)
 
         def between(layer: int):
-            w = layers[layer - 1]
-            last = layer == len(layers)
-
             def piece() -> Any:
-                h = add_rms_norm(x, F.linear(attn, w["o"]), w["norm2"])
-                down = F.linear(silu_mul(F.linear(h, w["gate_up"])), w["down"])
-                h = add_rms_norm(x, down, self.final_norm if last else layers[layer]["norm1"])
-                if last:
+                h = self.layer_tail(x, attn, layer - 1)
+                if layer == len(layers):
                     return h
-                torch.matmul(h, layers[layer]["qkv"].t(), out=qkv)
-                store_kv(qkv, rows, k_flat[layer], v_flat[layer], q_dim, kv_dim)
+                project(h, layer)
                 return None
             return piece
 
