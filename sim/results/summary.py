@@ -117,10 +117,6 @@ def _array(table, name: str) -> np.ndarray:
     return values if isinstance(values, np.ndarray) else values.to_numpy()
 
 
-def _rows(table) -> int:
-    return len(table)
-
-
 def _nan_sum(values: np.ndarray) -> float:
     """pandas' ``Series.sum()`` of float64 values, bit for bit: NaN as 0, then numpy's pairwise sum."""
     values = np.asarray(values, dtype=np.float64)
@@ -157,10 +153,15 @@ def _linear_percentiles(finite: np.ndarray, qs: tuple) -> list:
     return [linear_percentile(len(ordered), q, ordered.__getitem__) for q in qs]
 
 
+NO_ITERATION_COUNTS = {"iterations": 0, "batch_sum": 0, "batch_max": 0, "mapped_max": 0, "waste_sum": 0,
+                       "waste_max": 0}
+""":func:`iteration_counts` of a run without iterations (copied, never changed in place)."""
+
+
 def iteration_counts(iterations: pd.DataFrame) -> dict:
     """Iteration count and the batch / pool / tail-waste figures of the summary, from the whole table."""
     if not len(iterations):
-        return {"iterations": 0, "batch_sum": 0, "batch_max": 0, "mapped_max": 0, "waste_sum": 0, "waste_max": 0}
+        return dict(NO_ITERATION_COUNTS)
     return {"iterations": len(iterations), "batch_sum": int(iterations["batch_size"].sum()),
             "batch_max": int(iterations["batch_size"].max()), "mapped_max": int(iterations["mapped_page_groups"].max()),
             "waste_sum": int(iterations["tail_waste_bytes"].sum()), "waste_max": int(iterations["tail_waste_bytes"].max())}
@@ -174,7 +175,7 @@ def iteration_counts_of_file(path: str | Path) -> dict:
 
     from sim.results.columns import column_sum
 
-    figures = {"iterations": 0, "batch_sum": 0, "batch_max": 0, "mapped_max": 0, "waste_sum": 0, "waste_max": 0}
+    figures = dict(NO_ITERATION_COUNTS)
     parquet = pq.ParquetFile(path)
     for group in range(parquet.num_row_groups):
         part = iteration_counts(parquet.read_row_group(group, columns=["batch_size", "mapped_page_groups",
@@ -218,7 +219,7 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
     calls_per_group = config["num_sub_tensors"] if config.get("policy", "vattention") == "vattention" else 0
     maps = counters["sync_map_page_groups"] + counters["bg_map_page_groups"]
     unmaps = counters["sync_unmap_page_groups"] + counters["bg_unmap_page_groups"]
-    stalls = _array(iterations, "sync_stall_us") if _rows(iterations) else np.zeros(0)
+    stalls = _array(iterations, "sync_stall_us") if len(iterations) else np.zeros(0)
     output_tokens = _array(requests, "output_tokens")[finished]
     prompt_tokens = _array(requests, "prompt_tokens")[finished]
     e2e_us = _array(requests, "e2e_us")[finished]
@@ -238,7 +239,7 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
         **_percentiles(_array_or_nan(requests, "sched_delay_us")[finished], "sched_delay", US_PER_MS, "ms"),
         # normalized latency (Vidur, Orca): E2E per output token, ms
         **_percentiles(e2e_per_token_us, "e2e_per_token", US_PER_MS, "ms"),
-        **_percentiles(_array(iterations, "duration_us") if _rows(iterations) else np.zeros(0), "iteration",
+        **_percentiles(_array(iterations, "duration_us") if len(iterations) else np.zeros(0), "iteration",
                        US_PER_MS, "ms"),
         "iterations": int(runs),
         "mean_batch_size": counts["batch_sum"] / runs if runs else 0.0,
@@ -292,7 +293,7 @@ def _column(table: pd.DataFrame, name: str) -> pd.Series:
 
 def _array_or_nan(table, name: str) -> np.ndarray:
     """:func:`_column` as a numpy array (NaN for runs written before the column existed)."""
-    return _array(table, name) if name in table else np.full(_rows(table), np.nan)
+    return _array(table, name) if name in table else np.full(len(table), np.nan)
 
 
 def _rejected_by_reason(requests, status: np.ndarray) -> dict:
@@ -363,7 +364,7 @@ def _admitted(requests, otherwise: np.ndarray | None = None) -> np.ndarray:
     rows when None) for tables written before that column existed."""
     if "first_scheduled_at_us" in requests:
         return ~np.isnan(_array(requests, "first_scheduled_at_us").astype(np.float64))
-    return np.ones(_rows(requests), dtype=bool) if otherwise is None else otherwise
+    return np.ones(len(requests), dtype=bool) if otherwise is None else otherwise
 
 
 def _tier_summary(requests, counters: dict) -> dict:
