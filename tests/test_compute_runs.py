@@ -27,6 +27,8 @@ def _models():
     models.append(("blocks", load_models(SimConfig(), PROFILE, "in-loop")[1].with_overrides(
         {"attention_key_us": 0.02, "attention_block_us": 3.0, "split_kv_sms": 132})))
     models.append(("wave", models[0][1].with_overrides({"wave_us_per_token": 0.4, "launch_floor_us": 9000.0})))
+    # the eager floor without a wave term (the memory-bound loop's floor branch, sim.timing.decode_run_times)
+    models.append(("floor", models[0][1].with_overrides({"launch_floor_us": 9000.0})))
     # attention compute-bound (the plain-float form then evaluates both sides of the roofline's max), and at
     # the crossing: memory and compute times per token within rounding of each other
     models.append(("compute-bound", replace(models[0][1], attention_flops_efficiency=1e-4)))
@@ -42,6 +44,8 @@ def test_the_plain_float_form_covers_both_sides_of_the_max():
     crossing attention (both evaluated), so the bit-for-bit tests cover both loops."""
     bound = {label: model._decode_run_terms[-1] for label, model in _models() if hasattr(model, "_decode_run_terms")}
     assert bound["{}"] and not bound["compute-bound"] and not bound["crossing"]
+    floor = dict(_models())["floor"]
+    assert floor.decode_run_us(1, 100, 101.0, 1, 101)[0] == floor._eager_floor_us    # the floor binds there
 
 
 @pytest.mark.parametrize("label, model", _models())

@@ -72,6 +72,11 @@ class DecodeRunForms:
         # the attention's compute time is not evaluated where its memory time provably wins at every step
         # (_decode_run_terms: a margin far above the rounding of either; pairs never above keys read)
         memory_bound = memory_per_pair_bound and 0.0 <= pairs <= kv_tokens
+        if memory_bound and step_factors is None and not wave_per_token:
+            return _memory_bound_run(head, comm_us, graph_overhead_us if graphs else None, correction_us,
+                                     overhead_us, floor_us, kv_bytes_per_token, bytes_factor, bytes_per_us,
+                                     attention_factor, layout_factor, kv_tokens, float(batch_size), steps, start_us,
+                                     step_extra_us, stop_us, long_steps)
         starts_us, compute_us, gaps_us = [start_us], [], []
         for step in range(steps):
             if start_us >= stop_us:
@@ -156,6 +161,44 @@ class DecodeRunForms:
         growth = np.arange(steps, dtype=float) * batch_size
         return None, np.broadcast_to(self._paged_factor(batch_size, kv_read_tokens + growth, batch_size),
                                      (steps,)).tolist()
+
+
+def _memory_bound_run(head_us: float, comm_us: float, graph_overhead_us: float | None, correction_us: float,
+                      overhead_us: float, floor_us: float, kv_bytes_per_token: float, bytes_factor: float,
+                      bytes_per_us: float, attention_factor: float, layout_factor: float, kv_tokens: float,
+                      growth: float, steps: int, start_us: float, step_extra_us: float, stop_us: float,
+                      long_steps: int | None):
+    """:meth:`DecodeRunForms.decode_run_until`'s loop where every step's attention is memory-bound, the paged
+    factor one number and there is no wave term (the common case): the same operations in the same order, so
+    the same floats (each dropped ``+ 0.0`` of the general loop is exact: every term is a positive float), with
+    fewer branches per step. ``graph_overhead_us`` None: eager decodes (the eager floor applies)."""
+    starts_us, compute_us, gaps_us = [start_us], [], []
+    add_start, add_compute, add_gap = starts_us.append, compute_us.append, gaps_us.append
+    if long_steps is not None and steps > long_steps and start_us < stop_us:
+        attn_us = kv_tokens * kv_bytes_per_token * bytes_factor / bytes_per_us * attention_factor * layout_factor
+        if graph_overhead_us is not None:
+            first_us = head_us + attn_us + comm_us + graph_overhead_us + correction_us
+        else:
+            eager_us = head_us + attn_us + comm_us + overhead_us
+            first_us = eager_us if eager_us >= floor_us else floor_us
+        if stop_us - start_us > long_steps * (first_us + step_extra_us):
+            return None
+    for _ in range(steps):
+        if start_us >= stop_us:
+            break
+        attn_us = kv_tokens * kv_bytes_per_token * bytes_factor / bytes_per_us * attention_factor * layout_factor
+        if graph_overhead_us is not None:
+            duration_us = head_us + attn_us + comm_us + graph_overhead_us + correction_us
+        else:
+            eager_us = head_us + attn_us + comm_us + overhead_us
+            duration_us = eager_us if eager_us >= floor_us else floor_us
+        end_us = start_us + (duration_us + step_extra_us)
+        add_compute(duration_us)
+        add_gap(end_us - start_us)
+        add_start(end_us)
+        start_us = end_us
+        kv_tokens += growth
+    return starts_us, compute_us, gaps_us
 
 
 def steps_until(durations_us, start_us: float, step_extra_us: float, stop_us: float, long_steps: int | None = None):
