@@ -419,6 +419,6 @@ def test_the_preemption_policy_key_is_named_as_its_flag():
     from sim.frontend.policy_spec import parse_policy
     from sim.setup.config import ConfigError
     assert parse_policy("paged:preemption=swap") == parse_policy("paged:preempt=swap") == \
-        {"policy": "paged", "preemption": "swap"}
+        {"policy": "paged", "preemption": "swap", "explicit_fields": ("preemption",)}
     with pytest.raises(ConfigError, match="'preempt' and 'preemption' both set preemption"):
         parse_policy("paged:preempt=swap,preemption=recompute")

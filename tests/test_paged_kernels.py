@@ -125,7 +125,8 @@ def test_engine_applies_the_configured_kernel():
 
 def test_spec_keys_set_the_fields():
     assert parse_policy("paged:kernel=vllm-v0,prefill_factor=1.1,decode_factor=2") == {
-        "policy": "paged", "paged_kernel": "vllm-v0", "paged_prefill_factor": 1.1, "paged_decode_factor": 2.0}
+        "policy": "paged", "paged_kernel": "vllm-v0", "paged_prefill_factor": 1.1, "paged_decode_factor": 2.0,
+        "explicit_fields": ("paged_decode_factor", "paged_kernel", "paged_prefill_factor")}
     assert parse_policy("paged:factor=1.3")["paged_attention_factor"] == 1.3
     assert parse_policy("vattention:page=64KiB,driver=modified")["vmm_driver"] == "modified"
 

@@ -55,7 +55,7 @@ def test_axes_map_to_options_and_config_fields():
                                 "eager_lookahead_steps=3", "rate_scale=2"]), base)[0]
     args, overrides = point_args(job)
     assert args.page_size == 256 * 1024 and args.no_deferred_reclaim and args.sync_mapping and args.rate_scale == 2.0
-    assert overrides == {"eager_lookahead_steps": 3}
+    assert overrides == {"eager_lookahead_steps": 3, "explicit_fields": ("eager_lookahead_steps",)}
 
 
 def test_point_key_is_stable_and_covers_base_options():

@@ -313,6 +313,25 @@ def _check_long_context(jobs) -> None:
                               f"point {point}); pass --allow-long-context to simulate it anyway")
 
 
+def _sweep_harness_warnings(jobs: list, profile: str | None) -> list[str]:
+    """The distinct :func:`sim.core.runner.harness_compute_warning` lines of the sweep's points (as ``kvsim
+    simulate`` and ``kvsim capacity`` print them), in grid order; a point whose settings are refused is left to
+    fail on its own (its error is in the table)."""
+    from analysis.planning.sweep import point_args
+    from sim.core.runner import harness_compute_warning
+    from sim.frontend.options import config_from_args
+    warnings: list[str] = []
+    for job in jobs:
+        point, overrides = point_args(job)
+        try:
+            config = config_from_args(point, **overrides)
+        except Exception:  # noqa: BLE001 - the point reports its own error when it runs
+            continue
+        warnings += [w for w in harness_compute_warning(config, getattr(point, "profile", profile))
+                     if w not in warnings]
+    return warnings
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     """``kvsim sweep``: run the missing points, write the table and the figure, print a short report."""
     from analysis.planning.sweep import base_settings, make_jobs, parse_grid, sweep_table, write_table
@@ -332,6 +351,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from sim.frontend.disagg_options import check_disagg_flags
     for job in jobs:                  # a bad --pd, --kv-link, ... value is refused before any point runs
         check_disagg_flags(point_args(job)[0], allow_unused=True)
+    for warning in _sweep_harness_warnings(jobs, getattr(args, "profile", None)):   # compute timed on the harness
+        print(f"kvsim: warning: {warning}", file=sys.stderr)
     from analysis.output import OutputDir, command_inputs
     out = OutputDir(args.out, args.force, resumable=True, inputs=command_inputs(args))
     out_dir = out.path

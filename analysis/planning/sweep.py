@@ -208,6 +208,8 @@ def point_args(job: PointJob) -> tuple[argparse.Namespace, dict]:
             overrides[axis.field] = value
         else:
             setattr(args, axis.dest, value)
+    if overrides:                  # a field the grid sets is never replaced by a profile's measurement
+        overrides["explicit_fields"] = tuple(sorted(overrides))
     return args, overrides
 
 

@@ -34,7 +34,8 @@ RUN_OPTIONAL_FIELDS = ("memset_bytes_per_s", "copy_bytes_per_s", "allow_long_con
                        "engine", "frontend_overhead_us", "cuda_graph_decodes",   # issue 31, defaults = before it
                        "paged_kernel", "paged_prefill_factor", "paged_decode_factor", "vmm_driver",   # issue 28
                        "kv_tiers", "tier_write_policy", "tier_load_policy", "prefix_evict",   # issue 35
-                       "window_alloc")                                           # issue 33: off = before it
+                       "window_alloc",                                           # issue 33: off = before it
+                       "explicit_fields")                                        # 2026-12-02: () = before it
 RUN_FIELD_DEFAULTS = {"admission": "chunk"}
 """Settings of runs recorded before the field existed: replays before 2026-12-01 admitted a request when its
 first chunk fitted (``chunk``), whatever the scheduler."""
@@ -125,7 +126,7 @@ def config_from_run(config: dict, source: str | None = None) -> SimConfig:
         except ValueError as exc:
             raise RunInputError(f"{where}field {name!r}: {exc}") from None
     for name, kind in kinds.items():      # JSON lists back to the tuples SimConfig holds (KV tiers)
-        if kind == "tuple" and config.get(name):
+        if name == "kv_tiers" and config.get(name):
             raise RunInputError(f"{where}field {name!r}: {_json(config[name])}: a hardware run has no KV tiers "
                                 "(the replay serves HBM only)")
     try:

@@ -231,7 +231,7 @@ PROFILE_FIELDS = {
 def profile_config_overrides(config: SimConfig, profile_path: str | None) -> SimConfig:
     """Apply a profile's measurements (:data:`PROFILE_FIELDS`: the PagedAttention kernel factor, the
     cross-layer layout's attention factor, the memset and copy bandwidths in bytes/s) to fields left at their
-    defaults.
+    defaults and not set by the user (``config.explicit_fields``).
 
     Raises:
         ProfileError: an unreadable profile or a bad field (:func:`sim.timing.latency.check_profile`: the factors and
@@ -244,7 +244,8 @@ def profile_config_overrides(config: SimConfig, profile_path: str | None) -> Sim
     overrides = {}
     for field_name, (section, key) in PROFILE_FIELDS.items():
         value = (profile.get(section) or {}).get(key)
-        if value is not None and getattr(config, field_name) == SimConfig.__dataclass_fields__[field_name].default:
+        if (value is not None and field_name not in config.explicit_fields
+                and getattr(config, field_name) == SimConfig.__dataclass_fields__[field_name].default):
             overrides[field_name] = float(value)
     if config.kv_tiers and profile.get("host_copy"):     # the DRAM tier's measured host-copy rates
         from sim.memory.tiers import with_host_copy_profile

@@ -154,7 +154,9 @@ def _config_from_args(args: argparse.Namespace, **overrides):
     values.update(overrides)
     spec = getattr(args, "policy", None)
     if isinstance(spec, str):   # simulate --policy (compare takes a list)
+        explicit = set(values.get("explicit_fields", ()))
         values.update(policy_overrides(spec, values))
+        values["explicit_fields"] = tuple(sorted(explicit | set(values.get("explicit_fields", ()))))
         try:
             return SimConfig(**values)
         except ConfigError as exc:   # a value the spec set: name the spec and its key, not the flag

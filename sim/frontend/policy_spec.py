@@ -167,4 +167,6 @@ def parse_policy(spec: str) -> dict:
     if "paged_kernel" in overrides and "paged_attention_factor" in overrides:
         raise ConfigError(f"policy {spec!r}: kernel= and factor= both set the paged attention factors; give "
                           "kernel= (prefill_factor= / decode_factor= replace one phase's) or factor= (both phases)")
+    if seen:                       # what the user wrote is never replaced by a profile's measurement
+        overrides["explicit_fields"] = tuple(sorted(seen))
     return overrides

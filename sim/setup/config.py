@@ -107,6 +107,9 @@ class SimConfig(PoolSizing):
             ``auto`` (:mod:`sim.memory.tiers`).
         prefix_evict: the HBM prefix cache's eviction policy, ``lru`` (vLLM v1, default), ``radix-leaf``
             (SGLang) or ``page`` (:mod:`sim.memory.eviction`; policy key ``evict=``).
+        explicit_fields: names of fields the user set (a policy spec's keys, a sweep axis of a field),
+            sorted: a calibration profile's measurement never replaces them, even where the value written
+            equals the default (``paged:factor=1.23`` stays 1.23; :func:`sim.core.runner.profile_config_overrides`).
     """
 
     model: str = "llama-3-8b"
@@ -161,6 +164,7 @@ class SimConfig(PoolSizing):
     tier_load_policy: str = "sync"
     prefix_evict: str = "lru"
     window_alloc: str = "off"
+    explicit_fields: tuple = ()
 
     def __post_init__(self) -> None:
         """Refuse an impossible configuration (:func:`sim.setup.config_checks.check_config`).
