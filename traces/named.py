@@ -6,7 +6,6 @@ Checksums and origins are those in ``../shared/traces/README.md``.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -101,6 +100,8 @@ def resolve_trace(name_or_path: str | Path) -> Path:
 
 def sha256_of(path: Path) -> str:
     """Hex SHA-256 of a file, read in 1 MiB blocks."""
+    import hashlib         # only to check a download (start-up without OpenSSL's set-up, issue 32)
+
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         while block := fh.read(1 << 20):

@@ -28,7 +28,10 @@ class ConfigError(FieldError):
 
 def _tier_error(config) -> tuple[str, ...] | None:
     """Why the KV tier and eviction settings are refused (sim.memory.tiers, sim.memory.eviction): the message and
-    the fields it names, or None."""
+    the fields it names, or None. The defaults pass without importing either module (start-up, issue 32)."""
+    if (config.prefix_evict, config.tier_write_policy, config.tier_load_policy, config.kv_tiers) == \
+            ("lru", "write-back", "sync", ()):
+        return None
     from sim.memory.eviction import EVICTION_POLICIES
     from sim.memory.tiers import LOAD_POLICIES, WRITE_POLICIES, check_tiers
     if config.prefix_evict not in EVICTION_POLICIES:
