@@ -213,6 +213,8 @@ class Admission:
         """Critical-path memory clearing and copying owed by this iteration: stale pages of reused slots and
         recycled pages taken by synchronous maps (zero on-reuse), frees under synchronous mapping (zero
         on-free), and copy-on-write of partially shared prefix pages."""
+        if not (self._pending_zero_groups or self._pending_copy_bytes) and self.zero_mode != "on-reuse":
+            return 0.0                  # nothing owed (the sum below would be 0.0 + 0.0)
         if self.zero_mode == "on-reuse":
             self._pending_zero_groups += self.policy.take_recycled()
         groups, self._pending_zero_groups = self._pending_zero_groups, 0

@@ -247,12 +247,25 @@ class RooflineComputeModel(BlockAttentionForm, DecodeRunForms, EagerLaunchFloor)
                                  self.mixed_tile_rows if mixed else 0.0) if batch.group_reads else None)
         if self.decode_graphs and not mixed:
             size = batch.logit_sequences
-            correction_us = float(self._decode_correction_us(size)) if self.decode_batch_knots else 0.0
+            correction_us = self._decode_correction_of(size) if self.decode_batch_knots else 0.0
             return (self._time_us(size, pairs, batch.kv_read_tokens, size, max, 0.0, terms=terms)
                     + self.decode_overhead_us + correction_us + wave_us)
         roofline = self._time_us(batch.new_tokens, pairs, batch.kv_read_tokens, batch.logit_sequences, max, 0.0,
                                  terms=terms)
         return max(self._eager_floor_us, roofline + self.overhead_us + wave_us)
+
+    def _decode_correction_of(self, batch_size: int) -> float:
+        """:meth:`_decode_correction_us` of one batch size as a float, kept per size (the model is frozen: the
+        same float as evaluating it each time)."""
+        cache = self._decode_correction_cache
+        value = cache.get(batch_size)
+        if value is None:
+            value = cache[batch_size] = float(self._decode_correction_us(batch_size))
+        return value
+
+    @cached_property
+    def _decode_correction_cache(self) -> dict[int, float]:
+        return {}
 
     def _decode_correction_us(self, batch_size):
         """The measured per-batch-size correction of graphed decode iterations (piecewise linear between
