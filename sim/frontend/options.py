@@ -139,7 +139,6 @@ def config_from_args(args: argparse.Namespace, **overrides):
 
 def _config_from_args(args: argparse.Namespace, **overrides):
     from sim.setup.config import ConfigError, SimConfig
-    from sim.frontend.policy_spec import policy_config_error
     values = dict(model=args.model, gpu=args.gpu, tp=args.tp, page_size_bytes=args.page_size,
                   max_context_tokens=args.max_context, sync_mapping=args.sync_mapping,
                   deferred_reclaim=not args.no_deferred_reclaim, memory_util_frac=args.memory_util, seed=args.seed,
@@ -160,6 +159,7 @@ def _config_from_args(args: argparse.Namespace, **overrides):
         try:
             return SimConfig(**values)
         except ConfigError as exc:   # a value the spec set: name the spec and its key, not the flag
+            from sim.frontend.policy_spec import policy_config_error
             raise policy_config_error(spec, exc) from None
     return SimConfig(**values)
 

@@ -10,7 +10,6 @@ from pathlib import Path
 from functools import cache
 from importlib import resources
 
-from sim.setup.model_files import is_file_reference, load_gpu_file, load_model_file
 from sim.setup.specs import DTYPE_BYTES, GPU_FIELDS, MODEL_FIELDS, CatalogError, GPUSpec, ModelSpec
 
 __all__ = ["DTYPE_BYTES", "GPU_FIELDS", "MODEL_FIELDS", "CatalogError", "GPUSpec", "ModelSpec", "get_gpu", "get_model",
@@ -22,6 +21,12 @@ CATALOG_ONLY_GPU_FIELDS = ("default_profile", "host_copy_profile")
 
 PROFILE_KEYWORDS = ("roofline", "none")
 """Profile names that force the built-in models (the roofline) even where the GPU names a default profile."""
+
+
+def is_file_reference(name: str) -> bool:
+    """Whether a ``model`` / ``gpu`` name is a file (a path separator or a ``.json``/``.toml`` suffix) rather
+    than a catalogue entry."""
+    return "/" in name or "\\" in name or Path(name).suffix.lower() in (".json", ".toml")
 
 
 def is_profile_keyword(profile: object) -> bool:
@@ -56,6 +61,7 @@ def get_model(name: str) -> ModelSpec:
     """
     from pathlib import Path
     if is_file_reference(name) or (name.lower() not in _catalog()["models"] and Path(name).is_dir()):
+        from sim.setup.model_files import load_model_file      # a user's file (imported only then: start-up)
         return load_model_file(name)
     entry = _catalog()["models"].get(name.lower())
     if entry is None:
@@ -71,6 +77,7 @@ def get_gpu(name: str) -> GPUSpec:
         CatalogError: for an unknown name (the message lists the known GPUs), or a bad file (naming the field).
     """
     if is_file_reference(name):
+        from sim.setup.model_files import load_gpu_file
         return load_gpu_file(name)
     entry = _catalog()["gpus"].get(name.lower())
     if entry is None:

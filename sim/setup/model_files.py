@@ -90,12 +90,6 @@ CONTEXT_DEFAULTS = {"falcon": 2048}
 (``FalconConfig``: 2048)."""
 
 
-def is_file_reference(name: str) -> bool:
-    """Whether a ``model`` / ``gpu`` name is a file (a path separator or a ``.json``/``.toml`` suffix) rather
-    than a catalogue entry."""
-    return "/" in name or "\\" in name or Path(name).suffix.lower() in (".json", ".toml")
-
-
 def resolve_file(path_text: str) -> Path:
     """``path_text`` as given if it exists, else relative to the repository root (so the shipped
     ``models/*.json`` resolve from any working directory).
