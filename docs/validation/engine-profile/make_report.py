@@ -1,9 +1,10 @@
 """Held-out table of the engine profile (PLAN.md): per workload and metric, the error ``sim / hw - 1`` (mean of
 the two same-start repeats' errors, each from ``validation/RUN/errors.csv`` of ``kvsim validate``), the repeat
 spread ``|hw_a / hw_b - 1|`` of the hardware figure, and whether the target holds (|error| <= 5% at p50, <= 10%
-at p99, or <= the spread where larger). ``python docs/validation/engine-profile/make_report.py [--round 2]`` writes
-``heldout.csv`` (round 1: runs ``test-W-a|b``), ``heldout2.csv`` (round 2: ``test2-W-a|b``) or ``heldout3.csv``
-(round 3: ``test3-W-a|b``) and prints a markdown table."""
+at p99, or <= the spread where larger). ``python docs/validation/engine-profile/make_report.py [--round 2|3|4]`` writes
+``heldout.csv`` (round 1: runs ``test-W-a|b``), ``heldout2.csv`` (round 2: ``test2-W-a|b``), ``heldout3.csv``
+(round 3: ``test3-W-a|b``) or ``heldout4.csv`` (round 4: ``test4-W-a|b``, piecewise-graph replays) and prints a
+markdown table."""
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,7 @@ METRICS = (("iteration latency", "p50"), ("iteration latency", "p99"), ("TTFT", 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--round", type=int, choices=(1, 2, 3), default=1)
+    parser.add_argument("--round", type=int, choices=(1, 2, 3, 4), default=1)
     parser.add_argument("--validation", default=str(HERE / "validation"),
                         help="folder of the validations (default: validation/ beside this file)")
     parser.add_argument("--csv", help="table written (default: heldout.csv, round N > 1 heldoutN.csv, beside this file)")
