@@ -16,13 +16,32 @@ from pathlib import Path
 
 
 def default_out_dir(kind: str = "sim") -> Path:
+    """A new ``runs/<kind>-<UTC time>[-N]`` directory, claimed by creating it (``mkdir`` fails for a name another
+    process took first, so two runs started in the same second get two directories) and removed at exit if it is
+    still empty (a run that failed before writing leaves nothing behind). Where ``runs/`` cannot be created the
+    name is returned unclaimed, for :class:`OutputDir` to report."""
+    import atexit
+
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    out = Path("runs") / f"{kind}-{stamp}"
-    suffix = 1
-    while out.exists():
-        out = Path("runs") / f"{kind}-{stamp}-{suffix}"
-        suffix += 1
-    return out
+    suffix = 0
+    while True:
+        out = Path("runs") / (f"{kind}-{stamp}-{suffix}" if suffix else f"{kind}-{stamp}")
+        try:
+            out.mkdir(parents=True)
+        except FileExistsError:
+            suffix += 1
+            continue
+        except OSError:
+            return out
+        atexit.register(_remove_if_empty, out)
+        return out
+
+
+def _remove_if_empty(directory: Path) -> None:
+    try:
+        directory.rmdir()           # refused (and ignored) once the result is in it
+    except OSError:
+        pass
 
 
 # ---- output paths: checked before any work; --force replaces a kvsim result as a whole ----------------------
@@ -193,9 +212,13 @@ class OutputDir:
             if target.is_dir() and any(target.iterdir()):
                 old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.kvsim-old-"))
                 os.replace(target, old / "result")
-            elif target.is_dir():
+            try:
+                os.replace(stage, target)   # POSIX: an empty directory (e.g. a claimed default name) is replaced
+            except OSError:                 # atomically, so no other run can take the name in between
+                if not (target.is_dir() and not any(target.iterdir())):
+                    raise
                 target.rmdir()
-            os.replace(stage, target)
+                os.replace(stage, target)
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
         return staged()
@@ -221,10 +244,11 @@ def _umask() -> int:
     return mask
 
 
-def check_out_file(path, force: bool, flag: str = "--out", inputs=()) -> Path:
-    """Check a file that a command will write (``report --out``, ``capacity --json``, ``traces convert --out``)
+def check_out_file(path, force: bool, flag: str = "--out", inputs=(), replaceable=None) -> Path:
+    """Check a file that a command will write (``report --out``, ``capacity --out``, ``traces convert --out``)
     before any work: not empty, not one of the command's ``inputs`` (:func:`refuse_inputs`), not a directory,
-    not existing unless ``force``, creatable.
+    not existing unless ``force``, creatable. ``replaceable`` (``(path, what)``: a predicate on an existing file
+    and what it accepts): with ``force``, an existing file it refuses is kept and the command refused.
 
     Raises:
         ValueError / OSError: one line naming ``flag`` and the path.
@@ -235,8 +259,34 @@ def check_out_file(path, force: bool, flag: str = "--out", inputs=()) -> Path:
         raise IsADirectoryError(f"{flag} {out} is a directory; {flag} names the file to write")
     if out.exists() and not force:
         raise FileExistsError(f"{flag} {out} already exists; choose another {flag} or pass --force to replace it")
+    if out.exists() and replaceable is not None and not replaceable[0](out):
+        raise FileExistsError(f"{flag} {out} exists and is not {replaceable[1]}; --force replaces only such a "
+                              f"file: choose another {flag}")
     _check_can_create(out, flag, str(out))
     return out
+
+
+CAPACITY_FILE_MARK = {"written_by": "kvsim capacity"}
+"""The first key of every ``kvsim capacity --out`` JSON file: ``--force`` replaces only such a file
+(:func:`is_capacity_file`)."""
+
+
+def is_capacity_file(path) -> bool:
+    """Whether ``path`` is a JSON object that ``kvsim capacity --out`` wrote (:data:`CAPACITY_FILE_MARK`, or,
+    written before the mark, a ``capacity_req_per_s`` and ``search_steps`` pair)."""
+    import json
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    if not isinstance(record, dict):
+        return False
+    return (record.get("written_by") == CAPACITY_FILE_MARK["written_by"]
+            or {"capacity_req_per_s", "search_steps"} <= record.keys())
+
+
+CAPACITY_REPLACEABLE = (is_capacity_file, "a capacity result kvsim wrote")
+"""``check_out_file``'s ``replaceable`` for ``kvsim capacity --out``."""
 
 
 def write_file_atomic(path, write) -> Path:

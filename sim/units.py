@@ -74,3 +74,20 @@ def format_bytes(num_bytes: float) -> str:
             value = num_bytes / scale
             return f"{value:.0f} {unit}" if value == int(value) else f"{value:.2f} {unit}"
     return f"{num_bytes:.0f} B"
+
+
+def comma_items(text: str, what: str) -> list[str]:
+    """The stripped items of a comma-separated list as written (``"a=1, b=2"`` -> ``["a=1", "b=2"]``; ``""`` ->
+    ``[]``), refusing an empty item (``"a=1,"``, ``"a=1,,b=2"``: a stray comma may stand for a forgotten item),
+    as the SLO parser and the trace readers do.
+
+    Raises:
+        ValueError: ``{what} {text!r}: item K of N is empty (a stray comma)``.
+    """
+    items = [part.strip() for part in text.split(",")]
+    if items == [""]:
+        return []
+    if not all(items):
+        raise ValueError(f"{what} {text!r}: item {items.index('') + 1} of {len(items)} is empty (a stray comma); "
+                         "separate the items by single commas")
+    return items

@@ -78,11 +78,13 @@ def _lookup(name: str) -> NamedTrace:
 
 
 def resolve_trace(name_or_path: str | Path) -> Path:
-    """Returns an existing file path for a trace name or path.
+    """Returns an existing file path for a trace name or path. A name's file (in :func:`data_dir`, fetched or saved
+    there by hand) is checked against the published SHA-256 each time it is used, so that a truncated or edited
+    copy never stands for the public trace; a path is used as it is.
 
     Raises:
-        TraceError: Unknown name, or a known name whose file is absent (the message says
-            where to put it and how to fetch it).
+        TraceError: Unknown name, a known name whose file is absent (the message says where to put it and how to
+            fetch it), or whose file is not the published one (kept; the message says what to do).
     """
     if Path(name_or_path).exists():
         return Path(name_or_path)
@@ -95,7 +97,21 @@ def resolve_trace(name_or_path: str | Path) -> Path:
         raise TraceError(f"trace {name_or_path!r} is not in {data_dir()}: run "
                          f"'kvsim traces fetch {name_or_path}', or download {spec.url} "
                          f"and save it as {path} (set KVSIM_DATA to use another folder)")
+    _check_published(path, str(name_or_path), spec)
     return path
+
+
+def _check_published(path: Path, name: str, spec: NamedTrace) -> None:
+    """Refuse a named trace's file that is not the published one (the file is left as it is).
+
+    Raises:
+        TraceError: naming the file, the trace and both digests.
+    """
+    got = sha256_of(path)
+    if got != spec.sha256:
+        raise TraceError(f"{path}: SHA-256 mismatch for {name!r} (expected {spec.sha256}, got {got}): not the "
+                         f"published trace (a truncated or edited copy?); the file was kept: replace it with "
+                         f"{spec.url}, or give its path instead of the name to use it as it is")
 
 
 def sha256_of(path: Path) -> str:
@@ -110,7 +126,7 @@ def sha256_of(path: Path) -> str:
 
 
 def fetch_trace(name: str, url: str | None = None, timeout_s: float = 60.0) -> Path:
-    """Downloads a named trace into the data directory and verifies its SHA-256.
+    """Downloads a named trace into the data directory and verifies its SHA-256 before it is saved.
 
     Args:
         name: A key of :data:`NAMED_TRACES`.
@@ -121,30 +137,35 @@ def fetch_trace(name: str, url: str | None = None, timeout_s: float = 60.0) -> P
         The local path (already present files are only re-verified).
 
     Raises:
-        TraceError: Download failure (e.g. offline) or checksum mismatch; nothing is
-            left at the destination in either case.
+        TraceError: Download failure (e.g. offline) or checksum mismatch of the download (nothing is left at the
+            destination); a file already there that is not the published one is kept and refused
+            (:func:`resolve_trace`'s message).
     """
     spec = _lookup(name)
     dest = data_dir() / spec.filename
-    if not dest.is_file():
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        _download(url or spec.url, dest, name, timeout_s)
-    got = sha256_of(dest)
-    if got != spec.sha256:
-        dest.unlink()
-        raise TraceError(f"{dest}: SHA-256 mismatch for {name!r} (expected {spec.sha256}, "
-                         f"got {got}); the file was removed")
+    if dest.is_file():
+        _check_published(dest, name, spec)          # a user's file: checked, never removed
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _download(url or spec.url, dest, name, timeout_s, spec.sha256)
     return dest
 
 
-def _download(url: str, dest: Path, name: str, timeout_s: float) -> None:
+def _download(url: str, dest: Path, name: str, timeout_s: float, sha256: str) -> None:
+    """Download into a temporary file beside ``dest``, check its SHA-256, then rename it to ``dest``; on any
+    failure the temporary file is removed and ``dest`` is not created."""
     fd, tmp = tempfile.mkstemp(dir=dest.parent, suffix=".part")
     try:
         import urllib.request     # here, not at import: the CLI's parser does not need it
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout_s) as src:
             shutil.copyfileobj(src, out)
-        os.replace(tmp, dest)
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)
         raise TraceError(f"cannot download {name!r} from {url} ({err}); offline? Save "
                          f"the file as {dest} by hand") from None
+    got = sha256_of(Path(tmp))
+    if got != sha256:
+        Path(tmp).unlink(missing_ok=True)
+        raise TraceError(f"{dest}: SHA-256 mismatch for {name!r} (expected {sha256}, got {got}): the download "
+                         f"from {url} is not the published trace; nothing was saved")
+    os.replace(tmp, dest)

@@ -84,7 +84,7 @@ def register(subparsers) -> None:
     cap.add_argument("--out", dest="json", default=None, metavar="FILE",
                      help="also write the result (and every step) as a JSON file (default: none)")
     cap.add_argument("--json", dest="json", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # deprecated: --out
-    cap.add_argument("--force", action="store_true", help=FORCE_HELP)
+    cap.add_argument("--force", action="store_true", help=FORCE_HELP + "; here a JSON file kvsim capacity wrote")
     from sim.frontend.disagg_options import add_disagg_args
     add_disagg_args(cap, search=True)
     cap.add_argument("--colocate", action="store_true",
@@ -161,8 +161,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         from analysis.planning.disagg_cli import cmd_capacity_disagg
         return cmd_capacity_disagg(args)
     if args.json is not None:
-        from analysis.output import check_out_file, command_inputs
-        check_out_file(args.json, args.force, "--out", inputs=command_inputs(args))
+        from analysis.output import CAPACITY_REPLACEABLE, check_out_file, command_inputs
+        check_out_file(args.json, args.force, "--out", inputs=command_inputs(args), replaceable=CAPACITY_REPLACEABLE)
     slos = search_objectives(args)
     config = config_from_args(args)
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
@@ -278,7 +278,8 @@ def _check_replicas(args, config, trace, result) -> dict | None:
 def _write_json(path: Path, result, target_rate, check, config=None) -> None:
     steps = [{"scale": e.scale, "rate_per_s": e.rate_per_s, "values_us": e.values_us, "ttft_growth": e.ttft_growth,
               "failed": list(e.failed)} for e in result.steps]
-    record = {**result.to_dict(), "slos": [str(s) for s in result.slos], "tolerance": result.tolerance,
+    from analysis.output import CAPACITY_FILE_MARK
+    record = {**CAPACITY_FILE_MARK, **result.to_dict(), "slos": [str(s) for s in result.slos], "tolerance": result.tolerance,
               "target_rate_per_s": target_rate,
               "replicas": result.replicas_for(target_rate) if target_rate else None, "check": check, "steps": steps}
     if config is not None:

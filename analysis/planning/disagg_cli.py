@@ -32,8 +32,8 @@ def cmd_capacity_disagg(args: argparse.Namespace) -> int:
     if args.check_replicas:
         raise ValueError("--check-replicas applies to co-located replicas; with --pd or --pd-search leave it out")
     if args.json is not None:
-        from analysis.output import check_out_file, command_inputs
-        check_out_file(args.json, args.force, "--json", inputs=command_inputs(args))
+        from analysis.output import CAPACITY_REPLACEABLE, check_out_file, command_inputs
+        check_out_file(args.json, args.force, "--out", inputs=command_inputs(args), replaceable=CAPACITY_REPLACEABLE)
     slos = search_objectives(args)
     base = role_config(args, "prefill")
     if args.pd is not None:
@@ -55,7 +55,8 @@ def cmd_capacity_disagg(args: argparse.Namespace) -> int:
     print(f"searched in {time.perf_counter() - started:.1f} s wall")
     if args.json is not None:
         from analysis.output import write_file_atomic
-        text = json.dumps(record, indent=2, allow_nan=True, default=str) + "\n"
+        from analysis.output import CAPACITY_FILE_MARK
+        text = json.dumps({**CAPACITY_FILE_MARK, **record}, indent=2, allow_nan=True, default=str) + "\n"
         write_file_atomic(Path(args.json), lambda temporary: temporary.write_text(text))
     return status
 

@@ -39,11 +39,17 @@ def parse_tenant_spec(text: str, index: int) -> dict:
     Raises:
         ConfigError: an item without ``=``, an unknown or repeated key, no ``model``; names the tenant.
     """
+    from sim.units import comma_items
+
     values: dict[str, str] = {}
-    for item in filter(None, text.split(",")):
+    try:
+        items = comma_items(text, "--tenant")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    for item in items:
         key, sep, value = item.partition("=")
         key = key.strip()
-        if not sep or not value:
+        if not sep:
             raise ConfigError(f"--tenant {text!r}: {item!r} is not KEY=VALUE")
         if key not in TENANT_KEYS:
             raise ConfigError(f"--tenant {text!r}: unknown key {key!r}; choose from {', '.join(TENANT_KEYS)}")

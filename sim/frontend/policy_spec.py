@@ -140,13 +140,21 @@ def parse_policy(spec: str) -> dict:
     Raises:
         ConfigError: naming the spec, the key and the valid keys or values.
     """
+    from sim.units import comma_items
+
     name, _, rest = spec.partition(":")
     name = name.strip().lower()
     if name not in POLICY_KEYS:
         raise ConfigError(f"policy {spec!r}: unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
     overrides: dict = {"policy": name}
     seen: dict[str, str] = {}    # SimConfig field -> the key that set it (sync and mapping set one field)
-    for item in filter(None, (part.strip() for part in rest.split(","))):
+    if _ and not rest.strip():
+        raise ConfigError(f"policy {spec!r}: nothing after ':' (write {name}, or {name}:key=value,...)")
+    try:
+        items = comma_items(rest, "policy")
+    except ValueError as exc:
+        raise ConfigError(str(exc).replace(f"policy {rest!r}", f"policy {spec!r}")) from None
+    for item in items:
         key, _, value = item.partition("=")
         key = key.strip()
         if key not in POLICY_KEYS[name]:

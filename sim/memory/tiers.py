@@ -113,7 +113,12 @@ def parse_kv_tier(text: str) -> TierSpec:
     kind = kind.strip().lower()
     if kind not in TIER_KINDS:
         raise ValueError(f"tier {text!r}: unknown tier {kind!r}; choose one of {', '.join(TIER_KINDS)}")
-    size_text, *items = [part.strip() for part in rest.split(",")]
+    from sim.units import comma_items
+
+    try:
+        size_text, *items = comma_items(rest, "tier") or [""]
+    except ValueError as exc:
+        raise ValueError(str(exc).replace(f"tier {rest!r}", f"tier {text!r}")) from None
     try:
         capacity = parse_size_bytes(size_text)
     except ValueError as exc:

@@ -445,7 +445,8 @@ def check_profile(data: dict, path: str | Path) -> None:
     * ``vmm_tp.worker_scale``: an object {tensor-parallel degree (whole number >= 2): per-worker slowdown (>= 1:
       workers mapping at once are never faster than one alone)};
     * ``paged_attention.factor`` (>= 1), ``layout.cross_layer_attention_factor`` (> 0),
-      ``memory.memset_bytes_per_s`` / ``copy_bytes_per_s`` (bytes/s, > 0).
+      ``memory.memset_bytes_per_s`` / ``copy_bytes_per_s`` (bytes/s, > 0);
+    * ``host_copy.h2d_bytes_per_s`` / ``d2h_bytes_per_s`` (bytes/s, > 0) and ``host_copy.latency_us`` (>= 0).
 
     Sections other than ``vmm`` may be absent; unknown keys and informational fields (environment, fit
     errors, grids, runs, ``vmm_under_load``) are not checked. Numbers must be finite (JSON's NaN and Infinity
@@ -535,3 +536,10 @@ def check_profile(data: dict, path: str | Path) -> None:
             values = _object(path, section, data[section])
             if key in values:
                 _positive(path, f"{section}.{key}", values[key], what, minimum)
+    if "host_copy" in data:              # the DRAM tier's measured copy rates (sim.memory.tiers.with_host_copy_profile)
+        host_copy = _object(path, "host_copy", data["host_copy"])
+        for key in ("h2d_bytes_per_s", "d2h_bytes_per_s"):
+            if key in host_copy:
+                _positive(path, f"host_copy.{key}", host_copy[key], "bytes/s")
+        if "latency_us" in host_copy:
+            _latency(path, "host_copy.latency_us", host_copy["latency_us"])

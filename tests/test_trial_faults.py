@@ -1,0 +1,110 @@
+"""Faults a new user's trial found (2026-12-02), each as the behaviour it must have: a profile's host-copy rates
+are checked, ``capacity --out FILE --force`` replaces only a capacity result, runs started in the same second
+get their own default directories, a named trace is the published file or is refused (and kept), and a stray
+comma is refused in every comma-separated option."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from analysis.output import _remove_if_empty, default_out_dir, is_capacity_file  # noqa: E402
+from cli import main  # noqa: E402
+from sim.frontend.colocate_options import parse_tenant_spec  # noqa: E402
+from sim.frontend.policy_spec import parse_policy  # noqa: E402
+from sim.memory.tiers import parse_kv_tier  # noqa: E402
+from sim.setup.config import ConfigError  # noqa: E402
+from sim.timing.latency import ProfileError, read_profile  # noqa: E402
+from sim.units import comma_items  # noqa: E402
+from traces import TraceError  # noqa: E402
+
+AZURE_CODE = ROOT.parent / "shared" / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_code.csv"
+
+
+@pytest.mark.parametrize("field, value", [("h2d_bytes_per_s", 0), ("d2h_bytes_per_s", -5e10), ("latency_us", -1.0)])
+def test_host_copy_rates_are_checked(tmp_path, field, value):
+    profile = json.loads((ROOT / "profiles" / "h200.json").read_text())
+    profile["host_copy"][field] = value
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile))
+    with pytest.raises(ProfileError, match=f"field host_copy.{field} must be"):
+        read_profile(path)
+
+
+def test_capacity_force_replaces_only_its_own_file(tmp_path, capsys):
+    mine = tmp_path / "notes.txt"
+    mine.write_text("precious\n")
+    argv = ["capacity", "--num-requests", "40", "--slo", "ttft_p99=2s", "--quiet", "--force"]
+    assert main(argv + ["--out", str(mine)]) == 2
+    assert mine.read_text() == "precious\n"
+    assert "is not a capacity result kvsim wrote" in capsys.readouterr().err
+    other_json = tmp_path / "x.json"
+    other_json.write_text('{"x": 1}\n')
+    assert main(argv + ["--out", str(other_json)]) == 2 and other_json.read_text() == '{"x": 1}\n'
+    ours = tmp_path / "cap.json"
+    assert main(argv + ["--out", str(ours)]) == 0 and is_capacity_file(ours)
+    assert main(argv + ["--out", str(ours)]) == 0 and json.loads(ours.read_text())["written_by"] == "kvsim capacity"
+
+
+def test_default_directories_are_claimed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    first, second = default_out_dir(), default_out_dir()
+    assert first != second and first.is_dir() and second.is_dir()
+    (second / "x").write_text("")
+    _remove_if_empty(first)
+    _remove_if_empty(second)
+    assert not first.exists() and second.exists()      # an unused claim goes, a written one stays
+
+
+def test_runs_started_together_keep_their_results(tmp_path):
+    command = [sys.executable, str(ROOT / "cli.py"), "simulate", "--num-requests", "30", "--quiet"]
+    runs = [subprocess.Popen(command + ["--seed", str(seed)], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL) for seed in (1, 2, 3)]
+    assert [run.wait(timeout=120) for run in runs] == [0, 0, 0]
+    seeds = sorted(json.loads((d / "config.json").read_text())["seed"] for d in (tmp_path / "runs").iterdir())
+    assert seeds == [1, 2, 3]
+    assert subprocess.run(command + ["--trace", str(tmp_path / "missing.csv")], cwd=tmp_path,
+                          capture_output=True).returncode == 2
+    assert len(list((tmp_path / "runs").iterdir())) == 3          # a refused run leaves no empty directory
+
+
+@pytest.mark.skipif(not AZURE_CODE.is_file(), reason="needs ../shared/traces")
+def test_a_named_trace_must_be_the_published_file(tmp_path, monkeypatch):
+    from traces.named import fetch_trace, resolve_trace
+    monkeypatch.setenv("KVSIM_DATA", str(tmp_path))
+    copy = tmp_path / "AzureLLMInferenceTrace_code.csv"
+    copy.write_text("".join(AZURE_CODE.read_text().splitlines(keepends=True)[:5]))     # a truncated copy
+    with pytest.raises(TraceError, match="SHA-256 mismatch.*the file was kept"):
+        resolve_trace("azure-code-2023")
+    with pytest.raises(TraceError, match="the file was kept"):
+        fetch_trace("azure-code-2023")
+    assert copy.is_file() and len(copy.read_text().splitlines()) == 5
+    assert resolve_trace(str(copy)) == copy                         # by its path it is used as it is
+    copy.write_bytes(AZURE_CODE.read_bytes())
+    assert resolve_trace("azure-code-2023") == copy
+
+
+def test_comma_items():
+    assert comma_items(" a=1 , b ", "x") == ["a=1", "b"] and comma_items("", "x") == []
+    for text, where in (("a,", "item 2 of 2"), (",a", "item 1 of 2"), ("a,,b", "item 2 of 3")):
+        with pytest.raises(ValueError, match=f"x '{text}': {where} is empty"):
+            comma_items(text, "x")
+
+
+@pytest.mark.parametrize("parse, text", [
+    (parse_policy, "paged:block=16,"), (parse_policy, "paged:"), (parse_policy, "vattention:sync,,page=2MiB"),
+    (parse_kv_tier, "dram:1GiB,"), (lambda text: parse_tenant_spec(text, 0), "model=qwen2.5-7b,")])
+def test_a_stray_comma_is_refused(parse, text):
+    with pytest.raises((ConfigError, ValueError), match="empty|nothing after"):
+        parse(text)
+
+
+def test_specs_without_stray_commas_still_parse():
+    assert parse_policy("paged:block=16")["block_size_tokens"] == 16 and parse_policy("paged")["policy"] == "paged"
+    assert parse_kv_tier("dram:1GiB").capacity_bytes == 1 << 30
