@@ -108,6 +108,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"kvsim: warning: {note}", file=sys.stderr)
     _note_long_context(config)
     print_config_notes(config, args.profile)
+    from sim.frontend.options import ignored_flag_notes
+    for note in ignored_flag_notes(args, config):
+        print(f"kvsim: note: {note}", file=sys.stderr)
     if config.needs_modified_driver:
         from sim.units import format_bytes
         print(f"kvsim: note: page size {format_bytes(config.page_size_bytes)} is below the 2 MiB VMM granularity: "

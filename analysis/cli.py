@@ -6,6 +6,7 @@ Errors (a directory that is not a run, an unreadable table, an existing --out) r
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 
@@ -36,6 +37,12 @@ def load_runs(paths: list[Path]) -> list:
         ValueError: a run's files cannot be read or lack a column or key the report needs.
     """
     from analysis.results import load_run
+    seen: dict = {}
+    for path in paths:                # the same run twice would be drawn twice under two labels
+        key = os.path.realpath(path)
+        if key in seen:
+            raise ValueError(f"{path}: the same run as {seen[key]}, given twice; give each run once")
+        seen[key] = path
     runs = []
     for path in paths:
         try:

@@ -24,7 +24,7 @@ _SIZE_UNITS = {
     "kib": KIB, "mib": MIB, "gib": GIB, "tib": 1024 * GIB,
 }
 _TIME_UNITS_US = {"us": 1.0, "ms": US_PER_MS, "s": US_PER_S, "min": 60 * US_PER_S}
-_NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_NUMBER_UNIT = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_size_bytes(text: str | int) -> int:

@@ -108,3 +108,68 @@ def test_a_stray_comma_is_refused(parse, text):
 def test_specs_without_stray_commas_still_parse():
     assert parse_policy("paged:block=16")["block_size_tokens"] == 16 and parse_policy("paged")["policy"] == "paged"
     assert parse_kv_tier("dram:1GiB").capacity_bytes == 1 << 30
+
+
+def test_several_bad_rows_name_the_first(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,0\n"
+                     "2023-11-16 18:15:50.9951690,0,26\n")
+    assert main(["traces", "stats", str(trace)]) == 2
+    assert "line 2, column 'GeneratedTokens': token count must be >= 1" in capsys.readouterr().err
+
+
+def test_a_negative_duration_says_it_must_be_positive():
+    from sim.units import parse_duration_us, parse_size_bytes
+    for text in ("-1s", "0s"):
+        with pytest.raises(ValueError, match="duration must be positive"):
+            parse_duration_us(text)
+    with pytest.raises(ValueError, match="size must be a positive"):
+        parse_size_bytes("-2MiB")
+
+
+def test_stats_of_simultaneous_arrivals_say_undefined(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,5\n0,12,6\n0,8,3\n")
+    assert main(["traces", "stats", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert "mean_rate_per_s  undefined (every request arrives at the same instant" in out and "nan" not in out
+
+
+def test_convert_writes_only_a_parquet_name(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,5\n1,12,6\n")
+    assert main(["traces", "convert", str(trace), "--out", str(tmp_path / "x.csv")]) == 2
+    assert not (tmp_path / "x.csv").exists() and "writes Parquet" in capsys.readouterr().err
+    assert main(["traces", "convert", str(trace), "--out", str(tmp_path / "x.parquet")]) == 0
+
+
+def test_report_and_compare_take_each_run_once(tmp_path, capsys):
+    run = tmp_path / "r"
+    assert main(["simulate", "--num-requests", "20", "--out", str(run), "--quiet"]) == 0
+    assert main(["report", str(run), str(tmp_path / "." / "r"), "--out", str(tmp_path / "rep.html")]) == 2
+    assert "given twice" in capsys.readouterr().err and not (tmp_path / "rep.html").exists()
+    import analysis
+    assert list(analysis.compare([str(run)]).index) == list(analysis.compare([analysis.load_run(run)]).index)
+
+
+def test_a_jsonl_trace_may_start_with_a_byte_order_mark(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    body = ('{"timestamp": 0, "input_length": 100, "output_length": 10, "hash_ids": [1]}\n'
+            '{"timestamp": 10, "input_length": 100, "output_length": 10, "hash_ids": [1]}\n')
+    trace.write_bytes(b"\xef\xbb\xbf" + body.encode())
+    plain = tmp_path / "p.jsonl"
+    plain.write_text(body)
+    assert main(["traces", "stats", str(trace)]) == 0
+    with_mark = capsys.readouterr().out.splitlines()[1:]
+    assert main(["traces", "stats", str(plain)]) == 0
+    assert with_mark == capsys.readouterr().out.splitlines()[1:]
+
+
+def test_vattention_flags_with_another_policy_get_a_note(tmp_path, capsys):
+    assert main(["simulate", "--num-requests", "20", "--policy", "paged", "--sync-mapping", "--no-deferred-reclaim",
+                 "--out", str(tmp_path / "p"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "--sync-mapping sets vAttention's page mapping; the paged policy" in err
+    assert "--no-deferred-reclaim sets vAttention's page mapping" in err
+    assert main(["simulate", "--num-requests", "20", "--sync-mapping", "--out", str(tmp_path / "v"), "--quiet"]) == 0
+    assert "changes nothing" not in capsys.readouterr().err

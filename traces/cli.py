@@ -158,6 +158,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
         except (ValueError, OSError) as err:
             print(f"kvsim: error: {err}", file=sys.stderr)
             return 2
+        if out.suffix.lower() not in (".parquet", ".pq"):   # the file is Parquet whatever its name: never mislabelled
+            print(f"kvsim: error: --out {a.out}: traces convert writes Parquet; name the file *.parquet",
+                  file=sys.stderr)
+            return 2
         df = load_with_transforms(a)
         write_file_atomic(out, lambda temporary: write_parquet(df, temporary))
         print(f"wrote {len(df):,} requests to {out}")

@@ -62,7 +62,28 @@ def fail(path: str | Path, what: str, line: int | None = None,
     msg = f"{where(path, line, column)}: {what}"
     if value is not None:
         msg += f" (got {plain(value)})"
-    return TraceError(msg)
+    error = TraceError(msg)
+    error.line = line         # several columns' errors: the caller reports the earliest line (earliest_error)
+    return error
+
+
+def earliest_error(checks) -> list:
+    """Run each of ``checks`` (callables); return their results in order, or raise the :class:`TraceError` of the
+    earliest line among those that failed (a file with several bad rows names its first one, whatever column
+    it is in; an error without a line counts as last).
+
+    Raises:
+        TraceError: as above.
+    """
+    results, errors = [], []
+    for check in checks:
+        try:
+            results.append(check())
+        except TraceError as exc:
+            errors.append(exc)
+    if errors:
+        raise min(errors, key=lambda exc: getattr(exc, "line", None) or float("inf"))
+    return results
 
 
 def _python(value: Any) -> Any:

@@ -206,12 +206,18 @@ def _convert(path: Path, chunk: pd.DataFrame, spec: CsvFormat, n_fields: int) ->
     if spec.name == "burstgpt":
         chunk, failed = _drop_failed(chunk, spec.output_column)
     csvread.check_present(path, chunk, spec.required, n_fields)
-    out = {"prompt_tokens": fields.tokens(path, chunk, spec.prompt_column),
-           "output_tokens": fields.tokens(path, chunk, spec.output_column)}
+    from traces.errors import earliest_error
+
+    checks = [lambda: fields.tokens(path, chunk, spec.prompt_column),
+              lambda: fields.tokens(path, chunk, spec.output_column)]
     if spec.time_kind == "iso":
-        out["time"] = fields.timestamps_ns(path, chunk, spec.time_column)
+        checks.append(lambda: fields.timestamps_ns(path, chunk, spec.time_column))
     elif spec.time_kind == "seconds":
-        out["time"] = fields.seconds(path, chunk, spec.time_column)
+        checks.append(lambda: fields.seconds(path, chunk, spec.time_column))
+    values = earliest_error(checks)             # several bad rows: the first one is named, in any column
+    out = {"prompt_tokens": values[0], "output_tokens": values[1]}
+    if spec.time_kind in ("iso", "seconds"):
+        out["time"] = values[2]
     if spec.name == "burstgpt":
         out["failed"] = np.array([failed])
         out.update({new: chunk[old].reset_index(drop=True)

@@ -51,6 +51,8 @@ def load_mooncake(path: Path) -> pd.DataFrame:
     times, prompts, outputs, hashes, lines = [], [], [], [], []
     with open(path, "rb") as fh:
         for line, raw in enumerate(fh, start=1):
+            if line == 1 and raw.startswith(b"\xef\xbb\xbf"):    # a UTF-8 byte-order mark, as the CSV readers
+                raw = raw[3:]                                       # accept it
             text = _decode(path, line, raw).strip()
             if not text:
                 continue

@@ -90,7 +90,14 @@ def format_stats(stats: dict) -> str:
     return "\n".join(lines)
 
 
+UNDEFINED_STATS = {"mean_rate_per_s": "undefined (every request arrives at the same instant: span 0 s)",
+                   "iat_cv": "undefined (no gap between arrivals)"}
+"""How :func:`format_stats` prints a figure that has no value (NaN in :func:`trace_stats`)."""
+
+
 def _fmt(key: str, value) -> str:
+    if isinstance(value, float) and value != value and key in UNDEFINED_STATS:
+        return UNDEFINED_STATS[key]
     if key == "prefix_hit_ratio":
         return f"{100 * value:.1f} %"
     if isinstance(value, float) and value == value and value != int(value):

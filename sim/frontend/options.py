@@ -137,6 +137,25 @@ def config_from_args(args: argparse.Namespace, **overrides):
     return config
 
 
+VMM_ONLY_FLAGS = (("sync_mapping", "--sync-mapping"), ("no_deferred_reclaim", "--no-deferred-reclaim"))
+"""Switches of vAttention's page mapping (``(args attribute, flag)``): with another policy they change nothing
+(``SimConfig.has_async_mapper`` and ``sim.memory.build_policy`` read them for vAttention only;
+:func:`ignored_flag_notes`)."""
+
+
+def ignored_flag_notes(args: argparse.Namespace, config) -> list[str]:
+    """One note per vAttention-only flag given with a policy that maps no pages (``paged``, ``static``): the
+    flag changes nothing there, which a user would otherwise not learn (the run is the same without it)."""
+    if config.uses_vmm:
+        return []
+    notes = []
+    for attr, flag in VMM_ONLY_FLAGS:
+        if getattr(args, attr, False) is True:
+            notes.append(f"{flag} sets vAttention's page mapping; the {config.policy} policy maps no pages, so it "
+                         "changes nothing in this run")
+    return notes
+
+
 def _config_from_args(args: argparse.Namespace, **overrides):
     from sim.setup.config import ConfigError, SimConfig
     values = dict(model=args.model, gpu=args.gpu, tp=args.tp, page_size_bytes=args.page_size,
