@@ -71,7 +71,9 @@ def test_config_derived_pool_size():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(page_size_bytes=3 * MIB), "power of two"), (dict(page_size_bytes=32 * 1024), "power of two"),
-    (dict(scheduler="fifo"), "scheduler"), (dict(model="llama-3-70b", gpu="a100"), "raise memory_util_frac or tp"),
+    (dict(scheduler="fifo"), "scheduler"),
+    (dict(model="llama-3-70b", gpu="a100"), r"weights alone need more than the GPU.s .*: raise tp"),
+    (dict(memory_util_frac=0.05), "raise memory_util_frac or tp"),
     (dict(token_budget=0), r"token_budget=0: must be >= 1"), (dict(memory_util_frac=1.5), r"memory_util_frac=1.5: must lie in \(0, 1\]")])
 def test_impossible_configurations(kwargs, message):
     with pytest.raises(ValueError, match=message):

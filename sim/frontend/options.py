@@ -100,15 +100,17 @@ failed: ../shared/reference/domain.md, measurements); the emulated driver's defa
 DEFAULT_MAX_BATCH = 256   # vLLM's max_num_seqs default
 
 
-def check_slots(config) -> None:
+def check_slots(config, given: str = "--max-batch") -> None:
     """``--max-batch`` within what the GPU can hold: vAttention reserves, for every slot, ``max_pages_per_slot``
     pages of ``G`` bytes in each of its ``2N'`` K/V tensors (tensor ``[B, L_max, H', D]`` per layer; domain.md),
     so ``B`` slots need ``B x 2N' x pages x G`` of virtual addresses per worker; and no policy ever runs more
     requests at once than its pool has allocation units (every running request holds at least one page group,
     block or reservation), so slots beyond ``max(units, 256)`` can hold nothing (and cost time per slot).
 
+    ``given``: where the slot count came from, for the message (``--max-batch``, or an ``--engine`` preset's).
+
     Raises:
-        ConfigError: naming ``--max-batch``, the bound and why.
+        ConfigError: naming ``given``, the bound and why (and ``--max-batch`` as the fix).
     """
     from sim.setup.config import ConfigError
     from sim.units import format_bytes
@@ -116,7 +118,7 @@ def check_slots(config) -> None:
     if config.uses_vmm:
         per_slot = config.num_sub_tensors * config.max_pages_per_slot * config.page_size_bytes
         if slots * per_slot > RESERVABLE_VA_BYTES:
-            raise ConfigError(f"--max-batch {slots:,}: vAttention reserves {format_bytes(per_slot)} of virtual "
+            raise ConfigError(f"{given} {slots:,}: vAttention reserves {format_bytes(per_slot)} of virtual "
                               f"addresses per slot ({config.num_sub_tensors} K/V tensors x {config.max_pages_per_slot}"
                               f" pages of {format_bytes(config.page_size_bytes)}), {format_bytes(slots * per_slot)} in "
                               f"all, beyond the {format_bytes(RESERVABLE_VA_BYTES)} a GPU process can reserve (H200, "
@@ -124,7 +126,7 @@ def check_slots(config) -> None:
     units = config.pool_page_groups
     if slots > max(units, DEFAULT_MAX_BATCH):
         unit = {"vattention": "page groups", "paged": "blocks", "static": "reservations"}.get(config.policy, "units")
-        raise ConfigError(f"--max-batch {slots:,}: the {config.policy} pool holds {units:,} {unit}, one at least per "
+        raise ConfigError(f"{given} {slots:,}: the {config.policy} pool holds {units:,} {unit}, one at least per "
                           f"running request, so no more than {units:,} requests ever run at once; choose --max-batch "
                           f"<= {max(units, DEFAULT_MAX_BATCH):,}")
 
@@ -133,7 +135,9 @@ def config_from_args(args: argparse.Namespace, **overrides):
     """Build the :class:`SimConfig` from parsed options (raises ConfigError / CatalogError on bad values;
     :func:`check_slots` bounds ``--max-batch``)."""
     config = _config_from_args(args, **overrides)
-    check_slots(config)
+    engine = getattr(args, "engine", None)
+    preset = engine and getattr(args, "max_batch", None) is None and "max_batch_slots" not in overrides
+    check_slots(config, f"--engine {engine}'s max batch" if preset else "--max-batch")
     return config
 
 

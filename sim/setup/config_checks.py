@@ -150,11 +150,16 @@ def check_config(config) -> None:
     if not 0 < config.memory_util_frac <= 1:
         raise ConfigError(f"memory_util_frac={config.memory_util_frac}: must lie in (0, 1]", "memory_util_frac")
     if config.kv_budget_bytes < config.page_group_bytes:
+        weights = config.model_spec.weight_bytes(config.tp)
+        # raising memory_util_frac helps only if the weights and one page group fit in the whole memory
+        fix = ("raise memory_util_frac or tp" if weights + config.page_group_bytes <= config.gpu_spec.hbm_bytes else
+               f"the weights alone need more than the GPU's {format_bytes(config.gpu_spec.hbm_bytes)}: raise tp "
+               "(or pp), whatever memory_util_frac")
         raise ConfigError(
             f"memory_util_frac={config.memory_util_frac}: {config.model}'s weights at tp={config.tp} "
-            f"({format_bytes(config.model_spec.weight_bytes(config.tp))}) leave {format_bytes(max(config.kv_budget_bytes, 0))} "
-            f"for KV cache on {config.gpu}: not one page group ({format_bytes(config.page_group_bytes)}); raise "
-            "memory_util_frac or tp", "memory_util_frac", "tp")
+            f"({format_bytes(weights)}) leave {format_bytes(max(config.kv_budget_bytes, 0))} "
+            f"for KV cache on {config.gpu}: not one page group ({format_bytes(config.page_group_bytes)}); {fix}",
+            "memory_util_frac", "tp")
 
 
 def paged_kernel_error(config) -> str | None:
