@@ -174,15 +174,7 @@ def _memory_bound_run(head_us: float, comm_us: float, graph_overhead_us: float |
     fewer branches per step. ``graph_overhead_us`` None: eager decodes (the eager floor applies)."""
     starts_us, compute_us, gaps_us = [start_us], [], []
     add_start, add_compute, add_gap = starts_us.append, compute_us.append, gaps_us.append
-    if long_steps is not None and steps > long_steps and start_us < stop_us:
-        attn_us = kv_tokens * kv_bytes_per_token * bytes_factor / bytes_per_us * attention_factor * layout_factor
-        if graph_overhead_us is not None:
-            first_us = head_us + attn_us + comm_us + graph_overhead_us + correction_us
-        else:
-            eager_us = head_us + attn_us + comm_us + overhead_us
-            first_us = eager_us if eager_us >= floor_us else floor_us
-        if stop_us - start_us > long_steps * (first_us + step_extra_us):
-            return None
+    check_long = long_steps is not None and steps > long_steps     # decided on the first step's length
     for _ in range(steps):
         if start_us >= stop_us:
             break
@@ -192,6 +184,10 @@ def _memory_bound_run(head_us: float, comm_us: float, graph_overhead_us: float |
         else:
             eager_us = head_us + attn_us + comm_us + overhead_us
             duration_us = eager_us if eager_us >= floor_us else floor_us
+        if check_long:
+            if stop_us - start_us > long_steps * (duration_us + step_extra_us):
+                return None
+            check_long = False
         end_us = start_us + (duration_us + step_extra_us)
         add_compute(duration_us)
         add_gap(end_us - start_us)
