@@ -173,3 +173,9 @@ def test_vattention_flags_with_another_policy_get_a_note(tmp_path, capsys):
     assert "--no-deferred-reclaim sets vAttention's page mapping" in err
     assert main(["simulate", "--num-requests", "20", "--sync-mapping", "--out", str(tmp_path / "v"), "--quiet"]) == 0
     assert "changes nothing" not in capsys.readouterr().err
+
+
+def test_the_synthetic_workload_is_bounded(capsys):
+    from traces.workload import MAX_SYNTHETIC_REQUESTS
+    assert main(["simulate", "--skip-requests", str(MAX_SYNTHETIC_REQUESTS), "--quiet"]) == 2
+    assert f"holds at most {MAX_SYNTHETIC_REQUESTS:,}" in capsys.readouterr().err
