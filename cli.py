@@ -315,9 +315,23 @@ class Parser(argparse.ArgumentParser):
     def epilog(self, value) -> None:
         self._epilog = value
 
+    def parse_known_args(self, args=None, namespace=None):
+        self._argv = list(sys.argv[1:] if args is None else args)     # for error()'s hint
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str):
         """A bad argument: one line naming it (and where the usage is), exit status 2; argparse's usage dump
-        of every option would bury it."""
+        of every option would bury it. A value that starts with ``-`` (``--page-size -2MiB``) reads to argparse as
+        another option ("expected one argument"): the line says so."""
+        import re
+
+        option = re.fullmatch(r"argument (\S+?)(?:/\S+)?: expected one argument", message)
+        argv = getattr(self, "_argv", [])
+        if option and option.group(1) in argv:
+            after = argv[argv.index(option.group(1)) + 1: argv.index(option.group(1)) + 2]
+            if after and re.match(r"-[0-9.]", after[0]):
+                message += (f" ({after[0]!r} starts with '-', so it reads as an option; "
+                            f"write {option.group(1)}={after[0]} to pass it as a value)")
         self.exit(2, f"kvsim: error: {self.prog.removeprefix('kvsim ')}: {message} (see {self.prog} --help)\n"
                      if self.prog != "kvsim" else f"kvsim: error: {message} (see kvsim --help)\n")
 

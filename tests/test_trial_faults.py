@@ -179,3 +179,13 @@ def test_the_synthetic_workload_is_bounded(capsys):
     from traces.workload import MAX_SYNTHETIC_REQUESTS
     assert main(["simulate", "--skip-requests", str(MAX_SYNTHETIC_REQUESTS), "--quiet"]) == 2
     assert f"holds at most {MAX_SYNTHETIC_REQUESTS:,}" in capsys.readouterr().err
+
+
+def test_a_value_starting_with_a_dash_gets_a_hint(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["simulate", "--page-size", "-2MiB"])
+    assert exit_.value.code == 2
+    assert "write --page-size=-2MiB to pass it as a value" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["simulate", "--page-size"])
+    assert "starts with '-'" not in capsys.readouterr().err
