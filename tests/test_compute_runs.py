@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sim.setup.config import SimConfig
-from sim.timing.pipeline import compute_model_for
+from sim.timing.model_for import compute_model_for
 from sim.core.runner import load_models
 
 ROOT = Path(__file__).resolve().parents[1]

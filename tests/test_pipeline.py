@@ -6,7 +6,8 @@ import pytest
 from sim.setup.catalog import CatalogError, get_model
 from sim.timing.compute import RooflineComputeModel, decode_batch
 from sim.setup.config import SimConfig
-from sim.timing.pipeline import PipelineComputeModel, compute_model_for
+from sim.timing.model_for import compute_model_for
+from sim.timing.pipeline import PipelineComputeModel
 from sim.setup.specs import GPUSpec, ModelSpec
 from sim.units import MIB
 

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sim.timing.compute import ComputeFieldError, RooflineComputeModel
+from sim.timing.model_for import compute_model_for
 from sim.setup.config import ConfigError, SimConfig
 from sim.core.engine import Simulator
-from sim.timing.pipeline import compute_model_for
 from sim.timing.latency import ProfileError, VmmLatencyModel, read_profile
 
 if TYPE_CHECKING:

@@ -3,7 +3,8 @@
 Public API:
 
 * :class:`sim.timing.compute.RooflineComputeModel` (an iteration's compute time; ``BatchShape``, the profile's
-  compute fields ``check_compute_field``), :func:`sim.timing.pipeline.compute_model_for` (pipeline parallelism);
+  compute fields ``check_compute_field``), :func:`sim.timing.model_for.compute_model_for` (the model of a configuration; pipeline parallelism:
+  :mod:`sim.timing.pipeline`);
   its parts, all re-exported by :mod:`sim.timing.compute`: :mod:`sim.timing.compute_fields` (the fields' names,
   ranges and checks), :mod:`sim.timing.attention_blocks` (the block form of attention time, FlashAttention-2's
   thread blocks and key splits: ``BlockAttentionForm``), :mod:`sim.timing.decode_run_times` (runs of decode iterations:

@@ -135,14 +135,3 @@ class PipelineComputeModel(RooflineComputeModel):
         return steps_until(self.decode_run_us(batch_size, kv_read_tokens, attention_pairs, steps,
                                               max_context_tokens).tolist(),
                            start_us, step_extra_us, stop_us, long_steps)
-
-
-def compute_model_for(config, **fields_) -> RooflineComputeModel:
-    """The compute model of a :class:`sim.setup.config.SimConfig`: the roofline of the whole model at ``config.tp``,
-    or with ``config.pp > 1`` its :class:`PipelineComputeModel`; ``fields_`` set compute fields;
-    ``config.cuda_graph_decodes`` (when not None) sets ``decode_graphs`` (a profile's fields replace it later)."""
-    if getattr(config, "cuda_graph_decodes", None) is not None:
-        fields_.setdefault("decode_graphs", float(config.cuda_graph_decodes))
-    if config.pp > 1:
-        return PipelineComputeModel(config.full_model_spec, config.gpu_spec, config.tp, pp=config.pp, **fields_)
-    return RooflineComputeModel(config.full_model_spec, config.gpu_spec, config.tp, **fields_)
