@@ -189,3 +189,56 @@ def test_a_value_starting_with_a_dash_gets_a_hint(capsys):
     with pytest.raises(SystemExit):
         main(["simulate", "--page-size"])
     assert "starts with '-'" not in capsys.readouterr().err
+
+
+HW_RUN = ROOT / "docs" / "validation" / "same-start" / "test-async-x1"
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("iterations cut", "the iteration table is cut short"), ("starts negated", "iterations must start in their order"),
+    ("requests cut", "500 requests, but"), ("request twice", "appears twice")])
+def test_validate_refuses_files_of_different_runs(tmp_path, capsys, damage, message):
+    import pandas as pd
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(HW_RUN, run)
+    iterations, requests = pd.read_parquet(run / "iterations.parquet"), pd.read_parquet(run / "requests.parquet")
+    if damage == "iterations cut":
+        iterations.head(1000).to_parquet(run / "iterations.parquet", index=False)
+    elif damage == "starts negated":
+        iterations.assign(start_at_us=-iterations["start_at_us"]).to_parquet(run / "iterations.parquet", index=False)
+    elif damage == "requests cut":
+        requests.head(500).to_parquet(run / "requests.parquet", index=False)
+    else:
+        pd.concat([requests, requests.head(3)]).to_parquet(run / "requests.parquet", index=False)
+    assert main(["validate", "--hw-run", str(run), "--profile", str(ROOT / "profiles" / "h200.json")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_every_committed_hardware_run_is_consistent():
+    from hwbackend.calibration.run_files import load_hw_run
+    runs = [c.parent for c in (ROOT / "docs" / "validation").rglob("config.json")
+            if json.loads(c.read_text()).get("backend") == "hardware" and (c.parent / "requests.parquet").exists()]
+    assert len(runs) > 50
+    for run in runs:
+        load_hw_run(run)
+
+
+def test_validate_names_its_compute_model_and_the_options_it_ignores(tmp_path, capsys):
+    assert main(["validate", "--hw-run", str(HW_RUN), "--memory-util", "0.5", "--out", str(tmp_path / "v")]) == 0
+    out = capsys.readouterr().out
+    assert "--memory-util ignored" in out and "compute model: in-loop (compute_in_loop of" in out
+
+
+@pytest.mark.parametrize("devices, message", [("cpu,cpu", None), ("cpu,cuda:0", "all ranks on the CPU"),
+                                              ("bogus", "'bogus' is not cpu or cuda:N")])
+def test_allreduce_says_what_it_needs_in_one_line(devices, message):
+    import importlib.util
+    if message is None:
+        if importlib.util.find_spec("torch") is not None:
+            pytest.skip("torch is installed: gloo would run")
+        message = "needs torch, also on the CPU (gloo)"
+    done = subprocess.run([sys.executable, "-m", "hwbackend.replay.tp.allreduce", "--devices", devices],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr

@@ -221,6 +221,44 @@ def _scalar(value):
     return value.item() if hasattr(value, "item") else value
 
 
+def check_run_consistency(run: Path, config: dict, requests: pd.DataFrame, iterations: pd.DataFrame) -> None:
+    """The run's files describe one run: every ``request_id`` once, as many requests as ``config.json``'s
+    ``num_requests`` (where recorded), iterations that start in their order (``start_at_us`` non-decreasing with
+    ``iteration``, where recorded) and end no earlier than the last finished request's completion (1 us of slack):
+    a table cut short or shuffled would otherwise be compared silently, or fail inside the comparison.
+
+    Raises:
+        RunInputError: naming the file, the row and what disagrees with what.
+    """
+    req_path, it_path = run / "requests.parquet", run / "iterations.parquet"
+    if "request_id" in requests.columns:
+        repeated = requests["request_id"].duplicated().to_numpy()
+        if repeated.any():
+            row = int(np.argmax(repeated))
+            raise RunInputError(f"{req_path}: row {row + 1}: request_id {_scalar(requests['request_id'].iloc[row])!r} "
+                                "appears twice (each request is recorded once)")
+    expected = config.get("num_requests")
+    if isinstance(expected, int) and not isinstance(expected, bool) and expected != len(requests):
+        raise RunInputError(f"{req_path}: {len(requests):,} requests, but {run / 'config.json'} records num_requests "
+                            f"{expected:,}: the files are not of one run (a table cut short?)")
+    if "iteration" in iterations.columns:
+        starts = iterations.sort_values("iteration", kind="stable")["start_at_us"].to_numpy(dtype=float)
+    else:
+        starts = iterations["start_at_us"].to_numpy(dtype=float)
+    back = np.diff(starts) < 0
+    if back.any():
+        row = int(np.argmax(back)) + 1
+        raise RunInputError(f"{it_path}: iteration row {row + 1} starts at {starts[row]:.1f} us, before the one "
+                            f"before it ({starts[row - 1]:.1f} us): iterations must start in their order")
+    ends_us = iterations["start_at_us"].to_numpy(dtype=float) + iterations["duration_us"].to_numpy(dtype=float)
+    finished = requests[requests["status"] == "finished"]
+    if "completion_at_us" in finished.columns and len(finished):
+        last_us = float(np.nanmax(finished["completion_at_us"].to_numpy(dtype=float)))
+        if last_us > float(ends_us.max()) + 1.0:
+            raise RunInputError(f"{it_path}: the iterations end at {float(ends_us.max()):.1f} us, before the last "
+                                f"request completes ({last_us:.1f} us, {req_path}): the iteration table is cut short")
+
+
 def load_hw_run(hw_dir: str | Path):
     """Read and check a hardware run directory before it is simulated; returns ``(hw, config)``:
     the :class:`analysis.results.RunResult` and the :class:`SimConfig` of its ``config.json``.
@@ -259,6 +297,7 @@ def load_hw_run(hw_dir: str | Path):
         raise RunInputError(f"{run / 'iterations.parquet'}: no iteration recorded")
     if not (requests["status"] == "finished").any():
         raise RunInputError(f"{run / 'requests.parquet'}: no request with status 'finished' to compare")
+    check_run_consistency(run, hw.config, requests, hw.iterations)
     kv_tokens = requests["prompt_tokens"].to_numpy(dtype=np.int64) + requests["output_tokens"].to_numpy(dtype=np.int64) - 1
     too_long = kv_tokens > config.slot_max_tokens
     if too_long.any():

@@ -408,7 +408,8 @@ def check_profile(profile: str | Path | None) -> None:
 _RUN_DEFINED = {"model": "llama-3-8b", "gpu": "h200", "tp": 1, "page_size": 2 * 1024 * 1024, "max_batch": None,
                 "scheduler": None, "token_budget": None, "max_context": None, "engine": None,
                 "frontend_overhead_ms": None, "sync_mapping": False,
-                "no_deferred_reclaim": False, "skip_requests": 0, "num_requests": None, "rate_scale": 1.0, "seed": 0}
+                "no_deferred_reclaim": False, "skip_requests": 0, "num_requests": None, "rate_scale": 1.0, "seed": 0,
+                "memory_util": 0.9, "kv_tier": None, "preemption": "recompute", "host_swap": 4 * 1024 ** 3}
 
 
 def command(args) -> int:
@@ -459,6 +460,9 @@ def _print_validation(args, table, hw, sim, same, hw_dir) -> None:
               "the run's own requests were simulated", flush=True)
     # the label of the settings simulated (config.json's own label was checked against them)
     print(f"{sim.config['label']} ({len(hw.requests)} requests, {len(hw.iterations)} hw iterations)")
+    if sim.summary.get("compute_model"):      # which timing the simulator used (a default profile, or the roofline)
+        from analysis.results import compute_model_text
+        print(f"compute model: {compute_model_text(sim.summary['compute_model'], sim.config.get('gpu'))}")
     for line in coverage_notes(args.profile, hw_dir, load_hw_run(hw_dir)[1]):
         print(line)
     print(markdown_table(table))

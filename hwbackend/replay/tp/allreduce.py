@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"allreduce: error: --tokens {args.tokens!r}: whole numbers, comma-separated", file=sys.stderr)
         return 2
     from hwbackend.replay.tp.cli import gpu_preflight
-    problem = gpu_preflight(tuple(devices), "--devices cpu,cpu measures gloo on the CPU")
+    problem = gpu_preflight(tuple(devices), "--devices cpu,cpu measures gloo on the CPU", cpu_needs_torch=True)
     if problem:
         print(f"allreduce: error: {problem}", file=sys.stderr)
         return 2

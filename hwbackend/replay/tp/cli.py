@@ -84,17 +84,30 @@ def unsupported_tp(config: Any, devices: tuple[str, ...], attention: str, backen
     return None
 
 
-def gpu_preflight(devices: tuple[str, ...], cpu_hint: str = "--device cpu runs the emulated replay") -> str | None:
+def gpu_preflight(devices: tuple[str, ...], cpu_hint: str = "--device cpu runs the emulated replay",
+                  cpu_needs_torch: bool = False) -> str | None:
     """Why ``devices`` cannot be used (one line), or None: torch importable and seeing a CUDA device, enough GPUs
     for every rank (each rank checks VMM support on its own device). The GPU scripts (``python -m
     hwbackend.replay.tp.allreduce``, ``python -m hwbackend.beyond.gpu``, ``bench/bench_hw.py``) print it and exit
-    2, as the replay commands do; ``cpu_hint`` says what runs without a GPU."""
-    if devices[0] == "cpu":
+    2, as the replay commands do; ``cpu_hint`` says what runs without a GPU. Each device must be ``cpu`` or
+    ``cuda:N``, all of one kind; ``cpu_needs_torch``: the CPU devices run torch too (gloo), so torch must import."""
+    import re
+
+    for device in devices:
+        if device != "cpu" and not re.fullmatch(r"cuda:[0-9]+", device):
+            return f"--devices {','.join(devices)}: {device!r} is not cpu or cuda:N"
+    if len({device == "cpu" for device in devices}) > 1:
+        return f"--devices {','.join(devices)}: all ranks on the CPU (cpu,cpu) or all on GPUs (cuda:0,cuda:1)"
+    if devices[0] == "cpu" and not cpu_needs_torch:
         return None
     try:
         import torch
     except ImportError:
+        if devices[0] == "cpu":
+            return "needs torch, also on the CPU (gloo): pip install -e '.[hw]'"
         return f"needs torch with CUDA and an NVIDIA GPU (pip install -e '.[hw]'); {cpu_hint}"
+    if devices[0] == "cpu":
+        return None
 
     if not torch.cuda.is_available():
         return f"torch sees no CUDA device (torch {torch.__version__}); {cpu_hint}"
