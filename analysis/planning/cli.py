@@ -125,8 +125,16 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         if not args.colocate:
             raise ValueError("--tenant belongs to --colocate")
         from sim.setup.config import SimConfig
+        from sim.frontend.disagg_options import DISAGG_FLAGS
         ignored = [flag for flag, given in (("--out", args.json), ("--target-rate", args.target_rate is not None),
-                                            ("--check-replicas", args.check_replicas)) if given]
+                                            ("--check-replicas", args.check_replicas),
+                                            ("--pd", getattr(args, "pd", None) is not None),
+                                            ("--pd-search", getattr(args, "pd_search", None) is not None),
+                                            ("--pd-tp", getattr(args, "pd_tp", None) is not None),
+                                            *((flag, getattr(args, name, None) is not None)
+                                              for name, flag in DISAGG_FLAGS.items()),
+                                            ("--kv-tier", bool(getattr(args, "kv_tier", None))),
+                                            ("--routing", getattr(args, "routing", None) is not None)) if given]
         if ignored:     # capacity --colocate prints its table only: these would be silently dropped
             raise ValueError(f"{ignored[0]} does not apply to capacity --colocate (it prints the common rate scale "
                              "per sharing)")

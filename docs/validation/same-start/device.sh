@@ -12,7 +12,7 @@ replay() {  # NAME ARGS...
   local name=$1; shift
   mkdir -p "$R/logs"
   ident > "$R/logs/$name.machine"
-  { time python3 -m hwbackend.beyond_replay --trace $T --warmup-s 10 "$@" --out "$R/$name"; } > "$R/logs/$name.log" 2>&1
+  { time python3 -m hwbackend.beyond.replay --trace $T --warmup-s 10 "$@" --out "$R/$name"; } > "$R/logs/$name.log" 2>&1
   echo "$name rc=$?"; tail -4 "$R/logs/$name.log"
   tar czf "$OUT/$name.tgz" -C "$R" "$name" "logs/$name.log" "logs/$name.machine"
 }
