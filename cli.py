@@ -115,6 +115,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from sim.units import format_bytes
         print(f"kvsim: note: page size {format_bytes(config.page_size_bytes)} is below the 2 MiB VMM granularity: "
               "a what-if that needs a modified NVIDIA driver (vAttention's 64-256 KiB pages used one)", file=sys.stderr)
+    for note in _routing_notes(args.routing, config, trace):
+        print(f"kvsim: warning: {note}", file=sys.stderr)
     if not single:
         return _simulate_replicas(args, config, trace, out)
     with out.writing() as stage:
@@ -135,6 +137,22 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.report:
         print(f"report: {out.path / 'report.html'}")
     return 0
+
+
+def _routing_notes(routing: str, config, trace) -> list[str]:
+    """Why a cache-aware router can match no prefix on this run (it then places requests by load alone):
+    ``prefix-aware`` reads each replica's prefix cache (off without ``prefix=on``); both it and ``prefix-approx``
+    match the requests' ``hash_ids`` (none in this trace)."""
+    router = routing.partition(":")[0]
+    if router not in ("prefix-aware", "prefix-approx"):
+        return []
+    if router == "prefix-aware" and not config.prefix_caching:
+        return [f"--routing {router} matches each replica's prefix cache, which is off (the policy key prefix=on "
+                "turns it on): requests are placed by load alone"]
+    if "hash_ids" not in trace.columns:
+        return [f"--routing {router} matches the requests' hash_ids and this trace has none: requests are placed "
+                "by load alone"]
+    return []
 
 
 def _simulate_replicas(args: argparse.Namespace, config, trace, out) -> int:
@@ -181,7 +199,7 @@ def _simulate_replicas(args: argparse.Namespace, config, trace, out) -> int:
     print_summary(result, wall_s=wall_s, out_dir=out.path)
     how = ("co-simulated" if args.routing.partition(":")[0] in ("least-outstanding", "prefix-aware", "prefix-approx")
            else f"{args.executor} executor")
-    print(f"{args.replicas} replicas ({args.routing}, {how}): requests per replica "
+    print(f"{args.replicas} replica{'s' if args.replicas != 1 else ''} ({args.routing}, {how}): requests per replica "
           f"{', '.join(str(int((routed.assignment == r).sum())) for r in range(args.replicas))}")
     return 0
 

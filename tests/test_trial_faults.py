@@ -242,3 +242,27 @@ def test_allreduce_says_what_it_needs_in_one_line(devices, message):
     done = subprocess.run([sys.executable, "-m", "hwbackend.replay.tp.allreduce", "--devices", devices],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_tier_specs_refuse_a_repeated_key_and_a_tier_below_one_page():
+    with pytest.raises(ValueError, match="key 'bw' given twice"):
+        parse_kv_tier("dram:10GiB,bw=5GB/s,bw=6GB/s")
+    from sim.setup.config import SimConfig
+    with pytest.raises(ConfigError, match="less than one cache page"):
+        SimConfig(policy="paged", prefix_caching=True, kv_tiers=(parse_kv_tier("dram:1KiB"),))
+
+
+def test_colocated_tenants_that_differ_are_both_named(tmp_path, capsys):
+    assert main(["colocate", "--tenant", "model=llama-3.1-8b,num-requests=10,policy=vattention:page=4MiB",
+                 "--tenant", "model=qwen2.5-7b,num-requests=10", "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert "tenants t0-llama-3.1-8b and t1-qwen2.5-7b differ (--page-size 2 MiB against 4 MiB)" in err
+
+
+def test_cache_aware_routing_without_a_prefix_to_match_says_so(tmp_path, capsys):
+    assert main(["simulate", "--num-requests", "30", "--replicas", "2", "--routing", "prefix-aware",
+                 "--out", str(tmp_path / "r"), "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert "prefix cache, which is off" in captured.err and "2 replicas (prefix-aware" in captured.out
+    assert main(["simulate", "--num-requests", "30", "--replicas", "2", "--out", str(tmp_path / "s"), "--quiet"]) == 0
+    assert "placed by load alone" not in capsys.readouterr().err

@@ -86,7 +86,7 @@ def _one_deployment(args, config, trace, slos) -> tuple[int, dict]:
               "slos": [str(s) for s in slos]}
     if args.target_rate is not None:
         units = result.replicas_for(args.target_rate)
-        print(f"for {args.target_rate:g} req/s: {units} copies of the {config.pd} deployment = "
+        print(f"for {args.target_rate:g} req/s: {units} {'copy' if units == 1 else 'copies'} of the {config.pd} deployment = "
               f"{units * config.prefill_gpus} prefill GPUs + {units * config.decode_gpus} decode GPUs = "
               f"{units * config.gpus} GPUs")
         record.update(target_rate_per_s=args.target_rate, units=units, gpus_for_target=units * config.gpus)

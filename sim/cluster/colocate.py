@@ -117,13 +117,23 @@ def kv_pool_bytes(tenants: list[Tenant]) -> int:
     Raises:
         ConfigError: tenants on different GPUs, tp or page sizes; pipeline parallelism; no memory left.
     """
+    from sim.units import format_bytes
+
     first = tenants[0].config
+
+    def shared(c) -> tuple:
+        return c.gpu, c.tp, c.page_size_bytes, c.memory_util_frac
+
     for tenant in tenants:
         c = tenant.config
-        if (c.gpu, c.tp, c.page_size_bytes, c.memory_util_frac) != (first.gpu, first.tp, first.page_size_bytes,
-                                                                    first.memory_util_frac):
-            raise ConfigError(f"tenant {tenant.name}: every tenant must share the GPU, tp, page_size_bytes and "
-                              f"memory_util_frac of the first ({first.gpu}, tp {first.tp})", "tp", "page_size_bytes",
+        if shared(c) != shared(first):
+            names = ("gpu", "tp", "page_size_bytes", "memory_util_frac")
+            show = [format_bytes(v) if n == "page_size_bytes" else v for n, v in zip(names, shared(c))]
+            show_first = [format_bytes(v) if n == "page_size_bytes" else v for n, v in zip(names, shared(first))]
+            differ = "; ".join(f"{n} {a} against {b}" for n, a, b, x, y in
+                               zip(names, show, show_first, shared(c), shared(first)) if x != y)
+            raise ConfigError(f"tenants {tenants[0].name} and {tenant.name} differ ({differ}): every tenant must "
+                              "share the GPU, tp, page_size_bytes and memory_util_frac", "tp", "page_size_bytes",
                               "memory_util_frac")
         if c.pp != 1:
             raise ConfigError(f"tenant {tenant.name}: co-location supports pp=1 only")

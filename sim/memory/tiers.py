@@ -125,8 +125,12 @@ def parse_kv_tier(text: str) -> TierSpec:
         raise ValueError(f"tier {text!r}: size: {exc}") from None
     read, write, latency, source = _DEFAULTS[kind]
     given = False
+    seen: set[str] = set()
     for item in filter(None, items):
         key, _, value = (s.strip() for s in item.partition("="))
+        if key in seen:
+            raise ValueError(f"tier {text!r}: key {key!r} given twice")
+        seen.add(key)
         try:
             if key in ("bw", "read_bw", "write_bw"):
                 rate = parse_bandwidth_bytes_per_s(value)

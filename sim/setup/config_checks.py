@@ -46,7 +46,15 @@ def _tier_error(config) -> tuple[str, ...] | None:
         return ("kv_tiers hold prefix-cache pages: turn the prefix cache on (prefix_caching: the policy key prefix=on "
                 "of vattention or paged)", "kv_tiers", "prefix_caching")
     problem = check_tiers(config.kv_tiers)
-    return (problem, "kv_tiers") if problem else None
+    if problem:
+        return problem, "kv_tiers"
+    page_bytes = config.tokens_per_page * config.model_spec.kv_bytes_per_token(config.tp)   # one cached page
+    for tier in config.kv_tiers:
+        if tier.capacity_bytes < page_bytes:
+            return (f"kv_tiers: the {tier.kind} tier holds {tier.capacity_bytes:,} bytes, less than one cache page "
+                    f"({page_bytes:,} bytes: {config.tokens_per_page} tokens of {config.model}): it could store "
+                    "nothing", "kv_tiers")
+    return None
 
 
 def vllm_budget_error(token_budget: int, max_batch_slots: int) -> str:
