@@ -55,8 +55,24 @@ def build_tenants(args) -> list:
                                  f"{str(exc).removeprefix('--slo: ').removeprefix('--slo ')}") from None
         for note in notes:
             print(f"kvsim: warning: tenant {values['name']}: {note}", file=sys.stderr)
+        for note in _tenant_notes(values, searching=bool(getattr(args, "colocate", False))):
+            print(f"kvsim: note: tenant {values['name']}: {note}", file=sys.stderr)
         tenants.append(Tenant(values["name"], config, trace, **extras))
     return tenants
+
+
+def _tenant_notes(values: dict, searching: bool) -> list[str]:
+    """Keys of one ``--tenant`` that change nothing in this command (said, not silently dropped): ``sleep-weights``
+    without ``sleep-after``, ``slo=`` outside ``capacity --colocate`` (only the search judges it); and a tenant
+    without ``trace=`` runs the built-in synthetic workload."""
+    notes = []
+    if values.get("sleep-weights") == "yes" and "sleep-after" not in values:
+        notes.append("sleep-weights=yes has no effect without sleep-after= (the tenant never sleeps)")
+    if "slo" in values and not searching:
+        notes.append("slo= is judged by kvsim capacity --colocate only; kvsim colocate reports the latencies")
+    if "trace" not in values:
+        notes.append("no trace=: the built-in synthetic workload")
+    return notes
 
 
 def sharing_of(args, num_tenants: int):

@@ -266,3 +266,11 @@ def test_cache_aware_routing_without_a_prefix_to_match_says_so(tmp_path, capsys)
     assert "prefix cache, which is off" in captured.err and "2 replicas (prefix-aware" in captured.out
     assert main(["simulate", "--num-requests", "30", "--replicas", "2", "--out", str(tmp_path / "s"), "--quiet"]) == 0
     assert "placed by load alone" not in capsys.readouterr().err
+
+
+def test_tenant_keys_without_effect_get_a_note(tmp_path, capsys):
+    assert main(["colocate", "--tenant", "model=llama-3.1-8b,num-requests=10,sleep-weights=yes,slo=ttft_p99=2s",
+                 "--tenant", "model=qwen2.5-7b,num-requests=10", "--out", str(tmp_path / "c")]) == 0
+    err = capsys.readouterr().err
+    assert "sleep-weights=yes has no effect without sleep-after=" in err
+    assert "slo= is judged by kvsim capacity --colocate only" in err and "no trace=" in err
