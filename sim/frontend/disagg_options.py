@@ -66,8 +66,8 @@ def check_disagg_flags(args: argparse.Namespace, allow_unused: bool = False) -> 
         if getattr(args, "pd_tp", None) is not None:
             given.append("--pd-tp")
         if given and not allow_unused:
-            raise ValueError(f"{given[0]} applies to disaggregated runs; add --pd P:D (or --pd-search GPUS) or "
-                             f"leave {given[0]} out")
+            search = " (or --pd-search GPUS)" if hasattr(args, "pd_search") else ""   # capacity has it, simulate not
+            raise ValueError(f"{given[0]} applies to disaggregated runs; add --pd P:D{search} or leave {given[0]} out")
         return
     # here: a co-located run (the common case) does not import the disaggregated simulator
     from sim.cluster.disagg import parse_kv_stream, parse_pd
