@@ -274,3 +274,9 @@ def test_tenant_keys_without_effect_get_a_note(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "sleep-weights=yes has no effect without sleep-after=" in err
     assert "slo= is judged by kvsim capacity --colocate only" in err and "no trace=" in err
+
+
+def test_tier_policy_flags_without_a_tier_get_a_note(tmp_path, capsys):
+    assert main(["simulate", "--num-requests", "10", "--kv-tier-load", "layerwise", "--out", str(tmp_path / "t"),
+                 "--quiet"]) == 0
+    assert "--kv-tier-load layerwise sets how KV tiers are used; no --kv-tier is given" in capsys.readouterr().err

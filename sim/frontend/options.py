@@ -148,11 +148,18 @@ VMM_ONLY_FLAGS = (("sync_mapping", "--sync-mapping"), ("no_deferred_reclaim", "-
 
 
 def ignored_flag_notes(args: argparse.Namespace, config) -> list[str]:
-    """One note per vAttention-only flag given with a policy that maps no pages (``paged``, ``static``): the
-    flag changes nothing there, which a user would otherwise not learn (the run is the same without it)."""
-    if config.uses_vmm:
-        return []
+    """One note per vAttention-only flag given with a policy that maps no pages (``paged``, ``static``), and per
+    tier policy flag set without a ``--kv-tier``: the flag changes nothing there, which a user would otherwise not
+    learn (the run is the same without it)."""
     notes = []
+    if not config.kv_tiers:
+        for attr, flag, default in (("kv_tier_write", "--kv-tier-write", "write-back"),
+                                    ("kv_tier_load", "--kv-tier-load", "sync")):
+            if getattr(args, attr, default) != default:
+                notes.append(f"{flag} {getattr(args, attr)} sets how KV tiers are used; no --kv-tier is given, so it "
+                             "changes nothing in this run")
+    if config.uses_vmm:
+        return notes
     for attr, flag in VMM_ONLY_FLAGS:
         if getattr(args, attr, False) is True:
             notes.append(f"{flag} sets vAttention's page mapping; the {config.policy} policy maps no pages, so it "
