@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 
@@ -62,6 +63,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     from analysis.output import check_out_file, command_inputs
     out = check_out_file(args.out, args.force, "--out", inputs=command_inputs(args))
     runs = load_runs(args.runs)
+    for path_given, run in zip(args.runs, runs):     # a tiered run without its occupancy table: said, not skipped
+        if run.config.get("kv_tiers") and run.tiers is None:
+            print(f"kvsim: note: {path_given}: a run with KV tiers but no tiers.parquet: the report leaves out its "
+                  "tier occupancy figure", file=sys.stderr)
     try:
         path = write_report(runs, out)
     except KeyError as exc:

@@ -280,3 +280,15 @@ def test_tier_policy_flags_without_a_tier_get_a_note(tmp_path, capsys):
     assert main(["simulate", "--num-requests", "10", "--kv-tier-load", "layerwise", "--out", str(tmp_path / "t"),
                  "--quiet"]) == 0
     assert "--kv-tier-load layerwise sets how KV tiers are used; no --kv-tier is given" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "traces" / "mooncake_fast25").is_dir(), reason="needs ../shared")
+def test_report_says_when_a_tiered_run_lacks_its_occupancy_table(tmp_path, capsys):
+    run = tmp_path / "tier"
+    trace = ROOT.parent / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl"
+    assert main(["simulate", "--trace", str(trace), "--model", "llama-3.1-8b", "--num-requests", "60", "--policy",
+                 "paged:prefix=on", "--kv-tier", "dram:64GiB", "--out", str(run), "--quiet"]) == 0
+    (run / "tiers.parquet").unlink()
+    capsys.readouterr()
+    assert main(["report", str(run), "--out", str(tmp_path / "r.html")]) == 0
+    assert "no tiers.parquet: the report leaves out its tier occupancy figure" in capsys.readouterr().err
