@@ -292,3 +292,29 @@ def test_report_says_when_a_tiered_run_lacks_its_occupancy_table(tmp_path, capsy
     capsys.readouterr()
     assert main(["report", str(run), "--out", str(tmp_path / "r.html")]) == 0
     assert "no tiers.parquet: the report leaves out its tier occupancy figure" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("nan arrival", "row 3: not a finite time"), ("shuffled", "rows must be sorted by arrival"),
+    ("negative arrival", "negative"), ("repeated id", "appears twice"), ("fractional tokens", "not a whole number"),
+    ("zero tokens", "must be >= 1"), ("missing column", "missing column(s) output_tokens")])
+def test_the_simulator_refuses_a_table_that_is_not_canonical(damage, message):
+    """A NaN arrival never came (the run did not end), an unsorted table was served out of order: every such
+    table is refused with the column and row, before the run."""
+    import numpy as np
+    import traces
+    from sim.core.engine import TraceTableError
+    from sim.core.runner import run_simulation
+    from sim.setup.config import SimConfig
+    table = traces.synthesize(20, "poisson:5.5", seed=0)
+    damaged = {"nan arrival": lambda t: t.assign(arrival_s=t["arrival_s"].where(t.index != 3, np.nan)),
+               "shuffled": lambda t: t.sample(frac=1, random_state=1),
+               "negative arrival": lambda t: t.assign(arrival_s=t["arrival_s"] - 10),
+               "repeated id": lambda t: t.assign(request_id=0),
+               "fractional tokens": lambda t: t.assign(prompt_tokens=t["prompt_tokens"] + 0.7),
+               "zero tokens": lambda t: t.assign(prompt_tokens=0),
+               "missing column": lambda t: t.drop(columns=["output_tokens"])}[damage](table)
+    with pytest.raises(TraceTableError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        run_simulation(SimConfig(), damaged)
+    with pytest.raises(TypeError, match="expected a table with columns"):
+        run_simulation(SimConfig(), table.to_dict("records"))

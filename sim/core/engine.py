@@ -404,12 +404,74 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
             self.policy.donate(request.slot, request.hash_ids, request.prompt_tokens, request.computed)
 
 
+class TraceTableError(ValueError):
+    """A trace table handed to the simulator that is not canonical (:func:`check_trace_table`); the message names
+    the column and the first bad row."""
+
+
+TRACE_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens")
+
+
+def check_trace_table(trace) -> None:
+    """Refuse a trace table the simulator cannot replay exactly (the file loaders of :mod:`traces` check files;
+    this checks a table given directly, e.g. through the Python API): a table with the columns of
+    :data:`TRACE_COLUMNS` (a pandas DataFrame or :class:`traces.canonical.TraceColumns`), ``request_id`` unique,
+    ``arrival_s`` finite, >= 0, not decreasing and within the clock's exact range (2**53 ticks of 100 ns), token
+    counts whole numbers >= 1. An arrival that is NaN would never be reached (the run would not end), an unsorted
+    one would be served out of order: both are refused, not repaired (``traces.renumber`` sorts a table).
+
+    Raises:
+        TypeError: not a table. TraceTableError: naming the column, the row (0-based position) and the value.
+    """
+    if not hasattr(trace, "columns") or not hasattr(trace, "__getitem__") or isinstance(trace, np.ndarray):
+        raise TypeError(f"trace: expected a table with columns {', '.join(TRACE_COLUMNS)} (a pandas DataFrame, or "
+                        f"traces.load_trace / traces.synthesize's result), got {type(trace).__name__}")
+    missing = [name for name in TRACE_COLUMNS if name not in trace.columns]
+    if missing:
+        raise TraceTableError(f"trace: missing column(s) {', '.join(missing)} (a canonical trace has "
+                              f"{', '.join(TRACE_COLUMNS)})")
+
+    def first(bad: np.ndarray, column: str, what: str, values: np.ndarray):
+        if bad.any():
+            row = int(np.argmax(bad))
+            value = values[row].item() if isinstance(values[row], np.generic) else values[row]
+            raise TraceTableError(f"trace: column {column!r}, row {row}: {what} (got {value!r})")
+
+    for column in ("prompt_tokens", "output_tokens"):
+        values = np.asarray(trace[column])
+        if values.dtype.kind not in "iuf":
+            raise TraceTableError(f"trace: column {column!r}: token counts must be numbers, not {values.dtype}")
+        as_float = values.astype(float)
+        first(~np.isfinite(as_float) | (as_float != np.floor(as_float)), column, "not a whole number", values)
+        first(as_float < 1, column, "a token count must be >= 1", values)
+    arrival = np.asarray(trace["arrival_s"])
+    if arrival.dtype.kind not in "iuf":
+        raise TraceTableError(f"trace: column 'arrival_s': must be numbers (seconds), not {arrival.dtype}")
+    arrival = arrival.astype(float)
+    first(~np.isfinite(arrival), "arrival_s", "not a finite time", arrival)
+    first(arrival < 0, "arrival_s", "negative (a canonical trace starts at 0 s)", arrival)
+    first(arrival * ARRIVAL_TICKS_PER_S > 2.0 ** 53, "arrival_s", "beyond the clock's exact range "
+          f"({2 ** 53 / ARRIVAL_TICKS_PER_S:,.0f} s)", arrival)
+    if len(arrival) > 1:
+        first(np.concatenate(([False], arrival[1:] < arrival[:-1])), "arrival_s",
+              "earlier than the row before it: rows must be sorted by arrival (traces.renumber sorts a table)",
+              arrival)
+    ids = np.asarray(trace["request_id"])
+    if len(ids) and len(np.unique(ids)) != len(ids):
+        _, index, counts = np.unique(ids, return_index=True, return_counts=True)
+        repeated = np.zeros(len(ids), dtype=bool)
+        repeated[np.setdiff1d(np.arange(len(ids)), index)] = True
+        first(repeated, "request_id", "appears twice (ids are unique)", ids)
+
+
 def _requests_from_trace(trace, slot_max_tokens: int) -> list[Request]:
     """The trace's requests (a canonical DataFrame or :class:`traces.canonical.TraceColumns`), in its order.
 
     Raises:
+        TypeError / TraceTableError: not a canonical table (:func:`check_trace_table`).
         ValueError: the first request that needs more KV tokens than a slot holds.
     """
+    check_trace_table(trace)
     prompt, output = np.asarray(trace["prompt_tokens"]), np.asarray(trace["output_tokens"])
     too_long = np.flatnonzero(prompt + output - 1 > slot_max_tokens)
     if len(too_long):
