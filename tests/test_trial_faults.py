@@ -318,3 +318,16 @@ def test_the_simulator_refuses_a_table_that_is_not_canonical(damage, message):
         run_simulation(SimConfig(), damaged)
     with pytest.raises(TypeError, match="expected a table with columns"):
         run_simulation(SimConfig(), table.to_dict("records"))
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("sync_mapping", "False", "must be true or false"), ("token_budget", True, "must be a whole number"),
+    ("token_budget", 2048.0, "must be a whole number"), ("token_budget", float("nan"), "must be a whole number"),
+    ("seed", -3, "must be >= 0"), ("seed", "1", "must be a whole number"), ("model", 8, "must be a name"),
+    ("memory_util_frac", "0.9", "must be a number")])
+def test_a_config_value_of_the_wrong_kind_is_refused(field, value, message):
+    from sim.setup.config import SimConfig
+    with pytest.raises(ConfigError, match=f"{field}=.*{message}"):
+        SimConfig(**{field: value})
+    import numpy as np
+    assert SimConfig(token_budget=np.int64(512), memory_util_frac=1).token_budget == 512   # numpy ints, ints as floats

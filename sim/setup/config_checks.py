@@ -69,6 +69,38 @@ def vllm_budget_error(token_budget: int, max_batch_slots: int) -> str:
             f"or lower max_batch_slots to {token_budget} or less")
 
 
+def field_type_error(config) -> tuple[str, str] | None:
+    """The first field whose value is not of its annotated kind, as ``(message, field)``, or None: ``int`` a whole
+    number (numpy's too; not a bool, not a float such as ``2048.0``), ``float`` a real number (not a bool),
+    ``bool`` a bool (not the string ``"False"``, which Python reads as true), ``str`` a string, ``tuple`` a
+    tuple; ``X | None`` also ``None``. A value of the wrong kind would otherwise run with another meaning or fail
+    deep inside the simulation."""
+    import numbers
+    from dataclasses import fields
+
+    import numpy as np
+
+    for item in fields(config):
+        kind, value = str(item.type), getattr(config, item.name)
+        optional = kind.endswith(" | None")
+        base = kind.removesuffix(" | None")
+        if value is None:
+            if optional or base not in ("int", "float", "bool", "str", "tuple"):
+                continue
+            return f"{item.name}=None: a value is required", item.name
+        is_bool = isinstance(value, (bool, np.bool_))
+        ok = {"int": lambda: isinstance(value, numbers.Integral) and not is_bool,
+              "float": lambda: isinstance(value, numbers.Real) and not is_bool,
+              "bool": lambda: is_bool,
+              "str": lambda: isinstance(value, str),
+              "tuple": lambda: isinstance(value, tuple)}.get(base, lambda: True)()
+        if not ok:
+            want = {"int": "a whole number", "float": "a number", "bool": "true or false (a bool)", "str": "a name (a "
+                    "string)", "tuple": "a tuple"}[base]
+            return f"{item.name}={value!r}: must be {want}, not {type(value).__name__}", item.name
+    return None
+
+
 def check_config(config) -> None:
     """Refuse an impossible :class:`sim.setup.config.SimConfig` (``config``: the instance being built).
 
@@ -77,6 +109,11 @@ def check_config(config) -> None:
             message names the field(s) and the value (``exc.fields`` lists them).
         CatalogError: a ``tp`` that does not divide the model's heads, or more pipeline stages than layers.
     """
+    type_error = field_type_error(config)
+    if type_error:
+        raise ConfigError(*type_error)
+    if config.seed < 0:
+        raise ConfigError(f"seed={config.seed}: must be >= 0 (numpy's generator takes non-negative seeds)", "seed")
     tier_error = _tier_error(config)
     if tier_error:
         raise ConfigError(*tier_error)
