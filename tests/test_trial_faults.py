@@ -331,3 +331,18 @@ def test_a_config_value_of_the_wrong_kind_is_refused(field, value, message):
         SimConfig(**{field: value})
     import numpy as np
     assert SimConfig(token_budget=np.int64(512), memory_util_frac=1).token_budget == 512   # numpy ints, ints as floats
+
+
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "traces" / "mooncake_fast25").is_dir(), reason="needs ../shared")
+def test_replicas_merge_their_prefix_counters(tmp_path):
+    """The merged summary of prefix-cached replicas carries the summed counters (it said 0 prefill tokens saved
+    while the request table held 50,176 hit tokens)."""
+    import pandas as pd
+    trace = ROOT.parent / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl"
+    run = tmp_path / "rep"
+    assert main(["simulate", "--policy", "vattention:prefix=on", "--routing", "prefix-aware", "--replicas", "2",
+                 "--trace", str(trace), "--model", "llama-3.1-8b", "--num-requests", "60", "--workers", "1",
+                 "--quiet", "--out", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    hits = int(pd.read_parquet(run / "requests.parquet")["prefix_hit_tokens"].sum())
+    assert hits > 0 and summary["prefill_tokens_saved"] == hits and "prefix_evictions" in summary

@@ -40,6 +40,10 @@ from sim.cluster.routers import EXECUTORS, ROUTERS, STATE_FREE_ROUTERS  # noqa: 
 # summary keys that add up over replicas (the rest is recomputed from the merged records)
 _ADDITIVE_KEYS = ("map_page_groups", "unmap_page_groups", "map_calls", "unmap_calls", "swap_out_bytes",
                   "swap_in_bytes", "swap_total_ms", "pool_bytes")
+PREFIX_ADDITIVE_KEYS = ("prefill_tokens_saved", "prefill_tokens_saved_preempted", "prefix_pages_shared",
+                        "prefix_map_calls_added", "prefix_cow_tokens", "cow_copy_bytes", "prefix_evictions")
+"""A prefix-cached replica's counters (:func:`sim.results.summary._prefix_summary`) that add up over replicas
+(the merged hit ratio is taken from the merged request table)."""
 
 
 class RoutedRun:
@@ -409,6 +413,9 @@ def _replica_totals(summary: dict, present: list, results: list) -> dict:
     """The merged summary's counters that add up over replicas (and the replica count)."""
     for key in _ADDITIVE_KEYS + ("mapping_critical_ms",):
         summary[key] = sum(res.summary.get(key, 0) for _, res in present)
+    for key in PREFIX_ADDITIVE_KEYS:      # present only when the replicas used a prefix cache
+        if any(key in res.summary for _, res in present):
+            summary[key] = sum(res.summary.get(key, 0) for _, res in present)
     _tier_totals(summary, present)
     # per tensor-parallel worker, summed over the replicas (every replica has the same TP degree)
     summary["mapping_worker_ms"] = [sum(ms) for ms in zip(*(res.summary.get("mapping_worker_ms", [])
