@@ -113,12 +113,14 @@ def run_labels(runs) -> list[str]:
 
 def compare(runs) -> pd.DataFrame:
     """The comparison table of several runs (:class:`analysis.results.RunResult`, e.g. from
-    :func:`analysis.load_run`, or run directories as paths, loaded here): one row per run, indexed by
+    :func:`analysis.load_run`, or run directories as paths, loaded here; or :func:`run_policies`' dict of them): one row per run, indexed by
     :func:`run_labels`, the :data:`COMPARE_METRICS` as columns (bytes in GiB).
 
     Raises:
         FileNotFoundError / ValueError: a path that is not a run directory (from :func:`analysis.load_run`).
     """
     from analysis.results import load_run
+    if isinstance(runs, dict):              # run_policies' {spec: RunResult}
+        runs = list(runs.values())
     runs = [load_run(run) if isinstance(run, (str, os.PathLike)) else run for run in runs]
     return comparison_table(dict(zip(run_labels(runs), (run.summary for run in runs))))

@@ -346,3 +346,20 @@ def test_replicas_merge_their_prefix_counters(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     hits = int(pd.read_parquet(run / "requests.parquet")["prefix_hit_tokens"].sum())
     assert hits > 0 and summary["prefill_tokens_saved"] == hits and "prefix_evictions" in summary
+
+
+def test_a_vidur_profile_is_not_called_a_harness_fit(tmp_path, capsys):
+    assert main(["simulate", "--gpu", "a100", "--model", "llama-2-7b", "--profile",
+                 str(ROOT / "profiles" / "vidur-a100-llama-2-7b.json"), "--num-requests", "20",
+                 "--out", str(tmp_path / "v"), "--quiet"]) == 0
+    assert "PyTorch harness" not in capsys.readouterr().err
+
+
+def test_compare_takes_run_policies_dict():
+    import analysis
+    from analysis.comparison import run_policies
+    import traces
+    from sim.setup.config import SimConfig
+    trace, _ = traces.clip_context(traces.synthesize(30, "poisson:5", seed=0), SimConfig().slot_max_tokens)
+    runs = run_policies(SimConfig(), ["vattention", "paged"], trace)
+    assert list(analysis.compare(runs).index) == list(analysis.compare(list(runs.values())).index)

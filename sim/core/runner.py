@@ -138,7 +138,8 @@ def harness_compute_warning(config: SimConfig, profile_path: str | None, compute
     reads a run without ``compute`` as ``harness``); ``compute.roofline`` / ``compute.tiled_roofline`` (the grid fits
     of ``kvsim calibrate --compute``) always time the harness's forward (``hwbackend.cli.HARNESS_COMPUTE_FITS``). No
     warning for the built-in roofline (no profile, the profile names ``roofline`` / ``none``, a fit not used for this
-    model or GPU), an engine fit, or an unreadable profile (refused elsewhere)."""
+    model or GPU), an engine fit, a roofline imported from Vidur's kernel profiles (``compute.vidur``, ``kvsim
+    calibrate --from-vidur``), or an unreadable profile (refused elsewhere)."""
     profile_path = effective_profile(config, profile_path)
     if not profile_path:
         return []
@@ -157,6 +158,8 @@ def harness_compute_warning(config: SimConfig, profile_path: str | None, compute
         section = f"compute_in_loop, replay_compute {replay}" if "replay_compute" in profile["compute_in_loop"] else \
             "compute_in_loop, fitted before replay_compute was recorded"
     else:
+        if chosen == "roofline" and "vidur" in (profile.get("compute") or {}):
+            return []    # imported from Vidur's CUDA kernel profiles (kvsim calibrate --from-vidur), not the harness
         section = COMPUTE_SECTIONS[chosen].removesuffix(".params") + ", kvsim calibrate --compute"
     return [f"{profile_path}'s compute timing ({section}) was measured on the hardware replay's PyTorch harness, not a "
             f"serving engine (~2x slower than engine kernels, so times are long and capacities pessimistic for an "
