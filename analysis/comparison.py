@@ -77,6 +77,10 @@ def run_policies(base: SimConfig, specs: list[str], trace: pd.DataFrame, profile
     Raises:
         ConfigError: for a bad spec or an impossible configuration (before anything runs).
     """
+    if not isinstance(base, SimConfig):
+        raise TypeError(f"base: expected a SimConfig, got {type(base).__name__}")
+    if isinstance(specs, str) or not all(isinstance(spec, str) for spec in specs):
+        raise TypeError(f"specs: expected a list of policy specs (e.g. ['vattention', 'paged:block=16']), got {specs!r}")
     if len(set(specs)) != len(specs):
         raise ConfigError("each --policy must be different")
     jobs = [(spec, base.with_overrides(parse_policy(spec)), trace, profile, keep_tables) for spec in specs]
@@ -123,4 +127,6 @@ def compare(runs) -> pd.DataFrame:
     if isinstance(runs, dict):              # run_policies' {spec: RunResult}
         runs = list(runs.values())
     runs = [load_run(run) if isinstance(run, (str, os.PathLike)) else run for run in runs]
+    if not runs:
+        raise ValueError("compare: no runs given")
     return comparison_table(dict(zip(run_labels(runs), (run.summary for run in runs))))

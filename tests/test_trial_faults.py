@@ -363,3 +363,25 @@ def test_compare_takes_run_policies_dict():
     trace, _ = traces.clip_context(traces.synthesize(30, "poisson:5", seed=0), SimConfig().slot_max_tokens)
     runs = run_policies(SimConfig(), ["vattention", "paged"], trace)
     assert list(analysis.compare(runs).index) == list(analysis.compare(list(runs.values())).index)
+
+
+def test_api_misuse_gets_a_clear_exception(tmp_path, capsys):
+    import analysis
+    import traces
+    from analysis.comparison import run_policies
+    from sim.core.runner import run_simulation
+    from sim.setup.config import SimConfig
+    table = traces.synthesize(5, "poisson:5", seed=0)
+    with pytest.raises(TypeError, match="expected a sim.setup.config.SimConfig"):
+        run_simulation({"model": "llama-3-8b"}, table)
+    with pytest.raises(TypeError, match="expected a string"):
+        parse_policy(None)
+    with pytest.raises(ValueError, match="no runs given"):
+        analysis.compare([])
+    with pytest.raises(TypeError, match="a list of policy specs"):
+        run_policies(SimConfig(), "vattention", table)
+    with pytest.raises(TraceError, match="whole number of tokens"):
+        traces.clip_context(table, float("nan"))
+    assert main(["capacity", "--num-requests", "20", "--slo", "ttft_p99=2s", "--json", str(tmp_path / "c.json"),
+                 "--quiet"]) == 0
+    assert "--json is deprecated" in capsys.readouterr().err and is_capacity_file(tmp_path / "c.json")

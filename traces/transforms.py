@@ -137,6 +137,8 @@ def clip_context(df: pd.DataFrame, max_context_tokens: int) -> tuple[pd.DataFram
     Returns:
         (new table, number of rows clipped).
     """
+    if not (isinstance(max_context_tokens, (int, np.integer)) and not isinstance(max_context_tokens, bool)):
+        raise TraceError(f"max_context_tokens: expected a whole number of tokens, got {max_context_tokens!r}")
     if max_context_tokens < 2:
         raise TraceError(f"a slot of {max_context_tokens} token(s) holds no request: the context (--max-context, or "
                          "the model's max_context_tokens) must be >= 2 tokens")

@@ -63,6 +63,14 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     add_quiet(parser)
 
 
+class _DeprecatedJson(argparse.Action):
+    """``capacity --json FILE``: the old name of ``--out FILE``; works, and says so once (docs/cli.md)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print("kvsim: warning: capacity --json is deprecated: write --out FILE (the same file)", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def register(subparsers) -> None:
     """Add the ``capacity`` and ``sweep`` subcommands."""
     from sim.cluster.routers import EXECUTORS, ROUTERS
@@ -83,7 +91,8 @@ def register(subparsers) -> None:
     from analysis.flags import FORCE_HELP, add_out
     cap.add_argument("--out", dest="json", default=None, metavar="FILE",
                      help="also write the result (and every step) as a JSON file (default: none)")
-    cap.add_argument("--json", dest="json", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # deprecated: --out
+    cap.add_argument("--json", dest="json", default=argparse.SUPPRESS, help=argparse.SUPPRESS,  # deprecated: --out
+                     action=_DeprecatedJson)
     cap.add_argument("--force", action="store_true", help=FORCE_HELP + "; here a JSON file kvsim capacity wrote")
     from sim.frontend.disagg_options import add_disagg_args
     add_disagg_args(cap, search=True)

@@ -138,8 +138,8 @@ def harness_compute_warning(config: SimConfig, profile_path: str | None, compute
     reads a run without ``compute`` as ``harness``); ``compute.roofline`` / ``compute.tiled_roofline`` (the grid fits
     of ``kvsim calibrate --compute``) always time the harness's forward (``hwbackend.cli.HARNESS_COMPUTE_FITS``). No
     warning for the built-in roofline (no profile, the profile names ``roofline`` / ``none``, a fit not used for this
-    model or GPU), an engine fit, a roofline imported from Vidur's kernel profiles (``compute.vidur``, ``kvsim
-    calibrate --from-vidur``), or an unreadable profile (refused elsewhere)."""
+    model or GPU), an engine fit, a roofline imported from Vidur's kernel profiles (a ``compute.vidur`` section),
+    or an unreadable profile (refused elsewhere)."""
     profile_path = effective_profile(config, profile_path)
     if not profile_path:
         return []
@@ -159,7 +159,7 @@ def harness_compute_warning(config: SimConfig, profile_path: str | None, compute
             "compute_in_loop, fitted before replay_compute was recorded"
     else:
         if chosen == "roofline" and "vidur" in (profile.get("compute") or {}):
-            return []    # imported from Vidur's CUDA kernel profiles (kvsim calibrate --from-vidur), not the harness
+            return []    # imported from Vidur's CUDA kernel profiles (compute.vidur), not timed on the harness
         section = COMPUTE_SECTIONS[chosen].removesuffix(".params") + ", kvsim calibrate --compute"
     return [f"{profile_path}'s compute timing ({section}) was measured on the hardware replay's PyTorch harness, not a "
             f"serving engine (~2x slower than engine kernels, so times are long and capacities pessimistic for an "
@@ -309,6 +309,9 @@ def run_simulation(config: SimConfig, trace: pd.DataFrame, profile_path: str | N
     streams the per-iteration records into that Parquet file as the run goes (memory stays flat).
     ``trace``: a canonical DataFrame or :class:`traces.canonical.TraceColumns`; pandas is imported once the
     run has results (:func:`sim.results.summary.build_result`)."""
+    if not isinstance(config, SimConfig):
+        raise TypeError(f"config: expected a sim.setup.config.SimConfig (e.g. SimConfig(model=..., gpu=...)), "
+                        f"got {type(config).__name__}")
     # each helper resolves the profile itself (effective_profile): pass them what was given, never its resolution,
     # since None (no profile given: the GPU's default) and the keyword roofline (resolved to None) differ
     config = profile_config_overrides(config, profile_path)

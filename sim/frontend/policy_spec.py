@@ -142,6 +142,8 @@ def parse_policy(spec: str) -> dict:
     """
     from sim.units import comma_items
 
+    if not isinstance(spec, str):
+        raise TypeError(f"policy spec: expected a string such as 'vattention:page=256KiB', got {spec!r}")
     name, _, rest = spec.partition(":")
     name = name.strip().lower()
     if name not in POLICY_KEYS:
