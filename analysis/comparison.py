@@ -80,7 +80,8 @@ def run_policies(base: SimConfig, specs: list[str], trace: pd.DataFrame, profile
     if not isinstance(base, SimConfig):
         raise TypeError(f"base: expected a SimConfig, got {type(base).__name__}")
     if isinstance(specs, str) or not all(isinstance(spec, str) for spec in specs):
-        raise TypeError(f"specs: expected a list of policy specs (e.g. ['vattention', 'paged:block=16']), got {specs!r}")
+        raise TypeError(f"specs: expected a list of policy specs (e.g. ['vattention', 'paged:block=16']), "
+                        f"got {specs!r}")
     if len(set(specs)) != len(specs):
         raise ConfigError("each --policy must be different")
     jobs = [(spec, base.with_overrides(parse_policy(spec)), trace, profile, keep_tables) for spec in specs]
@@ -117,8 +118,8 @@ def run_labels(runs) -> list[str]:
 
 def compare(runs) -> pd.DataFrame:
     """The comparison table of several runs (:class:`analysis.results.RunResult`, e.g. from
-    :func:`analysis.load_run`, or run directories as paths, loaded here; or :func:`run_policies`' dict of them): one row per run, indexed by
-    :func:`run_labels`, the :data:`COMPARE_METRICS` as columns (bytes in GiB).
+    :func:`analysis.load_run`, or run directories as paths, loaded here; or :func:`run_policies`' dict of them):
+    one row per run, indexed by :func:`run_labels`, the :data:`COMPARE_METRICS` as columns (bytes in GiB).
 
     Raises:
         FileNotFoundError / ValueError: a path that is not a run directory (from :func:`analysis.load_run`).
