@@ -72,7 +72,8 @@ def write_run(result: RunResult, out_dir: str | Path, overwrite: bool = False) -
     existing = [name for name in RUN_FILES + OPTIONAL_RUN_FILES if (out / name).exists() and not (own and name == "iterations.parquet")
                 and not (own_requests and name == "requests.parquet")]
     if existing and not overwrite:
-        raise FileExistsError(f"{out} already holds a run ({', '.join(existing)}); choose another --out or pass --force")
+        raise FileExistsError(f"{out} already holds a run ({', '.join(existing)}); choose another directory or "
+                              "replace it (overwrite=True; on the command line --force)")
     out.mkdir(parents=True, exist_ok=True)
     if isinstance(result._requests, ColumnTable):     # a fresh streamed run's (build_result): without pandas
         write_parquet(result._requests, out / "requests.parquet")
