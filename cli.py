@@ -346,7 +346,7 @@ class Parser(argparse.ArgumentParser):
         option = re.fullmatch(r"argument (\S+?)(?:/\S+)?: expected one argument", message)
         argv = getattr(self, "_argv", [])
         if option and option.group(1) in argv:
-            after = argv[argv.index(option.group(1)) + 1: argv.index(option.group(1)) + 2]
+            after = argv[argv.index(option.group(1)) + 1:][:1]      # the word after the option, if any
             if after and re.match(r"-[0-9.]", after[0]):
                 message += (f" ({after[0]!r} starts with '-', so it reads as an option; "
                             f"write {option.group(1)}={after[0]} to pass it as a value)")

@@ -76,18 +76,19 @@ def format_bytes(num_bytes: float) -> str:
     return f"{num_bytes:.0f} B"
 
 
-def comma_items(text: str, what: str) -> list[str]:
+def comma_items(text: str, where: str, noun: str = "item") -> list[str]:
     """The stripped items of a comma-separated list as written (``"a=1, b=2"`` -> ``["a=1", "b=2"]``; ``""`` ->
     ``[]``), refusing an empty item (``"a=1,"``, ``"a=1,,b=2"``: a stray comma may stand for a forgotten item),
-    as the SLO parser and the trace readers do.
+    as the trace readers do. ``where`` starts the message (e.g. ``policy 'paged:block=16,'``), ``noun`` names an
+    item (``objective`` for SLOs).
 
     Raises:
-        ValueError: ``{what} {text!r}: item K of N is empty (a stray comma)``.
+        ValueError: ``{where}: {noun} K of N is empty (a stray comma)``.
     """
     items = [part.strip() for part in text.split(",")]
     if items == [""]:
         return []
     if not all(items):
-        raise ValueError(f"{what} {text!r}: item {items.index('') + 1} of {len(items)} is empty (a stray comma); "
-                         "separate the items by single commas")
+        raise ValueError(f"{where}: {noun} {items.index('') + 1} of {len(items)} is empty (a stray comma); "
+                         f"separate the {noun}s by single commas")
     return items

@@ -92,9 +92,11 @@ def test_a_named_trace_must_be_the_published_file(tmp_path, monkeypatch):
 
 def test_comma_items():
     assert comma_items(" a=1 , b ", "x") == ["a=1", "b"] and comma_items("", "x") == []
+    with pytest.raises(ValueError, match="objective 2 of 2 is empty"):
+        comma_items("a,", "x", "objective")
     for text, where in (("a,", "item 2 of 2"), (",a", "item 1 of 2"), ("a,,b", "item 2 of 3")):
         with pytest.raises(ValueError, match=f"x '{text}': {where} is empty"):
-            comma_items(text, "x")
+            comma_items(text, f"x {text!r}")
 
 
 @pytest.mark.parametrize("parse, text", [

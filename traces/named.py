@@ -6,6 +6,7 @@ Checksums and origins are those in ``../shared/traces/README.md``.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -107,16 +108,24 @@ def _check_published(path: Path, name: str, spec: NamedTrace) -> None:
     Raises:
         TraceError: naming the file, the trace and both digests.
     """
-    got = sha256_of(path)
+    stat = path.stat()
+    got = _sha256_cached(str(path), stat.st_size, stat.st_mtime_ns)
     if got != spec.sha256:
         raise TraceError(f"{path}: SHA-256 mismatch for {name!r} (expected {spec.sha256}, got {got}): not the "
                          f"published trace (a truncated or edited copy?); the file was kept: replace it with "
                          f"{spec.url}, or give its path instead of the name to use it as it is")
 
 
+@functools.lru_cache(maxsize=16)
+def _sha256_cached(path: str, size: int, mtime_ns: int) -> str:
+    """:func:`sha256_of` once per file version in a process (a command that resolves one name twice, as
+    ``traces stats`` does, hashes it once)."""
+    return sha256_of(Path(path))
+
+
 def sha256_of(path: Path) -> str:
     """Hex SHA-256 of a file, read in 1 MiB blocks."""
-    import hashlib         # only to check a download (start-up without OpenSSL's set-up, issue 32)
+    import hashlib         # only where a named trace is checked (start-up without OpenSSL's set-up, issue 32)
 
     digest = hashlib.sha256()
     with open(path, "rb") as fh:

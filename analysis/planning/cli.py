@@ -134,16 +134,14 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         if not args.colocate:
             raise ValueError("--tenant belongs to --colocate")
         from sim.setup.config import SimConfig
-        from sim.frontend.disagg_options import DISAGG_FLAGS
+        from sim.frontend.disagg_options import disagg_companions_given
         ignored = [flag for flag, given in (("--out", args.json), ("--target-rate", args.target_rate is not None),
                                             ("--check-replicas", args.check_replicas),
                                             ("--pd", getattr(args, "pd", None) is not None),
-                                            ("--pd-search", getattr(args, "pd_search", None) is not None),
-                                            ("--pd-tp", getattr(args, "pd_tp", None) is not None),
-                                            *((flag, getattr(args, name, None) is not None)
-                                              for name, flag in DISAGG_FLAGS.items()),
-                                            ("--kv-tier", bool(getattr(args, "kv_tier", None))),
-                                            ("--routing", getattr(args, "routing", None) is not None)) if given]
+                                            ("--pd-search", getattr(args, "pd_search", None) is not None)) if given]
+        ignored += disagg_companions_given(args) + [flag for flag, given in (
+            ("--kv-tier", bool(getattr(args, "kv_tier", None))), ("--routing", getattr(args, "routing", None) is not None))
+            if given]
         if ignored:     # capacity --colocate prints its table only: these would be silently dropped
             raise ValueError(f"{ignored[0]} does not apply to capacity --colocate (it prints the common rate scale "
                              "per sharing)")
@@ -296,8 +294,8 @@ def _write_json(path: Path, result, target_rate, check, config=None) -> None:
     steps = [{"scale": e.scale, "rate_per_s": e.rate_per_s, "values_us": e.values_us, "ttft_growth": e.ttft_growth,
               "failed": list(e.failed)} for e in result.steps]
     from analysis.output import CAPACITY_FILE_MARK
-    record = {**CAPACITY_FILE_MARK, **result.to_dict(), "slos": [str(s) for s in result.slos], "tolerance": result.tolerance,
-              "target_rate_per_s": target_rate,
+    record = {**CAPACITY_FILE_MARK, **result.to_dict(), "slos": [str(s) for s in result.slos],
+              "tolerance": result.tolerance, "target_rate_per_s": target_rate,
               "replicas": result.replicas_for(target_rate) if target_rate else None, "check": check, "steps": steps}
     if config is not None:
         from analysis.planning.cost import replica_usd_per_hour, requests_per_usd

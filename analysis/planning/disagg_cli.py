@@ -54,8 +54,7 @@ def cmd_capacity_disagg(args: argparse.Namespace) -> int:
         status, record = _search(args, trace, slos, parse_tp_list(args.pd_tp, args.tp))
     print(f"searched in {time.perf_counter() - started:.1f} s wall")
     if args.json is not None:
-        from analysis.output import write_file_atomic
-        from analysis.output import CAPACITY_FILE_MARK
+        from analysis.output import CAPACITY_FILE_MARK, write_file_atomic
         text = json.dumps({**CAPACITY_FILE_MARK, **record}, indent=2, allow_nan=True, default=str) + "\n"
         write_file_atomic(Path(args.json), lambda temporary: temporary.write_text(text))
     return status
@@ -86,7 +85,8 @@ def _one_deployment(args, config, trace, slos) -> tuple[int, dict]:
               "slos": [str(s) for s in slos]}
     if args.target_rate is not None:
         units = result.replicas_for(args.target_rate)
-        print(f"for {args.target_rate:g} req/s: {units} {'copy' if units == 1 else 'copies'} of the {config.pd} deployment = "
+        copies = "copy" if units == 1 else "copies"
+        print(f"for {args.target_rate:g} req/s: {units} {copies} of the {config.pd} deployment = "
               f"{units * config.prefill_gpus} prefill GPUs + {units * config.decode_gpus} decode GPUs = "
               f"{units * config.gpus} GPUs")
         record.update(target_rate_per_s=args.target_rate, units=units, gpus_for_target=units * config.gpus)

@@ -235,16 +235,13 @@ def parse_slos(text: str) -> tuple[Slo, ...]:
     metrics (``ttft=200ms``) parse to :class:`Slo` too (:func:`objectives` groups them).
 
     Raises:
-        ValueError: for an empty list, an empty item (a stray comma), a missing ``=``, an unknown metric (the message lists the valid
-            ones), a repeated metric, or a duration without a unit.
+        ValueError: for an empty list, an empty item (a stray comma), a missing ``=``, an unknown metric (the
+            message lists the valid ones), a repeated metric, or a duration without a unit.
     """
+    from sim.units import comma_items
+
     slos: dict[str, Slo] = {}
-    items = [part.strip() for part in text.split(",")]
-    if any(items) and not all(items):     # "ttft_p99=2s," or "a=1s,,b=2s": an objective left out?
-        position = items.index("") + 1
-        raise ValueError(f"--slo {text!r}: objective {position} of {len(items)} is empty (a stray comma); "
-                         "give METRIC=DURATION items separated by single commas")
-    for item in filter(None, items):
+    for item in comma_items(text, f"--slo {text!r}", "objective"):   # "ttft_p99=2s,": an objective left out?
         metric, sep, value = item.partition("=")
         metric = metric.strip().lower()
         if not sep:

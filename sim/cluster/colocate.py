@@ -119,19 +119,20 @@ def kv_pool_bytes(tenants: list[Tenant]) -> int:
     """
     from sim.units import format_bytes
 
-    first = tenants[0].config
+    names = ("gpu", "tp", "page_size_bytes", "memory_util_frac")
 
     def shared(c) -> tuple:
         return c.gpu, c.tp, c.page_size_bytes, c.memory_util_frac
 
+    def shown(name: str, value) -> str:
+        return format_bytes(value) if name == "page_size_bytes" else str(value)
+
+    first = tenants[0].config
     for tenant in tenants:
         c = tenant.config
         if shared(c) != shared(first):
-            names = ("gpu", "tp", "page_size_bytes", "memory_util_frac")
-            show = [format_bytes(v) if n == "page_size_bytes" else v for n, v in zip(names, shared(c))]
-            show_first = [format_bytes(v) if n == "page_size_bytes" else v for n, v in zip(names, shared(first))]
-            differ = "; ".join(f"{n} {a} against {b}" for n, a, b, x, y in
-                               zip(names, show, show_first, shared(c), shared(first)) if x != y)
+            differ = "; ".join(f"{n} {shown(n, a)} against {shown(n, b)}"
+                               for n, a, b in zip(names, shared(c), shared(first)) if a != b)
             raise ConfigError(f"tenants {tenants[0].name} and {tenant.name} differ ({differ}): every tenant must "
                               "share the GPU, tp, page_size_bytes and memory_util_frac", "tp", "page_size_bytes",
                               "memory_util_frac")

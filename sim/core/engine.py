@@ -457,10 +457,10 @@ def check_trace_table(trace) -> None:
               "earlier than the row before it: rows must be sorted by arrival (traces.renumber sorts a table)",
               arrival)
     ids = np.asarray(trace["request_id"])
-    if len(ids) and len(np.unique(ids)) != len(ids):
-        _, index, counts = np.unique(ids, return_index=True, return_counts=True)
-        repeated = np.zeros(len(ids), dtype=bool)
-        repeated[np.setdiff1d(np.arange(len(ids)), index)] = True
+    _, index = np.unique(ids, return_index=True)       # each id's first row
+    if len(index) != len(ids):
+        repeated = np.ones(len(ids), dtype=bool)
+        repeated[index] = False
         first(repeated, "request_id", "appears twice (ids are unique)", ids)
 
 

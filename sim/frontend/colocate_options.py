@@ -43,7 +43,7 @@ def parse_tenant_spec(text: str, index: int) -> dict:
 
     values: dict[str, str] = {}
     try:
-        items = comma_items(text, "--tenant")
+        items = comma_items(text, f"--tenant {text!r}")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     for item in items:

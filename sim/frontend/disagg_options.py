@@ -52,6 +52,15 @@ def pd_of(args: argparse.Namespace) -> str | None:
     return None if value is None or str(value).strip().lower() in COLOCATED else value
 
 
+def disagg_companions_given(args: argparse.Namespace) -> list[str]:
+    """The companion flags of ``--pd`` / ``--pd-search`` given (:data:`DISAGG_FLAGS`, then ``--pd-tp``), in that
+    order: each means nothing without a disaggregated deployment."""
+    given = [flag for dest, flag in DISAGG_FLAGS.items() if getattr(args, dest, None) is not None]
+    if getattr(args, "pd_tp", None) is not None:
+        given.append("--pd-tp")
+    return given
+
+
 def check_disagg_flags(args: argparse.Namespace, allow_unused: bool = False) -> None:
     """Refuse companions of ``--pd`` given without it (unless ``allow_unused``: a sweep whose ``pd`` axis
     holds ``none``), and check every disaggregation value.
@@ -62,9 +71,7 @@ def check_disagg_flags(args: argparse.Namespace, allow_unused: bool = False) -> 
     args.pd = pd_of(args)
     searching = getattr(args, "pd_search", None) is not None
     if getattr(args, "pd", None) is None and not searching:
-        given = [flag for dest, flag in DISAGG_FLAGS.items() if getattr(args, dest, None) is not None]
-        if getattr(args, "pd_tp", None) is not None:
-            given.append("--pd-tp")
+        given = disagg_companions_given(args)
         if given and not allow_unused:
             search = " (or --pd-search GPUS)" if hasattr(args, "pd_search") else ""   # capacity has it, simulate not
             raise ValueError(f"{given[0]} applies to disaggregated runs; add --pd P:D{search} or leave {given[0]} out")

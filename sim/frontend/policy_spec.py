@@ -144,18 +144,18 @@ def parse_policy(spec: str) -> dict:
 
     if not isinstance(spec, str):
         raise TypeError(f"policy spec: expected a string such as 'vattention:page=256KiB', got {spec!r}")
-    name, _, rest = spec.partition(":")
+    name, colon, rest = spec.partition(":")
     name = name.strip().lower()
     if name not in POLICY_KEYS:
         raise ConfigError(f"policy {spec!r}: unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
     overrides: dict = {"policy": name}
     seen: dict[str, str] = {}    # SimConfig field -> the key that set it (sync and mapping set one field)
-    if _ and not rest.strip():
+    if colon and not rest.strip():
         raise ConfigError(f"policy {spec!r}: nothing after ':' (write {name}, or {name}:key=value,...)")
     try:
-        items = comma_items(rest, "policy")
+        items = comma_items(rest, f"policy {spec!r}")
     except ValueError as exc:
-        raise ConfigError(str(exc).replace(f"policy {rest!r}", f"policy {spec!r}")) from None
+        raise ConfigError(str(exc)) from None
     for item in items:
         key, _, value = item.partition("=")
         key = key.strip()

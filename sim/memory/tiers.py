@@ -115,10 +115,7 @@ def parse_kv_tier(text: str) -> TierSpec:
         raise ValueError(f"tier {text!r}: unknown tier {kind!r}; choose one of {', '.join(TIER_KINDS)}")
     from sim.units import comma_items
 
-    try:
-        size_text, *items = comma_items(rest, "tier") or [""]
-    except ValueError as exc:
-        raise ValueError(str(exc).replace(f"tier {rest!r}", f"tier {text!r}")) from None
+    size_text, *items = comma_items(rest, f"tier {text!r}") or [""]
     try:
         capacity = parse_size_bytes(size_text)
     except ValueError as exc:
@@ -126,7 +123,7 @@ def parse_kv_tier(text: str) -> TierSpec:
     read, write, latency, source = _DEFAULTS[kind]
     given = False
     seen: set[str] = set()
-    for item in filter(None, items):
+    for item in items:                  # none empty (comma_items)
         key, _, value = (s.strip() for s in item.partition("="))
         if key in seen:
             raise ValueError(f"tier {text!r}: key {key!r} given twice")

@@ -75,30 +75,38 @@ def field_type_error(config) -> tuple[str, str] | None:
     ``bool`` a bool (not the string ``"False"``, which Python reads as true), ``str`` a string, ``tuple`` a
     tuple; ``X | None`` also ``None``. A value of the wrong kind would otherwise run with another meaning or fail
     deep inside the simulation."""
-    import numbers
     from dataclasses import fields
-
-    import numpy as np
 
     for item in fields(config):
         kind, value = str(item.type), getattr(config, item.name)
-        optional = kind.endswith(" | None")
         base = kind.removesuffix(" | None")
-        if value is None:
-            if optional or base not in ("int", "float", "bool", "str", "tuple"):
-                continue
-            return f"{item.name}=None: a value is required", item.name
-        is_bool = isinstance(value, (bool, np.bool_))
-        ok = {"int": lambda: isinstance(value, numbers.Integral) and not is_bool,
-              "float": lambda: isinstance(value, numbers.Real) and not is_bool,
-              "bool": lambda: is_bool,
-              "str": lambda: isinstance(value, str),
-              "tuple": lambda: isinstance(value, tuple)}.get(base, lambda: True)()
-        if not ok:
-            want = {"int": "a whole number", "float": "a number", "bool": "true or false (a bool)", "str": "a name (a "
-                    "string)", "tuple": "a tuple"}[base]
+        if base not in _KINDS or (value is None and base != kind):
+            continue
+        accepts, want = _KINDS[base]
+        if value is None or not accepts(value):
             return f"{item.name}={value!r}: must be {want}, not {type(value).__name__}", item.name
     return None
+
+
+def _is_bool(value) -> bool:
+    import numpy as np
+    return isinstance(value, (bool, np.bool_))
+
+
+def _is_integral(value) -> bool:
+    import numbers
+    return isinstance(value, numbers.Integral) and not _is_bool(value)
+
+
+def _is_real(value) -> bool:
+    import numbers
+    return isinstance(value, numbers.Real) and not _is_bool(value)
+
+
+_KINDS = {"int": (_is_integral, "a whole number"), "float": (_is_real, "a number"),
+          "bool": (_is_bool, "true or false (a bool)"), "str": (lambda v: isinstance(v, str), "a name (a string)"),
+          "tuple": (lambda v: isinstance(v, tuple), "a tuple")}
+"""Annotation -> (accepts a value, what it must be) for :func:`field_type_error`."""
 
 
 def check_config(config) -> None:
