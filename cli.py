@@ -423,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     if given == ["--version"]:
         # answered before the parser is built: its subcommands' options import the catalogue (as argparse's
         # own version action would, the line goes to stdout and the exit is SystemExit(0))
-        print(f"kvsim {__version__}")
+        from sim.compiled import status
+        print(f"kvsim {__version__} ({status()})")
         sys.exit(0)
     only = "simulate" if given[:1] == ["simulate"] else None       # the sub-command named first: only its parser
     parser = build_parser(only)

@@ -16,7 +16,8 @@ seconds, iterations per second, peak RSS and the SimPy-floor ratio against its t
   simulation's own timer (``simulated in X s wall``).
 * kvsim against Vidur on splitwise_conv: ``bench/bench_vidur.py``.
 
-State the machine's load when quoting the figures (the load average is printed first; each figure is the
+State the machine's load when quoting the figures (the load average is printed first, then how many of the
+hot modules run compiled, :mod:`sim.compiled`; ``KVSIM_PURE_PYTHON=1`` times the pure-Python form; each figure is the
 median of ``--runs`` runs, min and max beside it): the targets are for an idle 2-core machine of the
 project's class.
 """
@@ -98,6 +99,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3, help="runs per case (median, min, max printed)")
     args = parser.parse_args()
     print("load:", os.getloadavg())
+    sys.path.insert(0, str(ROOT))
+    from sim.compiled import status       # which form the simulator's hot modules run in (sim/compiled.py)
+    print(status())
     if args.only in (None, "version"):
         version = [_process([sys.executable, str(ROOT / "cli.py"), "--version"])[:2] for _ in range(args.runs * 3)]
         bare = [_process([sys.executable, "-c", "pass"])[:2] for _ in range(args.runs * 3)]

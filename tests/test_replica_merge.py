@@ -168,7 +168,9 @@ def test_a_streamed_runs_summary_equals_the_in_memory_runs(tmp_path, monkeypatch
     from sim.results.recorder import IterationRecorder
     from sim.core.runner import run_simulation
 
-    monkeypatch.setattr(IterationRecorder.__init__, "__defaults__", (None, 50))
+    original = IterationRecorder.__init__      # (its defaults cannot be patched: the module may be compiled)
+    monkeypatch.setattr(IterationRecorder, "__init__",
+                        lambda self, path=None, chunk_iterations=None: original(self, path, 50))
     trace, _ = traces.clip_context(traces.scale_rate(traces.synthetic_default(0, num_requests=150), 30.0), 8192)
     config = SimConfig(memory_util_frac=0.2, sync_mapping=True)
     in_memory = run_simulation(config, trace).summary

@@ -1,0 +1,46 @@
+"""Build hook (the project's metadata is in ``pyproject.toml``): compiles the simulator's hot modules
+(:data:`sim.compiled.COMPILED_MODULES`) from their unchanged source with Cython, each an optional extension
+(a failed compile leaves that module in Python), and records the sources' hashes for the import guard
+(:data:`sim.compiled.HASHES_FILE`). ``KVSIM_PURE_PYTHON=1 pip install ...`` compiles nothing."""
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _compiled_list():
+    """:mod:`sim.compiled`, loaded on its own (``sim`` is not importable while it is being built)."""
+    spec = importlib.util.spec_from_file_location("_kvsim_compiled_list", ROOT / "sim" / "compiled.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def extensions() -> list:
+    listed = _compiled_list()
+    if listed.pure_requested():
+        return []
+    try:
+        from Cython.Build import cythonize
+    except ImportError:       # Cython is a build requirement; a build without it stays pure Python
+        return []
+    sim_dir = ROOT / "sim"
+    hashes = {module: listed.source_hash(listed.source_path(module, sim_dir)) for module in listed.COMPILED_MODULES}
+    (sim_dir / listed.HASHES_FILE).write_text(json.dumps(hashes, indent=1, sort_keys=True) + "\n")
+    modules = [Extension(module, [str(listed.source_path(module, sim_dir).relative_to(ROOT))], optional=True)
+               for module in listed.COMPILED_MODULES]
+    try:
+        return cythonize(modules, build_dir="build/cython", compiler_directives=listed.CYTHON_DIRECTIVES,
+                         quiet=True, nthreads=os.cpu_count() or 1)
+    except Exception as exc:  # a Cython that cannot translate them: the install goes on in pure Python
+        print(f"kvsim: the hot modules are not compiled ({type(exc).__name__}: {exc}); they run as Python",
+              file=sys.stderr)
+        return []
+
+
+setup(ext_modules=extensions(), options={"build_ext": {"parallel": os.cpu_count() or 1}})

@@ -1,0 +1,142 @@
+"""The simulator's hot modules, compiled by Cython at install time, and the guard that runs a module from its
+source whenever its compiled form is not of the source beside it (issue 32).
+
+:data:`COMPILED_MODULES` lists the modules a serving-loop pass runs through (the loop, admission, the decode
+cohort and runs, the step, the mapper, the vAttention policy and its background work, the compute model's
+per-iteration times, the VMM cost draws, the recorder). ``setup.py`` has Cython translate their **unchanged
+source** to C (no type declarations: ``annotation_typing=False``, so Python semantics hold, floats and ints
+alike; the tables are the same bit for bit: ``tests/test_compiled.py``, ``bench/engine_hashes.py``), and
+builds each as an *optional* extension next to its ``.py``: without a C compiler or Cython the install goes on
+and the modules run as Python. Measured on the conversation trace: the simulation 2.40 -> 1.75-1.82 s wall
+(``docs/scale.md``, "Round 4").
+
+The guard (:func:`install_guard`, called by ``sim/__init__.py`` before any of these modules is imported): an
+extension module beside a ``.py`` file would be imported in its place even after the source was edited, so the
+build records each source's hash in :data:`HASHES_FILE`; a module whose source no longer has that hash (or
+that has no record) is imported from its ``.py`` instead, and so is every listed module when the environment
+sets :data:`PURE_ENV` (e.g. ``KVSIM_PURE_PYTHON=1 kvsim simulate ...`` to compare or to debug).
+``pip install -e .`` rebuilds them; :func:`status` says which form each module runs in (``kvsim --version``
+prints the count).
+
+This module imports nothing of the project: ``setup.py`` loads it on its own, before ``sim`` exists.
+"""
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+COMPILED_MODULES = (
+    "sim.core.engine", "sim.core.decode_runs", "sim.core.lifecycle", "sim.core.admission", "sim.core.scheduler",
+    "sim.core.cohort", "sim.core.step", "sim.core.costs", "sim.core.mapper", "sim.core.request",
+    "sim.core.tier_charges", "sim.timing.decode_run_times", "sim.timing.compute", "sim.timing.draws",
+    "sim.timing.latency", "sim.memory.vattention", "sim.memory.background", "sim.memory.plan",
+    "sim.results.recorder",
+)
+"""Modules compiled at install (names; each ``sim/.../name.py``)."""
+
+HASHES_FILE = "_compiled.json"
+"""In the ``sim`` package directory: ``{module: source hash}`` of the sources the build compiled (written by
+``setup.py``; not in git)."""
+
+PURE_ENV = "KVSIM_PURE_PYTHON"
+"""An environment variable: set to anything but ``""`` or ``"0"``, every listed module runs from its source
+(and ``setup.py`` compiles nothing)."""
+
+CYTHON_DIRECTIVES = {"language_level": 3, "annotation_typing": False, "binding": True,
+                     "embedsignature": False}
+"""Cython's compiler directives for these modules: annotations are not C types (``x: int`` stays any
+Python object), functions stay introspectable Python-like functions."""
+
+SIM_DIR = Path(__file__).resolve().parent
+
+
+def source_path(module: str, sim_dir: Path = SIM_DIR) -> Path:
+    """``sim/core/engine.py`` for ``"sim.core.engine"`` (under ``sim_dir``, the ``sim`` package directory)."""
+    return sim_dir.joinpath(*module.split(".")[1:]).with_suffix(".py")
+
+
+def source_hash(path: Path) -> str:
+    """The hash Python's hash-based bytecode files use (:func:`importlib.util.source_hash`, hex), of a file's
+    bytes: a change of the source, not a proof of identity."""
+    return importlib.util.source_hash(path.read_bytes()).hex()
+
+
+def extension_path(module: str, sim_dir: Path = SIM_DIR) -> Path | None:
+    """The compiled extension file of ``module`` beside its source, or ``None`` when there is none."""
+    source = source_path(module, sim_dir)
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = source.with_name(source.stem + suffix)
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def pure_requested(environ=os.environ) -> bool:
+    """Whether :data:`PURE_ENV` asks for the source form of every module."""
+    return environ.get(PURE_ENV, "") not in ("", "0")
+
+
+def module_forms(sim_dir: Path = SIM_DIR, environ=os.environ) -> dict[str, str]:
+    """Each listed module's form in a process started with ``environ``: ``"compiled"``, ``"source"`` (no
+    extension built), ``"source: changed since compiled"`` (the guard's case) or ``"source: KVSIM_PURE_PYTHON"``.
+    Reads :data:`HASHES_FILE` and hashes only the sources that have an extension beside them."""
+    forms, recorded = {}, None
+    pure = pure_requested(environ)
+    for module in COMPILED_MODULES:
+        if extension_path(module, sim_dir) is None:
+            forms[module] = "source"
+            continue
+        if pure:
+            forms[module] = f"source: {PURE_ENV}"
+            continue
+        if recorded is None:
+            try:
+                recorded = json.loads((sim_dir / HASHES_FILE).read_text())
+            except (OSError, ValueError):
+                recorded = {}
+        fresh = recorded.get(module) == source_hash(source_path(module, sim_dir))
+        forms[module] = "compiled" if fresh else "source: changed since compiled"
+    return forms
+
+
+class SourceFinder:
+    """A :data:`sys.meta_path` finder that imports the given modules from their ``.py`` files (the extension
+    beside them is passed over)."""
+
+    def __init__(self, sources: dict[str, Path]):
+        self.sources = sources
+
+    def find_spec(self, name: str, path=None, target=None):
+        source = self.sources.get(name)
+        if source is None:
+            return None
+        return importlib.util.spec_from_file_location(name, source)
+
+
+def install_guard(sim_dir: Path = SIM_DIR, environ=os.environ) -> SourceFinder | None:
+    """Put a :class:`SourceFinder` first on :data:`sys.meta_path` for the modules that must run from source
+    although an extension is beside them (:func:`module_forms`); returns it, or ``None`` when none must."""
+    forms = module_forms(sim_dir, environ)
+    sources = {module: source_path(module, sim_dir) for module, form in forms.items() if form.startswith("source:")}
+    if not sources:
+        return None
+    finder = SourceFinder(sources)
+    sys.meta_path.insert(0, finder)
+    return finder
+
+
+def status(sim_dir: Path = SIM_DIR, environ=os.environ) -> str:
+    """One line: how many listed modules run compiled in this process's environment, and why the others
+    do not (``"compiled: 19 of 19 simulator modules"``)."""
+    forms = module_forms(sim_dir, environ)
+    compiled = sum(form == "compiled" for form in forms.values())
+    line = f"compiled: {compiled} of {len(forms)} simulator modules"
+    reasons = sorted({form.split(": ", 1)[1] if ": " in form else "not built"
+                      for form in forms.values() if form != "compiled"})
+    if reasons:
+        line += f", {'the rest' if compiled else 'all'} from source: {'; '.join(reasons)}"
+    return line
