@@ -34,6 +34,7 @@ import pandas as pd
 import simpy
 
 from sim.core import runner
+from sim.core.collector import quiet_collector
 from sim.core.engine import Simulator
 from sim.memory.plan import Plan
 from sim.memory.shared_pool import SharedPagePool, SharedPoolPolicy, TenantShare
@@ -331,7 +332,8 @@ def simulate_colocated(tenants: list[Tenant], sharing: Sharing, profile_path: st
     period_us = sample_us or max(10_000.0, span_us / 500)
     samples: list[tuple] = []
     env.process(_housekeeping(env, sims, sharing, period_us, samples))
-    env.run()
+    with quiet_collector():
+        env.run()
     results = [build_result(s.output(), meta) for s, meta in zip(sims, metas)]
     names = [t.name for t in tenants]
     memory = pd.DataFrame(samples, columns=["time_s", *[f"{n}_bytes" for n in names]])

@@ -46,6 +46,7 @@ import simpy
 from sim.cluster.disagg_instances import DecodeInstance, PrefillInstance
 from sim.cluster.disagg_summary import disagg_run_result, instance_figures, summarize_disagg  # noqa: F401  (re-exported)
 from sim.core import runner
+from sim.core.collector import quiet_collector
 from sim.setup.config import ConfigError, SimConfig
 from sim.core.engine import ARRIVAL_TICK_US, ARRIVAL_TICKS_PER_S
 from sim.timing.kvlink import LINKS, KvLink, streamed_finish_us
@@ -294,7 +295,8 @@ class DisaggCluster:
         """
         router = self.env.process(self._router())
         self.env.process(self._closer(router))
-        self.env.run()
+        with quiet_collector():
+            self.env.run()
         unfinished = [h.request_id for h in self.handovers if not self._resolved(h)]
         if unfinished or len(self.handovers) != len(self.trace):
             held = sum(len(instance.held) for instance in self.prefills)

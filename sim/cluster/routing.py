@@ -31,6 +31,7 @@ import simpy
 from sim.results.summary import (SUMMARY_ITERATION_COLUMNS, RunResult, build_result, iteration_counts,
                                  iteration_counts_of_file, summarize, tier_hit_ratios)
 from sim.setup.config import ConfigError, SimConfig
+from sim.core.collector import quiet_collector
 from sim.core.engine import ARRIVAL_TICK_US, ARRIVAL_TICKS_PER_S, Simulator
 from sim.results.records import tbt_stats_us
 from sim.cluster.replica_merge import (check_replica_parts, merge_replica_parts, merged_counts as _merged_counts,
@@ -484,7 +485,8 @@ def co_simulate_least_outstanding(config: SimConfig, trace: pd.DataFrame, num_re
     fixed = assignment
     assignment = np.empty(len(trace), dtype=np.int64)
     env.process(_router(env, trace, [s for _, _, s in replicas], assignment, fixed, chooser))
-    env.run()
+    with quiet_collector():
+        env.run()
     results = []
     for replica, (replica_config, vmm, simulator) in enumerate(replicas):
         if not simulator.requests:

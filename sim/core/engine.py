@@ -23,6 +23,7 @@ import simpy
 from sim.timing.compute import BatchShape, RooflineComputeModel
 from sim.core.admission import Admission
 from sim.core.cohort import DecodeCohort
+from sim.core.collector import quiet_collector
 from sim.core.costs import NoCost, SwapSpace, VmmCost  # noqa: F401  (VmmCost re-exported)
 from sim.core.decode_runs import DecodeRuns
 from sim.setup.config import SimConfig
@@ -218,7 +219,8 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
     def run(self) -> SimOutput:
         """Run to the last request; returns the raw records."""
         self.start()
-        self.env.run()
+        with quiet_collector():
+            self.env.run()
         return self.output()
 
     # ---- open arrivals (requests pushed over time, e.g. by a router in a shared environment) -------------
