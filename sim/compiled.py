@@ -3,7 +3,7 @@ source whenever its compiled form is not of the source beside it (issue 32).
 
 :data:`COMPILED_MODULES` lists the modules a serving-loop pass runs through (the loop, admission, the decode
 cohort and runs, the step, the mapper, the vAttention policy and its background work, the compute model's
-per-iteration times, the VMM cost draws, the recorder). ``setup.py`` has Cython translate their **unchanged
+per-iteration times, the VMM cost draws, the recorder). ``setup.py`` has Cython translate them and the modules every run imports, their **unchanged
 source** to C (no type declarations: ``annotation_typing=False``, so Python semantics hold, floats and ints
 alike; the tables are the same bit for bit: ``tests/test_compiled.py``, ``bench/engine_hashes.py``), and
 builds each as an *optional* extension next to its ``.py``: without a C compiler or Cython the install goes on
@@ -35,8 +35,15 @@ COMPILED_MODULES = (
     "sim.core.tier_charges", "sim.timing.decode_run_times", "sim.timing.compute", "sim.timing.draws",
     "sim.timing.latency", "sim.memory.vattention", "sim.memory.background", "sim.memory.plan",
     "sim.results.recorder",
+    # imported and run by every simulation (configuration, sizes, the compute model's tables, the summary)
+    "sim.core.runner", "sim.setup.config", "sim.setup.config_checks", "sim.setup.config_sizes", "sim.setup.specs",
+    "sim.setup.model_sizes", "sim.memory.layer_groups", "sim.memory.hybrid_sizing", "sim.timing.attention_blocks",
+    "sim.timing.paged_kernels", "sim.timing.layer_reads", "sim.timing.compute_fields", "sim.results.records",
+    "sim.results.columns", "sim.results.summary",
 )
-"""Modules compiled at install (names; each ``sim/.../name.py``)."""
+"""Modules compiled at install (names; each ``sim/.../name.py``): those a serving-loop pass runs through, then
+those every simulation imports and runs once (compiled, they also skip compiling their source to bytecode at
+every start where bytecode is not written: ``PYTHONDONTWRITEBYTECODE``)."""
 
 HASHES_FILE = "_compiled.json"
 """In the ``sim`` package directory: ``{module: source hash}`` of the sources the build compiled (written by

@@ -233,5 +233,5 @@ class BlockAttentionForm:
 
         if sizes.size and (sizes == sizes.flat[0]).all():   # a decode run: one batch size throughout
             return np.full(sizes.shape, chunk(int(sizes.flat[0])))
-        table = {int(b): chunk(int(b)) for b in np.unique(sizes)}
+        table = {int(b): chunk(int(b)) for b in sorted(set(sizes.ravel().tolist()))}
         return np.array([table[int(b)] for b in sizes.ravel()], dtype=float).reshape(sizes.shape)
