@@ -53,6 +53,8 @@ How the values are derived (:func:`roofline_attention_ms`), in Vidur's units (ms
   statistics columns hold the value as min, max, mean and median, std 0; the reshape columns are 0 (Vidur's
   predictor reads only ``attn_decode``, ``attn_prefill`` and ``attn_kv_cache_save``, which the published
   table lacks too and Vidur's loader fills with 0).
+* Check of the result: with the stand-in, Vidur's replay ends at 3,820 s of simulated time (its log's
+  "Simulation ended at"), kvsim's at 3,842 s (``summary.json`` ``makespan_s``): the same saturated replay.
 
 Measured figures, with the machine's load: ``docs/scale.md``, section "Vidur pair (stop 42)". Besides the pairs,
 the script makes one more run of each (not in the pairs) to count iterations (kvsim's summary line; Vidur's
@@ -299,7 +301,7 @@ def setup(source: Path, work: Path) -> bool:
             f"{ATTENTION_TABLE} is kvsim's stand-in, not Vidur's measurement: {rows} rows synthesized by "
             f"bench/bench_vidur.py (write_stand_in_attention) from kvsim's A100 roofline, because {source} lacks "
             f"the blob.\n")
-        print(f"bench_vidur: {ATTENTION_TABLE} is absent from {source}: wrote a stand-in of {rows} rows from "
+        print(f"bench_vidur: {ATTENTION_TABLE} is absent from {source}: (re)wrote a stand-in of {rows} rows from "
               f"kvsim's A100 roofline", flush=True)
     stand_in = is_stand_in(work)
     if stand_in:
