@@ -1,7 +1,7 @@
 """Benchmark: the speed targets of issues 18 and 32, each case a fresh whole process, printing wall and CPU
 seconds, iterations per second, peak RSS and the SimPy-floor ratio against its targets. Not a test.
 
-    python bench/bench_targets.py [--only conv|arxiv|splitwise|version] [--runs N]
+    python bench/bench_targets.py [--only conv|arxiv|splitwise|version|vidur] [--runs N] [--vidur-source GIT_DIR]
 
 * **SimPy floor** (issue 32): the same process, after its work, times 1,000,000 bare ``env.timeout(1)`` events
   of a fresh ``simpy.Environment`` (one process yielding them). The ratio is the whole process's wall time
@@ -14,7 +14,11 @@ seconds, iterations per second, peak RSS and the SimPy-floor ratio against its t
   (the interpreter's own start-up on this machine).
 * The issue-18 wall targets of the simulation alone (1.5, 0.6, 2.5 s) are printed as before, from the
   simulation's own timer (``simulated in X s wall``).
-* kvsim against Vidur on splitwise_conv: ``bench/bench_vidur.py``.
+* **vidur** (issue 32, only with ``--vidur-source GIT_DIR``, Vidur's git directory): kvsim against Vidur on
+  splitwise_conv through ``bench/bench_vidur.py``'s functions: its set-up (extract, stand-in attention table where
+  the source lacks it, virtual environment, trained predictors, in ``--vidur-work``), then ``--runs`` alternated
+  pairs of whole processes; the median ratio kvsim / Vidur of wall time against the target <= 0.10, CPU beside.
+  Without the option nothing of Vidur runs and the other cases are as before.
 
 State the machine's load when quoting the figures (the load average is printed first, then how many of the
 hot modules run compiled, :mod:`sim.compiled`; ``KVSIM_PURE_PYTHON=1`` times the pure-Python form; each figure is the
@@ -95,9 +99,15 @@ def _spread(values: list[float]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=sorted([*CASES, "version"]), default=None)
+    parser.add_argument("--only", choices=sorted([*CASES, "version", "vidur"]), default=None)
     parser.add_argument("--runs", type=int, default=3, help="runs per case (median, min, max printed)")
+    parser.add_argument("--vidur-source", type=Path, default=None, metavar="GIT_DIR",
+                        help="Vidur's git directory: also time kvsim against Vidur (bench/bench_vidur.py)")
+    parser.add_argument("--vidur-work", type=Path, default=Path("/tmp/kvsim-vidur"), metavar="DIR",
+                        help="bench_vidur's build directory (default %(default)s)")
     args = parser.parse_args()
+    if args.only == "vidur" and args.vidur_source is None:
+        parser.error("--only vidur needs --vidur-source GIT_DIR (Vidur's git directory)")
     print("load:", os.getloadavg())
     sys.path.insert(0, str(ROOT))
     from sim.compiled import status       # which form the simulator's hot modules run in (sim/compiled.py)
@@ -134,7 +144,26 @@ def main() -> int:
             line += (f"; target <= {floor_target}: "
                      f"{'met' if statistics.median(floor_ratio) <= floor_target else 'NOT met'}")
         print(line + f"; peak RSS {max(r[3] for r in rows) / 1024:,.0f} MiB (largest child so far)", flush=True)
+    if args.vidur_source is not None and args.only in (None, "vidur"):
+        _vidur_pair(args.vidur_source.resolve(), args.vidur_work.resolve(), args.runs)
     return 0
+
+
+def _vidur_pair(source: Path, work: Path, runs: int) -> None:
+    """The kvsim / Vidur case (module docstring): bench_vidur's set-up, then ``runs`` alternated pairs."""
+    sys.path.insert(0, str(ROOT))
+    from bench import bench_vidur
+
+    stand_in = bench_vidur.setup(source, work)
+    rows = bench_vidur.timed_pairs(work, runs, log=lambda line: print(f"  vidur {line}", flush=True))
+    ratio = statistics.median(rows["kvsim/vidur wall"])
+    what = "Vidur with a stand-in attention table" if stand_in else "Vidur"
+    print(f"vidur      kvsim / {what}, splitwise_conv, Llama-2-7B, A100, vllm: wall "
+          f"{_spread(rows['kvsim/vidur wall'])}, CPU {_spread(rows['kvsim/vidur cpu'])}; kvsim "
+          f"{_spread(rows['kvsim wall s'])} s wall, {_spread(rows['kvsim cpu s'])} s CPU; Vidur "
+          f"{_spread(rows['vidur wall s'])} s wall, {_spread(rows['vidur cpu s'])} s CPU; load "
+          f"{os.getloadavg()[0]:.2f}; target <= {bench_vidur.TARGET}: "
+          f"{'met' if ratio <= bench_vidur.TARGET else 'NOT met'}", flush=True)
 
 
 if __name__ == "__main__":
