@@ -131,7 +131,8 @@ class Admission:
         never delays an admission that a free slot and free pages allow (issue 28, ``eager_admit.csv``)."""
         self._admission_refused = False
         admitted = self.scheduler.admit_part(self.waiting, budget, self._admit)
-        if self._admission_refused and self.mapper and (yield from self._take_over_idle_maps()):
+        if (self._admission_refused and self.mapper and self.policy.idle_slots_mapping()
+                and (yield from self._take_over_idle_maps())):
             self._admission_refused = False
             left = budget - sum(tokens for _, tokens in admitted)
             if left > 0:

@@ -26,14 +26,6 @@ PLAIN_RUN_STEPS = 64
 class DecodeRuns:
     """Decode runs and the decode cohort of :class:`sim.core.engine.Simulator` (module docstring)."""
 
-    def _cohort_pass_args(self) -> dict:
-        """Keyword arguments of :meth:`_iteration_pass` for the cohort (none without one)."""
-        if self.cohort is None:
-            return {}
-        if not self.cohort.size:
-            return {"running": self._solo}
-        return {"running": self._solo, "cohort": (self._cohort_scheduled, self.cohort)}
-
     def _cohort_tokens(self, done_us: float) -> None:
         """TBT of one cohort iteration ending at ``done_us``: members that joined since the last one from their
         own last token, the others (one gap for all of them) from the cohort's last emission."""
@@ -86,24 +78,30 @@ class DecodeRuns:
             self.cohort.leave(request)
             bisect.insort(self._solo, request, key=_admitted_order)
 
+    def _run_blocked(self, batch: Batch) -> bool:
+        """Whether no decode run can start now (checked before :meth:`_decode_run`'s generator is made): work
+        pending (plans, zeroing, copies, the mapper's ops, tier transfers), or a batch that is not every running
+        request in plain decode (with a cohort: the cohort alone, every running request in it)."""
+        if (self._pending_plans or self._pending_zero_groups or self._pending_copy_bytes
+                or (self.mapper and not self.mapper.idle) or (self.tiers and self.tiers.pending)):
+            return True
+        cohort = self.cohort
+        if cohort is not None:
+            return bool(batch) or not self._cohort_scheduled or cohort.size != len(self.running)
+        return len(batch) != len(self.running)
+
     def _decode_run(self, batch: Batch, iteration: int):
         """Fast-forward k >= 2 pure-decode iterations in one event when nothing can change inside them:
         no arrival before the last one starts, no completion, every step and look-ahead target already
-        mapped, the mapper idle with no background work. The steps are cut at the next arrival
-        (:meth:`_run_steps`). With a decode cohort the run is the whole cohort's (every running request in it),
-        up to the first member due to leave, its shape and page crossings from the cohort's totals; without
-        one, from two passes over the batch (:meth:`_run_shape`). Returns k (0 when not eligible)."""
+        mapped, the mapper idle with no background work (the caller checked :meth:`_run_blocked` first). The
+        steps are cut at the next arrival (:meth:`_run_steps`). With a decode cohort the run is the whole
+        cohort's (every running request in it), up to the first member due to leave, its shape and page
+        crossings from the cohort's totals; without one, from two passes over the batch (:meth:`_run_shape`).
+        Returns k (0 when not eligible)."""
         cohort = self.cohort
-        if (self._pending_plans or self._pending_zero_groups or self._pending_copy_bytes
-                or (self.mapper and not self.mapper.idle) or (self.tiers and self.tiers.pending)):
-            return 0
         if cohort is not None:
-            if batch or not self._cohort_scheduled or cohort.size != len(self.running):
-                return 0
             steps, shape = cohort.steps_left(), None
         else:
-            if len(batch) != len(self.running):
-                return 0
             shape = self._run_shape(batch)
             steps = shape[0] if shape is not None else 0
         if steps < 2:

@@ -14,6 +14,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from typing import TYPE_CHECKING
 
@@ -310,7 +311,7 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
                 self._check_progress("scheduling")
                 continue
             self._stalled_state = None
-            if self.coalesce and not preempted and not plan and env.now == start_at_us:
+            if self.coalesce and not preempted and not plan and env.now == start_at_us and not self._run_blocked(batch):
                 steps = yield from self._decode_run(batch, iteration)
                 if steps:
                     iteration += steps
@@ -335,14 +336,24 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
             if sync_us > 0:
                 yield env.timeout(sync_us)
             stall_us = waited_us + mapping_us
-            new, pairs, kv_read, logits, longest, prefill, targets, snapshot, blocks, block_keys = self._iteration_pass(
-                batch, lookahead=self.mapper is not None, **self._cohort_pass_args())
+            cohort = self.cohort          # the pass leaves the cohort's members out (sim.core.cohort)
+            if cohort is None:
+                shape = self._iteration_pass(batch, self.mapper is not None)
+            elif not cohort.size:
+                shape = self._iteration_pass(batch, self.mapper is not None, self._solo)
+            else:
+                shape = self._iteration_pass(batch, self.mapper is not None, self._solo,
+                                             (self._cohort_scheduled, cohort))
+            new, pairs, kv_read, logits, longest, prefill, targets, snapshot, blocks, block_keys = shape
             reads = batch_reads(self._read_groups, ((r.computed, t) for r, t in batch)) if self._read_groups else ()
             compute_us = self.compute.iteration_us(BatchShape(new, pairs, kv_read, logits, longest, blocks, block_keys,
                                                               reads))
             if self.mapper and (targets or self.policy.has_background_work()):   # else the plan is empty
                 self.mapper.submit(self.policy.background_plan(targets))
-            yield from self._run_compute(compute_us)
+            if self._compute_hooked:
+                yield from self._run_compute(compute_us)
+            else:                         # the hook's own body, without a generator per iteration
+                yield env.timeout(compute_us)
             if self.tiers is not None:        # a layer-by-layer load: the part the compute did not hide
                 exposed_us = self.tiers.take_exposed_us(compute_us)
                 if exposed_us:
@@ -372,8 +383,13 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
     # ---- phases ----------------------------------------------------------------------------------------
     def _run_compute(self, compute_us: float):
         """The iteration's GPU compute (a hook: :mod:`sim.cluster.colocate` serialises several tenants' compute
-        on one GPU here)."""
+        on one GPU here; the loop yields this body's timeout itself unless a subclass replaces it)."""
         yield self.env.timeout(compute_us)
+
+    @cached_property
+    def _compute_hooked(self) -> bool:
+        """Whether a subclass replaced :meth:`_run_compute`."""
+        return type(self)._run_compute is not Simulator._run_compute
 
     def _settle_mapper(self):
         """Cancel the mapper's reserved ops, or wait for its reserved op in progress; returns whether the

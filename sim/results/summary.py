@@ -16,6 +16,8 @@ writes without importing pandas: :func:`build_result`); float totals are pandas'
 """
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -456,5 +458,7 @@ def ttft_growth_of(arrivals_us: np.ndarray, ttft_us: np.ndarray) -> float:
     steady = arrivals_us >= np.sort(arrivals_us)[len(arrivals_us) // 4]
     x_us, y_us = arrivals_us[steady], ttft_us[steady]
     spread = x_us - x_us.mean()
-    denominator = float(np.dot(spread, spread))
-    return float(np.dot(spread, y_us - y_us.mean()) / denominator) if denominator > 0 else 0.0
+    # exactly rounded sums (math.fsum), not np.dot: BLAS splits a dot product over its threads, so its last
+    # bits depend on the machine's core count (OpenBLAS, 14,000 terms: 1 vs 2 threads differ)
+    denominator = math.fsum(spread * spread)
+    return math.fsum(spread * (y_us - y_us.mean())) / denominator if denominator > 0 else 0.0
