@@ -3,12 +3,13 @@ source whenever its compiled form is not of the source beside it (issue 32).
 
 :data:`COMPILED_MODULES` lists the modules a serving-loop pass runs through (the loop, admission, the decode
 cohort and runs, the step, the mapper, the vAttention policy and its background work, the compute model's
-per-iteration times, the VMM cost draws, the recorder). ``setup.py`` has Cython translate them and the modules every run imports, their **unchanged
-source** to C (no type declarations: ``annotation_typing=False``, so Python semantics hold, floats and ints
-alike; the tables are the same bit for bit: ``tests/test_compiled.py``, ``bench/engine_hashes.py``), and
-builds each as an *optional* extension next to its ``.py``: without a C compiler or Cython the install goes on
-and the modules run as Python. Measured on the conversation trace: the simulation 2.40 -> 1.75-1.82 s wall
-(``docs/scale.md``, "Round 4").
+per-iteration times, the VMM cost draws, the recorder), then those every simulation imports and runs once
+(configuration, sizes, the compute model's tables, records, summary). ``setup.py`` has Cython translate their
+**unchanged source** to C (no type declarations: ``annotation_typing=False``, so Python semantics hold, floats
+and ints alike; the tables are the same bit for bit: ``tests/test_compiled.py``, ``bench/engine_hashes.py``),
+and builds each as an *optional* extension next to its ``.py``: without a C compiler or Cython the install goes
+on and the modules run as Python. Measured (``docs/scale.md``, "Round 5"): the conversation trace's simulation
+2.40 -> 1.75-1.87 s wall, the arXiv case's whole process 0.68 -> 0.51 s.
 
 The guard (:func:`install_guard`, called by ``sim/__init__.py`` before any of these modules is imported): an
 extension module beside a ``.py`` file would be imported in its place even after the source was edited, so the
