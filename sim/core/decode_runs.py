@@ -26,6 +26,16 @@ PLAIN_RUN_STEPS = 64
 class DecodeRuns:
     """Decode runs and the decode cohort of :class:`sim.core.engine.Simulator` (module docstring)."""
 
+    def _stepped_pass(self, batch: Batch) -> tuple:
+        """:meth:`_iteration_pass` of a stepped iteration (look-ahead with the asynchronous mapper), the decode
+        cohort's members left out of the running requests it walks and counted as the cohort."""
+        cohort, lookahead = self.cohort, self.mapper is not None
+        if cohort is None:
+            return self._iteration_pass(batch, lookahead)
+        if not cohort.size:
+            return self._iteration_pass(batch, lookahead, self._solo)
+        return self._iteration_pass(batch, lookahead, self._solo, (self._cohort_scheduled, cohort))
+
     def _cohort_tokens(self, done_us: float) -> None:
         """TBT of one cohort iteration ending at ``done_us``: members that joined since the last one from their
         own last token, the others (one gap for all of them) from the cohort's last emission."""

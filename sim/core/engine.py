@@ -336,15 +336,8 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
             if sync_us > 0:
                 yield env.timeout(sync_us)
             stall_us = waited_us + mapping_us
-            cohort = self.cohort          # the pass leaves the cohort's members out (sim.core.cohort)
-            if cohort is None:
-                shape = self._iteration_pass(batch, self.mapper is not None)
-            elif not cohort.size:
-                shape = self._iteration_pass(batch, self.mapper is not None, self._solo)
-            else:
-                shape = self._iteration_pass(batch, self.mapper is not None, self._solo,
-                                             (self._cohort_scheduled, cohort))
-            new, pairs, kv_read, logits, longest, prefill, targets, snapshot, blocks, block_keys = shape
+            new, pairs, kv_read, logits, longest, prefill, targets, snapshot, blocks, block_keys = (
+                self._stepped_pass(batch))
             reads = batch_reads(self._read_groups, ((r.computed, t) for r, t in batch)) if self._read_groups else ()
             compute_us = self.compute.iteration_us(BatchShape(new, pairs, kv_read, logits, longest, blocks, block_keys,
                                                               reads))
