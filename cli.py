@@ -363,7 +363,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = Parser(
         prog="kvsim", description="Trace-driven simulator of LLM-serving KV-cache memory management (vAttention, "
                                   "PagedAttention, static reservation) with a CUDA VMM hardware backend.")
-    parser.add_argument("--version", action="version", version=f"kvsim {__version__}")
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sim = sub.add_parser("simulate", help="replay a trace through a KV-cache memory policy (default vAttention)",
                          description="Replay a trace (or the built-in synthetic workload) and print the summary.",
@@ -417,14 +417,19 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def version_line() -> str:
+    """``kvsim VERSION; compiled: N of M simulator modules ...`` (:func:`sim.compiled.status`)."""
+    from sim.compiled import status
+    return f"kvsim {__version__}; {status()}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``kvsim`` console command; returns the exit status."""
     given = sys.argv[1:] if argv is None else argv
     if given == ["--version"]:
         # answered before the parser is built: its subcommands' options import the catalogue (as argparse's
         # own version action would, the line goes to stdout and the exit is SystemExit(0))
-        from sim.compiled import status
-        print(f"kvsim {__version__} ({status()})")
+        print(version_line())
         sys.exit(0)
     only = "simulate" if given[:1] == ["simulate"] else None       # the sub-command named first: only its parser
     parser = build_parser(only)

@@ -22,6 +22,10 @@ def _compiled_list():
     return module
 
 
+SOURCE_HASHES: dict = {}
+"""Module -> hash of the source handed to Cython (:func:`extensions`); recorded for the modules that built."""
+
+
 def extensions() -> list:
     listed = _compiled_list()
     if listed.pure_requested():
@@ -31,8 +35,8 @@ def extensions() -> list:
     except ImportError:       # Cython is a build requirement; a build without it stays pure Python
         return []
     sim_dir = ROOT / "sim"
-    hashes = {module: listed.source_hash(listed.source_path(module, sim_dir)) for module in listed.COMPILED_MODULES}
-    (sim_dir / listed.HASHES_FILE).write_text(json.dumps(hashes, indent=1, sort_keys=True) + "\n")
+    SOURCE_HASHES.update({module: listed.source_hash(listed.source_path(module, sim_dir))
+                          for module in listed.COMPILED_MODULES})
     modules = [Extension(module, [str(listed.source_path(module, sim_dir).relative_to(ROOT))], optional=True)
                for module in listed.COMPILED_MODULES]
     try:
@@ -46,12 +50,26 @@ def extensions() -> list:
 
 class OptionalBuildExt(build_ext):
     """Every compiled module is optional: one that does not build (no C compiler, no Python headers) stays
-    Python, with one line saying so (setuptools' own ``optional=True`` lets a failed parallel build through)."""
+    Python, with one line saying so (setuptools' own ``optional=True`` lets a failed parallel build through, and
+    an editable install then looks for the missing file). Only the modules that built are recorded in
+    :data:`sim.compiled.HASHES_FILE`, after the build: an extension left from an earlier build of a module that
+    failed now has no record, so the import guard runs that module from its source."""
+
+    def build_extensions(self):
+        self._failed = set()
+        super().build_extensions()
+        self.extensions = [ext for ext in self.extensions if ext.name not in self._failed]
+        built = {ext.name: SOURCE_HASHES[ext.name] for ext in self.extensions if ext.name in SOURCE_HASHES}
+        text = json.dumps(built, indent=1, sort_keys=True) + "\n"
+        for sim_dir in {ROOT / "sim", Path(self.build_lib) / "sim"}:      # the source tree, and a wheel's tree
+            if sim_dir.is_dir():
+                (sim_dir / _compiled_list().HASHES_FILE).write_text(text)
 
     def build_extension(self, ext):
         try:
             super().build_extension(ext)
         except Exception as exc:     # the compiler's or the linker's failure, whatever its class
+            self._failed.add(ext.name)
             print(f"kvsim: {ext.name} is not compiled ({type(exc).__name__}: {exc}); it runs as Python",
                   file=sys.stderr)
 

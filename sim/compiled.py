@@ -51,8 +51,11 @@ HASHES_FILE = "_compiled.json"
 ``setup.py``; not in git)."""
 
 PURE_ENV = "KVSIM_PURE_PYTHON"
-"""An environment variable: set to anything but ``""`` or ``"0"``, every listed module runs from its source
-(and ``setup.py`` compiles nothing)."""
+"""An environment variable: ``1`` (or ``true``, ``yes``, ``on``, any other value but the off ones) runs every listed
+module from its source (and ``setup.py`` compiles nothing); unset, empty, ``0``, ``false``, ``no`` or ``off``
+(any case) leaves them compiled."""
+
+OFF_VALUES = ("", "0", "false", "no", "off")
 
 CYTHON_DIRECTIVES = {"language_level": 3, "annotation_typing": False, "binding": True,
                      "embedsignature": False}
@@ -84,14 +87,17 @@ def extension_path(module: str, sim_dir: Path = SIM_DIR) -> Path | None:
 
 
 def pure_requested(environ=os.environ) -> bool:
-    """Whether :data:`PURE_ENV` asks for the source form of every module."""
-    return environ.get(PURE_ENV, "") not in ("", "0")
+    """Whether :data:`PURE_ENV` asks for the source form of every module (:data:`OFF_VALUES` do not)."""
+    return environ.get(PURE_ENV, "").strip().lower() not in OFF_VALUES
 
 
 def module_forms(sim_dir: Path = SIM_DIR, environ=os.environ) -> dict[str, str]:
     """Each listed module's form in a process started with ``environ``: ``"compiled"``, ``"source"`` (no
-    extension built), ``"source: changed since compiled"`` (the guard's case) or ``"source: KVSIM_PURE_PYTHON"``.
-    Reads :data:`HASHES_FILE` and hashes only the sources that have an extension beside them."""
+    extension built), ``"source: changed since compiled"`` (the guard's case), ``"source: no build record"``
+    (:data:`HASHES_FILE` missing, unreadable or without the module: its build failed or was not recorded),
+    ``"source: KVSIM_PURE_PYTHON"``, or ``"compiled: its source is missing"`` (an extension whose ``.py`` was
+    deleted: the extension is all there is to import). Reads :data:`HASHES_FILE` and hashes only the sources that
+    have an extension beside them; never raises for a damaged record or a missing source."""
     forms, recorded = {}, None
     pure = pure_requested(environ)
     for module in COMPILED_MODULES:
@@ -106,8 +112,17 @@ def module_forms(sim_dir: Path = SIM_DIR, environ=os.environ) -> dict[str, str]:
                 recorded = json.loads((sim_dir / HASHES_FILE).read_text())
             except (OSError, ValueError):
                 recorded = {}
-        fresh = recorded.get(module) == source_hash(source_path(module, sim_dir))
-        forms[module] = "compiled" if fresh else "source: changed since compiled"
+            if not isinstance(recorded, dict):
+                recorded = {}
+        try:
+            current = source_hash(source_path(module, sim_dir))
+        except OSError:
+            forms[module] = "compiled: its source is missing"
+            continue
+        if module not in recorded:
+            forms[module] = "source: no build record"
+        else:
+            forms[module] = "compiled" if recorded[module] == current else "source: changed since compiled"
     return forms
 
 
@@ -127,8 +142,12 @@ class SourceFinder:
 
 def install_guard(sim_dir: Path = SIM_DIR, environ=os.environ) -> SourceFinder | None:
     """Put a :class:`SourceFinder` first on :data:`sys.meta_path` for the modules that must run from source
-    although an extension is beside them (:func:`module_forms`); returns it, or ``None`` when none must."""
+    although an extension is beside them (:func:`module_forms`); returns it, or ``None`` when none must. The
+    forms found are kept for :func:`status`."""
+    global _FORMS
     forms = module_forms(sim_dir, environ)
+    if sim_dir == SIM_DIR and environ is os.environ:
+        _FORMS = forms
     sources = {module: source_path(module, sim_dir) for module, form in forms.items() if form.startswith("source:")}
     if not sources:
         return None
@@ -137,14 +156,24 @@ def install_guard(sim_dir: Path = SIM_DIR, environ=os.environ) -> SourceFinder |
     return finder
 
 
+_FORMS: dict[str, str] | None = None     # this process's forms, as the guard found them at start
+
+
 def status(sim_dir: Path = SIM_DIR, environ=os.environ) -> str:
-    """One line: how many listed modules run compiled in this process's environment, and why the others
-    do not (``"compiled: 19 of 19 simulator modules"``)."""
-    forms = module_forms(sim_dir, environ)
-    compiled = sum(form == "compiled" for form in forms.values())
+    """One line: how many listed modules run compiled (in this process: as the guard found them when ``sim`` was
+    imported), and why the others do not (``"compiled: 34 of 34 simulator modules"``; ``"compiled: 33 of 34
+    simulator modules, the rest from source: changed since compiled (pip install -e . rebuilds them)"``)."""
+    forms = _FORMS if (_FORMS is not None and sim_dir == SIM_DIR and environ is os.environ) else module_forms(
+        sim_dir, environ)
+    compiled = sum(form.startswith("compiled") for form in forms.values())
     line = f"compiled: {compiled} of {len(forms)} simulator modules"
     reasons = sorted({form.split(": ", 1)[1] if ": " in form else "not built"
-                      for form in forms.values() if form != "compiled"})
+                      for form in forms.values() if not form.startswith("compiled")})
     if reasons:
         line += f", {'the rest' if compiled else 'all'} from source: {'; '.join(reasons)}"
+        if {"changed since compiled", "no build record"} & set(reasons):
+            line += " (pip install -e . rebuilds them)"
+    missing = sum(form == "compiled: its source is missing" for form in forms.values())
+    if missing:
+        line += f"; {missing} compiled without its source (the .py was deleted)"
     return line

@@ -104,8 +104,24 @@ def test_module_forms_follow_the_recorded_hashes(tmp_path):
     pure = compiled.module_forms(sim_dir, environ={compiled.PURE_ENV: "1"})
     assert pure[engine] == pure[cohort] == f"source: {compiled.PURE_ENV}"
     assert compiled.module_forms(sim_dir, environ={compiled.PURE_ENV: "0"})[engine] == "compiled"
+    assert compiled.module_forms(sim_dir, environ={compiled.PURE_ENV: " False "})[engine] == "compiled"
+    assert compiled.module_forms(sim_dir, environ={compiled.PURE_ENV: "yes"})[engine].startswith("source: ")
     (sim_dir / compiled.HASHES_FILE).unlink()                               # no record: source
-    assert compiled.module_forms(sim_dir, environ={})[engine] == "source: changed since compiled"
+    assert compiled.module_forms(sim_dir, environ={})[engine] == "source: no build record"
+    assert "(pip install -e . rebuilds them)" in compiled.status(sim_dir, environ={})
+    for damaged in ("null", "[1, 2]", "{not json"):                        # a damaged record: source, no error
+        (sim_dir / compiled.HASHES_FILE).write_text(damaged)
+        assert compiled.module_forms(sim_dir, environ={})[engine] == "source: no build record"
+
+
+def test_an_extension_without_its_source_is_imported_as_it_is(tmp_path):
+    """A ``.py`` deleted beside its extension: the extension is all there is (no error at ``import sim``)."""
+    engine = compiled.COMPILED_MODULES[0]
+    sim_dir = _fake_sim(tmp_path, {engine: b"x = 1\n"})
+    compiled.source_path(engine, sim_dir).unlink()
+    assert compiled.module_forms(sim_dir, environ={})[engine] == "compiled: its source is missing"
+    assert compiled.install_guard(sim_dir, environ={}) is None
+    assert "1 compiled without its source" in compiled.status(sim_dir, environ={})
 
 
 def test_guard_imports_a_changed_module_from_its_source(tmp_path, monkeypatch):
