@@ -93,8 +93,9 @@ def pure_requested(environ=os.environ) -> bool:
 
 def module_forms(sim_dir: Path = SIM_DIR, environ=os.environ) -> dict[str, str]:
     """Each listed module's form in a process started with ``environ``: ``"compiled"``, ``"source"`` (no
-    extension built), ``"source: changed since compiled"`` (the guard's case), ``"source: no build record"``
-    (:data:`HASHES_FILE` missing, unreadable or without the module: its build failed or was not recorded),
+    extension built), ``"source: changed since compiled"`` (the guard's case), ``"source: not built by the last install"``
+    (:data:`HASHES_FILE` missing, unreadable or without the module: its last build failed, e.g. without a
+    working C compiler, and an extension of an earlier build is left; ``pip install -v`` shows why),
     ``"source: KVSIM_PURE_PYTHON"``, or ``"compiled: its source is missing"`` (an extension whose ``.py`` was
     deleted: the extension is all there is to import). Reads :data:`HASHES_FILE` and hashes only the sources that
     have an extension beside them; never raises for a damaged record or a missing source."""
@@ -120,7 +121,7 @@ def module_forms(sim_dir: Path = SIM_DIR, environ=os.environ) -> dict[str, str]:
             forms[module] = "compiled: its source is missing"
             continue
         if module not in recorded:
-            forms[module] = "source: no build record"
+            forms[module] = "source: not built by the last install"
         else:
             forms[module] = "compiled" if recorded[module] == current else "source: changed since compiled"
     return forms
@@ -171,7 +172,7 @@ def status(sim_dir: Path = SIM_DIR, environ=os.environ) -> str:
                       for form in forms.values() if not form.startswith("compiled")})
     if reasons:
         line += f", {'the rest' if compiled else 'all'} from source: {'; '.join(reasons)}"
-        if {"changed since compiled", "no build record"} & set(reasons):
+        if {"changed since compiled", "not built by the last install"} & set(reasons):
             line += " (pip install -e . rebuilds them)"
     missing = sum(form == "compiled: its source is missing" for form in forms.values())
     if missing:

@@ -107,11 +107,11 @@ def test_module_forms_follow_the_recorded_hashes(tmp_path):
     assert compiled.module_forms(sim_dir, environ={compiled.PURE_ENV: " False "})[engine] == "compiled"
     assert compiled.module_forms(sim_dir, environ={compiled.PURE_ENV: "yes"})[engine].startswith("source: ")
     (sim_dir / compiled.HASHES_FILE).unlink()                               # no record: source
-    assert compiled.module_forms(sim_dir, environ={})[engine] == "source: no build record"
+    assert compiled.module_forms(sim_dir, environ={})[engine] == "source: not built by the last install"
     assert "(pip install -e . rebuilds them)" in compiled.status(sim_dir, environ={})
     for damaged in ("null", "[1, 2]", "{not json"):                        # a damaged record: source, no error
         (sim_dir / compiled.HASHES_FILE).write_text(damaged)
-        assert compiled.module_forms(sim_dir, environ={})[engine] == "source: no build record"
+        assert compiled.module_forms(sim_dir, environ={})[engine] == "source: not built by the last install"
 
 
 def test_an_extension_without_its_source_is_imported_as_it_is(tmp_path):
