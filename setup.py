@@ -1,6 +1,6 @@
 """Build hook (the project's metadata is in ``pyproject.toml``): compiles the simulator's hot modules
-(:data:`sim.compiled.COMPILED_MODULES`) from their unchanged source with Cython, each an optional extension
-(a failed compile leaves that module in Python), and records the sources' hashes for the import guard
+(:data:`sim.compiled.COMPILED_MODULES`) from their unchanged source with Cython, each optional
+(:class:`OptionalBuildExt`: a failed compile leaves that module in Python), and records the sources' hashes for the import guard
 (:data:`sim.compiled.HASHES_FILE`). ``KVSIM_PURE_PYTHON=1 pip install ...`` compiles nothing."""
 import importlib.util
 import json
@@ -22,12 +22,14 @@ def _compiled_list():
     return module
 
 
+LISTED = _compiled_list()
+
 SOURCE_HASHES: dict = {}
 """Module -> hash of the source handed to Cython (:func:`extensions`); recorded for the modules that built."""
 
 
 def extensions() -> list:
-    listed = _compiled_list()
+    listed = LISTED
     if listed.pure_requested():
         return []
     try:
@@ -37,7 +39,8 @@ def extensions() -> list:
     sim_dir = ROOT / "sim"
     SOURCE_HASHES.update({module: listed.source_hash(listed.source_path(module, sim_dir))
                           for module in listed.COMPILED_MODULES})
-    modules = [Extension(module, [str(listed.source_path(module, sim_dir).relative_to(ROOT))], optional=True)
+    # (not optional=True: OptionalBuildExt takes each failure, which setuptools' own handling lets through)
+    modules = [Extension(module, [str(listed.source_path(module, sim_dir).relative_to(ROOT))])
                for module in listed.COMPILED_MODULES]
     try:
         return cythonize(modules, build_dir="build/cython", compiler_directives=listed.CYTHON_DIRECTIVES,
@@ -63,7 +66,7 @@ class OptionalBuildExt(build_ext):
         text = json.dumps(built, indent=1, sort_keys=True) + "\n"
         for sim_dir in {ROOT / "sim", Path(self.build_lib) / "sim"}:      # the source tree, and a wheel's tree
             if sim_dir.is_dir():
-                (sim_dir / _compiled_list().HASHES_FILE).write_text(text)
+                (sim_dir / LISTED.HASHES_FILE).write_text(text)
 
     def build_extension(self, ext):
         try:

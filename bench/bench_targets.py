@@ -150,8 +150,8 @@ def main() -> int:
 
 
 def _vidur_pair(source: Path, work: Path, runs: int) -> None:
-    """The kvsim / Vidur case (module docstring): bench_vidur's set-up, then ``runs`` alternated pairs."""
-    sys.path.insert(0, str(ROOT))
+    """The kvsim / Vidur case (module docstring): bench_vidur's set-up, then ``runs`` alternated pairs (``ROOT``
+    is on ``sys.path``: :func:`main`)."""
     from bench import bench_vidur
 
     stand_in = bench_vidur.setup(source, work)

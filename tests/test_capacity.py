@@ -344,3 +344,18 @@ def test_an_slo_with_a_stray_plus_is_one_line_naming_it(capsys):
     captured = capsys.readouterr()
     assert captured.err.strip().splitlines() == ["kvsim: error: --slo ttft_p99: not a duration: '2s+' "
                                                  "(examples: 2s, 100ms, 250us)"]
+
+
+def test_ttft_growth_does_not_depend_on_the_blas_threads():
+    """The summary's TTFT slope (the capacity search's stability criterion) is the same bit for bit whatever the
+    number of BLAS threads (np.dot split its sum over them: the machine's core count showed in its last bits)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+    code = ("import numpy as np; from sim.results.summary import ttft_growth_of; r = np.random.default_rng(0); "
+            "x = np.sort(r.random(20000)) * 1e9; print(ttft_growth_of(x, x * 1e-3 + r.random(20000) * 1e5).hex())")
+    values = {subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+                             env={**os.environ, "OPENBLAS_NUM_THREADS": str(n)}).stdout.strip() for n in (1, 2)}
+    assert len(values) == 1 and float.fromhex(values.pop()) > 0

@@ -131,24 +131,21 @@ class Admission:
         never delays an admission that a free slot and free pages allow (issue 28, ``eager_admit.csv``)."""
         self._admission_refused = False
         admitted = self.scheduler.admit_part(self.waiting, budget, self._admit)
-        if (self._admission_refused and self.mapper and self.policy.idle_slots_mapping()
-                and (yield from self._take_over_idle_maps())):
+        idle = self.policy.idle_slots_mapping() if self._admission_refused and self.mapper else None
+        if idle:       # (no generator made when no idle slot has maps in flight: the common refusal)
+            yield from self._take_over_idle_maps(idle)
             self._admission_refused = False
             left = budget - sum(tokens for _, tokens in admitted)
             if left > 0:
                 admitted = admitted + self.scheduler.admit_part(self.waiting, left, self._admit)
         return admitted
 
-    def _take_over_idle_maps(self):
-        """Cancel the mapper's queued maps on idle slots and wait for its op in progress if it maps one;
-        returns whether there were any (so that retrying an admission can succeed)."""
-        idle = self.policy.idle_slots_mapping()
-        if not idle:
-            return False
+    def _take_over_idle_maps(self, idle: list[int]):
+        """Cancel the mapper's queued maps on the idle slots ``idle`` (those with maps in flight, from the
+        policy's ``idle_slots_mapping``) and wait for its op in progress if it maps one."""
         in_progress = self.mapper.take_over(idle)
         if in_progress is not None:
             yield in_progress
-        return True
 
     def _unblock_admission(self):
         """Nothing could be scheduled: let the mapper's reserved work settle (it holds pages), else reject

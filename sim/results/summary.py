@@ -17,7 +17,6 @@ writes without importing pandas: :func:`build_result`); float totals are pandas'
 from __future__ import annotations
 
 import math
-
 from pathlib import Path
 from typing import TYPE_CHECKING
 
