@@ -34,6 +34,7 @@ class DecodeCohort:
         joiners: members that have not been scheduled in the cohort yet (their next token's gap runs from
             their own last token, not from the cohort's).
         last_emit_us: when the cohort last emitted its tokens (the end of its latest iteration).
+        size: members (kept by :meth:`join` and :meth:`leave`: a plain attribute, read several times a loop pass).
     """
 
     def __init__(self, tokens_per_page: int):
@@ -42,6 +43,7 @@ class DecodeCohort:
         self.offset_sum = 0
         self.mapped_sum = 0
         self.used_now = 0
+        self.size = 0
         self.last_emit_us = float("nan")
         self.joiners: dict[Request, None] = {}
         self._members: dict[Request, tuple[int, int, int, int]] = {}   # -> (seq, computed - clock, generated - clock, mapped)
@@ -50,11 +52,6 @@ class DecodeCohort:
         self._longest: list[tuple[int, int]] = []  # heap of (-(computed - clock), seq)
         self._by_seq: dict[int, Request] = {}
         self._seq = 0
-
-    @property
-    def size(self) -> int:
-        """Members."""
-        return len(self._members)
 
     def __contains__(self, request: Request) -> bool:
         return request in self._members
@@ -67,6 +64,7 @@ class DecodeCohort:
         seq = self._seq
         self._seq += 1
         self._members[request] = (seq, offset, request.generated - self.clock, mapped_page_groups)
+        self.size = len(self._members)
         self._by_seq[seq] = request
         self.offset_sum += offset
         self.mapped_sum += mapped_page_groups
@@ -84,6 +82,7 @@ class DecodeCohort:
             KeyError: if ``request`` is not a member.
         """
         seq, offset, generated_offset, mapped = self._members.pop(request)
+        self.size = len(self._members)
         del self._by_seq[seq]
         request.computed = offset + self.clock
         request.generated = generated_offset + self.clock

@@ -33,7 +33,7 @@ from sim.timing.layer_reads import batch_reads, read_groups
 from sim.core.lifecycle import RequestBookkeeping
 from sim.core.mapper import AsyncMapper
 from sim.memory import build_policy
-from sim.memory.plan import Plan
+from sim.memory.plan import EMPTY_PLAN, Plan
 from sim.results.records import ITERATION_COLUMNS, REQUEST_COLUMNS, tbt_distinct_us, tbt_stats_us
 from sim.results.recorder import IterationRecorder
 from sim.core.request import Request
@@ -201,9 +201,7 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
         self.tbt_run_gaps_us = array("d")    # decode runs: each step's duration after the first ...
         self.tbt_run_weights = array("q")    # ... and the tokens it stands for (the batch size)
         self._tbt_fold_at = TBT_FOLD_ENTRIES
-        self.num_done = 0
-        self._next_arrival = 0
-        self._admissions = 0
+        self.num_done = self._next_arrival = self._admissions = 0
         self._pending_plans: list[Plan] = []   # critical-path work charged to the next iteration
         self._iteration_preemptions = 0
         self._bg_recorded = (0, 0)
@@ -291,12 +289,13 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
                          self.tiers.occupancy_columns() if self.tiers else None)
 
     def _serve(self):
-        env, iteration = self.env, 0
-        while self.num_done < len(self.requests) or (self._open and not self._closed):
+        env, iteration, requests = self.env, 0, self.requests      # fixed for the run (set by __init__): read once
+        policy, mapper, tiers, cohort, recorder = self.policy, self.mapper, self.tiers, self.cohort, self.recorder
+        while self.num_done < len(requests) or (self._open and not self._closed):
             self._accept_arrivals(env.now)
             if not self.running and not self.waiting:
-                if self._next_arrival < len(self.requests):
-                    yield env.timeout(self.requests[self._next_arrival].arrival_at_us - env.now)
+                if self._next_arrival < len(requests):
+                    yield env.timeout(requests[self._next_arrival].arrival_at_us - env.now)
                 elif self._open and not self._closed:
                     self._arrival = env.event()
                     yield self._arrival
@@ -304,24 +303,26 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
             start_at_us = env.now
             self._iteration_preemptions = self._iteration_rejections = 0
             batch, plan, preempted = yield from self._schedule()
-            members = self.cohort.size if self._cohort_scheduled else 0
+            now_us = env.now            # (read once after each resumption: a property of SimPy's)
+            members = cohort.size if self._cohort_scheduled else 0
             if not batch and not members:
-                if not preempted and not self._iteration_rejections and env.now == start_at_us:
+                if not preempted and not self._iteration_rejections and now_us == start_at_us:
                     yield from self._unblock_admission()     # scheduling changed nothing: unblock it
                 self._check_progress("scheduling")
                 continue
             self._stalled_state = None
-            if self.coalesce and not preempted and not plan and env.now == start_at_us and not self._run_blocked(batch):
+            has_plan = plan is not EMPTY_PLAN and bool(plan)     # (the common empty plan without a call)
+            if self.coalesce and not (preempted or has_plan) and now_us == start_at_us and not self._run_blocked(batch):
                 steps = yield from self._decode_run(batch, iteration)
                 if steps:
                     iteration += steps
-                    if self.tiers is not None:
-                        self.tiers.sample(env.now)
+                    if tiers is not None:
+                        tiers.sample(env.now)
                     continue
-            waited_us = env.now - start_at_us          # waiting for the mapper's op in progress
+            waited_us = now_us - start_at_us          # waiting for the mapper's op in progress
             block_table_us = self._block_table_us(batch, members)
-            swap_us = self.swap.take_pending_us() + (self.tiers.take_critical_us() if self.tiers else 0.0)
-            if self._pending_plans or plan:
+            swap_us = self.swap.take_pending_us() + (tiers.take_critical_us() if tiers else 0.0)
+            if self._pending_plans or has_plan:
                 plans = [p for p in (*self._pending_plans, plan) if p]     # an empty plan costs nothing (0.0)
                 self._pending_plans = []
                 mapping_us = sum(self.cost.plan_us(p) for p in plans) if plans else 0.0
@@ -341,37 +342,38 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
             reads = batch_reads(self._read_groups, ((r.computed, t) for r, t in batch)) if self._read_groups else ()
             compute_us = self.compute.iteration_us(BatchShape(new, pairs, kv_read, logits, longest, blocks, block_keys,
                                                               reads))
-            if self.mapper and (targets or self.policy.has_background_work()):   # else the plan is empty
-                self.mapper.submit(self.policy.background_plan(targets))
+            if mapper and (targets or policy.has_background_work()):   # else the plan is empty
+                mapper.submit(policy.background_plan(targets))
             if self._compute_hooked:
                 yield from self._run_compute(compute_us)
             else:                         # the hook's own body, without a generator per iteration
                 yield env.timeout(compute_us)
-            if self.tiers is not None:        # a layer-by-layer load: the part the compute did not hide
-                exposed_us = self.tiers.take_exposed_us(compute_us)
+            if tiers is not None:        # a layer-by-layer load: the part the compute did not hide
+                exposed_us = tiers.take_exposed_us(compute_us)
                 if exposed_us:
                     yield env.timeout(exposed_us)
                     swap_us += exposed_us
-            self.policy.iteration_completed(iteration)
+            now_us = env.now
+            policy.iteration_completed(iteration)
             bg_maps, bg_unmaps = self._background_since_last_record()
-            self.recorder.add((
-                iteration, start_at_us, env.now - start_at_us, compute_us, stall_us,
+            recorder.add((
+                iteration, start_at_us, now_us - start_at_us, compute_us, stall_us,
                 mapped_sync, bg_maps, unmapped_sync + bg_unmaps, prefill,
                 new - prefill, len(batch) + members, len(self.running), len(self.waiting),
                 *snapshot, self._iteration_preemptions, block_table_us, swap_us, clear_copy_us))
-            self._finish_iteration(batch, env.now, iteration)
-            if self.tiers is not None:
-                self.tiers.sample(env.now)
-            if self.cohort is not None:
-                self._cohort_iteration_done(env.now, members)
+            self._finish_iteration(batch, now_us, iteration)
+            if tiers is not None:
+                tiers.sample(now_us)
+            if cohort is not None:
+                self._cohort_iteration_done(now_us, members)
             iteration += 1
             if self.max_iterations is not None and iteration > self.max_iterations:
                 raise RuntimeError(f"internal error: more than {self.max_iterations} iterations at "
                                    f"t={env.now:.1f} us with {self._state_line()}")
             if self.progress and iteration % 2000 == 0:
-                self.progress(self.num_done, len(self.requests))
+                self.progress(self.num_done, len(requests))
         if self.progress:
-            self.progress(self.num_done, len(self.requests))
+            self.progress(self.num_done, len(requests))
 
     # ---- phases ----------------------------------------------------------------------------------------
     def _run_compute(self, compute_us: float):

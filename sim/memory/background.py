@@ -82,7 +82,7 @@ class BackgroundMapping:
         """Keep ``eager_idle_slots`` idle slots (those with the most pages) at >= ``eager_page_groups``."""
         target = min(self.config.eager_page_groups, self.config.max_pages_per_slot)
         wanted = self.config.eager_idle_slots
-        if sum(len(bucket) for bucket in self._idle_buckets[target:]) >= wanted:
+        if sum(map(len, self._idle_buckets[target:])) >= wanted:
             return []
         idle = []
         for bucket in reversed(self._idle_buckets):

@@ -83,45 +83,48 @@ class StepBuffer:
                 **{name: floats[:, k] for k, name in enumerate(FLOAT_COLUMNS)}}
 
 
+RUN_FIELDS = ("first", "length", *RUN_CONSTANTS, "used", "waste", "waste_step", "period", "crossings")
+"""The integers :class:`RunBuffer` keeps per run, in this order (one interleaved row of its ``ints`` buffer)."""
+
+
 class RunBuffer:
     """Fast-forwarded decode runs in flat columns (``array`` buffers, no per-run objects).
 
-    Per run: ``first`` iteration, ``lengths`` k, ``constants`` (:data:`RUN_CONSTANTS`, 6 ints per run),
-    ``block_table_us``, and what the used page groups and tail waste of its steps follow from (expanded by
-    :func:`expand_blocks`): ``used`` and ``waste`` bytes in its first step, ``waste_step`` (bytes less each
-    step), ``period`` (tokens per page) and its page crossings, ``crossings`` entries of ``(residue, requests)``
-    in ``crossing_residues`` / ``crossing_requests`` (``requests`` more used page groups at every step ``j >= 1``
-    with ``j % period == residue``). Per step: ``starts_us`` (k + 1 per run: each step's start, then the run's
-    end) and ``compute_us``."""
+    Per run, one row of :data:`RUN_FIELDS` in ``ints`` (appended in one call): the ``first`` iteration, its
+    ``length`` k, the constants (:data:`RUN_CONSTANTS`), and what the used page groups and tail waste of its
+    steps follow from (expanded by :func:`expand_blocks`): ``used`` and ``waste`` bytes in its first step,
+    ``waste_step`` (bytes less each step), ``period`` (tokens per page) and the number of its page
+    ``crossings``, entries of ``(residue, requests)`` in ``crossing_residues`` / ``crossing_requests``
+    (``requests`` more used page groups at every step ``j >= 1`` with ``j % period == residue``); its
+    ``block_table_us``. Per step: ``starts_us`` (k + 1 per run: each step's start, then the run's end) and
+    ``compute_us``."""
 
     def __init__(self):
-        self.first, self.lengths, self.constants = array("q"), array("q"), array("q")
-        self.block_table_us, self.starts_us, self.compute_us = array("d"), array("d"), array("d")
-        self.used, self.waste, self.waste_step, self.period = array("q"), array("q"), array("q"), array("q")
-        self.crossings, self.crossing_residues, self.crossing_requests = array("q"), array("q"), array("q")
+        self.ints, self.block_table_us = array("q"), array("d")
+        self.starts_us, self.compute_us = array("d"), array("d")
+        self.crossing_residues, self.crossing_requests = array("q"), array("q")
 
     def __len__(self) -> int:
-        return len(self.first)
+        return len(self.block_table_us)
 
     def add(self, first_iteration: int, starts_us, compute_us, constants: tuple, block_table_us: float,
             pages: tuple) -> None:
         """One run of ``k = len(compute_us)`` steps: ``starts_us`` k + 1 floats (us), ``compute_us`` k floats (us)
-        (lists or numpy arrays); ``pages``: ``(used, waste, waste_step, period, crossings)`` with
-        ``crossings`` a dict residue -> requests (class docstring)."""
+        (lists or numpy arrays); ``constants``: :data:`RUN_CONSTANTS` (6 ints); ``pages``: ``(used, waste,
+        waste_step, period, crossings)`` with ``crossings`` a dict residue -> requests (class docstring)."""
         used, waste, waste_step, period, crossings = pages
-        self.first.append(first_iteration)
-        self.lengths.append(len(compute_us))
-        self.constants.extend(constants)
+        self.ints.extend((first_iteration, len(compute_us), *constants, used, waste, waste_step, period,
+                          len(crossings)))
         self.block_table_us.append(block_table_us)
-        self.used.append(used)
-        self.waste.append(waste)
-        self.waste_step.append(waste_step)
-        self.period.append(period)
-        self.crossings.append(len(crossings))
         self.crossing_residues.extend(crossings.keys())
         self.crossing_requests.extend(crossings.values())
         extend_array(self.starts_us, starts_us)
         extend_array(self.compute_us, compute_us)
+
+    def fields(self) -> dict[str, np.ndarray]:
+        """:data:`RUN_FIELDS` -> one int64 array per field (a value per run, contiguous copies)."""
+        rows = np.frombuffer(self.ints, dtype=np.int64).reshape(-1, len(RUN_FIELDS))
+        return {name: np.ascontiguousarray(rows[:, k]) for k, name in enumerate(RUN_FIELDS)}
 
 
 def extend_array(buffer: array, values) -> None:
@@ -362,11 +365,11 @@ def iteration_rows(iterations: list[np.ndarray]) -> list[np.ndarray]:
 def expand_blocks(blocks: RunBuffer) -> dict[str, np.ndarray]:
     """Iteration records of coalesced decode runs (:class:`RunBuffer`); everything not in the buffer is zero
     for a pure-decode run without mapping (:data:`RUN_ZERO_COLUMNS`: one shared zeros array per dtype)."""
-    lengths = np.frombuffer(blocks.lengths, dtype=np.int64)
+    runs = blocks.fields()
+    lengths = runs["length"]
     total = int(lengths.sum())
-    constants = np.frombuffer(blocks.constants, dtype=np.int64).reshape(-1, len(RUN_CONSTANTS))
     # one contiguous column per constant (a 2-D repeat's column views are strided: slower to copy from)
-    consts = {name: np.repeat(constants[:, k], lengths) for k, name in enumerate(RUN_CONSTANTS)}
+    consts = {name: np.repeat(runs[name], lengths) for name in RUN_CONSTANTS}
     offsets = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     # each run's starts hold k + 1 entries (the last is the end of its run): one diff over all of them, then
     # drop the differences that straddle two runs
@@ -376,24 +379,23 @@ def expand_blocks(blocks: RunBuffer) -> dict[str, np.ndarray]:
     int_zeros, float_zeros = np.zeros(total, dtype=np.int64), np.zeros(total)
     return {
         **{name: float_zeros if name.endswith("_us") else int_zeros for name in RUN_ZERO_COLUMNS},
-        "iteration": np.repeat(np.frombuffer(blocks.first, dtype=np.int64), lengths) + offsets,
+        "iteration": np.repeat(runs["first"], lengths) + offsets,
         "start_at_us": np.delete(all_starts, np.cumsum(lengths + 1) - 1),
         "duration_us": np.diff(all_starts)[within], "compute_us": np.frombuffer(blocks.compute_us, dtype=float),
         "decode_tokens": consts["batch_size"], **consts,
-        "used_page_groups": _used_page_groups(blocks, lengths, offsets),
-        "tail_waste_bytes": (np.repeat(np.frombuffer(blocks.waste, dtype=np.int64), lengths)
-                             - offsets * np.repeat(np.frombuffer(blocks.waste_step, dtype=np.int64), lengths)),
+        "used_page_groups": _used_page_groups(blocks, runs),
+        "tail_waste_bytes": (np.repeat(runs["waste"], lengths) - offsets * np.repeat(runs["waste_step"], lengths)),
         "block_table_us": np.repeat(np.frombuffer(blocks.block_table_us, dtype=float), lengths)}
 
 
-def _used_page_groups(blocks: RunBuffer, lengths: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+def _used_page_groups(blocks: RunBuffer, runs: dict[str, np.ndarray]) -> np.ndarray:
     """Used page groups at every step of the runs: the first step's, plus the requests whose page count grew
     at each later step (a crossing of residue ``r`` hits steps ``j >= 1`` with ``j % period == r``: the first
     at ``r``, or at ``period`` for ``r == 0``, then every ``period`` steps while ``j < k``)."""
+    lengths = runs["length"]
     starts = np.cumsum(lengths) - lengths
-    per_run = np.frombuffer(blocks.crossings, dtype=np.int64)
-    run = np.repeat(np.arange(len(lengths)), per_run)          # the run of each crossing entry
-    period = np.frombuffer(blocks.period, dtype=np.int64)[run]
+    run = np.repeat(np.arange(len(lengths)), runs["crossings"])     # the run of each crossing entry
+    period = runs["period"][run]
     residues = np.frombuffer(blocks.crossing_residues, dtype=np.int64)
     first = np.where(residues == 0, period, residues)
     hits = np.maximum(0, -(-(lengths[run] - first) // period))  # steps first, first + period, ... below k
@@ -405,4 +407,4 @@ def _used_page_groups(blocks: RunBuffer, lengths: np.ndarray, offsets: np.ndarra
         np.frombuffer(blocks.crossing_requests, dtype=np.int64)[entry]
     grown = np.cumsum(grows)
     # grows is 0 at every run's first step, so grown there is what the earlier runs added
-    return np.repeat(np.frombuffer(blocks.used, dtype=np.int64) - grown[starts], lengths) + grown
+    return np.repeat(runs["used"] - grown[starts], lengths) + grown
