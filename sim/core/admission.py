@@ -244,9 +244,9 @@ class Admission:
 
     def _perform_free(self, plan: Plan) -> None:
         """Unmaps a free returns (deferred reclamation off): in the background, or on the critical path."""
-        if plan is EMPTY_PLAN:            # the common case, without Plan.__bool__'s call
+        if not plan:
             return
-        if plan and self.mapper:
+        if self.mapper:
             self.mapper.submit(plan, reserved=False)
-        elif plan:
+        else:
             self._pending_plans.append(plan)

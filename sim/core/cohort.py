@@ -134,7 +134,7 @@ class DecodeCohort:
     # ---- totals ----------------------------------------------------------------------------------------
     def kv_tokens(self) -> int:
         """Sum of the members' ``computed``."""
-        return self.offset_sum + len(self._members) * self.clock
+        return self.offset_sum + self.size * self.clock
 
     def longest(self) -> int:
         """The largest member ``computed`` (0 without members)."""

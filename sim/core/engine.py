@@ -33,7 +33,7 @@ from sim.timing.layer_reads import batch_reads, read_groups
 from sim.core.lifecycle import RequestBookkeeping
 from sim.core.mapper import AsyncMapper
 from sim.memory import build_policy
-from sim.memory.plan import EMPTY_PLAN, Plan
+from sim.memory.plan import Plan
 from sim.results.records import ITERATION_COLUMNS, REQUEST_COLUMNS, tbt_distinct_us, tbt_stats_us
 from sim.results.recorder import IterationRecorder
 from sim.core.request import Request
@@ -311,7 +311,7 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
                 self._check_progress("scheduling")
                 continue
             self._stalled_state = None
-            has_plan = plan is not EMPTY_PLAN and bool(plan)     # (the common empty plan without a call)
+            has_plan = bool(plan)        # (read twice below)
             if self.coalesce and not (preempted or has_plan) and now_us == start_at_us and not self._run_blocked(batch):
                 steps = yield from self._decode_run(batch, iteration)
                 if steps:

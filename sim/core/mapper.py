@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 
 import simpy
 
-from sim.memory.plan import EMPTY_PLAN, MapOp, Plan, UnmapOp
+from sim.memory.plan import MapOp, Plan, UnmapOp
 
 
 class AsyncMapper:
@@ -101,7 +101,7 @@ class AsyncMapper:
 
     def _queue_settled_unmaps(self) -> None:
         settled = self.policy.take_settled_unmaps()
-        if settled is not EMPTY_PLAN and settled:      # (the common empty plan without a call)
+        if settled:
             self.submit(settled, reserved=False)
 
     @property
