@@ -40,7 +40,8 @@ def extensions() -> list:
     SOURCE_HASHES.update({module: listed.source_hash(listed.source_path(module, sim_dir))
                           for module in listed.COMPILED_MODULES})
     # (not optional=True: OptionalBuildExt takes each failure, which setuptools' own handling lets through)
-    modules = [Extension(module, [str(listed.source_path(module, sim_dir).relative_to(ROOT))])
+    modules = [Extension(module, [str(listed.source_path(module, sim_dir).relative_to(ROOT))],
+                         extra_compile_args=list(listed.COMPILE_ARGS))
                for module in listed.COMPILED_MODULES]
     try:
         return cythonize(modules, build_dir="build/cython", compiler_directives=listed.CYTHON_DIRECTIVES,

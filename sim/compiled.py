@@ -57,6 +57,10 @@ module from its source (and ``setup.py`` compiles nothing); unset, empty, ``0``,
 
 OFF_VALUES = ("", "0", "false", "no", "off")
 
+COMPILE_ARGS = ("-ffp-contract=off",)
+"""C compiler flags of every extension: no fused multiply-add contraction, so that a module typed as C doubles
+(an augmenting ``.pxd``: ``sim/timing/decode_run_times.pxd``) rounds each operation once, as Python's floats do."""
+
 CYTHON_DIRECTIVES = {"language_level": 3, "annotation_typing": False, "binding": True,
                      "embedsignature": False}
 """Cython's compiler directives for these modules: annotations are not C types (``x: int`` stays any
@@ -71,9 +75,14 @@ def source_path(module: str, sim_dir: Path = SIM_DIR) -> Path:
 
 
 def source_hash(path: Path) -> str:
-    """The hash Python's hash-based bytecode files use (:func:`importlib.util.source_hash`, hex), of a file's
-    bytes: a change of the source, not a proof of identity."""
-    return importlib.util.source_hash(path.read_bytes()).hex()
+    """The hash Python's hash-based bytecode files use (:func:`importlib.util.source_hash`, hex), of a module's
+    source bytes, followed by those of its augmenting ``.pxd`` (Cython's static types for the compiled form,
+    beside the ``.py``) where it has one: a change of either, not a proof of identity."""
+    data = path.read_bytes()
+    declarations = path.with_suffix(".pxd")
+    if declarations.is_file():
+        data += b"\0" + declarations.read_bytes()
+    return importlib.util.source_hash(data).hex()
 
 
 def extension_path(module: str, sim_dir: Path = SIM_DIR) -> Path | None:

@@ -5,13 +5,17 @@ guard runs a module from its source when the source changed since it was compile
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim import compiled
 from tests.conftest import REPO_ROOT
@@ -145,3 +149,60 @@ def test_every_listed_module_exists_and_the_build_lists_them():
         assert compiled.source_path(module).is_file(), module
     assert "sim.compiled" not in compiled.COMPILED_MODULES          # setup.py loads it before sim exists
     assert "COMPILED_MODULES" in (REPO_ROOT / "setup.py").read_text()
+
+
+def test_an_edited_pxd_counts_as_a_changed_source(tmp_path):
+    """The augmenting ``.pxd`` (static types of the compiled form) is hashed with its ``.py``: editing it alone
+    sends the module back to its source until the next build."""
+    module = "sim.timing.decode_run_times"
+    sim_dir = _fake_sim(tmp_path, {module: b"x = 1\n"})
+    declarations = compiled.source_path(module, sim_dir).with_suffix(".pxd")
+    declarations.write_text("cpdef int f(int x)\n")
+    (sim_dir / compiled.HASHES_FILE).write_text(json.dumps({module: compiled.source_hash(
+        compiled.source_path(module, sim_dir))}))
+    assert compiled.module_forms(sim_dir, environ={})[module] == "compiled"
+    declarations.write_text("cpdef long f(long x)\n")
+    assert compiled.module_forms(sim_dir, environ={})[module] == "source: changed since compiled"
+
+
+def _source_form(module: str):
+    """``module`` imported from its ``.py`` under another name (beside the form this process runs)."""
+    spec = importlib.util.spec_from_file_location(f"_source_{module.replace('.', '_')}", compiled.source_path(module))
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+_finite = st.floats(min_value=0.0, max_value=1e7, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(head_us=_finite, comm_us=_finite, graph_overhead_us=st.none() | _finite, correction_us=_finite,
+       overhead_us=_finite, floor_us=_finite, kv_bytes_per_token=st.integers(1, 1 << 20),
+       bytes_factor=st.floats(0.5, 2.0), bytes_per_us=st.floats(1e3, 1e8), attention_factor=st.floats(0.5, 2.0),
+       layout_factor=st.floats(0.5, 2.0), kv_tokens=st.integers(1, 1 << 24), growth=st.integers(1, 512),
+       steps=st.integers(0, 80), start_us=st.floats(0.0, 1e12), numpy_start=st.booleans(),
+       step_extra_us=st.sampled_from([0.0, 0.5, 13.25]), stop_after_us=st.none() | _finite,
+       long_steps=st.none() | st.sampled_from([4, 64]))
+def test_typed_decode_run_kernel_gives_the_source_floats(head_us, comm_us, graph_overhead_us, correction_us,
+                                                         overhead_us, floor_us, kv_bytes_per_token, bytes_factor,
+                                                         bytes_per_us, attention_factor, layout_factor, kv_tokens,
+                                                         growth, steps, start_us, numpy_start, step_extra_us,
+                                                         stop_after_us, long_steps):
+    """The compiled ``_memory_bound_run`` (C doubles, ``sim/timing/decode_run_times.pxd``) returns the source
+    form's floats bit for bit, and the same cut (the next arrival) and long-run refusal (None)."""
+    import sim.timing.decode_run_times as running
+    if not str(running.__file__).endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
+        pytest.skip(f"decode_run_times runs from its source here ({compiled.status()}): nothing to compare")
+    source = _source_form("sim.timing.decode_run_times")
+    start = np.float64(start_us) if numpy_start else start_us      # the loop's clock is often a numpy scalar
+    stop_us = start_us + stop_after_us if stop_after_us is not None else float("inf")
+    args = (head_us, comm_us, graph_overhead_us, correction_us, overhead_us, floor_us, kv_bytes_per_token,
+            bytes_factor, bytes_per_us, attention_factor, layout_factor, kv_tokens + 0.0, float(growth), steps,
+            start, step_extra_us, stop_us, long_steps)
+    typed, reference = running._memory_bound_run(*args), source._memory_bound_run(*args)
+    if reference is None:
+        assert typed is None
+        return
+    assert [[float.hex(float(x)) for x in part] for part in typed] == \
+        [[float.hex(float(x)) for x in part] for part in reference]

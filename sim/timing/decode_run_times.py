@@ -171,16 +171,22 @@ def _memory_bound_run(head_us: float, comm_us: float, graph_overhead_us: float |
     """:meth:`DecodeRunForms.decode_run_until`'s loop where every step's attention is memory-bound, the paged
     factor one number and there is no wave term (the common case): the same operations in the same order, so
     the same floats (each dropped ``+ 0.0`` of the general loop is exact: every term is a positive float), with
-    fewer branches per step. ``graph_overhead_us`` None: eager decodes (the eager floor applies)."""
+    fewer branches per step. ``graph_overhead_us`` None: eager decodes (the eager floor applies).
+
+    Compiled, it runs in C doubles (``decode_run_times.pxd`` types its arguments and locals; ``setup.py`` builds
+    with ``-ffp-contract=off``, so each operation rounds once, as Python's floats do): the same floats, returned
+    as Python floats where the source form may hand back numpy float64 scalars of the same value (a
+    ``start_us`` that is one)."""
     starts_us, compute_us, gaps_us = [start_us], [], []
-    add_start, add_compute, add_gap = starts_us.append, compute_us.append, gaps_us.append
+    graphs = graph_overhead_us is not None
+    graph_us = graph_overhead_us if graphs else 0.0
     check_long = long_steps is not None and steps > long_steps     # decided on the first step's length
     for _ in range(steps):
         if start_us >= stop_us:
             break
         attn_us = kv_tokens * kv_bytes_per_token * bytes_factor / bytes_per_us * attention_factor * layout_factor
-        if graph_overhead_us is not None:
-            duration_us = head_us + attn_us + comm_us + graph_overhead_us + correction_us
+        if graphs:
+            duration_us = head_us + attn_us + comm_us + graph_us + correction_us
         else:
             eager_us = head_us + attn_us + comm_us + overhead_us
             duration_us = eager_us if eager_us >= floor_us else floor_us
@@ -189,9 +195,9 @@ def _memory_bound_run(head_us: float, comm_us: float, graph_overhead_us: float |
                 return None
             check_long = False
         end_us = start_us + (duration_us + step_extra_us)
-        add_compute(duration_us)
-        add_gap(end_us - start_us)
-        add_start(end_us)
+        compute_us.append(duration_us)
+        gaps_us.append(end_us - start_us)
+        starts_us.append(end_us)
         start_us = end_us
         kv_tokens += growth
     return starts_us, compute_us, gaps_us
