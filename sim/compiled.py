@@ -1,15 +1,22 @@
 """The simulator's hot modules, compiled by Cython at install time, and the guard that runs a module from its
 source whenever its compiled form is not of the source beside it (issue 32).
 
-:data:`COMPILED_MODULES` lists the modules a serving-loop pass runs through (the loop, admission, the decode
-cohort and runs, the step, the mapper, the vAttention policy and its background work, the compute model's
-per-iteration times, the VMM cost draws, the recorder), then those every simulation imports and runs once
-(configuration, sizes, the compute model's tables, records, summary). ``setup.py`` has Cython translate their
-**unchanged source** to C (no type declarations: ``annotation_typing=False``, so Python semantics hold, floats
-and ints alike; the tables are the same bit for bit: ``tests/test_compiled.py``, ``bench/engine_hashes.py``),
-and builds each as an *optional* extension next to its ``.py``: without a C compiler or Cython the install goes
-on and the modules run as Python. Measured (``docs/scale.md``, "Round 5"): the conversation trace's simulation
-2.40 -> 1.75-1.87 s wall, the arXiv case's whole process 0.68 -> 0.51 s.
+:data:`COMPILED_MODULES` lists the modules compiled: the compute model's per-iteration times, the decode-run
+timing and the VMM cost draws (numeric code the serving loop calls), then those every simulation imports and runs
+once (configuration, sizes, the compute model's tables, records, summary). ``setup.py`` has Cython translate
+their source to C (no type declarations from annotations: ``annotation_typing=False``, so Python semantics hold,
+floats and ints alike; where an augmenting ``.pxd`` beside a module declares C types, as
+``sim/timing/decode_run_times.pxd`` does for the plain-float decode-run loop, the same floats bit for bit; the
+tables are the same bit for bit: ``tests/test_compiled.py``, ``bench/engine_hashes.py``), and builds each as an
+*optional* extension next to its ``.py``: without a C compiler or Cython the install goes on and the modules
+run as Python.
+
+:data:`SOURCE_MODULES`, the serving loop's object-heavy modules (the loop, admission, the decode cohort and
+runs, the step, the mapper, the vAttention policy, the recorder), run as Python: compiled untyped, their
+attribute reads and method calls go through the generic C API, which CPython 3.11's specialising interpreter
+beats. Measured on the project's 2-core machines (``docs/scale.md``, "Round 8"): splitwise_conv's whole process
+0.82 of its time with them compiled (paired runs), the conversation trace 0.94; on one earlier machine
+(Round 5) compiling them had gained 25%, on two others (Rounds 6, 7) nothing.
 
 The guard (:func:`install_guard`, called by ``sim/__init__.py`` before any of these modules is imported): an
 extension module beside a ``.py`` file would be imported in its place even after the source was edited, so the
@@ -31,20 +38,25 @@ import sys
 from pathlib import Path
 
 COMPILED_MODULES = (
-    "sim.core.engine", "sim.core.decode_runs", "sim.core.lifecycle", "sim.core.admission", "sim.core.scheduler",
-    "sim.core.cohort", "sim.core.step", "sim.core.costs", "sim.core.mapper", "sim.core.request",
-    "sim.core.tier_charges", "sim.timing.decode_run_times", "sim.timing.compute", "sim.timing.draws",
-    "sim.timing.latency", "sim.memory.vattention", "sim.memory.background", "sim.memory.plan",
-    "sim.results.recorder",
+    "sim.timing.decode_run_times", "sim.timing.compute", "sim.timing.draws", "sim.timing.latency",
     # imported and run by every simulation (configuration, sizes, the compute model's tables, the summary)
     "sim.core.runner", "sim.setup.config", "sim.setup.config_checks", "sim.setup.config_sizes", "sim.setup.specs",
     "sim.setup.model_sizes", "sim.memory.layer_groups", "sim.memory.hybrid_sizing", "sim.timing.attention_blocks",
     "sim.timing.paged_kernels", "sim.timing.layer_reads", "sim.timing.compute_fields", "sim.results.records",
     "sim.results.columns", "sim.results.summary",
 )
-"""Modules compiled at install (names; each ``sim/.../name.py``): those a serving-loop pass runs through, then
+"""Modules compiled at install (names; each ``sim/.../name.py``): numeric code a serving-loop pass calls, then
 those every simulation imports and runs once (compiled, they also skip compiling their source to bytecode at
 every start where bytecode is not written: ``PYTHONDONTWRITEBYTECODE``)."""
+
+SOURCE_MODULES = (
+    "sim.core.engine", "sim.core.decode_runs", "sim.core.lifecycle", "sim.core.admission", "sim.core.scheduler",
+    "sim.core.cohort", "sim.core.step", "sim.core.costs", "sim.core.mapper", "sim.core.request",
+    "sim.core.tier_charges", "sim.memory.vattention", "sim.memory.background", "sim.memory.plan",
+    "sim.results.recorder",
+)
+"""Modules of the serving loop that run as Python (module docstring: faster so here). Compiled by an earlier build,
+their extension may still lie beside them: the guard imports them from their source whatever the record says."""
 
 HASHES_FILE = "_compiled.json"
 """In the ``sim`` package directory: ``{module: source hash}`` of the sources the build compiled (written by
@@ -152,13 +164,16 @@ class SourceFinder:
 
 def install_guard(sim_dir: Path = SIM_DIR, environ=os.environ) -> SourceFinder | None:
     """Put a :class:`SourceFinder` first on :data:`sys.meta_path` for the modules that must run from source
-    although an extension is beside them (:func:`module_forms`); returns it, or ``None`` when none must. The
-    forms found are kept for :func:`status`."""
+    although an extension is beside them (:func:`module_forms`, and every :data:`SOURCE_MODULES` module with
+    an extension of an earlier build beside its source); returns it, or ``None`` when none must. The forms found
+    are kept for :func:`status`."""
     global _FORMS
     forms = module_forms(sim_dir, environ)
     if sim_dir == SIM_DIR and environ is os.environ:
         _FORMS = forms
     sources = {module: source_path(module, sim_dir) for module, form in forms.items() if form.startswith("source:")}
+    sources.update({module: source_path(module, sim_dir) for module in SOURCE_MODULES      # an earlier build's
+                    if extension_path(module, sim_dir) is not None and source_path(module, sim_dir).is_file()})
     if not sources:
         return None
     finder = SourceFinder(sources)
@@ -171,7 +186,7 @@ _FORMS: dict[str, str] | None = None     # this process's forms, as the guard fo
 
 def status(sim_dir: Path = SIM_DIR, environ=os.environ) -> str:
     """One line: how many listed modules run compiled (in this process: as the guard found them when ``sim`` was
-    imported), and why the others do not (``"compiled: 34 of 34 simulator modules"``; ``"compiled: 33 of 34
+    imported), and why the others do not (``"compiled: 19 of 19 simulator modules"``; ``"compiled: 18 of 19
     simulator modules, the rest from source: changed since compiled (pip install -e . rebuilds them)"``)."""
     forms = _FORMS if (_FORMS is not None and sim_dir == SIM_DIR and environ is os.environ) else module_forms(
         sim_dir, environ)

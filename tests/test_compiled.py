@@ -206,3 +206,18 @@ def test_typed_decode_run_kernel_gives_the_source_floats(head_us, comm_us, graph
         return
     assert [[float.hex(float(x)) for x in part] for part in typed] == \
         [[float.hex(float(x)) for x in part] for part in reference]
+
+
+def test_a_loop_module_left_compiled_by_an_earlier_build_runs_from_its_source(tmp_path, monkeypatch):
+    """:data:`sim.compiled.SOURCE_MODULES` run as Python: an extension an earlier build left beside one (in-place
+    builds do not delete it) is passed over even with a record that matches its source."""
+    engine = "sim.core.engine"
+    assert engine in compiled.SOURCE_MODULES and engine not in compiled.COMPILED_MODULES
+    assert not set(compiled.SOURCE_MODULES) & set(compiled.COMPILED_MODULES)
+    sim_dir = _fake_sim(tmp_path, {engine: b"x = 1\n"})
+    (sim_dir / compiled.HASHES_FILE).write_text(json.dumps({engine: compiled.source_hash(
+        compiled.source_path(engine, sim_dir))}))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    finder = compiled.install_guard(sim_dir, environ={})
+    assert finder is not None and finder.find_spec(engine).origin == str(compiled.source_path(engine, sim_dir))
+    assert engine not in compiled.module_forms(sim_dir, environ={})        # not counted among the compiled
