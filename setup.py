@@ -1,5 +1,6 @@
-"""Build hook (the project's metadata is in ``pyproject.toml``): compiles the simulator's hot modules
-(:data:`sim.compiled.COMPILED_MODULES`) from their unchanged source with Cython, each optional
+"""Build hook (the project's metadata is in ``pyproject.toml``): compiles the simulator's numeric and run-once
+modules (:data:`sim.compiled.COMPILED_MODULES`) from their source with Cython (typed only where an augmenting
+``.pxd`` says so), each optional
 (:class:`OptionalBuildExt`: a failed compile leaves that module in Python), and records the sources' hashes for the import guard
 (:data:`sim.compiled.HASHES_FILE`). ``KVSIM_PURE_PYTHON=1 pip install ...`` compiles nothing."""
 import importlib.util
