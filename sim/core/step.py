@@ -126,9 +126,3 @@ class IterationStep:
             elif every_target:
                 targets[slot] = target
         return targets, short
-        for request, tokens in batch:
-            slot, target = request.slot, request.computed + tokens
-            if target > mapped[slot] * per_page:          # -(-target // per_page) > mapped[slot]
-                targets[slot] = target
-                short.append(slot)
-        return targets, short
