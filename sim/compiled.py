@@ -187,18 +187,30 @@ _FORMS: dict[str, str] | None = None     # this process's forms, as the guard fo
 def status(sim_dir: Path = SIM_DIR, environ=os.environ) -> str:
     """One line: how many listed modules run compiled (in this process: as the guard found them when ``sim`` was
     imported), and why the others do not (``"compiled: 19 of 19 simulator modules"``; ``"compiled: 18 of 19
-    simulator modules, the rest from source: changed since compiled (pip install -e . rebuilds them)"``)."""
+    simulator modules, the rest from source: changed since compiled (sim.timing.draws) (pip install -e .
+    rebuilds them)"``: the modules are named where only some of them fall back)."""
     forms = _FORMS if (_FORMS is not None and sim_dir == SIM_DIR and environ is os.environ) else module_forms(
         sim_dir, environ)
     compiled = sum(form.startswith("compiled") for form in forms.values())
     line = f"compiled: {compiled} of {len(forms)} simulator modules"
-    reasons = sorted({form.split(": ", 1)[1] if ": " in form else "not built"
-                      for form in forms.values() if not form.startswith("compiled")})
+    by_reason: dict[str, list[str]] = {}
+    for module, form in sorted(forms.items()):
+        if not form.startswith("compiled"):
+            by_reason.setdefault(form.split(": ", 1)[1] if ": " in form else "not built", []).append(module)
+    reasons = sorted(by_reason)
     if reasons:
-        line += f", {'the rest' if compiled else 'all'} from source: {'; '.join(reasons)}"
+        # the modules by name where only some of the listed ones fall back (an edit since the build, say)
+        shown = [reason if compiled == 0 else f"{reason} ({_names(by_reason[reason])})" for reason in reasons]
+        line += f", {'the rest' if compiled else 'all'} from source: {'; '.join(shown)}"
         if {"changed since compiled", "not built by the last install"} & set(reasons):
             line += " (pip install -e . rebuilds them)"
     missing = sum(form == "compiled: its source is missing" for form in forms.values())
     if missing:
         line += f"; {missing} compiled without its source (the .py was deleted)"
     return line
+
+
+def _names(modules: list[str], shown: int = 4) -> str:
+    """``modules`` by name, the first ``shown`` of them and how many more."""
+    more = len(modules) - shown
+    return ", ".join(modules[:shown]) + (f" and {more} more" if more > 0 else "")

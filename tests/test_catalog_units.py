@@ -74,6 +74,13 @@ def test_config_derived_pool_size():
     (dict(scheduler="fifo"), "scheduler"),
     (dict(model="llama-3-70b", gpu="a100"), r"weights alone need more than the GPU.s .*: raise tp"),
     (dict(memory_util_frac=0.05), "raise memory_util_frac or tp"),
+    # one unit larger than what the weights leave of the whole memory: the unit is named, not memory_util_frac
+    # (125.44 GiB of 140.40 GiB left by 14.96 GiB of weights; a 2 GiB page is a 128 GiB page group of 64 tensors)
+    (dict(page_size_bytes=2 * 1024 * MIB), r"^page_size_bytes=2GiB: .*not one page group \(128 GiB\), and one page "
+     r"group is more than the 125.44 GiB the weights leave of the whole 140.40 GiB: use a smaller page group"),
+    (dict(policy="paged", block_size_tokens=10 ** 11), r"^block_size_tokens=100000000000: .*use a smaller block"),
+    (dict(policy="static", max_len_tokens=8_000_000, max_context_tokens=8_000_000, allow_long_context=True),
+     r"^max_len_tokens=8000000: .*use a smaller reservation"),
     (dict(token_budget=0), r"token_budget=0: must be >= 1"), (dict(memory_util_frac=1.5), r"memory_util_frac=1.5: must lie in \(0, 1\]")])
 def test_impossible_configurations(kwargs, message):
     with pytest.raises(ValueError, match=message):

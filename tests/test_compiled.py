@@ -104,7 +104,7 @@ def test_module_forms_follow_the_recorded_hashes(tmp_path):
     forms = compiled.module_forms(sim_dir, environ={})
     assert forms[engine] == "compiled" and forms[cohort] == "source: changed since compiled"
     assert compiled.status(sim_dir, environ={}).startswith(f"compiled: 1 of {len(compiled.COMPILED_MODULES)} ")
-    assert "changed since compiled" in compiled.status(sim_dir, environ={})
+    assert f"changed since compiled ({cohort}); not built (" in compiled.status(sim_dir, environ={})   # named
     pure = compiled.module_forms(sim_dir, environ={compiled.PURE_ENV: "1"})
     assert pure[engine] == pure[cohort] == f"source: {compiled.PURE_ENV}"
     assert compiled.module_forms(sim_dir, environ={compiled.PURE_ENV: "0"})[engine] == "compiled"

@@ -155,6 +155,10 @@ def test_model_toml_uses_catalogue_keys(tmp_path):
                     "ffn_size = 128\nvocab_size = 100\nmax_context_tokens = 4096\nkv_dtype_bytes = 1\n")
     m = get_model(str(path))
     assert m.kv_bytes_per_token() == 2 * 2 * 2 * 16 * 1          # fp8 KV: 128 B per token
+    huge = tmp_path / "huge.toml"         # a width no model comes near: refused, not overflowed later
+    huge.write_text(path.read_text().replace("hidden_size = 64", "hidden_size = 1e15"))
+    with pytest.raises(CatalogError, match=r"huge.toml: field hidden_size must be <= 1,099,511,627,776"):
+        get_model(str(huge))
     path.write_text(path.read_text() + "colour = 3\n")
     with pytest.raises(CatalogError, match="field colour is not a model field"):
         get_model(str(path))
@@ -185,6 +189,11 @@ def test_gpu_toml_and_its_errors(tmp_path):
     assert get_gpu(str(path)).fp8_flops == 330e12
     path.write_text(path.read_text().replace("bf16_flops = 165e12\n", "bf16_flops = -1\n"))
     with pytest.raises(CatalogError, match=r"rtx.toml: field bf16_flops must be > 0, got -1"):
+        get_gpu(str(path))
+    # a memory beyond 256 TiB (2e30 once ended in an OverflowError deep in the records) is refused by name
+    path.write_text(path.read_text().replace("bf16_flops = -1\n", "bf16_flops = 165e12\n")
+                    .replace("hbm_bytes = 24000000000", "hbm_bytes = 2e30"))
+    with pytest.raises(CatalogError, match=r"rtx.toml: field hbm_bytes must be <= 281,474,976,710,656 .*got 2e\+30"):
         get_gpu(str(path))
 
 

@@ -157,6 +157,13 @@ def test_inputs_accepted_silently_before(tmp_path, capsys):
     assert "--max-batch 100,000,000" in line and "1 GiB of virtual addresses per slot" in line and "65,536 slots" in line
     assert main(["simulate", "--max-batch", "100000000", "--policy", "paged", "--out", str(tmp_path / "x")]) == 2
     assert "choose --max-batch <= 57,038" in one_error(capsys)
+    # one slot alone beyond the reservable 64 TiB: the context length is named, not the slot count
+    # (1e11 tokens / 1,024 per 2 MiB page = 97,656,250 pages x 64 tensors x 2 MiB = 11,920.93 TiB)
+    assert main(["simulate", "--max-context", "100000000000", "--allow-long-context", "--out",
+                 str(tmp_path / "x")]) == 2
+    line = one_error(capsys)
+    assert line.startswith("kvsim: error: --max-context 100,000,000,000: one vAttention slot") and (
+        "11920.93 TiB" in line and "lower --max-context" in line and "--max-batch" not in line)
 
 
 # 7 ------------------------------------------------------------------------------------------------------------

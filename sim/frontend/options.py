@@ -117,6 +117,12 @@ def check_slots(config, given: str = "--max-batch") -> None:
     slots = config.max_batch_slots
     if config.uses_vmm:
         per_slot = config.num_sub_tensors * config.max_pages_per_slot * config.page_size_bytes
+        if per_slot > RESERVABLE_VA_BYTES:     # not one slot: the context length is the fault, not the count
+            raise ConfigError(f"--max-context {config.slot_max_tokens:,}: one vAttention slot of that many tokens "
+                              f"reserves {format_bytes(per_slot)} of virtual addresses ({config.num_sub_tensors} K/V "
+                              f"tensors x {config.max_pages_per_slot:,} pages of {format_bytes(config.page_size_bytes)}"
+                              f"), beyond the {format_bytes(RESERVABLE_VA_BYTES)} a GPU process can reserve (H200, "
+                              f"measured); lower --max-context")
         if slots * per_slot > RESERVABLE_VA_BYTES:
             raise ConfigError(f"{given} {slots:,}: vAttention reserves {format_bytes(per_slot)} of virtual "
                               f"addresses per slot ({config.num_sub_tensors} K/V tensors x {config.max_pages_per_slot}"

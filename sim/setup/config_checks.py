@@ -203,16 +203,23 @@ def check_config(config) -> None:
     if not 0 < config.memory_util_frac <= 1:
         raise ConfigError(f"memory_util_frac={config.memory_util_frac}: must lie in (0, 1]", "memory_util_frac")
     if config.kv_budget_bytes < config.page_group_bytes:
-        weights = config.model_spec.weight_bytes(config.tp)
-        # raising memory_util_frac helps only if the weights and one page group fit in the whole memory
-        fix = ("raise memory_util_frac or tp" if weights + config.page_group_bytes <= config.gpu_spec.hbm_bytes else
-               f"the weights alone need more than the GPU's {format_bytes(config.gpu_spec.hbm_bytes)}: raise tp "
-               "(or pp), whatever memory_util_frac")
-        raise ConfigError(
-            f"memory_util_frac={config.memory_util_frac}: {config.model}'s weights at tp={config.tp} "
-            f"({format_bytes(weights)}) leave {format_bytes(max(config.kv_budget_bytes, 0))} "
-            f"for KV cache on {config.gpu}: not one page group ({format_bytes(config.page_group_bytes)}); {fix}",
-            "memory_util_frac", "tp")
+        weights, hbm = config.model_spec.weight_bytes(config.tp), config.gpu_spec.hbm_bytes
+        unit, unit_field = {"paged": ("block", "block_size_tokens"), "static": ("reservation", "max_len_tokens")}.get(
+            config.policy, ("page group", "page_size_bytes"))
+        left = (f"{config.model}'s weights at tp={config.tp} ({format_bytes(weights)}) leave "
+                f"{format_bytes(max(config.kv_budget_bytes, 0))} for KV cache on {config.gpu}: not one {unit} "
+                f"({format_bytes(config.page_group_bytes)})")
+        if weights >= hbm:             # no memory_util_frac helps
+            raise ConfigError(f"tp={config.tp}: {left}; the weights alone need more than the GPU's "
+                              f"{format_bytes(hbm)}: raise tp (or pp)", "tp", "memory_util_frac")
+        if weights + config.page_group_bytes > hbm:     # the unit is too large even for the whole memory
+            value = (format_bytes(config.page_size_bytes).replace(" ", "") if unit_field == "page_size_bytes"
+                     else getattr(config, unit_field))
+            raise ConfigError(f"{unit_field}={value}: {left}, and one {unit} is more than the {format_bytes(hbm - weights)} "
+                              f"the weights leave of the whole {format_bytes(hbm)}: use a smaller {unit} "
+                              f"or raise tp", unit_field, "tp")
+        raise ConfigError(f"memory_util_frac={config.memory_util_frac}: {left}; raise memory_util_frac or tp",
+                          "memory_util_frac", "tp")
 
 
 def paged_kernel_error(config) -> str | None:

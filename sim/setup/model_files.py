@@ -156,6 +156,16 @@ def _read(path: Path, shown: str) -> dict:
     return data
 
 
+INTEGER_FIELD_MAX = 2 ** 40
+"""The largest whole number a model or GPU file's field may hold (about 1.1e12: no layer count, width, head
+count or token length of a real model comes near it), so that sizes built from them stay exact in the 64-bit
+integers of the records."""
+
+HBM_BYTES_MAX = 2 ** 48
+"""The largest ``hbm_bytes`` a GPU file may give (256 TiB, a thousand times today's largest GPU memory): page
+and block counts of such a pool, and byte figures, stay within 64-bit integers."""
+
+
 class _Fields:
     """Typed access to one file's fields; every failure names the file and the field (the name the file uses:
     a field of :data:`FIELD_ALIASES` is looked up under its other families' names too)."""
@@ -176,7 +186,7 @@ class _Fields:
     def has(self, field: str) -> bool:
         return self.data.get(self.name(field)) is not None
 
-    def integer(self, field: str, default=None, minimum: int = 1) -> int:
+    def integer(self, field: str, default=None, minimum: int = 1, maximum: int = INTEGER_FIELD_MAX) -> int:
         value = self.data.get(self.name(field))
         if value is None:
             if default is None:
@@ -189,6 +199,8 @@ class _Fields:
                 raise self.fail(field, f"must be a whole number, got {json.dumps(value)}")
         if value < minimum:
             raise self.fail(field, f"must be >= {minimum}, got {value}")
+        if value > maximum:
+            raise self.fail(field, f"must be <= {maximum:,} ({maximum:.3g}), got {value:.3g}")
         return value
 
     def number(self, field: str, default=None, positive: bool = True) -> float:
@@ -491,7 +503,7 @@ def _load_gpu(path_text: str, _mtime_ns: int, shown: str) -> GPUSpec:
         raise f.fail("fp8_flops", f"{fp8:g} FLOP/s is below bf16_flops ({bf16:g}): an fp8 peak is at least the "
                                   "bf16 one (twice it on H100/H200/B200 datasheets); 0 or absent = no fp8 tensor cores")
     return GPUSpec(
-        name=f.text("name", path.stem), full_name=f.text("full_name"), hbm_bytes=f.integer("hbm_bytes"),
+        name=f.text("name", path.stem), full_name=f.text("full_name"), hbm_bytes=f.integer("hbm_bytes", maximum=HBM_BYTES_MAX),
         bf16_flops=f.number("bf16_flops"), mem_bw_bytes_per_s=f.number("mem_bw_bytes_per_s"),
         nvlink_bytes_per_s=f.number("nvlink_bytes_per_s"), pcie_bytes_per_s=f.number("pcie_bytes_per_s"),
         fp8_flops=fp8, usd_per_gpu_hour=price, price_source=f.text("price_source", ""),
