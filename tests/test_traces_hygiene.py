@@ -252,6 +252,22 @@ def test_na_words_in_token_column_are_not_empty(tmp_path, fmt, text):
     assert str(err.value).rstrip(")'").endswith(text)
 
 
+@pytest.mark.parametrize("fmt", ["splitwise", "burstgpt"])
+@pytest.mark.parametrize("row", [1, 2])          # the only negative one, or one of several
+def test_negative_time_of_a_start_relative_format_is_refused(tmp_path, fmt, row):
+    """splitwise's ``arrived_at`` and BurstGPT's ``Timestamp`` count seconds from the trace's start: a
+    negative one is not of the format (it was sorted first, shifting every other arrival, or taken silently
+    when all were negative); the first is named by line. With ``--arrival`` the file's times are not used."""
+    rows = list(ROWS[fmt])
+    for k in range(row, len(rows)) if row == 1 else [row]:
+        rows[k] = "-1.5" + rows[k][rows[k].index(","):]
+    path = write(tmp_path, fmt, rows)
+    with pytest.raises(TraceError, match=rf"line {row + 2}, column '{TIME_COLUMN[fmt]}': negative time: .*"
+                                         r"\(>= 0\) \(got -1.5\)"):
+        load(path, fmt)
+    assert len(load_trace(path, arrival="poisson:1")) == len(rows)
+
+
 def test_max_arrival_matches_the_simulator_tick():
     from sim.core.engine import ARRIVAL_TICKS_PER_S as SIM_TICKS
     assert ARRIVAL_TICKS_PER_S == SIM_TICKS

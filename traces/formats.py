@@ -170,6 +170,8 @@ def load_csv(path: Path, spec: CsvFormat | None, arrival: str | None,
     prompt, output = columns.pop("prompt_tokens"), columns.pop("output_tokens")
     time = columns.pop("time", None)
     if arrival is None:
+        if spec.time_kind == "seconds":
+            _check_not_negative(path, spec, time)
         _check_span(path, spec, time)
     arrival_s = _arrival_s(time, len(prompt), arrival, seed)
     return build_table(arrival_s, prompt, output, str(path), extra=columns,
@@ -224,6 +226,18 @@ def _convert(path: Path, chunk: pd.DataFrame, spec: CsvFormat, n_fields: int) ->
                     for old, new in _BURSTGPT_EXTRA.items()
                     if old in chunk.columns and new != "log_type"})
     return out
+
+
+def _check_not_negative(path: Path, spec: CsvFormat, time: np.ndarray) -> None:
+    """Raises on the first negative time of a format whose times are seconds since the trace's start
+    (splitwise's ``arrived_at``, BurstGPT's ``Timestamp``: ``docs/traces.md``), naming its line: such a time is
+    not of the format, and sorting it first would shift every other arrival silently."""
+    negative = time < 0
+    if negative.any():
+        row = int(np.argmax(negative))
+        line, value = _locate(path, spec, {row})[row]
+        raise fail(path, f"negative time: {spec.time_column} counts seconds from the trace's start (>= 0)", line,
+                   spec.time_column, value)
 
 
 def _check_span(path: Path, spec: CsvFormat, time: np.ndarray) -> None:
