@@ -19,10 +19,11 @@ ERROR_PREFIX = "kvsim: error: "
 FORCE_HELP = "replace an existing --out that kvsim wrote, as a whole (anything else is refused)"
 QUIET_HELP = "no progress display or per-step lines (progress shows only when stderr is a terminal)"
 PROFILE_HELP = ("calibration profile JSON (kvsim calibrate; docs/profile-format.md): replaces the compute model "
-                "(iteration times, from its fitted compute section) and the VMM latencies (default: the built-in "
-                "roofline, not validated for the GPU and engine, and the built-in H200 VMM latencies); or the "
-                "keyword roofline or none (any case) for those built-in models even where the GPU's catalogue "
-                "entry names a default profile")
+                "(iteration times, from its fitted compute section) and the VMM latencies (default: the GPU's "
+                "catalogue default profile where it names one - on the h200, profiles/h200-engine.json, fitted "
+                "for Llama-3 8B and Llama-3.1 8B - else the built-in roofline, not validated for the GPU and "
+                "engine, with the built-in H200 VMM latencies); or the keyword roofline or none (any case) for "
+                "those built-in models even where the GPU's catalogue entry names a default profile")
 """One help text for ``--profile``; its keywords are :data:`sim.setup.catalog.PROFILE_KEYWORDS` (not imported
 here: ``--help`` stays light; tests/test_docs.py checks that each is named)."""
 

@@ -134,7 +134,8 @@ def _check_can_create(path: Path, flag: str, shown: str) -> None:
     try:
         os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".kvsim-probe-"))
     except OSError as exc:
-        raise PermissionError(f"{flag} {shown}: cannot write in {parent} ({exc.strerror or exc})") from None
+        raise PermissionError(f"{flag} {shown}: cannot create a directory in {parent} ({exc.strerror or exc}): "
+                              "not a writable directory") from None
 
 
 def _out_text(value) -> str:

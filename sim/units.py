@@ -13,6 +13,10 @@ import re
 
 US_PER_S = 1_000_000.0
 US_PER_MS = 1_000.0
+CLOCK_EXACT_US = 2 ** 53 * 0.1
+"""The simulator clock's exact range in microseconds: 2**53 ticks of 100 ns (about 900.7 million s; the tick is
+``sim.core.engine.ARRIVAL_TICKS_PER_S``'s, the Azure trace's): arrivals and durations beyond it are not times the
+records hold exactly."""
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -59,6 +63,10 @@ def parse_duration_us(text: str) -> float:
         ValueError: naming the text when it has no known unit (us, ms, s, min) or is not positive.
     """
     match = _NUMBER_UNIT.match(str(text))
+    if match and not match.group(2) and float(match.group(1)) <= 0:
+        raise ValueError(f"duration must be positive, got {text!r}")
+    if match and not match.group(2):
+        raise ValueError(f"duration {text!r} has no unit (examples: 2s, 100ms, 250us)")
     if not match or match.group(2).lower() not in _TIME_UNITS_US:
         raise ValueError(f"not a duration: {text!r} (examples: 2s, 100ms, 250us)")
     value_us = float(match.group(1)) * _TIME_UNITS_US[match.group(2).lower()]

@@ -36,7 +36,7 @@ def test_parse_slos_units_to_microseconds():
 
 @pytest.mark.parametrize("text, message", [
     ("ttft_p98=2s", "valid metrics: ttft_p50, ttft_p90, ttft_p99"),
-    ("ttft_p99=2", "not a duration"),
+    ("ttft_p99=2", "duration .2. has no unit"), ("ttft_p99=0", "duration must be positive, got .0."),
     ("ttft_p99", "expected METRIC=DURATION"),
     ("ttft_p99=1s,ttft_p99=2s", "given twice"),
     ("", "no objective"),

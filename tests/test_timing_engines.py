@@ -95,7 +95,7 @@ def test_frontend_cost_shifts_the_golden_run_and_no_iteration():
     assert it0.equals(it2)
 
 
-@pytest.mark.parametrize("value", ["-1", "nan", "inf", "x"])
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "x", "1e300"])
 def test_a_bad_frontend_overhead_is_one_error_line(value, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["simulate", "--frontend-overhead-ms", value])
@@ -106,6 +106,9 @@ def test_a_bad_frontend_overhead_is_one_error_line(value, capsys):
 
 def test_simconfig_refuses_a_negative_frontend_cost():
     from sim.setup.config import ConfigError
-    with pytest.raises(ConfigError, match=r"frontend_overhead_us=-1.0: must be a finite number of microseconds >= 0"):
+    with pytest.raises(ConfigError, match=r"frontend_overhead_us=-1.0: must be a number of microseconds >= 0"):
         SimConfig(frontend_overhead_us=-1.0)
+    # beyond the clock's exact range (2**53 ticks of 100 ns = 9.0072e14 us): a 300-digit TTFT before
+    with pytest.raises(ConfigError, match=r"frontend_overhead_us=1e\+300: .* at most 9.0072e\+14"):
+        SimConfig(frontend_overhead_us=1e300)
     assert math.isfinite(SimConfig(frontend_overhead_us=0.0).frontend_overhead_us)

@@ -167,6 +167,20 @@ def test_inputs_accepted_silently_before(tmp_path, capsys):
 
 
 # 7 ------------------------------------------------------------------------------------------------------------
+def test_messages_say_what_the_path_is(tmp_path, capsys):
+    """A device is not "no such file", /proc is not "missing", a Markdown file given as --gpu is said to have been
+    read as JSON (its name does not end in .toml)."""
+    assert main(["simulate", "--trace", "/dev/null", "--out", str(tmp_path / "a")]) == 2
+    assert one_error(capsys) == ("kvsim: error: /dev/null: is not a regular file (a device, pipe or socket), not a "
+                                 "trace file")
+    assert main(["simulate", "--num-requests", "5", "--out", "/proc/x"]) == 2
+    assert "cannot create a directory in /proc" in one_error(capsys)
+    notes = tmp_path / "notes.md"
+    notes.write_text("# my GPU\n")
+    assert main(["simulate", "--num-requests", "5", "--gpu", str(notes), "--out", str(tmp_path / "b")]) == 2
+    assert "notes.md: not valid JSON (read as JSON: a name not ending in .toml;" in one_error(capsys)
+
+
 def test_messages_name_the_cause_and_the_row(tmp_path, capsys):
     parquet = tmp_path / "t.parquet"
     pq.write_table(pa.table({"request_id": [0, 1, 2], "arrival_s": [0.0, 1.0, 2.0],

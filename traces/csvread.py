@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from traces.errors import TraceError, fail
+from traces.errors import TraceError, fail, not_a_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -39,7 +39,7 @@ def read_head(path: Path) -> bytes:
         TraceError: Missing, empty, binary (NUL bytes) or not UTF-8 at the start.
     """
     if not path.is_file():
-        raise TraceError(f"{path}: {'is a directory, not a trace file' if path.is_dir() else 'no such file'}")
+        raise TraceError(f"{path}: {not_a_file(path)}")
     with open(path, "rb") as fh:
         head = fh.read(HEAD_BYTES)
     if not head.strip():

@@ -116,3 +116,11 @@ def plain(value: Any) -> str:
     if len(text) > MAX_VALUE_CHARS:
         text = text[:MAX_VALUE_CHARS - 3] + "..."
     return text
+
+
+def not_a_file(path: Path) -> str:
+    """Why ``path``, not a regular file, cannot be a trace: missing, a directory, or something else (a device
+    such as ``/dev/null``, a pipe, a socket)."""
+    if path.is_dir():
+        return "is a directory, not a trace file"
+    return "is not a regular file (a device, pipe or socket), not a trace file" if path.exists() else "no such file"

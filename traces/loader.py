@@ -12,7 +12,7 @@ import numpy as np
 import traces.csvread as csvread
 from traces.canonical import (CANONICAL_COLUMNS, check_canonical, count_out_of_order,
                                renumber)
-from traces.errors import TraceError, TraceWarning, fail
+from traces.errors import TraceError, TraceWarning, fail, not_a_file
 from traces.formats import CSV_FORMATS, load_csv
 from traces.names import FORMAT_NAMES  # noqa: E402  (re-exported)
 
@@ -115,7 +115,7 @@ def read_parquet(path: Path) -> pd.DataFrame:
     import pandas as pd
 
     if not path.is_file():
-        raise TraceError(f"{path}: {'is a directory, not a trace file' if path.is_dir() else 'no such file'}")
+        raise TraceError(f"{path}: {not_a_file(path)}")
     try:
         df = pd.read_parquet(path)
     except Exception as err:  # pyarrow raises several unrelated types

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from sim.frontend.argtypes import int_at_least, positive_float, size_arg
+from sim.units import CLOCK_EXACT_US, US_PER_MS
 
 
 def _milliseconds(text: str) -> float:
@@ -14,8 +15,9 @@ def _milliseconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number of milliseconds >= 0, got {text!r}")
+    if not 0 <= value <= CLOCK_EXACT_US / US_PER_MS:
+        raise argparse.ArgumentTypeError(f"must be a finite number of milliseconds >= 0 and at most "
+                                         f"{CLOCK_EXACT_US / US_PER_MS:.6g} (the clock's exact range), got {text!r}")
     return value
 
 

@@ -7,7 +7,7 @@ from sim.setup.specs import FieldError
 from sim.memory.hybrid_sizing import window_alloc_error
 from sim.memory.vattention import knob_range_error
 from sim.timing.paged_kernels import PAGED_KERNELS
-from sim.units import format_bytes
+from sim.units import CLOCK_EXACT_US, format_bytes
 
 SCHEDULERS = ("sarathi", "vllm")
 POLICIES = ("vattention", "paged", "static")
@@ -125,9 +125,11 @@ def check_config(config) -> None:
     tier_error = _tier_error(config)
     if tier_error:
         raise ConfigError(*tier_error)
-    if not (isinstance(config.frontend_overhead_us, (int, float)) and 0 <= config.frontend_overhead_us < float("inf")):
-        raise ConfigError(f"frontend_overhead_us={config.frontend_overhead_us!r}: must be a finite number of "
-                          "microseconds >= 0", "frontend_overhead_us")
+    if not (isinstance(config.frontend_overhead_us, (int, float))
+            and 0 <= config.frontend_overhead_us <= CLOCK_EXACT_US):
+        raise ConfigError(f"frontend_overhead_us={config.frontend_overhead_us!r}: must be a number of microseconds "
+                          f">= 0 and at most {CLOCK_EXACT_US:.6g} (the clock's exact range, 2**53 ticks of 100 ns)",
+                          "frontend_overhead_us")
     for name, value in (("weight_dtype", config.weight_dtype), ("kv_dtype", config.kv_dtype)):
         if value is not None and value not in DTYPE_BYTES:
             raise ConfigError(f"{name}={value}: choose one of {', '.join(DTYPE_BYTES)}", name)

@@ -150,7 +150,8 @@ def _read(path: Path, shown: str) -> dict:
     except tomllib.TOMLDecodeError as exc:
         raise CatalogError(f"{shown}: not valid TOML: {exc}") from None
     except json.JSONDecodeError as exc:
-        raise CatalogError(f"{shown}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        read_as = "" if path.suffix.lower() == ".json" else f" (read as JSON: a name not ending in .toml; a model or GPU file is .toml or .json)"
+        raise CatalogError(f"{shown}: not valid JSON{read_as}: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     if not isinstance(data, dict):
         raise CatalogError(f"{shown}: expected a JSON object / TOML table of fields, got {type(data).__name__}")
     return data
