@@ -49,6 +49,15 @@ def test_grid_errors_name_the_axis(item, message):
         parse_grid([item])
 
 
+def test_unknown_axis_lists_each_valid_name_once():
+    with pytest.raises(ValueError) as err:
+        parse_grid(["nosuch=1"])
+    options, fields = str(err.value).split("valid axes: the simulate options ")[1].split("; and the SimConfig fields ")
+    names = options.split(", ") + fields.split(", ")
+    assert len(names) == len(set(names)) and {"page_size", "tp", "eager_lookahead_steps"} <= set(names)
+    assert "explicit_fields" not in names         # bookkeeping, not an axis
+
+
 def test_axes_map_to_options_and_config_fields():
     base = base_settings(sweep_args())
     job = make_jobs(parse_grid(["page_size=256KiB", "deferred_reclaim=off", "sync_mapping=on",

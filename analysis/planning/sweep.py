@@ -115,8 +115,10 @@ def resolve_axis(name: str) -> Axis:
         return Axis(name, dest=key)
     if key in SimConfig.__dataclass_fields__:
         return Axis(name, field=key)
-    valid = sorted((dests | {"deferred_reclaim"}) - {"help"}) + sorted(SimConfig.__dataclass_fields__)
-    raise ValueError(f"--grid: unknown axis {name!r}; valid axes: {', '.join(valid)}")
+    options = sorted((dests | {"deferred_reclaim"}) - {"help"})
+    fields = sorted(set(SimConfig.__dataclass_fields__) - set(options) - {"explicit_fields"})
+    raise ValueError(f"--grid: unknown axis {name!r}; valid axes: the simulate options {', '.join(options)}; "
+                     f"and the SimConfig fields {', '.join(fields)}")
 
 
 def _split_values(axis: str, text: str) -> list[str]:
