@@ -310,6 +310,8 @@ def reference_csv(fmt: str, rows: list[list[str]]):
         return None, prompt, output, model
     time = np.array([k[0] for k in kept], dtype=np.int64 if fmt == "azure" else np.float64)
     per_s = 1e9 if fmt == "azure" else 1.0
+    if fmt != "azure" and (time < 0).any():        # seconds from the trace's start: never negative
+        return None
     if ((time - time.min()) > MAX_ARRIVAL_S * per_s).any():
         return None
     order = np.argsort(time, kind="stable")                      # on the file's values
