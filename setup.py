@@ -69,6 +69,7 @@ class OptionalBuildExt(build_ext):
         for sim_dir in {ROOT / "sim", Path(self.build_lib) / "sim"}:      # the source tree, and a wheel's tree
             if sim_dir.is_dir():
                 (sim_dir / LISTED.HASHES_FILE).write_text(text)
+        write_bytecode()
 
     def build_extension(self, ext):
         try:
@@ -77,6 +78,27 @@ class OptionalBuildExt(build_ext):
             self._failed.add(ext.name)
             print(f"kvsim: {ext.name} is not compiled ({type(exc).__name__}: {exc}); it runs as Python",
                   file=sys.stderr)
+
+
+PACKAGES = ("sim", "traces", "analysis", "hwbackend")
+"""The project's packages, byte-compiled by :func:`write_bytecode` (with ``cli.py``)."""
+
+
+def write_bytecode() -> None:
+    """Byte-compile the project's modules in the source tree (``__pycache__``, as pip does for a wheel's files):
+    an editable install's modules are otherwise compiled from source at every start where Python does not write
+    bytecode (``PYTHONDONTWRITEBYTECODE``, set on this project's machines and in many containers): 30-40 ms of a
+    ``simulate`` process (``docs/scale.md``, Round 9). Python checks each file against its source's size and
+    modification time, so an edit after the install is compiled from source as before. Best effort: a tree that
+    cannot be written is left as it is."""
+    import compileall
+    try:
+        for package in PACKAGES:
+            if (ROOT / package).is_dir():
+                compileall.compile_dir(str(ROOT / package), quiet=2)
+        compileall.compile_file(str(ROOT / "cli.py"), quiet=2)
+    except OSError as exc:
+        print(f"kvsim: bytecode not written ({exc}); modules compile at start-up", file=sys.stderr)
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt},
