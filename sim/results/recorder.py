@@ -145,6 +145,11 @@ DTYPES = {"d": np.float64, "q": np.int64}
 class IterationRecorder:
     """Buffers iteration records and turns them into columnar chunks.
 
+    A streamed run's row groups are written by one writer thread while the simulation goes on (pyarrow encodes
+    and compresses without holding the GIL: on the 2-core machines ~0.13 s of the conversation trace's run that the
+    serving loop no longer waits for, ``docs/scale.md`` Round 9), one chunk in flight at a time, in order, so the
+    file is the one a sequential writer makes; :meth:`close` waits for it and raises what writing raised.
+
     Args:
         path: a Parquet file to stream row groups into (created on the first chunk; replaced if it exists);
             ``None``: keep the chunks in memory.
@@ -163,6 +168,8 @@ class IterationRecorder:
         self._writer = None
         self._closed = False
         # a streamed run's summary parts (class docstring of the module)
+        self._thread = None           # the writer thread of a streamed run (a one-worker ThreadPoolExecutor)
+        self._writing = None          # the chunk it is writing (a Future)
         self._kept: dict[str, list[np.ndarray]] = {name: [] for name in KEPT_COLUMNS}
         self._summed: dict[str, list] = {name: [] for name in SUMMED_COLUMNS}    # arrays, or lengths of zeros
         self._counts = _empty_counts()
@@ -212,10 +219,20 @@ class IterationRecorder:
         table = pa.Table.from_arrays([arrow_array(columns[name]) for name in ITERATION_COLUMNS],
                                      names=list(ITERATION_COLUMNS))
         if self._writer is None:
+            from concurrent.futures import ThreadPoolExecutor
+
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._writer = pq.ParquetWriter(self.path, table.schema, use_dictionary=[
                 name for name in ITERATION_COLUMNS if name not in ITERATION_UNIQUE_COLUMNS])
-        self._writer.write_table(table)
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvsim-records")
+        self._wait_written()               # one chunk in flight at most: memory stays one chunk's
+        self._writing = self._thread.submit(self._writer.write_table, table)
+
+    def _wait_written(self) -> None:
+        """Wait for the chunk in flight (raising what writing it raised, e.g. a full disk's OSError)."""
+        if self._writing is not None:
+            writing, self._writing = self._writing, None
+            writing.result()
 
     def _keep_for_summary(self, columns: dict[str, np.ndarray], rows: int) -> None:
         """A streamed chunk's part of the summary: its kept columns, its summed columns (where not all zeros)
@@ -238,8 +255,13 @@ class IterationRecorder:
             empty = records_frame(StepBuffer(), RunBuffer())
             empty.to_parquet(self.path, index=False)
         else:
-            self._writer.close()
-            self._writer = None
+            try:
+                self._wait_written()
+            finally:
+                self._thread.shutdown()
+                self._thread = None
+                self._writer.close()
+                self._writer = None
 
     def summary_figures(self) -> dict:
         """A streamed run's integer figures and float totals, as
