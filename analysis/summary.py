@@ -36,6 +36,10 @@ SUMMARY_ROWS = (
 )
 
 
+LATENCY_ROWS = {"TTFT p50 / p90 / p99", "TPOT p50 / p90 / p99", "TBT p50 / p99 / max", "scheduling delay p50 / p99",
+                "E2E p50 / p90 / p99"}
+"""Rows of per-request latencies: without a served request there is none to give (said, not printed as NaN)."""
+
 VMM_ONLY_ROWS = {"VMM map / unmap calls", "maps done in background", "sync mapping stall total",
                  "VMM time per TP worker", "VMM time, critical path"}
 PAGED_ONLY_ROWS = {"block-table CPU time"}
@@ -103,7 +107,11 @@ def attention_lines(summary: dict) -> list[str]:
 def summary_lines(summary: dict) -> list[tuple[str, str]]:
     """(label, value) pairs for printing."""
     rows = []
+    served = summary.get("finished", 1) > 0
     for label, key, fmt in SUMMARY_ROWS:
+        if not served and label in LATENCY_ROWS:
+            rows.append((label, "none: no request was served"))        # (NaN percentiles of nothing)
+            continue
         if key is None:
             value = f"{summary['finished']:,} / {summary['requests']:,}" + (
                 f" ({summary['rejected']} rejected)" if summary["rejected"] else "")

@@ -254,6 +254,18 @@ def test_attainment_figures_are_printed_and_compared_only_when_given():
     assert "goodput (req/s)" not in comparison_table({"b": {"finished": 4}})
 
 
+def test_latency_rows_say_none_was_served_instead_of_nan():
+    """Every request rejected (``static:max_len=10`` on 50 requests, say): the latency rows say so; the other rows
+    are printed as usual; one served request brings the figures back."""
+    from analysis.summary import LATENCY_ROWS, summary_lines
+
+    base = _base_summary()
+    rows = dict(summary_lines({**base, "finished": 0, "rejected": base["requests"]}))
+    assert {rows[label] for label in LATENCY_ROWS} == {"none: no request was served"} and len(LATENCY_ROWS) == 5
+    assert rows["iterations"] == f"{base['iterations']:,}"
+    assert "nan" not in " ".join(dict(summary_lines(base)).values())
+
+
 def _base_summary() -> dict:
     """A summary with every key the printed table reads (a tiny run's)."""
     from sim.setup.config import SimConfig
