@@ -25,7 +25,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", type=Path,
                         help="run directory written by 'kvsim simulate --out' (one colour each)")
     parser.add_argument("--out", required=True, help="HTML file to write, e.g. report.html")
-    parser.add_argument("--force", action="store_true", help="replace an existing --out file")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing --out file that is a kvsim report (any other file is refused)")
     parser.set_defaults(func=cmd_report)
     return parser
 
@@ -60,8 +61,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     empty, not one of the files read from the runs, not a directory, creatable, an existing file only with
     ``--force``); the file is replaced atomically."""
     from analysis.report import write_report
-    from analysis.output import check_out_file, command_inputs
-    out = check_out_file(args.out, args.force, "--out", inputs=command_inputs(args))
+    from analysis.output import check_out_file, command_inputs, is_report_file
+    out = check_out_file(args.out, args.force, "--out", inputs=command_inputs(args),
+                         replaceable=(is_report_file, "a kvsim report"))
     runs = load_runs(args.runs)
     for path_given, run in zip(args.runs, runs):     # a tiered run without its occupancy table: said, not skipped
         if run.config.get("kv_tiers") and run.tiers is None:

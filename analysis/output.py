@@ -267,6 +267,17 @@ def check_out_file(path, force: bool, flag: str = "--out", inputs=(), replaceabl
     return out
 
 
+def is_report_file(path) -> bool:
+    """Whether ``path`` is an HTML report kvsim wrote (``kvsim report``, ``simulate --report``): its head holds
+    the ``<title>kvsim report`` that :func:`analysis.report.write_report` gives every report."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4096)
+    except OSError:
+        return False
+    return head.startswith(b"<!DOCTYPE html>") and b"<title>kvsim report" in head
+
+
 CAPACITY_FILE_MARK = {"written_by": "kvsim capacity"}
 """The first key of every ``kvsim capacity --out`` JSON file: ``--force`` replaces only such a file
 (:func:`is_capacity_file`)."""

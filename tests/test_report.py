@@ -138,6 +138,11 @@ def test_report_command_refuses_to_overwrite(tmp_path, small_runs, capsys):
     assert main(["report", str(small_runs[0]), "--out", str(out)]) == 2
     assert "--force" in capsys.readouterr().err
     assert main(["report", str(small_runs[0]), "--out", str(out), "--force"]) == 0
+    mine = tmp_path / "mine.parquet"          # a user's file, not a report: --force does not replace it
+    mine.write_bytes(b"PAR1 my trace")
+    assert main(["report", str(small_runs[0]), "--out", str(mine), "--force"]) == 2
+    assert "exists and is not a kvsim report; --force replaces only such a file" in capsys.readouterr().err
+    assert mine.read_bytes() == b"PAR1 my trace"
 
 
 def test_bad_run_dir_gives_one_clear_error(tmp_path, capsys):
