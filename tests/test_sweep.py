@@ -90,6 +90,26 @@ def test_sweep_reports_a_failing_point_and_resumes(tmp_path):
     pd.testing.assert_frame_equal(sweep_table(jobs, again), table)
 
 
+def test_another_sweep_is_not_resumed_over_a_stored_one(tmp_path, capsys):
+    """A sweep directory resumes its own grid, or one that extends it (the stored points kept); an unrelated grid
+    would rewrite the table without the stored points: refused without --force, its files untouched."""
+    from cli import main
+
+    out = tmp_path / "sw"
+    common = ["--num-requests", "20", "--quiet", "--out", str(out)]
+    assert main(["sweep", "--grid", "policy=vattention,paged", *common]) == 0
+    table = (out / "sweep.csv").read_bytes()
+    capsys.readouterr()
+    assert main(["sweep", "--grid", "seed=7", *common]) == 2
+    err = capsys.readouterr().err
+    assert "holds another sweep: 2 of its 2 finished points are not in this grid" in err and "--force" in err
+    assert (out / "sweep.csv").read_bytes() == table
+    assert main(["sweep", "--grid", "policy=vattention,paged,static", *common]) == 0      # extends it: resumed
+    assert "(1 run now, 2 already in" in capsys.readouterr().out
+    assert main(["sweep", "--grid", "seed=7", *common, "--force"]) == 0                  # replaced on request
+    assert len(pd.read_csv(out / "sweep.csv")) == 1
+
+
 def format_args(fmt: str, directory) -> tuple[str, ...]:
     """The trace options of a sweep over 30 requests of trace format ``fmt`` (``tests.test_routing.TRACE_FORMATS``):
     none for the synthetic workload, ``--trace`` of a Mooncake file (with ``hash_ids``) written in ``directory``."""

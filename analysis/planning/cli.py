@@ -115,7 +115,7 @@ def register(subparsers) -> None:
                        help="local: process pool on this machine; ray: Ray tasks")
     sweep.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local instance)")
     sweep.add_argument("--workers", type=int, default=None, help="parallel processes / local Ray CPUs (default: all cores)")
-    add_out(sweep, "output directory: new, empty, or a sweep to resume (its finished points are kept)",
+    add_out(sweep, "output directory: new, empty, or a sweep to resume - the same grid or one extending it (its finished points are kept)",
             required=True, force_extra="start afresh, once the sweep is done (no point is reused)")
     _add_common(sweep)
     add_disagg_args(sweep)
@@ -348,6 +348,22 @@ def _sweep_harness_warnings(jobs: list, profile: str | None) -> list[str]:
     return warnings
 
 
+def _check_same_sweep(out_dir: Path, jobs: list) -> None:
+    """A sweep resumed in place must be the one stored there (or extend it): every finished point under
+    ``points/`` is one of this grid's, else its table would be rewritten without them.
+
+    Raises:
+        FileExistsError: naming ``--out`` and how many stored points this grid lacks.
+    """
+    stored = {path.stem for path in (out_dir / "points").glob("*.json")}
+    missing = stored - {job.key for job in jobs}
+    if missing:
+        raise FileExistsError(f"--out {out_dir} holds another sweep: {len(missing):,} of its {len(stored):,} "
+                              "finished points are not in this grid, and its table would be rewritten without "
+                              "them; rerun its own command to resume it, pass --force to replace it, or choose "
+                              "another --out")
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     """``kvsim sweep``: run the missing points, write the table and the figure, print a short report."""
     from analysis.planning.sweep import base_settings, make_jobs, parse_grid, sweep_table, write_table
@@ -376,6 +392,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if out.existing and not args.force and not (out_dir / "points").is_dir():
         raise FileExistsError(f"--out {out_dir} holds a kvsim result that is not a sweep; choose another --out or "
                               "pass --force to replace it")
+    if out.existing and not args.force and (out_dir / "points").is_dir():
+        _check_same_sweep(out_dir, jobs)
     started = time.perf_counter()
     if out.replaces:   # --force: a fresh sweep, written beside the old result and renamed over it at the end
         with out.writing() as stage:
