@@ -49,6 +49,25 @@ def test_grid_errors_name_the_axis(item, message):
         parse_grid([item])
 
 
+@pytest.mark.parametrize("policy, items, message", [
+    ("paged:block=32", ["block_size_tokens=16,64"], "--grid block_size_tokens sets block_size_tokens, which --policy "
+     "paged:block=32 also sets"),
+    ("vattention:sync", ["sync_mapping=off"], "which --policy vattention:sync also sets"),
+    ("vattention:page=256KiB", ["page_size=2MiB"], "--grid page_size sets page_size_bytes"),
+    (None, ["policy=vattention:sync,paged", "sync_mapping=on,off"], "which --grid policy=vattention:sync also sets"),
+    (None, ["deferred_reclaim=off,on", "no_deferred_reclaim=on"], "--grid deferred_reclaim and --grid "
+     "no_deferred_reclaim set the same setting"),
+])
+def test_an_axis_a_spec_would_override_is_refused(policy, items, message):
+    """A grid axis whose field the base --policy spec (or a policy axis's value) also sets would be overridden at
+    every point, its rows mislabelled (both rows of ``block_size_tokens=16,64`` ran ``block=32``): refused."""
+    base = base_settings(sweep_args(*(["--policy", policy] if policy else [])))
+    with pytest.raises(ValueError, match=message):
+        make_jobs(parse_grid(items), base)
+    assert len(make_jobs(parse_grid(["policy=vattention,paged", "page_size=256KiB,2MiB"]), base_settings(
+        sweep_args()))) == 4                    # specs that leave the axis's field alone: kept
+
+
 def test_unknown_axis_lists_each_valid_name_once():
     with pytest.raises(ValueError) as err:
         parse_grid(["nosuch=1"])

@@ -196,7 +196,53 @@ def make_jobs(grid: dict[str, list[str]], base: dict, job: str = "simulate") -> 
     """One :class:`PointJob` per grid point, in grid order."""
     if job not in JOBS:
         raise ValueError(f"--job {job!r}: choose one of {', '.join(JOBS)}")
+    _check_axes_apart(grid, base)
     return [PointJob(i, point, base, job) for i, point in enumerate(expand_grid(grid))]
+
+
+def _axis_field(axis: Axis) -> str:
+    """The SimConfig field an axis sets (a command-line option's field where the option names it otherwise)."""
+    if axis.field is not None:
+        return axis.field
+    from sim.frontend.flags import FIELD_DESTS
+    by_dest = {dest: field for field, dest in FIELD_DESTS.items()}
+    return by_dest.get(axis.dest, axis.dest)
+
+
+def _check_axes_apart(grid: dict[str, list[str]], base: dict) -> None:
+    """Refuse a grid whose rows would be mislabelled: two axes that set the same setting
+    (``deferred_reclaim`` and ``no_deferred_reclaim``), or an axis that sets a field the base ``--policy`` spec
+    (or a value of a ``policy`` axis) also sets, which the spec would override at every point
+    (``--policy paged:block=32 --grid block_size_tokens=16,64``: both rows ``block=32``).
+
+    Raises:
+        ValueError: naming the axes, or the axis and the spec.
+    """
+    from sim.frontend.policy_spec import parse_policy
+
+    fields: dict[str, str] = {}
+    for name in grid:
+        axis = resolve_axis(name)
+        if axis.dest == "policy":
+            continue
+        field = _axis_field(axis)
+        if field in fields:
+            raise ValueError(f"--grid {fields[field]} and --grid {name} set the same setting ({field}); "
+                             "give it one axis")
+        fields[field] = name
+    specs = [(f"--policy {base['policy']}", base["policy"])] if isinstance(base.get("policy"), str) else []
+    specs += [(f"--grid policy={text}", text) for name, values in grid.items()
+              if resolve_axis(name).dest == "policy" for text in values]
+    for where, spec in specs:
+        try:
+            spec_fields = parse_policy(spec)
+        except ValueError:
+            continue                  # a bad spec is refused by the point itself, naming the spec
+        for field, name in fields.items():
+            if field in spec_fields:
+                raise ValueError(f"--grid {name} sets {field}, which {where} also sets (to "
+                                 f"{spec_fields[field]!r}), overriding the axis at every point; set it in one "
+                                 "place: the axis, or the spec")
 
 
 def point_args(job: PointJob) -> tuple[argparse.Namespace, dict]:
