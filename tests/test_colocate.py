@@ -110,6 +110,20 @@ def test_elastic_refuses_paged_tenant():
         simulate_colocated([tenants[0], paged], Sharing("elastic"))
 
 
+def test_elastic_refuses_window_aware_allocation():
+    """A hybrid-attention tenant with window-aware allocation (gemma-3's sliding-window layers, window=unmap) ended
+    in an AttributeError deep in the shared pool's policy: refused by name, before any step; static sharing runs it."""
+    from pathlib import Path
+
+    gemma = str(Path(__file__).resolve().parents[1] / "models" / "gemma-3-12b.json")
+    tenants = _tenants()
+    hybrid = Tenant("g", SimConfig(model=gemma, memory_util_frac=0.3, window_alloc="unmap"), _trace(3))
+    with pytest.raises(ConfigError, match=r"tenant g: elastic sharing takes full-attention page groups; .*"
+                                          r"\(window=unmap\) is not drawn from the shared pool"):
+        simulate_colocated([tenants[0], hybrid], Sharing("elastic"))
+    assert simulate_colocated([tenants[0], hybrid], Sharing("static")).results[1].summary["finished"] == 40
+
+
 def test_weights_that_leave_no_memory_are_refused():
     with pytest.raises(ConfigError, match="leave no KV memory"):
         kv_pool_bytes(_tenants(mem=0.2))

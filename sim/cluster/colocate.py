@@ -280,13 +280,18 @@ def elastic_pool(tenants: list[Tenant], configs: list[TenantConfig]) -> SharedPa
     The hardware replay (:mod:`hwbackend.replay.colocate`) draws its tenants' pages through the same pool.
 
     Raises:
-        ConfigError: a tenant not on the vattention policy, or with prefix caching.
+        ConfigError: a tenant not on the vattention policy, with prefix caching, or with window-aware
+            allocation (a hybrid-attention model's ``window=``).
         ValueError: floors above the pool.
     """
     for tenant, config in zip(tenants, configs):
         if config.policy != "vattention" or config.prefix_caching:
             raise ConfigError(f"tenant {tenant.name}: elastic sharing needs the vattention policy without "
                               "prefix caching (pages mapped through the VMM API)")
+        if config.hybrid_alloc:    # its per-group units and window unmaps are not drawn from the shared pool
+            raise ConfigError(f"tenant {tenant.name}: elastic sharing takes full-attention page groups; "
+                              f"{config.model}'s window-aware allocation (window={config.window_alloc}) is not drawn "
+                              "from the shared pool: use --sharing static for it")
     pool_bytes = kv_pool_bytes(tenants)
     shares = [TenantShare(c.num_sub_tensors, int(pool_bytes * t.floor_frac) // c.page_group_bytes,
                           c.pool_page_groups) for t, c in zip(tenants, configs)]
