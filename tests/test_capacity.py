@@ -154,6 +154,22 @@ def test_cli_capacity_prints_steps_answer_and_replicas(capsys, tmp_path):
     assert (tmp_path / "cap.json").is_file()
 
 
+def test_check_replicas_refuses_more_replicas_than_requests_and_warns_on_few(capsys):
+    """An infinite target rate is refused (it was an OverflowError); a target needing more replicas than the trace
+    has requests is refused before routing (1e12 req/s tried to simulate 4e10 replicas); a check that gives each
+    replica only a few requests says its figures rest on few."""
+    from cli import main
+
+    base = ["capacity", "--num-requests", "100", "--slo", "ttft_p99=2s", "--tolerance", "0.2", "--quiet"]
+    assert main([*base, "--target-rate", "inf"]) == 2
+    assert "--target-rate must be a finite rate > 0 req/s, got inf" in capsys.readouterr().err
+    assert main([*base, "--target-rate", "1e12", "--check-replicas"]) == 2
+    assert "replicas, more than the trace's 100 requests" in capsys.readouterr().err
+    assert main([*base, "--target-rate", "100", "--check-replicas"]) in (0, 1)
+    captured = capsys.readouterr()
+    assert "check: 100 req/s over" in captured.out and "rest on few requests" in captured.err
+
+
 def test_cli_capacity_quiet_prints_no_step_table(capsys):
     parser = kvsim_parser()
     args = parser.parse_args(["capacity", "--num-requests", "150", "--slo", "ttft_p99=500ms", "--tolerance", "0.2",

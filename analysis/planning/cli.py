@@ -168,8 +168,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         raise ValueError(f"--routing {args.routing} applies to --check-replicas; add --check-replicas --target-rate R "
                          "or leave --routing out")
     args.routing = args.routing or "round-robin"
-    if args.target_rate is not None and not args.target_rate > 0:
-        raise ValueError(f"--target-rate must be > 0 req/s, got {args.target_rate}")
+    if args.target_rate is not None and not 0 < args.target_rate < float("inf"):
+        raise ValueError(f"--target-rate must be a finite rate > 0 req/s, got {args.target_rate}")
     from sim.frontend.disagg_options import check_disagg_flags
     check_disagg_flags(args)
     if args.pd is not None or args.pd_search is not None:      # disaggregated (docs/disaggregated.md)
@@ -264,6 +264,11 @@ def capacity_lines(result, target_rate: float | None) -> list[str]:
     return lines
 
 
+CHECK_MIN_REQUESTS_PER_REPLICA = 100
+"""Requests per replica below which ``--check-replicas`` warns: a p99 of fewer than 100 requests is their
+maximum, and the TTFT growth of a handful is noise."""
+
+
 def _check_replicas(args, config, trace, result) -> dict | None:
     """Simulate the target rate routed over the computed replica count; print whether the SLOs hold."""
     import traces
@@ -274,6 +279,14 @@ def _check_replicas(args, config, trace, result) -> dict | None:
     if replicas is None:
         print("check: skipped (no capacity)")
         return None
+    if replicas > len(trace):          # every replica past the trace's length would serve nothing
+        raise ValueError(f"--check-replicas: {args.target_rate:g} req/s needs {replicas:,} replicas, more than the "
+                         f"trace's {len(trace):,} requests: the check would give most replicas none; lower "
+                         "--target-rate or give a longer trace (--num-requests)")
+    if len(trace) < CHECK_MIN_REQUESTS_PER_REPLICA * replicas:
+        print(f"kvsim: warning: --check-replicas: {len(trace):,} requests over {replicas:,} replicas, about "
+              f"{len(trace) / replicas:.0f} each: the check's percentiles and TTFT growth rest on few requests "
+              f"(give at least {CHECK_MIN_REQUESTS_PER_REPLICA} per replica with --num-requests)", file=sys.stderr)
     # the target counts served requests: offer target / served fraction (unservable requests are rejected)
     scale = args.target_rate / (base_rate_per_s(trace) * result.served_fraction)
     routed = run_routed(config, traces.scale_rate(trace, scale), replicas, args.routing, args.profile)
