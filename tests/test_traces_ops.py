@@ -84,6 +84,22 @@ def test_mooncake_fault_bad_tokens(tmp_path, value, what):
     assert "line 2, column 'output_length'" in str(err.value)
 
 
+def test_clipped_requests_keep_their_prompt_s_blocks_only(tmp_path):
+    """Clipping a Mooncake table to a context cuts each clipped request's hash_ids to ceil(prompt / 512) blocks, so
+    that the clipped table is canonical: it is written and read back (``traces convert --max-context`` wrote a file
+    that stats and simulate refused: 3 ids for a 500-token prompt); unclipped rows keep theirs whole."""
+    df = load_trace(write_jsonl(tmp_path))
+    clipped, n = clip_context(df, 600)
+    # 1000+5 -> prompt 595 (2 blocks), 1100+7 -> 593 (2 of its 3 ids), 600+9 -> 591 (2), 20+1 unclipped
+    assert n == 3 and clipped["prompt_tokens"].tolist() == [595, 593, 591, 20]
+    assert [list(ids) for ids in clipped["hash_ids"]] == [[0, 1], [0, 2], [0, 2], [4]]
+    path = write_parquet(clipped, tmp_path / "clipped.parquet")
+    back = load_trace(path)
+    assert [list(ids) for ids in back["hash_ids"]] == [[0, 1], [0, 2], [0, 2], [4]]
+    tight, _ = clip_context(df, 300)                  # 1000+5 -> 295 tokens: 1 block
+    assert [len(ids) for ids in tight["hash_ids"]] == [1, 1, 1, 1]
+
+
 def test_mooncake_fault_truncated_line(tmp_path):
     path = write_jsonl(tmp_path, raw_lines={3: json.dumps(MC_ROWS[3])[:30]})
     with pytest.raises(TraceError, match="truncated line") as err:

@@ -153,9 +153,26 @@ def clip_context(df: pd.DataFrame, max_context_tokens: int) -> tuple[pd.DataFram
     else:
         out = df.assign(prompt_tokens=new_prompt.astype(np.int64),
                         output_tokens=new_output.astype(np.int64))
+        if "hash_ids" in df.columns and over.any():
+            out["hash_ids"] = _clip_hash_ids(df["hash_ids"], over, new_prompt)
         out.attrs = dict(df.attrs)
     out.attrs["source"] = _source(df, f"clipped to {max_context_tokens} tokens")
     return out, int(over.sum())
+
+
+def _clip_hash_ids(hash_ids, over: np.ndarray, prompt_tokens: np.ndarray) -> list:
+    """A clipped request's prefix-block ids cut to its new prompt, ``ceil(prompt / 512)`` blocks (the count a
+    canonical trace holds: :func:`traces.canonical.hash_ids_problem`); the simulator reads only the first
+    ``prompt // 512`` of them, so its results are those of the uncut ids, and the table can be written and read
+    back (``kvsim traces convert --max-context``)."""
+    from traces.canonical import MOONCAKE_BLOCK_TOKENS
+
+    out = list(hash_ids)
+    for row in np.flatnonzero(over):
+        ids = out[row]
+        if ids is not None:
+            out[row] = ids[:-(-int(prompt_tokens[row]) // MOONCAKE_BLOCK_TOKENS)]
+    return out
 
 
 def merge(dfs: list[pd.DataFrame]) -> pd.DataFrame:
