@@ -162,6 +162,22 @@ def test_a_merge_of_some_replicas_equals_the_in_memory_merge_of_them(tmp_path):
     assert merged_summary(on_disk, config) == expected and expected["requests"] == 80
 
 
+def test_a_prefix_caching_merge_on_disk_keeps_the_hit_ratio(tmp_path):
+    """Replicas with a prefix cache, simulated to files (round-robin): the merged summary has the prefix cache's
+    hit ratio and counters, equal to the in-memory merge's (the files path left the ratio out, so the summary
+    printed no prefix-cache line)."""
+    from sim.cluster.routing import merge_replicas, merged_summary
+    from tests.test_routing import write_mooncake
+
+    trace = traces.load_trace(write_mooncake(tmp_path / "mc.jsonl", 60))
+    config = SimConfig(policy="vattention", prefix_caching=True)
+    in_memory = run_routed(config, trace, 2, "round-robin").replicas
+    on_disk = run_routed(config, trace, 2, "round-robin", records_dir=str(tmp_path / "records")).replicas
+    expected = merge_replicas(in_memory, config)[1]
+    merged = merged_summary(on_disk, config)
+    assert merged == expected and 0 < merged["prefix_hit_ratio"] < 1 and merged["prefill_tokens_saved"] > 0
+
+
 def test_a_streamed_runs_summary_equals_the_in_memory_runs(tmp_path, monkeypatch):
     """A streamed run's summary reads its iteration columns row group by row group (sim.results.columns): the same
     summary, to the bit, as the run kept in memory; row groups of 50 iterations here."""

@@ -301,6 +301,11 @@ def merge_replica_parts(results: list, parts: list[dict], config) -> dict:
     if "reject_reason" in schema.names:
         reasons = _rejected_reasons(parts, rejected, positions)
         summary["rejected_by_reason"] = {str(k): int(v) for k, v in reasons.value_counts().items()}
+    if config.prefix_caching:     # the prefix cache's hit ratio over every replica's first admissions, as in memory
+        from sim.results.summary import tier_hit_ratios
+        summary.update(tier_hit_ratios(pd.DataFrame(_request_columns(
+            parts, ["prefix_hit_tokens", "dram_hit_tokens", "ssd_hit_tokens", "prompt_tokens",
+                    "first_scheduled_at_us"], positions))))
     return summary
 
 
