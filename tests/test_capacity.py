@@ -170,6 +170,23 @@ def test_check_replicas_refuses_more_replicas_than_requests_and_warns_on_few(cap
     assert "check: 100 req/s over" in captured.out and "rest on few requests" in captured.err
 
 
+def test_a_capacity_no_rate_failed_is_said_to_be_a_lower_bound(capsys, tmp_path):
+    """5 requests cannot load a replica at any rate: every rate tried passes. The answer is printed as a lower
+    bound with a warning (it read "44486.568 served req/s", replicas 1, as if measured), the replicas as an upper
+    bound, and the JSON says so."""
+    import json
+
+    from cli import main
+
+    out = tmp_path / "cap.json"
+    assert main(["capacity", "--num-requests", "5", "--slo", "ttft_p99=2s", "--target-rate", "100", "--quiet",
+                 "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "capacity per replica: at least " in printed and "the capacity is a lower bound" in printed
+    assert "replicas for 100 req/s: at most 1" in printed
+    assert json.loads(out.read_text())["capacity_is_lower_bound"] is True
+
+
 def test_cli_capacity_quiet_prints_no_step_table(capsys):
     parser = kvsim_parser()
     args = parser.parse_args(["capacity", "--num-requests", "150", "--slo", "ttft_p99=500ms", "--tolerance", "0.2",

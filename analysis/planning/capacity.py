@@ -154,7 +154,8 @@ class CapacityResult:
                   "capacity_total_tokens_per_s": self.total_tokens_per_s, "binding": self.binding,
                   "capacity_scale": self.best.scale if self.best else 0.0, "search_steps": len(self.steps),
                   "base_rate_per_s": self.base_rate_per_s, "served_fraction": self.served_fraction,
-                  "unservable_requests": int(sum(self.unservable.values()))}
+                  "unservable_requests": int(sum(self.unservable.values())),
+                  "capacity_is_lower_bound": self.best is not None and self.above is None}
         if self.best:
             record.update({f"at_capacity_{k}": v for k, v in self.best.summary.items()})
         return record

@@ -254,13 +254,19 @@ def capacity_lines(result, target_rate: float | None) -> list[str]:
                 f"(binding: {result.binding}); relax the SLOs or change the configuration"]
     lines = [f"WARNING: {unservable_line(result.unservable, result.num_requests)}; the capacity below counts served "
              "requests only (--allow-rejected)"] if result.unservable else []
-    lines += [f"capacity per replica: {result.rate_per_s:.3f} served req/s = {result.output_tokens_per_s:,.0f} output tokens/s "
+    bound = "at least " if result.above is None else ""      # no rate tried failed: a lower bound only
+    lines += [f"capacity per replica: {bound}{result.rate_per_s:.3f} served req/s = {result.output_tokens_per_s:,.0f} output tokens/s "
              f"({result.total_tokens_per_s:,.0f} prompt+output tokens/s) at scale x{result.best.scale:.4g} "
              f"of the trace's {result.base_rate_per_s:.3f} req/s",
              f"binding constraint: {result.binding}" + (
                  f" (fails at {result.above.rate_per_s:.3f} req/s)" if result.above else "")]
+    if result.above is None:
+        lines.append(f"WARNING: no rate tried failed the SLOs, so the capacity is a lower bound, not a measurement: "
+                     f"{result.num_requests:,} requests are too few to load a replica at any rate (give more with "
+                     "--num-requests or a longer trace)")
     if target_rate is not None:
-        lines.append(f"replicas for {target_rate:g} req/s: {result.replicas_for(target_rate)}")
+        lines.append(f"replicas for {target_rate:g} req/s: {'at most ' if bound else ''}"
+                     f"{result.replicas_for(target_rate)}")
     return lines
 
 
