@@ -127,6 +127,9 @@ def compare(runs) -> pd.DataFrame:
     from analysis.results import load_run
     if isinstance(runs, dict):              # run_policies' {spec: RunResult}
         runs = list(runs.values())
+    if isinstance(runs, (str, os.PathLike)) or not hasattr(runs, "__iter__"):
+        raise TypeError(f"compare: expected a list of runs (RunResult objects or run directories) or "
+                        f"run_policies' dict, got {type(runs).__name__}")
     runs = [load_run(run) if isinstance(run, (str, os.PathLike)) else run for run in runs]
     if not runs:
         raise ValueError("compare: no runs given")

@@ -109,24 +109,24 @@ def test_sweep_reports_a_failing_point_and_resumes(tmp_path):
     pd.testing.assert_frame_equal(sweep_table(jobs, again), table)
 
 
-def test_another_sweep_is_not_resumed_over_a_stored_one(tmp_path, capsys):
-    """A sweep directory resumes its own grid, or one that extends it (the stored points kept); an unrelated grid
-    would rewrite the table without the stored points: refused without --force, its files untouched."""
+def test_a_grid_run_over_another_says_which_points_its_table_leaves_out(tmp_path, capsys):
+    """A sweep directory caches points: an unrelated grid run into it tables its own points only, and says that
+    the stored points of the other grid stay under points/ but leave the table (it rewrote sweep.csv silently);
+    rerunning the first grid tables them again without simulating."""
     from cli import main
 
     out = tmp_path / "sw"
     common = ["--num-requests", "20", "--quiet", "--out", str(out)]
     assert main(["sweep", "--grid", "policy=vattention,paged", *common]) == 0
-    table = (out / "sweep.csv").read_bytes()
     capsys.readouterr()
-    assert main(["sweep", "--grid", "seed=7", *common]) == 2
-    err = capsys.readouterr().err
-    assert "holds another sweep: 2 of its 2 finished points are not in this grid" in err and "--force" in err
-    assert (out / "sweep.csv").read_bytes() == table
-    assert main(["sweep", "--grid", "policy=vattention,paged,static", *common]) == 0      # extends it: resumed
-    assert "(1 run now, 2 already in" in capsys.readouterr().out
-    assert main(["sweep", "--grid", "seed=7", *common, "--force"]) == 0                  # replaced on request
-    assert len(pd.read_csv(out / "sweep.csv")) == 1
+    assert main(["sweep", "--grid", "seed=7", *common]) == 0
+    captured = capsys.readouterr()
+    assert "holds 2 finished points of another grid" in captured.err and len(pd.read_csv(out / "sweep.csv")) == 1
+    assert main(["sweep", "--grid", "policy=vattention,paged", *common]) == 0
+    captured = capsys.readouterr()
+    assert "(0 run now, 2 already in" in captured.out and "holds 1 finished point of another grid" in captured.err
+    assert main(["sweep", "--grid", "policy=vattention,paged", *common, "--force"]) == 0
+    assert "another grid" not in capsys.readouterr().err
 
 
 def format_args(fmt: str, directory) -> tuple[str, ...]:

@@ -384,6 +384,20 @@ def test_api_misuse_gets_a_clear_exception(tmp_path, capsys):
         run_policies(SimConfig(), "vattention", table)
     with pytest.raises(TraceError, match="whole number of tokens"):
         traces.clip_context(table, float("nan"))
+    # found by a new user's trial (stop 48): each of these was a raw AttributeError / pathlib TypeError, or a
+    # result for nothing (an empty trace's NaN summary; a capacity without SLOs)
+    from analysis.planning.capacity import find_capacity
+    with pytest.raises(ValueError, match="trace: no requests"):
+        run_simulation(SimConfig(), table.iloc[:0])
+    with pytest.raises(TypeError, match="profile_path: expected a profile JSON's path"):
+        run_simulation(SimConfig(), table, profile_path=5)
+    with pytest.raises(TypeError, match="compare: expected a list of runs"):
+        analysis.compare(None)
+    with pytest.raises(TypeError, match="with_overrides: expected a mapping"):
+        SimConfig().with_overrides("paged")
+    with pytest.raises(ValueError, match="capacity needs at least one objective"):
+        find_capacity(SimConfig(), table, ())
+    assert find_capacity(SimConfig(), table, "ttft_p99=2s", 0.3).rate_per_s > 0      # the --slo text is taken
     assert main(["capacity", "--num-requests", "20", "--slo", "ttft_p99=2s", "--json", str(tmp_path / "c.json"),
                  "--quiet"]) == 0
     assert "--json is deprecated" in capsys.readouterr().err and is_capacity_file(tmp_path / "c.json")

@@ -344,7 +344,26 @@ def capacity_result(search: CapacityResult, trace: pd.DataFrame, reasons: list[s
                           len(servable) / len(trace), len(trace))
 
 
-def find_capacity(config: SimConfig, trace: pd.DataFrame, slos: tuple[Slo, ...], tolerance: float = 0.02,
+def _slo_tuple(slos) -> tuple[Slo, ...]:
+    """``slos`` as a tuple of objectives: a text (``"ttft_p99=2s,tpot_p99=100ms"``, parsed as ``--slo`` is) or
+    objective objects (:class:`Slo`, :class:`analysis.planning.slo.SloAttainment`); at least one.
+
+    Raises:
+        ValueError: no objective, or a text that is not one. TypeError: something else.
+    """
+    from analysis.planning.slo import parse_slos
+    if isinstance(slos, str):
+        return parse_slos(slos)
+    if not isinstance(slos, (list, tuple)) or any(isinstance(slo, (str, int, float)) for slo in slos):
+        raise TypeError(f"slos: expected objectives (Slo, SloAttainment) or a text such as "
+                        f"'ttft_p99=2s,tpot_p99=100ms', got {slos!r}")
+    slos = tuple(slos)
+    if not slos:
+        raise ValueError("slos: capacity needs at least one objective, e.g. 'ttft_p99=2s,tpot_p99=100ms'")
+    return slos
+
+
+def find_capacity(config: SimConfig, trace: pd.DataFrame, slos, tolerance: float = 0.02,
                   profile_path: str | None = None, stability_tol: float = DEFAULT_STABILITY_TOL,
                   on_step: Callable[[Evaluation], None] | None = None,
                   allow_rejected: bool = False, workers: int = 1) -> CapacityResult:
@@ -354,11 +373,15 @@ def find_capacity(config: SimConfig, trace: pd.DataFrame, slos: tuple[Slo, ...],
     ``workers`` > 1 evaluates candidate scales in parallel on a local process pool, with the serial answer
     (:func:`search_capacity`).
 
+    ``slos``: :class:`Slo` objects, or their text as ``--slo`` takes it (``"ttft_p99=2s,tpot_p99=100ms"``).
+
     Raises:
+        ValueError / TypeError: no objective, or ``slos`` of another kind.
         UnservableWorkloadError: when some requests can never be served on one replica (how many and why)
             and ``allow_rejected`` is false; with it, those requests are left out of the capacity (and
             recorded in :attr:`CapacityResult.unservable`) and any further rejection fails a point.
     """
+    slos = _slo_tuple(slos)
     reasons = check_servable(config, trace, allow_rejected)
     unservable = dict(Counter(filter(None, reasons)))
     evaluate = make_evaluator(config, trace, slos, profile_path, stability_tol, sum(unservable.values()))

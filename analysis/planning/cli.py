@@ -115,7 +115,7 @@ def register(subparsers) -> None:
                        help="local: process pool on this machine; ray: Ray tasks")
     sweep.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local instance)")
     sweep.add_argument("--workers", type=int, default=None, help="parallel processes / local Ray CPUs (default: all cores)")
-    add_out(sweep, "output directory: new, empty, or a sweep to resume - the same grid or one extending it (its finished points are kept)",
+    add_out(sweep, "output directory: new, empty, or a sweep to resume (its finished points are kept and reused)",
             required=True, force_extra="start afresh, once the sweep is done (no point is reused)")
     _add_common(sweep)
     add_disagg_args(sweep)
@@ -367,20 +367,16 @@ def _sweep_harness_warnings(jobs: list, profile: str | None) -> list[str]:
     return warnings
 
 
-def _check_same_sweep(out_dir: Path, jobs: list) -> None:
-    """A sweep resumed in place must be the one stored there (or extend it): every finished point under
-    ``points/`` is one of this grid's, else its table would be rewritten without them.
-
-    Raises:
-        FileExistsError: naming ``--out`` and how many stored points this grid lacks.
-    """
+def _note_other_points(out_dir: Path, jobs: list) -> None:
+    """A sweep directory is a cache of points: a grid run into it reuses the points it shares and tables only its
+    own. Finished points of another grid stay under ``points/`` but leave the rewritten table: said, with how to
+    table them again (their own command reruns nothing)."""
     stored = {path.stem for path in (out_dir / "points").glob("*.json")}
-    missing = stored - {job.key for job in jobs}
-    if missing:
-        raise FileExistsError(f"--out {out_dir} holds another sweep: {len(missing):,} of its {len(stored):,} "
-                              "finished points are not in this grid, and its table would be rewritten without "
-                              "them; rerun its own command to resume it, pass --force to replace it, or choose "
-                              "another --out")
+    other = stored - {job.key for job in jobs}
+    if other:
+        print(f"kvsim: note: --out {out_dir} holds {len(other):,} finished point{'s' if len(other) != 1 else ''} of another grid; they stay under "
+              f"{out_dir / 'points'} but not in the sweep.csv / sweep.parquet / sweep.html written now (rerun their "
+              "own command to table them again: it simulates nothing; --force clears them)", file=sys.stderr)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -412,7 +408,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise FileExistsError(f"--out {out_dir} holds a kvsim result that is not a sweep; choose another --out or "
                               "pass --force to replace it")
     if out.existing and not args.force and (out_dir / "points").is_dir():
-        _check_same_sweep(out_dir, jobs)
+        _note_other_points(out_dir, jobs)
     started = time.perf_counter()
     if out.replaces:   # --force: a fresh sweep, written beside the old result and renamed over it at the end
         with out.writing() as stage:

@@ -291,7 +291,7 @@ def elastic_pool(tenants: list[Tenant], configs: list[TenantConfig]) -> SharedPa
         if config.hybrid_alloc:    # its per-group units and window unmaps are not drawn from the shared pool
             raise ConfigError(f"tenant {tenant.name}: elastic sharing takes full-attention page groups; "
                               f"{config.model}'s window-aware allocation (window={config.window_alloc}) is not drawn "
-                              "from the shared pool: use --sharing static for it")
+                              "from the shared pool: share the GPU statically for it (sharing mode static)")
     pool_bytes = kv_pool_bytes(tenants)
     shares = [TenantShare(c.num_sub_tensors, int(pool_bytes * t.floor_frac) // c.page_group_bytes,
                           c.pool_page_groups) for t, c in zip(tenants, configs)]

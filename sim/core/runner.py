@@ -1,6 +1,7 @@
 """Run one simulation end to end: configuration + trace + latency profile -> :class:`RunResult`."""
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 from collections.abc import Callable
@@ -312,6 +313,11 @@ def run_simulation(config: SimConfig, trace: pd.DataFrame, profile_path: str | N
     if not isinstance(config, SimConfig):
         raise TypeError(f"config: expected a sim.setup.config.SimConfig (e.g. SimConfig(model=..., gpu=...)), "
                         f"got {type(config).__name__}")
+    if profile_path is not None and not isinstance(profile_path, (str, os.PathLike)):
+        raise TypeError(f"profile_path: expected a profile JSON's path or the keyword 'roofline', got "
+                        f"{type(profile_path).__name__} {profile_path!r}")
+    if hasattr(trace, "columns") and hasattr(trace, "__len__") and len(trace) == 0:
+        raise ValueError("trace: no requests (an empty table: its summary would be percentiles of nothing)")
     # each helper resolves the profile itself (effective_profile): pass them what was given, never its resolution,
     # since None (no profile given: the GPU's default) and the keyword roofline (resolved to None) differ
     config = profile_config_overrides(config, profile_path)

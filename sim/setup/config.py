@@ -1,6 +1,7 @@
 """Run configuration: one frozen, validated dataclass; derived sizes are properties."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 
@@ -266,7 +267,14 @@ class SimConfig(PoolSizing):
         return self.uses_vmm and self.page_size_bytes < DRIVER_GRANULARITY_BYTES
 
     def with_overrides(self, overrides: dict) -> "SimConfig":
-        """A validated copy with some fields replaced (raises ConfigError for bad values)."""
+        """A validated copy with some fields replaced (``overrides``: field name -> value).
+
+        Raises:
+            TypeError: ``overrides`` not a mapping. ConfigError: an unknown field, or a bad value.
+        """
+        if not isinstance(overrides, Mapping):
+            raise TypeError(f"with_overrides: expected a mapping of field -> value (e.g. {{'policy': 'paged'}}), got "
+                            f"{type(overrides).__name__} {overrides!r}")
         unknown = set(overrides) - set(self.__dataclass_fields__)
         if unknown:
             raise ConfigError(f"unknown settings {sorted(unknown)}")
