@@ -463,6 +463,9 @@ def _print_validation(args, table, hw, sim, same, hw_dir) -> None:
     if sim.summary.get("compute_model"):      # which timing the simulator used (a default profile, or the roofline)
         from analysis.results import compute_model_text
         print(f"compute model: {compute_model_text(sim.summary['compute_model'], sim.config.get('gpu'))}")
+    note = replay_compute_note(run_config, args.profile)
+    if note:
+        print(note)
     for line in coverage_notes(args.profile, hw_dir, load_hw_run(hw_dir)[1]):
         print(line)
     print(markdown_table(table))
@@ -472,6 +475,34 @@ def _print_validation(args, table, hw, sim, same, hw_dir) -> None:
         print("\n" + _same_batches_markdown(same))
         print("\nerror by bins of the batch's longest context and of its size (compute model on the hardware's "
               "batches):\n" + binned_markdown(same.attrs["bins"]))
+
+
+def replay_compute_note(run_config: dict, profile_arg: str | None) -> str | None:
+    """A note when the hardware run timed its compute on one replay compute and the profile's in-loop fit was made
+    on the other (the run's ``compute``: ``harness``, the PyTorch forward of ``hwbackend.replay``, ~2x slower than
+    engine kernels, or ``engine``; the profile's ``compute_in_loop.replay_compute``): the error table then
+    measures the gap between the two computes, not the simulator (``docs/validation/engine-replay/README.md``).
+    None when they agree, or the profile has no in-loop fit."""
+    from sim.core.runner import effective_profile
+    from sim.timing.latency import read_profile
+
+    class _Gpu:                  # effective_profile reads only the GPU name
+        gpu = run_config.get("gpu", "h200")
+    try:
+        path = effective_profile(_Gpu, profile_arg)
+        fit = (read_profile(path).get("compute_in_loop") or {}) if path else {}
+    except Exception:  # noqa: BLE001 - a bad profile is refused by its loader, naming it
+        return None
+    if not fit:
+        return None
+    run_compute, fit_compute = run_config.get("compute", "harness"), fit.get("replay_compute", "harness")
+    if run_compute == fit_compute:
+        return None
+    hint = ("profiles/h200.json, fitted on harness replays" if run_compute == "harness"
+            else "a profile fitted on engine replays, e.g. profiles/h200-engine.json")
+    return (f"kvsim: note: the hardware run timed its compute on the {run_compute} and {path}'s in-loop fit was "
+            f"made on {fit_compute} replays (the harness runs ~2x slower than engine kernels): the errors below "
+            f"measure that gap, not the simulator; pass --profile for {hint}")
 
 
 def _replay_unavailable() -> str | None:
