@@ -68,6 +68,25 @@ def test_an_axis_a_spec_would_override_is_refused(policy, items, message):
         sweep_args()))) == 4                    # specs that leave the axis's field alone: kept
 
 
+def test_a_kv_tier_axis_keeps_each_tier_s_options_and_stacks_with_plus(tmp_path):
+    """A kv_tier value keeps its own key=value options (a comma starts a new value only before a tier kind or
+    none), "+" stacks tiers in one point, none runs HBM only; each point's run has those tiers (a kv_tier axis
+    ended in a TypeError: the repeatable option got one TierSpec, not a list)."""
+    from tests.test_routing import write_mooncake
+
+    grid = parse_grid(["kv_tier=none,dram:1GiB,bw=10GB/s,dram:1GiB+ssd:4GiB"])
+    assert grid == {"kv_tier": ["none", "dram:1GiB,bw=10GB/s", "dram:1GiB+ssd:4GiB"]}
+    trace = str(write_mooncake(f"{tmp_path}/mc.jsonl", 20))
+    jobs = make_jobs(grid, base_settings(sweep_args("--trace", trace, "--policy", "vattention:prefix=on")))
+    records, ran = run_sweep(jobs, tmp_path / "out", workers=1)
+    table = sweep_table(jobs, records)
+    assert ran == 3 and list(table["status"]) == ["ok"] * 3, table["error"].tolist()
+    tiers = [records[job.key]["result"].get("tier_dram_hit_tokens") for job in jobs]
+    assert tiers[0] is None and tiers[1] is not None and tiers[2] is not None
+    assert "tier_ssd_hit_tokens" in records[jobs[2].key]["result"]
+    assert "tier_ssd_hit_tokens" not in records[jobs[1].key]["result"]
+
+
 def test_unknown_axis_lists_each_valid_name_once():
     with pytest.raises(ValueError) as err:
         parse_grid(["nosuch=1"])

@@ -80,6 +80,10 @@ class Axis:
             if text.lower() not in _ON_OFF:
                 raise ValueError("expected on/off")
             return _ON_OFF[text.lower()] != self.invert
+        if isinstance(action, argparse._AppendAction):   # a repeatable option (--kv-tier): "a+b" stacks, none: off
+            if text.lower() == "none":
+                return None
+            return [action.type(part.strip()) if action.type else part.strip() for part in text.split("+")]
         value = action.type(text) if action.type else text
         if action.choices and value not in action.choices:
             raise ValueError(f"choose one of {', '.join(map(str, action.choices))}")
@@ -122,12 +126,19 @@ def resolve_axis(name: str) -> Axis:
 
 
 def _split_values(axis: str, text: str) -> list[str]:
+    """An axis's values: split at commas, except that in a ``policy`` axis a comma starts a new value only before
+    a policy name, and in a ``kv_tier`` axis only before a tier kind (``dram``, ``ssd``) or ``none``, so that the
+    values keep their own ``key=value`` options (``kv_tier=dram:1GiB,bw=10GB/s,ssd:4GiB``: two values)."""
+    from sim.memory.tiers import TIER_KINDS
+
     items = [item.strip() for item in text.split(",")]
-    if _ALIASES.get(axis, axis) != "policy":
+    axis = _ALIASES.get(axis, axis)
+    if axis not in ("policy", "kv_tier"):
         return [item for item in items if item]
+    starts = set(POLICIES) if axis == "policy" else {*TIER_KINDS, "none"}
     specs: list[str] = []
     for item in filter(None, items):
-        if item.partition(":")[0].strip().lower() in POLICIES or not specs:
+        if item.partition(":")[0].strip().lower() in starts or not specs:
             specs.append(item)
         else:
             specs[-1] += "," + item
