@@ -117,6 +117,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
               "a what-if that needs a modified NVIDIA driver (vAttention's 64-256 KiB pages used one)", file=sys.stderr)
     for note in _routing_notes(args.routing, config, trace):
         print(f"kvsim: warning: {note}", file=sys.stderr)
+    if args.replicas == 1 and args.routing != "round-robin":
+        print(f"kvsim: note: --routing {args.routing} over one replica sends every request to it (the run is a plain "
+              "one); add --replicas N to route over N", file=sys.stderr)
     if not single:
         return _simulate_replicas(args, config, trace, out)
     with out.writing() as stage:

@@ -167,6 +167,13 @@ def test_inputs_accepted_silently_before(tmp_path, capsys):
 
 
 # 7 ------------------------------------------------------------------------------------------------------------
+def test_a_router_over_one_replica_is_noted(tmp_path, capsys):
+    """--routing without --replicas routes every request to the one replica: said (it was silently a plain run)."""
+    assert main(["simulate", "--num-requests", "10", "--routing", "least-outstanding", "--quiet",
+                 "--out", str(tmp_path / "r")]) == 0
+    assert "--routing least-outstanding over one replica sends every request to it" in capsys.readouterr().err
+
+
 def test_messages_say_what_the_path_is(tmp_path, capsys):
     """A device is not "no such file", /proc is not "missing", a Markdown file given as --gpu is said to have been
     read as JSON (its name does not end in .toml)."""
