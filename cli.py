@@ -178,6 +178,10 @@ def _simulate_replicas(args: argparse.Namespace, config, trace, out) -> int:
         note = session_key_note(trace, args.replicas)
         if note:
             print(f"kvsim: warning: {note}", file=sys.stderr)
+    if args.replicas > len(trace):
+        print(f"kvsim: warning: {args.replicas:,} replicas for {len(trace):,} requests: at least "
+              f"{args.replicas - len(trace):,} replicas receive none (a co-simulating router still simulates each)",
+              file=sys.stderr)
     with out.writing() as stage:
         started = time.perf_counter()
         records = stage / ".replicas"
@@ -202,9 +206,18 @@ def _simulate_replicas(args: argparse.Namespace, config, trace, out) -> int:
     print_summary(result, wall_s=wall_s, out_dir=out.path)
     how = ("co-simulated" if args.routing.partition(":")[0] in ("least-outstanding", "prefix-aware", "prefix-approx")
            else f"{args.executor} executor")
+    import numpy as np
+    counts = np.bincount(np.asarray(routed.assignment, dtype=np.int64), minlength=args.replicas).tolist()
+    shown = ", ".join(map(str, counts[:REPLICA_COUNTS_SHOWN])) + (
+        f", ... ({len(counts) - REPLICA_COUNTS_SHOWN:,} more; {sum(c == 0 for c in counts):,} replicas with none)"
+        if len(counts) > REPLICA_COUNTS_SHOWN else "")
     print(f"{args.replicas} replica{'s' if args.replicas != 1 else ''} ({args.routing}, {how}): requests per replica "
-          f"{', '.join(str(int((routed.assignment == r).sum())) for r in range(args.replicas))}")
+          f"{shown}")
     return 0
+
+
+REPLICA_COUNTS_SHOWN = 32
+"""Replicas whose request counts the summary line lists (the rest are counted)."""
 
 
 def _progress(total: int, quiet: bool):

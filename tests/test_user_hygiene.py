@@ -127,7 +127,9 @@ def test_replicas_with_one_or_no_request_merge(tmp_path, capsys):
     integer start, so its first_scheduled_at_us column was int64 where the others' are double."""
     out = tmp_path / "run"
     assert main(["simulate", "--num-requests", "3", "--replicas", "4", "--workers", "1", "--out", str(out)]) == 0
-    assert "requests per replica 1, 1, 1, 0" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "requests per replica 1, 1, 1, 0" in captured.out
+    assert "4 replicas for 3 requests: at least 1 replicas receive none" in captured.err
     requests = pd.read_parquet(out / "requests.parquet")
     assert requests["request_id"].tolist() == [0, 1, 2] and requests["replica"].tolist() == [0, 1, 2]
     assert requests["first_scheduled_at_us"].dtype == np.float64 and requests["first_scheduled_at_us"].iloc[0] == 0
