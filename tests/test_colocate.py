@@ -124,6 +124,16 @@ def test_elastic_refuses_window_aware_allocation():
     assert simulate_colocated([tenants[0], hybrid], Sharing("static")).results[1].summary["finished"] == 40
 
 
+def test_a_share_too_small_for_one_unit_names_the_split():
+    """A static split whose small share holds no allocation unit is blamed on the split (it advised raising
+    memory_util_frac, which the pool already allowed), naming the tenant, its share and its unit."""
+    from sim.cluster.colocate import tenant_configs
+
+    with pytest.raises(ConfigError, match=r"tenant a: its share of sharing static:split=1/1000 is .* pool, less "
+                                          r"than one of its allocation units \(128 MiB\): give it a larger share"):
+        tenant_configs(_tenants(), Sharing("static", split=(1.0, 1000.0)))
+
+
 def test_weights_that_leave_no_memory_are_refused():
     with pytest.raises(ConfigError, match="leave no KV memory"):
         kv_pool_bytes(_tenants(mem=0.2))

@@ -40,7 +40,7 @@ from sim.memory.plan import Plan
 from sim.memory.shared_pool import SharedPagePool, SharedPoolPolicy, TenantShare
 from sim.results.summary import RunResult, build_result
 from sim.setup.config import ConfigError, SimConfig
-from sim.units import US_PER_S
+from sim.units import US_PER_S, format_bytes
 
 WAKE_FIXED_US = 100_000.0
 """Fixed part of a wake (us): the vLLM sleep-mode blog (blog.vllm.ai 2025-10-26 "sleep mode") reports wake-ups
@@ -168,6 +168,13 @@ def tenant_configs(tenants: list[Tenant], sharing: Sharing) -> list[TenantConfig
         try:
             out.append(TenantConfig(**fields, kv_share_bytes=budget))
         except ConfigError as exc:
+            if sharing.mode == "static" and sharing.split and budget < pool // len(tenants):
+                # the split's small share, not the memory, leaves the tenant without one unit
+                raise ConfigError(f"tenant {tenant.name}: its share of sharing static:split="
+                                  f"{'/'.join(f'{x:g}' for x in sharing.split)} is {format_bytes(budget)} of the "
+                                  f"{format_bytes(pool)} pool, less than one of its allocation units "
+                                  f"({format_bytes(tenant.config.page_group_bytes)}): give it a larger share",
+                                  "sharing") from None
             raise ConfigError(f"tenant {tenant.name}: {exc}", *exc.fields) from None
     return out
 
