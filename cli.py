@@ -32,12 +32,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from analysis.comparison import comparison_table, run_policies
     from analysis.summary import print_comparison
 
-    base = config_from_args(args)
+    # KV tiers hold prefix-cache pages: the base carries the cache for them, and each spec says whether it has one
+    # (a spec without prefix=on is then refused by name, not the base for lacking a cache no spec gave it)
+    tiered = bool(getattr(args, "kv_tier", None))
+    base = config_from_args(args, **({"prefix_caching": True} if tiered else {}))
     from sim.frontend.policy_spec import parse_policy, policy_config_error
     from sim.setup.config import ConfigError
     for spec in args.policy:          # every spec is checked before the trace is read
         try:
-            base.with_overrides(parse_policy(spec))
+            base.with_overrides({"prefix_caching": False, **parse_policy(spec)} if tiered else parse_policy(spec))
         except ConfigError as exc:
             raise policy_config_error(spec, exc) from None
     out = OutputDir(args.out if args.out is not None else default_out_dir("compare"), args.force,

@@ -169,6 +169,21 @@ def test_inputs_accepted_silently_before(tmp_path, capsys):
 
 
 # 7 ------------------------------------------------------------------------------------------------------------
+def test_compare_with_kv_tiers_runs_and_names_a_spec_without_a_prefix_cache(tmp_path, capsys):
+    """compare --kv-tier never ran (its base configuration, built before the specs, had no prefix cache); now
+    the specs with prefix=on run with the tier, and one without it is named."""
+    from tests.test_routing import write_mooncake
+
+    trace = str(write_mooncake(f"{tmp_path}/mc.jsonl", 30))
+    common = ["compare", "--trace", trace, "--kv-tier", "dram:1GiB", "--quiet"]
+    assert main([*common, "--policy", "vattention:prefix=on", "--policy", "paged:prefix=on",
+                 "--out", str(tmp_path / "c")]) == 0
+    assert "prefix hit ratio" in capsys.readouterr().out
+    assert main([*common, "--policy", "vattention", "--policy", "paged:prefix=on", "--out", str(tmp_path / "d")]) == 2
+    assert one_error(capsys).startswith("kvsim: error: policy 'vattention': KV tiers (--kv-tier) hold prefix-cache "
+                                        "pages: turn the prefix cache on")
+
+
 def test_a_router_over_one_replica_is_noted(tmp_path, capsys):
     """--routing without --replicas routes every request to the one replica: said (it was silently a plain run)."""
     assert main(["simulate", "--num-requests", "10", "--routing", "least-outstanding", "--quiet",

@@ -114,7 +114,7 @@ def policy_config_error(spec: str, exc: Exception) -> ConfigError:
     to name by their flags (:func:`sim.frontend.flags.flag_message`)."""
     message = str(exc)
     fields = list(getattr(exc, "fields", ()))
-    if spec in message:
+    if repr(spec) in message:       # already names the spec (quoted: a bare policy name may be in any message)
         return ConfigError(message, *fields)
     name = spec.partition(":")[0].strip().lower()
     written = _spec_values(spec)

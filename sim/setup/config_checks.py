@@ -43,7 +43,7 @@ def _tier_error(config) -> tuple[str, ...] | None:
         return (f"tier_load_policy={config.tier_load_policy!r}: choose one of {', '.join(LOAD_POLICIES)}",
                 "tier_load_policy")
     if config.kv_tiers and not config.prefix_caching:
-        return ("kv_tiers hold prefix-cache pages: turn the prefix cache on (prefix_caching: the policy key prefix=on "
+        return ("KV tiers (kv_tiers) hold prefix-cache pages: turn the prefix cache on (prefix_caching: the policy key prefix=on "
                 "of vattention or paged)", "kv_tiers", "prefix_caching")
     problem = check_tiers(config.kv_tiers)
     if problem:
