@@ -87,6 +87,18 @@ def test_a_kv_tier_axis_keeps_each_tier_s_options_and_stacks_with_plus(tmp_path)
     assert "tier_ssd_hit_tokens" not in records[jobs[1].key]["result"]
 
 
+@pytest.mark.parametrize("flags, item, flag", [(["--no-deferred-reclaim"], "deferred_reclaim=off,on",
+                                                "--no-deferred-reclaim"),
+                                               (["--page-size", "64KiB"], "page_size=2MiB,256KiB", "--page-size")])
+def test_an_axis_over_a_flag_given_on_the_command_line_is_refused(flags, item, flag):
+    """A flag the command line sets and a grid axis over the same option: the axis replaced the flag at every
+    point, silently (the "on" point of deferred_reclaim reclaimed); refused, naming both. An axis over an option
+    left at its default runs."""
+    with pytest.raises(ValueError, match=f"sets what {flag} also sets on the command line"):
+        make_jobs(parse_grid([item]), base_settings(sweep_args(*flags)))
+    assert len(make_jobs(parse_grid([item]), base_settings(sweep_args()))) == 2
+
+
 def test_unknown_axis_lists_each_valid_name_once():
     with pytest.raises(ValueError) as err:
         parse_grid(["nosuch=1"])

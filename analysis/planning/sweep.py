@@ -221,8 +221,9 @@ def _axis_field(axis: Axis) -> str:
 
 
 def _check_axes_apart(grid: dict[str, list[str]], base: dict) -> None:
-    """Refuse a grid whose rows would be mislabelled: two axes that set the same setting
-    (``deferred_reclaim`` and ``no_deferred_reclaim``), or an axis that sets a field the base ``--policy`` spec
+    """Refuse a grid whose rows would be mislabelled or a flag silently dropped: an axis whose option the base
+    command line also set (``--no-deferred-reclaim --grid deferred_reclaim=off,on``), two axes that set the same
+    setting (``deferred_reclaim`` and ``no_deferred_reclaim``), or an axis that sets a field the base ``--policy`` spec
     (or a value of a ``policy`` axis) also sets, which the spec would override at every point
     (``--policy paged:block=32 --grid block_size_tokens=16,64``: both rows ``block=32``).
 
@@ -232,10 +233,16 @@ def _check_axes_apart(grid: dict[str, list[str]], base: dict) -> None:
     from sim.frontend.policy_spec import parse_policy
 
     fields: dict[str, str] = {}
+    defaults = vars(_reference_parser().parse_args([]))     # each option's default, typed as parsed
     for name in grid:
         axis = resolve_axis(name)
         if axis.dest == "policy":
             continue
+        if axis.dest is not None and axis.dest in base and base[axis.dest] != defaults.get(axis.dest):
+            flag = "--" + axis.dest.replace("_", "-")        # the base command line set it: the axis replaces it
+            raise ValueError(f"--grid {name} sets what {flag} also sets on the command line ({base[axis.dest]!r}), "
+                             "and the axis would replace it at every point; set it in one place: the axis, or "
+                             f"{flag}")
         field = _axis_field(axis)
         if field in fields:
             raise ValueError(f"--grid {fields[field]} and --grid {name} set the same setting ({field}); "
