@@ -146,6 +146,12 @@ def cmd_colocate(args) -> int:
     out = OutputDir(args.out if args.out is not None else default_out_dir("colocate"), args.force,
                     inputs=[*command_inputs(args), *(p for p in traces_read if p.exists())])
     modes = ["static", "elastic"] if args.sharing == "both" else [args.sharing]
+    from sim.cluster.colocate import elastic_pool, tenant_configs
+    for mode in modes:          # every mode's configuration refused before any runs (both: elastic after static)
+        sharing = sharing_of(type(args)(**{**vars(args), "sharing": mode}), len(tenants))
+        configs = tenant_configs(tenants, sharing)
+        if sharing.mode == "elastic":
+            elastic_pool(tenants, configs)
     print_compute_models(tenants, args.profile)
     with out.writing() as stage:
         for mode in modes:

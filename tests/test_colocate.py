@@ -134,6 +134,23 @@ def test_a_share_too_small_for_one_unit_names_the_split():
         tenant_configs(_tenants(), Sharing("static", split=(1.0, 1000.0)))
 
 
+def test_sharing_both_refuses_an_elastic_misfit_before_running_static(tmp_path, capsys):
+    """--sharing both with a tenant elastic sharing cannot take: refused in one line before any mode runs (the
+    static half ran and printed its table, then the run failed and its results were lost)."""
+    import cli
+    path = tmp_path / "a.csv"
+    t = _trace(1, n=10)
+    pd.DataFrame({"arrived_at": t.arrival_s, "num_prefill_tokens": t.prompt_tokens,
+                  "num_decode_tokens": t.output_tokens}).to_csv(path, index=False)
+    gemma = str(Path(__file__).resolve().parents[1] / "models" / "gemma-3-12b.json")
+    code = cli.main(["colocate", "--tenant", f"model={gemma},trace={path},policy=vattention:window=unmap",
+                     "--tenant", f"model=llama-3.1-8b,trace={path}", "--sharing", "both", "--memory-util", "0.5",
+                     "--out", str(tmp_path / "run"), "--no-report"])
+    captured = capsys.readouterr()
+    assert code == 2 and "kvsim colocate:" not in captured.out and "compute model" not in captured.out
+    assert "elastic sharing takes full-attention page groups" in captured.err and not (tmp_path / "run").exists()
+
+
 def test_weights_that_leave_no_memory_are_refused():
     with pytest.raises(ConfigError, match="leave no KV memory"):
         kv_pool_bytes(_tenants(mem=0.2))
