@@ -81,6 +81,8 @@ def test_config_derived_pool_size():
     (dict(policy="paged", block_size_tokens=10 ** 11), r"^block_size_tokens=100000000000: .*use a smaller block"),
     (dict(policy="static", max_len_tokens=8_000_000, max_context_tokens=8_000_000, allow_long_context=True),
      r"^max_len_tokens=8000000: .*use a smaller reservation"),
+    (dict(policy="static", max_context_tokens=8_000_000, allow_long_context=True),      # the slot is the unit
+     r"^max_context_tokens=8000000: .*not one reservation"),
     (dict(token_budget=0), r"token_budget=0: must be >= 1"), (dict(memory_util_frac=1.5), r"memory_util_frac=1.5: must lie in \(0, 1\]")])
 def test_impossible_configurations(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -208,6 +208,8 @@ def check_config(config) -> None:
         weights, hbm = config.model_spec.weight_bytes(config.tp), config.gpu_spec.hbm_bytes
         unit, unit_field = {"paged": ("block", "block_size_tokens"), "static": ("reservation", "max_len_tokens")}.get(
             config.policy, ("page group", "page_size_bytes"))
+        if unit_field == "max_len_tokens" and config.max_len_tokens is None:
+            unit_field = "max_context_tokens"         # a static reservation of the whole slot: the context sets it
         left = (f"{config.model}'s weights at tp={config.tp} ({format_bytes(weights)}) leave "
                 f"{format_bytes(max(config.kv_budget_bytes, 0))} for KV cache on {config.gpu}: not one {unit} "
                 f"({format_bytes(config.page_group_bytes)})")
@@ -216,7 +218,7 @@ def check_config(config) -> None:
                               f"{format_bytes(hbm)}: raise tp (or pp)", "tp", "memory_util_frac")
         if weights + config.page_group_bytes > hbm:     # the unit is too large even for the whole memory
             value = (format_bytes(config.page_size_bytes).replace(" ", "") if unit_field == "page_size_bytes"
-                     else getattr(config, unit_field))
+                     else config.slot_max_tokens if unit_field == "max_context_tokens" else getattr(config, unit_field))
             raise ConfigError(f"{unit_field}={value}: {left}, and one {unit} is more than the {format_bytes(hbm - weights)} "
                               f"the weights leave of the whole {format_bytes(hbm)}: use a smaller {unit} "
                               f"or raise tp", unit_field, "tp")
