@@ -301,7 +301,7 @@ def add_colocate_args(parser) -> None:
     parser.add_argument("--compute", choices=("serial", "isolated"), default="serial",
                         help="serial: the tenants' iterations take turns on the GPU (separate processes without "
                              "MPS); isolated: each computes as if alone (default: serial)")
-    parser.add_argument("--gpu", default="h200", help="GPU of the catalogue (default: h200)")
+    parser.add_argument("--gpu", default="h200", help="GPU: a catalogue name or a GPU TOML file (docs/models.md; default: h200)")
     parser.add_argument("--memory-util", type=positive_float, default=0.9,
                         help="share of HBM for weights + KV of all tenants (default 0.9)")
     parser.add_argument("--page-size", type=size_arg, default="2MiB", help="VMM page size (default 2MiB)")
