@@ -300,7 +300,7 @@ def search_capacity(evaluate: Callable[[float], Evaluation], slos: tuple[Slo, ..
         ValueError: for a tolerance outside (0, 1) or a start scale <= 0.
     """
     if not 0 < tolerance < 1:
-        raise ValueError(f"--tolerance must lie in (0, 1), got {tolerance}")
+        raise ValueError(f"tolerance (--tolerance) must lie in (0, 1), got {tolerance}")
     if not start_scale > 0:
         raise ValueError(f"start scale must be > 0, got {start_scale}")
     steps: list[Evaluation] = []
