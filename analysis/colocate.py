@@ -146,17 +146,15 @@ def cmd_colocate(args) -> int:
     out = OutputDir(args.out if args.out is not None else default_out_dir("colocate"), args.force,
                     inputs=[*command_inputs(args), *(p for p in traces_read if p.exists())])
     modes = ["static", "elastic"] if args.sharing == "both" else [args.sharing]
+    sharings = [sharing_of(type(args)(**{**vars(args), "sharing": mode}), len(tenants)) for mode in modes]
     from sim.cluster.colocate import elastic_pool, tenant_configs
-    for mode in modes:          # every mode's configuration refused before any runs (both: elastic after static)
-        sharing = sharing_of(type(args)(**{**vars(args), "sharing": mode}), len(tenants))
+    for sharing in sharings:    # every mode's configuration refused before any runs (both: elastic after static)
         configs = tenant_configs(tenants, sharing)
         if sharing.mode == "elastic":
             elastic_pool(tenants, configs)
     print_compute_models(tenants, args.profile)
     with out.writing() as stage:
-        for mode in modes:
-            args_mode = type(args)(**{**vars(args), "sharing": mode})
-            sharing = sharing_of(args_mode, len(tenants))
+        for sharing in sharings:
             started = time.time()
             run = simulate_colocated(tenants, sharing, args.profile)
             target = stage / sharing.mode if len(modes) > 1 else stage

@@ -110,12 +110,18 @@ def hash_ids_problem(ids, prompt_tokens: int) -> str | None:
         low, high = min(ids), max(ids)
         if low < 0 or high > MAX_BLOCK_ID:
             return f"block ids must be in [0, 2**63 - 1] (got {low if low < 0 else high})"
-    need = -(-int(prompt_tokens) // MOONCAKE_BLOCK_TOKENS)
+    need = prefix_block_count(prompt_tokens)
     if len(ids) != need:
         return (f"{len(ids)} block ids for {int(prompt_tokens)} prompt tokens; "
                 f"{MOONCAKE_BLOCK_TOKENS}-token blocks need ceil({int(prompt_tokens)} / "
                 f"{MOONCAKE_BLOCK_TOKENS}) = {need}")
     return None
+
+
+def prefix_block_count(prompt_tokens: int) -> int:
+    """Prefix-block ids a request of ``prompt_tokens`` carries: ``ceil(prompt / 512)``
+    (:data:`MOONCAKE_BLOCK_TOKENS`-token blocks, the last one partial)."""
+    return -(-int(prompt_tokens) // MOONCAKE_BLOCK_TOKENS)
 
 
 def _kind(value) -> str:

@@ -161,17 +161,17 @@ def clip_context(df: pd.DataFrame, max_context_tokens: int) -> tuple[pd.DataFram
 
 
 def _clip_hash_ids(hash_ids, over: np.ndarray, prompt_tokens: np.ndarray) -> list:
-    """A clipped request's prefix-block ids cut to its new prompt, ``ceil(prompt / 512)`` blocks (the count a
-    canonical trace holds: :func:`traces.canonical.hash_ids_problem`); the simulator reads only the first
+    """A clipped request's prefix-block ids cut to its new prompt's :func:`traces.canonical.prefix_block_count`
+    (the count a canonical trace holds: :func:`traces.canonical.hash_ids_problem`); the simulator reads only the first
     ``prompt // 512`` of them, so its results are those of the uncut ids, and the table can be written and read
     back (``kvsim traces convert --max-context``)."""
-    from traces.canonical import MOONCAKE_BLOCK_TOKENS
+    from traces.canonical import prefix_block_count
 
     out = list(hash_ids)
     for row in np.flatnonzero(over):
         ids = out[row]
         if ids is not None:
-            out[row] = ids[:-(-int(prompt_tokens[row]) // MOONCAKE_BLOCK_TOKENS)]
+            out[row] = ids[:prefix_block_count(prompt_tokens[row])]
     return out
 
 

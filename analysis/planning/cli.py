@@ -374,8 +374,8 @@ def _note_other_points(out_dir: Path, jobs: list) -> None:
     stored = {path.stem for path in (out_dir / "points").glob("*.json")}
     other = stored - {job.key for job in jobs}
     if other:
-        print(f"kvsim: note: --out {out_dir} holds {len(other):,} finished point{'s' if len(other) != 1 else ''} of another grid; they stay under "
-              f"{out_dir / 'points'} but not in the sweep.csv / sweep.parquet / sweep.html written now (rerun their "
+        print(f"kvsim: note: --out {out_dir} holds {len(other):,} finished point{'s' if len(other) != 1 else ''} "
+              f"of another grid; they stay under {out_dir / 'points'} but not in the sweep.csv / sweep.parquet / sweep.html written now (rerun their "
               "own command to table them again: it simulates nothing; --force clears them)", file=sys.stderr)
 
 

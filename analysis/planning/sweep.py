@@ -230,16 +230,18 @@ def _check_axes_apart(grid: dict[str, list[str]], base: dict) -> None:
     Raises:
         ValueError: naming the axes, or the axis and the spec.
     """
+    from sim.frontend.flags import parser_flags
     from sim.frontend.policy_spec import parse_policy
 
     fields: dict[str, str] = {}
     defaults = vars(_reference_parser().parse_args([]))     # each option's default, typed as parsed
+    flags = parser_flags(_reference_parser())
     for name in grid:
         axis = resolve_axis(name)
         if axis.dest == "policy":
             continue
         if axis.dest is not None and axis.dest in base and base[axis.dest] != defaults.get(axis.dest):
-            flag = "--" + axis.dest.replace("_", "-")        # the base command line set it: the axis replaces it
+            flag = flags[axis.dest]              # the base command line set it: the axis would replace it
             raise ValueError(f"--grid {name} sets what {flag} also sets on the command line ({base[axis.dest]!r}), "
                              "and the axis would replace it at every point; set it in one place: the axis, or "
                              f"{flag}")

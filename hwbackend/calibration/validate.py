@@ -483,13 +483,13 @@ def replay_compute_note(run_config: dict, profile_arg: str | None) -> str | None
     engine kernels, or ``engine``; the profile's ``compute_in_loop.replay_compute``): the error table then
     measures the gap between the two computes, not the simulator (``docs/validation/engine-replay/README.md``).
     None when they agree, or the profile has no in-loop fit."""
+    from types import SimpleNamespace
+
     from sim.core.runner import effective_profile
     from sim.timing.latency import read_profile
 
-    class _Gpu:                  # effective_profile reads only the GPU name
-        gpu = run_config.get("gpu", "h200")
-    try:
-        path = effective_profile(_Gpu, profile_arg)
+    try:          # (effective_profile reads only the configuration's GPU)
+        path = effective_profile(SimpleNamespace(gpu=run_config.get("gpu", "h200")), profile_arg)
         fit = (read_profile(path).get("compute_in_loop") or {}) if path else {}
     except Exception:  # noqa: BLE001 - a bad profile is refused by its loader, naming it
         return None

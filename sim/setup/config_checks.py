@@ -43,8 +43,8 @@ def _tier_error(config) -> tuple[str, ...] | None:
         return (f"tier_load_policy={config.tier_load_policy!r}: choose one of {', '.join(LOAD_POLICIES)}",
                 "tier_load_policy")
     if config.kv_tiers and not config.prefix_caching:
-        return ("KV tiers (kv_tiers) hold prefix-cache pages: turn the prefix cache on (prefix_caching: the policy key prefix=on "
-                "of vattention or paged)", "kv_tiers", "prefix_caching")
+        return ("KV tiers (kv_tiers) hold prefix-cache pages: turn the prefix cache on (prefix_caching: the policy key "
+                "prefix=on of vattention or paged)", "kv_tiers", "prefix_caching")
     problem = check_tiers(config.kv_tiers)
     if problem:
         return problem, "kv_tiers"
@@ -206,10 +206,12 @@ def check_config(config) -> None:
         raise ConfigError(f"memory_util_frac={config.memory_util_frac}: must lie in (0, 1]", "memory_util_frac")
     if config.kv_budget_bytes < config.page_group_bytes:
         weights, hbm = config.model_spec.weight_bytes(config.tp), config.gpu_spec.hbm_bytes
-        unit, unit_field = {"paged": ("block", "block_size_tokens"), "static": ("reservation", "max_len_tokens")}.get(
-            config.policy, ("page group", "page_size_bytes"))
-        if unit_field == "max_len_tokens" and config.max_len_tokens is None:
-            unit_field = "max_context_tokens"         # a static reservation of the whole slot: the context sets it
+        unit, unit_field, unit_value = {
+            "paged": ("block", "block_size_tokens", config.block_size_tokens),
+            "static": ("reservation", "max_len_tokens", config.max_len_tokens)}.get(
+            config.policy, ("page group", "page_size_bytes", format_bytes(config.page_size_bytes).replace(" ", "")))
+        if unit_field == "max_len_tokens" and unit_value is None:   # a reservation of the whole slot: the context
+            unit_field, unit_value = "max_context_tokens", config.slot_max_tokens
         left = (f"{config.model}'s weights at tp={config.tp} ({format_bytes(weights)}) leave "
                 f"{format_bytes(max(config.kv_budget_bytes, 0))} for KV cache on {config.gpu}: not one {unit} "
                 f"({format_bytes(config.page_group_bytes)})")
@@ -217,11 +219,9 @@ def check_config(config) -> None:
             raise ConfigError(f"tp={config.tp}: {left}; the weights alone need more than the GPU's "
                               f"{format_bytes(hbm)}: raise tp (or pp)", "tp", "memory_util_frac")
         if weights + config.page_group_bytes > hbm:     # the unit is too large even for the whole memory
-            value = (format_bytes(config.page_size_bytes).replace(" ", "") if unit_field == "page_size_bytes"
-                     else config.slot_max_tokens if unit_field == "max_context_tokens" else getattr(config, unit_field))
-            raise ConfigError(f"{unit_field}={value}: {left}, and one {unit} is more than the {format_bytes(hbm - weights)} "
-                              f"the weights leave of the whole {format_bytes(hbm)}: use a smaller {unit} "
-                              f"or raise tp", unit_field, "tp")
+            raise ConfigError(f"{unit_field}={unit_value}: {left}, and one {unit} is more than the "
+                              f"{format_bytes(hbm - weights)} the weights leave of the whole {format_bytes(hbm)}: "
+                              f"use a smaller {unit} or raise tp", unit_field, "tp")
         raise ConfigError(f"memory_util_frac={config.memory_util_frac}: {left}; raise memory_util_frac or tp",
                           "memory_util_frac", "tp")
 

@@ -150,7 +150,8 @@ def _read(path: Path, shown: str) -> dict:
     except tomllib.TOMLDecodeError as exc:
         raise CatalogError(f"{shown}: not valid TOML: {exc}") from None
     except json.JSONDecodeError as exc:
-        read_as = "" if path.suffix.lower() == ".json" else f" (read as JSON: a name not ending in .toml; a model or GPU file is .toml or .json)"
+        read_as = ("" if path.suffix.lower() == ".json" else
+                   " (read as JSON: a name not ending in .toml; a model or GPU file is .toml or .json)")
         raise CatalogError(f"{shown}: not valid JSON{read_as}: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     if not isinstance(data, dict):
         raise CatalogError(f"{shown}: expected a JSON object / TOML table of fields, got {type(data).__name__}")
@@ -504,7 +505,8 @@ def _load_gpu(path_text: str, _mtime_ns: int, shown: str) -> GPUSpec:
         raise f.fail("fp8_flops", f"{fp8:g} FLOP/s is below bf16_flops ({bf16:g}): an fp8 peak is at least the "
                                   "bf16 one (twice it on H100/H200/B200 datasheets); 0 or absent = no fp8 tensor cores")
     return GPUSpec(
-        name=f.text("name", path.stem), full_name=f.text("full_name"), hbm_bytes=f.integer("hbm_bytes", maximum=HBM_BYTES_MAX),
+        name=f.text("name", path.stem), full_name=f.text("full_name"),
+        hbm_bytes=f.integer("hbm_bytes", maximum=HBM_BYTES_MAX),
         bf16_flops=f.number("bf16_flops"), mem_bw_bytes_per_s=f.number("mem_bw_bytes_per_s"),
         nvlink_bytes_per_s=f.number("nvlink_bytes_per_s"), pcie_bytes_per_s=f.number("pcie_bytes_per_s"),
         fp8_flops=fp8, usd_per_gpu_hour=price, price_source=f.text("price_source", ""),
