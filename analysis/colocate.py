@@ -7,10 +7,11 @@ directory per tenant under ``tenants/<name>/`` (``requests.parquet``, ``iteratio
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
+
+from sim.results.json_text import strict_json_text
 
 
 TABLE_COLUMNS = (("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "TTFT p99 ms"), ("tpot_p50_ms", "TPOT p50 ms"),
@@ -118,7 +119,7 @@ def write_colocated(run, out: Path) -> Path:
     sharing = {"mode": run.sharing.mode, "split": run.sharing.split, "trim_delay_us": run.sharing.trim_delay_us,
                "compute": run.sharing.compute}
     summary = {"sharing": sharing, "pool_bytes": run.pool_bytes, "tenants": tenant_rows(run)}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=True, default=str) + "\n")
+    (out / "summary.json").write_text(strict_json_text(summary, indent=2, default=str) + "\n")
     return out
 
 

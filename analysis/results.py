@@ -4,7 +4,9 @@ Run directory layout (``kvsim simulate --out DIR``)::
 
     DIR/requests.parquet    one row per request   (sim.core.request.REQUEST_COLUMNS; times in us)
     DIR/iterations.parquet  one row per iteration (sim.core.engine.ITERATION_COLUMNS; times in us)
-    DIR/summary.json        the summary below (units in every key)
+    DIR/summary.json        the summary below (units in every key), strict JSON: a figure that cannot be computed
+                            (a percentile with no request served, a ratio over zero) is null, read back as NaN
+                            (sim.results.json_text)
     DIR/config.json         the run configuration, derived sizes and the trace/profile sources
     DIR/tiers.parquet       only with --kv-tier: pages and bytes cached in HBM and resident per tier over time,
                             one row per change (sim.core.tier_charges.TierCharges.occupancy_columns; time in us)
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sim.results.columns import ColumnTable, write_parquet
+from sim.results.json_text import nan_for_null, strict_json_text
 from sim.results.summary import (SUMMARY_ITERATION_COLUMNS, RunResult, _column, _percentiles,  # noqa: F401
                                  _prefix_summary, _tbt_summary, build_result, iteration_counts,
                                  iteration_counts_of_file, summarize, tier_hit_ratios,
@@ -82,7 +85,7 @@ def write_run(result: RunResult, out_dir: str | Path, overwrite: bool = False) -
     if not own:        # a streamed run's records are already there
         result.iterations.to_parquet(out / "iterations.parquet", index=False)
     _write_tiers(result, out / "tiers.parquet")
-    (out / "summary.json").write_text(json.dumps(result.summary, indent=2, allow_nan=True) + "\n")
+    (out / "summary.json").write_text(strict_json_text(result.summary, indent=2) + "\n")   # NaN as null
     (out / "config.json").write_text(json.dumps(result.config, indent=2, default=str) + "\n")
     result.path = out
     return out
@@ -113,6 +116,8 @@ def load_run(path: str | Path) -> RunResult:
                 tables[name] = run / name
             else:
                 tables[name] = json.loads((run / name).read_text())
+                if name == "summary.json":
+                    tables[name] = nan_for_null(tables[name])     # a figure written as null for NaN
         except (ValueError, OSError) as exc:     # JSONDecodeError and Arrow errors are ValueErrors/OSErrors
             raise ValueError(f"{run / name}: unreadable or corrupt ({exc})") from None
         if name.endswith(".json") and not isinstance(tables[name], dict):

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 import time
 from pathlib import Path
+
+from sim.results.json_text import strict_json_text
 
 
 def _share(text: str) -> float:
@@ -322,7 +323,7 @@ def _write_json(path: Path, result, target_rate, check, config=None) -> None:
                       price_source=config.gpu_spec.price_source, replica_usd_per_hour=replica_usd_per_hour(config),
                       requests_per_usd=requests_per_usd(result.rate_per_s, config))
     from analysis.output import write_file_atomic
-    text = json.dumps(record, indent=2, allow_nan=True, default=str) + "\n"
+    text = strict_json_text(record, indent=2, default=str) + "\n"    # NaN as null
     write_file_atomic(path, lambda temporary: temporary.write_text(text))
 
 

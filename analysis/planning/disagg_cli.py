@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 import time
 from pathlib import Path
+
+from sim.results.json_text import strict_json_text
 
 
 def _step_line(number: int, evaluation, slos, prefix: str = "") -> str:
@@ -55,7 +56,7 @@ def cmd_capacity_disagg(args: argparse.Namespace) -> int:
     print(f"searched in {time.perf_counter() - started:.1f} s wall")
     if args.json is not None:
         from analysis.output import CAPACITY_FILE_MARK, write_file_atomic
-        text = json.dumps({**CAPACITY_FILE_MARK, **record}, indent=2, allow_nan=True, default=str) + "\n"
+        text = strict_json_text({**CAPACITY_FILE_MARK, **record}, indent=2, default=str) + "\n"
         write_file_atomic(Path(args.json), lambda temporary: temporary.write_text(text))
     return status
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from sim.setup.config import POLICIES, SimConfig
+from sim.results.json_text import nan_for_null, strict_json_text
 
 JOBS = ("simulate", "capacity")
 # options of the parsed command line that do not change a point's result
@@ -290,14 +291,19 @@ def save_point(out_dir: Path, record: dict) -> Path:
     path = Path(out_dir) / "points" / f"{record['key']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(record, indent=1, allow_nan=True, default=str) + "\n")
+    temporary.write_text(strict_json_text(record, indent=1, default=str) + "\n")     # NaN as null
     temporary.replace(path)
     return path
 
 
 def load_point(out_dir: Path, job: PointJob) -> dict | None:
     path = point_file(out_dir, job)
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    if record.get("job") == "simulate" and isinstance(record.get("result"), dict):
+        record["result"] = nan_for_null(record["result"])     # a run summary: null stands for NaN
+    return record
 
 
 def sweep_table(jobs: list[PointJob], records: dict[str, dict]) -> pd.DataFrame:

@@ -201,7 +201,9 @@ def _tenant_rows(source: Path, rows) -> list[dict]:
         _number(source, f"tenants[{index}].floor_frac", row.get("floor_frac", 0.0), 0.0, 1.0)
         _number(source, f"tenants[{index}].ceiling_frac", row.get("ceiling_frac", 1.0), 0.0, 1.0, low_open=True)
         for _, key, _, _ in COLOCATION_FIGURES:
-            if key in row:
+            if key in row and row[key] is None:     # null: a figure the replay could not measure (NaN)
+                row[key] = float("nan")
+            elif key in row:
                 _number(source, f"tenants[{index}].{key}", row[key], 0.0)
     return rows
 

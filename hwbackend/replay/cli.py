@@ -29,6 +29,7 @@ from hwbackend.replay.model import DecoderModel
 from hwbackend.replay.loop import ReplayLoop
 from hwbackend.replay.kv import open_kv, pin_base_pages
 from sim.setup.catalog import ModelSpec
+from sim.results.json_text import nan_for_null
 
 TINY_SHAPE = ModelSpec(name="tiny-decoder", num_layers=2, hidden_size=256, num_q_heads=8, num_kv_heads=8, head_dim=128,
                        ffn_size=512, vocab_size=1000, max_context_tokens=8192)
@@ -338,7 +339,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m hwbackend.replay.
     meta.update(trace_source=trace.attrs.get("source", args.trace), rate_scale=args.rate_scale,
                 num_requests=args.num_requests, skip_requests=args.skip_requests, command=" ".join([prog, *(sys.argv[1:] if argv is None else argv)]))
     out = write_hw_run(output, config, meta, args.out, force=args.force)
-    summary = json.loads((out / "summary.json").read_text())
+    summary = nan_for_null(json.loads((out / "summary.json").read_text()))
     print(f"wrote {out}: {summary['finished']} finished, {summary['iterations']} iterations, "
           f"iteration p50 {summary['iteration_p50_ms']:.2f} ms, TTFT p50 {summary['ttft_p50_ms']:.1f} ms, "
           f"TPOT p50 {summary['tpot_p50_ms']:.2f} ms, wall {meta['replay_wall_s']:.1f} s")

@@ -55,6 +55,7 @@ import pandas as pd
 
 from hwbackend.replay.loop import ReplayLoop, ReplayOutput, unreplayed_field
 from sim.setup.catalog import ModelSpec
+from sim.results.json_text import nan_for_null, strict_json_text
 
 
 def cpu_shape(spec: ModelSpec) -> ModelSpec:
@@ -284,7 +285,7 @@ def write_colocated_replay(run: ColocatedReplay, tenants: list, sharing: Any, ou
     for tenant, output, meta, stats in zip(tenants, run.outputs, run.metas, run.stats):
         meta = {**meta, "trace_source": tenant.trace.attrs.get("source", "in-memory table"), "command": command}
         target = write_hw_run(output, tenant.config, meta, out / "tenants" / tenant.name, force=True)
-        summary = json.loads((target / "summary.json").read_text())
+        summary = nan_for_null(json.loads((target / "summary.json").read_text()))
         rows.append({"tenant": tenant.name, "model": tenant.config.model, "dir": f"tenants/{tenant.name}",
                      "floor_frac": tenant.floor_frac, "ceiling_frac": tenant.ceiling_frac, **summary, **stats})
     run.memory.to_parquet(out / "memory.parquet", index=False)
@@ -293,7 +294,7 @@ def write_colocated_replay(run: ColocatedReplay, tenants: list, sharing: Any, ou
                "sharing": {"mode": sharing.mode, "split": sharing.split, "trim_delay_us": sharing.trim_delay_us,
                            "compute": sharing.compute},
                "pool_bytes": run.pool_bytes, **run.extra, "tenants": rows}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=True, default=str) + "\n")
+    (out / "summary.json").write_text(strict_json_text(summary, indent=2, default=str) + "\n")
     return out
 
 

@@ -44,6 +44,7 @@ import pandas as pd
 from sim.results.columns import (Concatenation, _key, _value, distinct_counts, kth_smallest,  # noqa: F401 (re-exported)
                                  linear_percentile, pairwise_sum, read_column, row_groups)
 from sim.results.records import tbt_distinct_us, tbt_gap_token_sum_us
+from sim.results.json_text import strict_json_text
 from sim.units import US_PER_MS, US_PER_S
 
 # ---- a replica's parts ---------------------------------------------------------------------------------
@@ -145,13 +146,13 @@ def save_replica_parts(result, prefix: str | Path, keep_iterations: bool = True,
     if not keep_iterations:
         parts["iterations"] = _keep_columns(result.iterations_file, f"{prefix}.columns.parquet",
                                             ["duration_us", "sync_stall_us"])
-    import json     # the parts, summary and config: a merge can be redone from the directory alone
+    # the parts, summary and config (strict JSON: NaN as null): a merge can be redone from the directory alone
     # written last, and whole or not at all: a run resumed after a stop (sim.cluster.routing) trusts a record that has it
     partial = Path(f"{prefix}.parts.json.partial")
     # file names relative to the records directory: the directory can be moved or copied and resumed
     saved = {key: (Path(value).name if key in RECORD_FILE_KEYS else value) for key, value in parts.items()}
-    partial.write_text(json.dumps({"parts": saved, "summary": result.summary, "config": result.config},
-                                  allow_nan=True, default=str))
+    partial.write_text(strict_json_text({"parts": saved, "summary": result.summary, "config": result.config},
+                                        default=str))
     partial.replace(f"{prefix}.parts.json")
     return parts
 

@@ -34,6 +34,7 @@ from sim.setup.config import ConfigError, SimConfig
 from sim.core.collector import quiet_collector
 from sim.core.engine import ARRIVAL_TICK_US, ARRIVAL_TICKS_PER_S, Simulator
 from sim.results.records import tbt_stats_us
+from sim.results.json_text import nan_for_null
 from sim.cluster.replica_merge import (check_replica_parts, merge_replica_parts, merged_counts as _merged_counts,
                                        merged_tbt_mean, save_replica_parts, tbt_token_sum)
 
@@ -200,7 +201,7 @@ def load_replica_results(records_dir: str, num_replicas: int) -> list[RunResult 
             continue
         try:
             saved = json.loads(path.read_text())
-            parts, summary, config = saved["parts"], saved["summary"], saved["config"]
+            parts, summary, config = saved["parts"], nan_for_null(saved["summary"]), saved["config"]
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}: not a complete replica record ({type(exc).__name__}: {exc}); delete it to "
                              "simulate that replica again") from None

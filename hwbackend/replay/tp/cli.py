@@ -21,6 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from sim.results.json_text import nan_for_null
+
 PROG = "python -m hwbackend.replay.tp.cli"
 
 
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                 command=" ".join([PROG, *(sys.argv[1:] if argv is None else argv)]))
     out = write_hw_run(output, config, meta, args.out, force=args.force)
     output.rank_launches.to_parquet(out / "tp_launches.parquet", index=False)
-    summary = json.loads((out / "summary.json").read_text())
+    summary = nan_for_null(json.loads((out / "summary.json").read_text()))
     print(f"wrote {out}: tp {config.tp} on {','.join(devices)} ({backend}), {summary['finished']} finished, "
           f"{summary['iterations']} iterations, iteration p50 {summary['iteration_p50_ms']:.2f} ms, TTFT p50 "
           f"{summary['ttft_p50_ms']:.1f} ms, TPOT p50 {summary['tpot_p50_ms']:.2f} ms, wall {meta['replay_wall_s']:.1f} s, "
