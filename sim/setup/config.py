@@ -225,7 +225,17 @@ class SimConfig(PoolSizing):
             notes.append(f"{self.model}: {spec.linear_layers} Mamba/linear and {spec.chunked_attention_layers} chunked-local "
                          f"of {spec.num_layers} layers are held as full attention layers (window=off; window-aware "
                          "allocation: docs/hybrid.md)")
+        if self.policy == "vattention":
+            notes.extend(self._saturated_eager_notes())
         return notes
+
+    def _saturated_eager_notes(self) -> list[str]:
+        """Eager-allocation knobs set beyond what they can reach (they saturate: the run is the one at the bound)."""
+        bounds = (("eager_page_groups", "eager", self.max_pages_per_slot, "page groups a slot holds"),
+                  ("eager_lookahead_steps", "lookahead", self.slot_max_tokens, "tokens a slot holds"),
+                  ("eager_idle_slots", "eager_slots", self.max_batch_slots, "slots (--max-batch)"))
+        return [f"{field}={value:,} (policy key {key}=) is more than the {bound:,} {what}: it acts as {key}={bound}"
+                for field, key, bound, what in bounds if (value := getattr(self, field)) > bound]
 
     @property
     def admission_rule(self) -> str:
