@@ -47,7 +47,8 @@ def trace_stats(df: pd.DataFrame, arrivals: bool = True) -> dict:
             (e.g. placeholders): span, rate and burstiness are left out.
 
     Returns:
-        Dict with ``rows``, ``span_s``, ``mean_rate_per_s`` (rows / span),
+        Dict with ``rows``, ``span_s``, ``mean_rate_per_s`` (rows / span, as the shared traces README quotes it;
+        :func:`analysis.planning.capacity.base_rate_per_s` is (rows - 1) / span, one over the mean gap),
         ``iat_cv`` (std / mean of inter-arrival times, population std) (these three only
         with ``arrivals``), ``prompt_{p50,p90,p99,mean,max}``, ``output_{...}`` and, when
         the table has ``hash_ids``, ``prefix_hit_ratio``, ``prefix_hit_blocks``,
