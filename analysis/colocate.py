@@ -40,12 +40,17 @@ def build_tenants(args) -> list:
     names = [s["name"] for s in specs]
     if len(set(names)) != len(names):
         raise ConfigError(f"--tenant names must differ, got {names}")
+    from sim.setup.catalog import get_gpu
+    get_gpu(args.gpu)          # a bad shared --gpu (name or file) is the flag's error, not the first tenant's
     for values in specs:
         targs = tenant_args(values, args)
         try:
             config = config_from_args(targs)
             trace, notes = load_workload(targs, config.seed, config.slot_max_tokens)
         except ValueError as exc:
+            fields = tuple(getattr(exc, "fields", ()))
+            if isinstance(exc, ConfigError) and _shared_fault(fields, values):
+                raise     # a shared flag's value (--page-size, --tp, --memory-util): the command line names the flag
             raise type(exc)(f"--tenant {values['name']}: {exc}") from None
         extras = tenant_extras(values)
         if extras["slo"] is not None:
@@ -60,6 +65,19 @@ def build_tenants(args) -> list:
             print(f"kvsim: note: tenant {values['name']}: {note}", file=sys.stderr)
         tenants.append(Tenant(values["name"], config, trace, **extras))
     return tenants
+
+
+SHARED_FIELDS = {"page_size_bytes": "page", "tp": None, "memory_util_frac": None}
+"""Configuration fields that only colocate's shared flags set (-> the policy key with which a tenant can set its
+own, or None)."""
+
+
+def _shared_fault(fields: tuple, values: dict) -> bool:
+    """Whether an error naming ``fields`` is about a shared flag's value the tenant (``values``) did not replace."""
+    from sim.frontend.policy_spec import _spec_values
+    own = _spec_values(values.get("policy", "")) if values.get("policy") else {}
+    return any(field in SHARED_FIELDS and (SHARED_FIELDS[field] is None or SHARED_FIELDS[field] not in own)
+               for field in fields)
 
 
 def _tenant_notes(values: dict, searching: bool) -> list[str]:

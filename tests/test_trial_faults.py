@@ -401,3 +401,32 @@ def test_api_misuse_gets_a_clear_exception(tmp_path, capsys):
     assert main(["capacity", "--num-requests", "20", "--slo", "ttft_p99=2s", "--json", str(tmp_path / "c.json"),
                  "--quiet"]) == 0
     assert "--json is deprecated" in capsys.readouterr().err and is_capacity_file(tmp_path / "c.json")
+
+
+SHARED_CASES = ROOT.parent / "shared" / "cases"
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--page-size", "3KiB"], "kvsim: error: --page-size 3072 B: must be a power of two >= 64KiB"),
+    (["--memory-util", "0.01"], "kvsim: error: --memory-util 0.01: llama-3-8b's weights"),
+    (["--gpu", "nosuchgpu"], "kvsim: error: unknown GPU 'nosuchgpu'"),
+])
+def test_a_colocate_shared_flag_error_names_the_flag_not_the_first_tenant(tmp_path, capsys, flags, expected):
+    """--gpu, --page-size and --memory-util hold for every tenant: their errors are the flag's, as simulate's."""
+    tenants = ["--tenant", f"model=llama-3-8b,trace={SHARED_CASES / 'admit_steal.csv'}",
+               "--tenant", f"model=llama-3-8b,trace={SHARED_CASES / 'eager_admit.csv'}"]
+    assert main(["colocate", *tenants, *flags, "--out", str(tmp_path / "o"), "--no-report"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(expected) and "--tenant" not in err[0]
+
+
+def test_a_colocate_gpu_file_error_names_the_file_and_a_tenants_own_page_names_the_tenant(tmp_path, capsys):
+    gpu = tmp_path / "bad.toml"
+    gpu.write_text('name = "bad"\n')
+    tenant = f"model=llama-3-8b,trace={SHARED_CASES / 'admit_steal.csv'}"
+    assert main(["colocate", "--tenant", tenant, "--gpu", str(gpu), "--out", str(tmp_path / "o"), "--no-report"]) == 2
+    assert capsys.readouterr().err.strip() == f"kvsim: error: {gpu}: field bf16_flops is missing"
+    assert main(["colocate", "--tenant", tenant + ",policy=vattention:page=3KiB", "--out", str(tmp_path / "o"),
+                 "--no-report"]) == 2
+    assert capsys.readouterr().err.strip().startswith("kvsim: error: --tenant t0-llama-3-8b: policy "
+                                                      "'vattention:page=3KiB': page=3072 B")
