@@ -147,6 +147,20 @@ class Admission:
         if in_progress is not None:
             yield in_progress
 
+    def _settle_mapper(self):
+        """Cancel the mapper's reserved ops, or wait for its reserved op in progress; returns whether the
+        policy's accounting changed (so that retrying can succeed). Unreserved background work (unmaps already
+        applied, clearing) is not waited for: it frees nothing the foreground can use."""
+        if not self.mapper or self.mapper.idle:
+            return False
+        cancelled, in_progress = self.mapper.cancel_all()
+        if cancelled:
+            return True
+        if in_progress is not None:
+            yield in_progress
+            return True
+        return False
+
     def _unblock_admission(self):
         """Nothing could be scheduled: let the mapper's reserved work settle (it holds pages), else reject
         an unservable head of the queue. Every pass changes state (ops cancelled, time advanced, or a
