@@ -226,16 +226,8 @@ class SimConfig(PoolSizing):
                          f"of {spec.num_layers} layers are held as full attention layers (window=off; window-aware "
                          "allocation: docs/hybrid.md)")
         if self.policy == "vattention":
-            notes.extend(self._saturated_eager_notes())
+            notes.extend(saturated_eager_notes(self))
         return notes
-
-    def _saturated_eager_notes(self) -> list[str]:
-        """Eager-allocation knobs set beyond what they can reach (they saturate: the run is the one at the bound)."""
-        bounds = (("eager_page_groups", "eager", self.max_pages_per_slot, "page groups a slot holds"),
-                  ("eager_lookahead_steps", "lookahead", self.slot_max_tokens, "tokens a slot holds"),
-                  ("eager_idle_slots", "eager_slots", self.max_batch_slots, "slots (--max-batch)"))
-        return [f"{field}={value:,} (policy key {key}=) is more than the {bound:,} {what}: it acts as {key}={bound}"
-                for field, key, bound, what in bounds if (value := getattr(self, field)) > bound]
 
     @property
     def admission_rule(self) -> str:
@@ -323,3 +315,14 @@ class SimConfig(PoolSizing):
         return {"model_derived": model, "gpus_per_replica": self.gpus_per_replica,
                 "usd_per_gpu_hour_used": gpu.usd_per_gpu_hour, "price_source": gpu.price_source,
                 "vmm_profile_borrowed_from": gpu.vmm_borrowed_from if self.uses_vmm else None}
+
+
+def saturated_eager_notes(config: SimConfig) -> list[str]:
+    """Notes for a vAttention configuration's eager-allocation knobs set beyond what they can reach: ``eager=``
+    beyond a slot's page groups, ``lookahead=`` beyond a slot's tokens, ``eager_slots=`` beyond the slots. They
+    saturate (the run is the one at the bound: ``tests/test_eager_saturation.py``)."""
+    bounds = (("eager_page_groups", "eager", config.max_pages_per_slot, "page groups a slot holds"),
+              ("eager_lookahead_steps", "lookahead", config.slot_max_tokens, "tokens a slot holds"),
+              ("eager_idle_slots", "eager_slots", config.max_batch_slots, "slots"))
+    return [f"{field}={value:,} (policy key {key}=) is more than the {bound:,} {what}: it acts as {key}={bound}"
+            for field, key, bound, what in bounds if (value := getattr(config, field)) > bound]
