@@ -430,3 +430,27 @@ def test_a_colocate_gpu_file_error_names_the_file_and_a_tenants_own_page_names_t
                  "--no-report"]) == 2
     assert capsys.readouterr().err.strip().startswith("kvsim: error: --tenant t0-llama-3-8b: policy "
                                                       "'vattention:page=3KiB': page=3072 B")
+
+
+@pytest.mark.parametrize("edit, field, problem", [
+    (lambda p: p["compute_in_loop"].__setitem__("models", "not-yi-6b"), "compute_in_loop.models", "a list of names"),
+    (lambda p: p["compute_in_loop"].__setitem__("models", [1, 2]), "compute_in_loop.models[0]", "a name"),
+    (lambda p: p["compute_in_loop"]["params"].__setitem__("flops_efficiency", 50), "compute_in_loop.params.flops_efficiency",
+     "in (0, 1]"),
+    (lambda p: p["compute_in_loop"]["params"].__setitem__("bw_efficiency", 1.0000001), "compute_in_loop.params.bw_efficiency",
+     "in (0, 1]"),
+    (lambda p: p.__setitem__("environment", "NVIDIA H200"), "environment", "an object"),
+    (lambda p: p.setdefault("compute", {}).__setitem__("gpu_name", 5), "compute.gpu_name", "a name"),
+    (lambda p: p["vmm_in_loop"].__setitem__("tp", "two"), "vmm_in_loop.tp", "the tensor-parallel degree"),
+    (lambda p: p["vmm_in_loop"].__setitem__("models", {"a": 1}), "vmm_in_loop.models", "a list of names"),
+])
+def test_a_profile_field_of_the_wrong_kind_is_refused_by_name(tmp_path, edit, field, problem):
+    """A string ``models`` was matched by substring (a fit applied to yi-6b), efficiencies above the datasheet
+    peak ran 3-30x faster than the GPU, and a string ``environment`` or ``tp`` raised a traceback."""
+    profile = json.loads((ROOT / "profiles" / "h200-engine.json").read_text())
+    edit(profile)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile))
+    with pytest.raises(ProfileError) as error:
+        read_profile(path)
+    assert str(error.value).startswith(f"profile {path}: field {field} must be ") and problem in str(error.value)

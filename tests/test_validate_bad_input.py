@@ -142,6 +142,9 @@ def _at(column, row, value):
     ("iterations.parquet", lambda f: f.assign(duration_us=f["duration_us"].astype(str)),
      ["'duration_us'", "expected numbers"]),
     ("iterations.parquet", lambda f: f.iloc[:0], ["no iteration recorded"]),
+    ("requests.parquet", lambda f: f.assign(ttft_us=-f["ttft_us"]), ["row 1", "column ttft_us of a finished request",
+                                                                    ">= 0", "-"]),
+    ("requests.parquet", _at("e2e_us", 5, float("nan")), ["row 6 (request_id 5)", "column e2e_us", "nan"]),
     ("shapes.parquet", lambda f: f.drop(columns="new_tokens"), ["missing column(s) new_tokens"]),
 ])
 def test_bad_table_names_the_file_column_and_row(run, capsys, name, change, needles):
@@ -210,3 +213,21 @@ def test_a_simulation_that_finishes_nothing_gives_nan_not_a_numpy_error():
     table = error_table(Run("finished"), Run("rejected"))
     ttft = table[(table["metric"] == "TTFT") & (table["stat"] == "p50")].iloc[0]
     assert ttft["hw"] == 1.0 and np.isnan(ttft["sim"]) and np.isnan(ttft["error"])
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda s: s.pop("tbt_p90_ms"), "missing field 'tbt_p90_ms' (the run records tbt_p50_ms, tbt_p99_ms"),
+    (lambda s: s.__setitem__("tbt_p99_ms", -50), "field 'tbt_p99_ms': must be >= 0, got -50"),
+    (lambda s: s.__setitem__("tbt_p99_ms", "abc"), "field 'tbt_p99_ms': expected a finite number"),
+    (lambda s: s.__setitem__("tbt_p99_ms", None), "field 'tbt_p99_ms': expected a finite number"),
+    (lambda s: s.__setitem__("map_page_groups", -5), "field 'map_page_groups': must be >= 0, got -5"),
+])
+def test_the_hardware_summary_figures_compared_are_checked(run, capsys, edit, needle):
+    """The hardware run's TBT percentiles (all three when any) and memory figures are finite numbers >= 0: a
+    missing p90 was a KeyError traceback, a negative one was compared (error -249%), a null one dropped silently."""
+    summary = json.loads((run / "summary.json").read_text())
+    summary.setdefault("tbt_p50_ms", 5.0), summary.setdefault("tbt_p90_ms", 6.0), summary.setdefault("tbt_p99_ms", 9.0)
+    edit(summary)
+    (run / "summary.json").write_text(json.dumps(summary))
+    line = refused(capsys, "--hw-run", str(run))
+    assert line.startswith(f"kvsim: error: {run / 'summary.json'}: ") and needle in line, line

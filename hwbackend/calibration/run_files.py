@@ -167,6 +167,48 @@ RUN_COLUMNS = {
 SUMMARY_FIELDS = ("map_page_groups", "peak_mapped_bytes")
 
 
+TBT_FIELDS = ("tbt_p50_ms", "tbt_p90_ms", "tbt_p99_ms")
+"""The hardware run's TBT percentiles (replays since 2026-12-01 record them): all three or none."""
+
+
+def _check_summary(path: Path, summary: dict) -> None:
+    """:data:`SUMMARY_FIELDS` (finite numbers >= 0) and, when any is there, every one of :data:`TBT_FIELDS`
+    (finite numbers >= 0, ms).
+
+    Raises:
+        RunInputError: naming the file, the field and the value.
+    """
+    tbt = [name for name in TBT_FIELDS if name in summary]
+    for name in SUMMARY_FIELDS + (TBT_FIELDS if tbt else ()):
+        if name not in summary:
+            also = f" (the run records {', '.join(tbt)}: TBT percentiles come as p50, p90 and p99)" if tbt else ""
+            raise RunInputError(f"{path}: missing field {name!r}{also}")
+        value = summary[name]
+        problem = _type_error("float", value) or (f"must be >= 0, got {_json(value)}" if value < 0 else None)
+        if problem:      # (a null in the file is read as NaN: sim.results.json_text)
+            raise RunInputError(f"{path}: field {name!r}: {problem}")
+
+
+def _check_finished_latencies(path: Path, requests: pd.DataFrame, ids: pd.Series | None) -> None:
+    """A finished request's TTFT and E2E latency are finite and >= 0, its TPOT >= 0 (NaN only for a single
+    output token, which has no gap); a negative or missing latency would enter the percentiles compared.
+
+    Raises:
+        RunInputError: naming the file, the row (and request id), the column and the value.
+    """
+    finished = (requests["status"] == "finished").to_numpy()
+    single = requests["output_tokens"].to_numpy() <= 1
+    for column, nan_allowed in (("ttft_us", None), ("e2e_us", None), ("tpot_us", single)):
+        values = pd.to_numeric(requests[column], errors="coerce").to_numpy(dtype=np.float64)
+        missing = ~np.isfinite(values) & (True if nan_allowed is None else ~(nan_allowed & np.isnan(values)))
+        bad = finished & (missing | (values < 0))
+        if bad.any():
+            row = int(np.argmax(bad))
+            who = f" (request_id {_scalar(ids.iloc[row])!r})" if ids is not None else ""
+            raise RunInputError(f"{path}: row {row + 1}{who}: column {column} of a finished request must be a finite "
+                                f"number >= 0 (us), got {_scalar(requests[column].iloc[row])!r}")
+
+
 def check_columns(frame: pd.DataFrame, path: str | Path, columns: dict[str, str],
                   ids: pd.Series | None = None) -> None:
     """Every column of ``columns`` (name -> kind, as :data:`RUN_COLUMNS`) present in ``frame`` with values of its
@@ -297,6 +339,7 @@ def load_hw_run(hw_dir: str | Path):
         raise RunInputError(f"{run / 'iterations.parquet'}: no iteration recorded")
     if not (requests["status"] == "finished").any():
         raise RunInputError(f"{run / 'requests.parquet'}: no request with status 'finished' to compare")
+    _check_finished_latencies(run / "requests.parquet", requests, ids)
     check_run_consistency(run, hw.config, requests, hw.iterations)
     kv_tokens = requests["prompt_tokens"].to_numpy(dtype=np.int64) + requests["output_tokens"].to_numpy(dtype=np.int64) - 1
     too_long = kv_tokens > config.slot_max_tokens
@@ -306,12 +349,7 @@ def load_hw_run(hw_dir: str | Path):
                             f"prompt_tokens {_scalar(requests['prompt_tokens'].iloc[row])} + output_tokens "
                             f"{_scalar(requests['output_tokens'].iloc[row])} - 1 = {kv_tokens[row]} KV tokens, more than the run's "
                             f"slot holds ({config.slot_max_tokens}, from {source})")
-    for name in SUMMARY_FIELDS:
-        value = hw.summary.get(name)
-        if name not in hw.summary:
-            raise RunInputError(f"{run / 'summary.json'}: missing field {name!r}")
-        if _type_error("float", value):
-            raise RunInputError(f"{run / 'summary.json'}: field {name!r}: {_type_error('float', value)}")
+    _check_summary(run / "summary.json", hw.summary)
     shape_kinds = {"iteration": "count", "new_tokens": "count", "attention_pairs": "time", "kv_read_tokens": "count",
                    "logit_sequences": "count"}
     for name, columns in (("shapes.parquet", shape_kinds),

@@ -8,7 +8,7 @@ import numbers
 
 
 SCALAR_FIELDS: dict[str, str] = {
-    "flops_efficiency": "> 0", "bw_efficiency": "> 0", "attention_flops_efficiency": "> 0",
+    "flops_efficiency": "in (0, 1]", "bw_efficiency": "in (0, 1]", "attention_flops_efficiency": "in (0, 1]",
     "overhead_us": ">= 0", "paged_attention_factor": "> 0", "layout_attention_factor": "> 0",
     "mixed_tile_rows": ">= 0", "launch_floor_us": ">= 0", "decode_graphs": "0 or 1",
     "decode_overhead_us": ">= 0", "attention_bytes_factor": "> 0", "wave_us_per_token": ">= 0",
@@ -19,7 +19,9 @@ SCALAR_FIELDS: dict[str, str] = {
     "launch_us_per_layer": ">= 0", "allreduce_launch_us": ">= 0", "allreduce_skew_us": ">= 0",
 }
 """The scalar fields of :class:`RooflineComputeModel` with their physical range (times in us and rows
-``>= 0``, efficiencies and factors ``> 0``, ``decode_graphs`` a flag); every value must be finite."""
+``>= 0``, factors ``> 0``, efficiencies in ``(0, 1]``: shares of the datasheet peak, the bounds
+``kvsim calibrate --from-run`` fits within, ``hwbackend.calibration.inloop._BOUNDS``; ``decode_graphs`` a flag);
+every value must be finite."""
 
 TABLE_FIELDS = ("decode_batch_knots", "decode_batch_correction_us")
 """The list fields of :class:`RooflineComputeModel`: batch sizes (``> 0``, strictly increasing) and the
@@ -102,8 +104,10 @@ def check_compute_field(name: str, value) -> float | tuple[float, ...]:
             raise ComputeFieldError(name, f"must be 0 or 1 (decodes as CUDA graphs), got {show_value(value)}")
         return number
     number = finite_number(value)
-    bad = number is None or (number <= 0 if rule == "> 0" else number < 0 or (rule == "0 to 1" and number > 1))
+    bad = number is None or (number <= 0 if rule in ("> 0", "in (0, 1]") else number < 0) or (
+        rule in ("0 to 1", "in (0, 1]") and number > 1)
     if bad:
-        unit = " (us)" if name.endswith("_us") else " (us per token)" if name == "wave_us_per_token" else ""
+        unit = (" (us)" if name.endswith("_us") else " (us per token)" if name == "wave_us_per_token"
+                else " (a share of the GPU's datasheet peak)" if name.endswith("efficiency") else "")
         raise ComputeFieldError(name, f"must be a finite number {rule}{unit}, got {show_value(value)}")
     return number

@@ -429,6 +429,27 @@ def _compute_params(path, field_name: str, params, renamed: dict | None = None) 
     return params
 
 
+def _name(path, where: str, section: dict) -> None:
+    """An optional name field (``where``'s last part in ``section``): a non-empty string when present."""
+    key = where.rpartition(".")[2]
+    if key in section and not (isinstance(section[key], str) and section[key]):
+        raise _fail(path, where, "must be a name (a string)", section[key])
+
+
+def _names(path, where: str, section: dict) -> None:
+    """An optional list of names (e.g. ``compute_in_loop.models``, the models a fit covers): a non-empty list of
+    non-empty strings when present (a string would be matched by its substrings)."""
+    key = where.rpartition(".")[2]
+    if key not in section:
+        return
+    names = section[key]
+    if not isinstance(names, list) or not names:
+        raise _fail(path, where, "must be a list of names (e.g. [\"llama-3-8b\"])", names)
+    for index, name in enumerate(names):
+        if not (isinstance(name, str) and name):
+            raise _fail(path, f"{where}[{index}]", "must be a name (a string)", name)
+
+
 def check_profile(data: dict, path: str | Path) -> None:
     """Check every field the simulator reads from a profile (``docs/profile-format.md``), so that a bad one
     is reported when the file is read rather than as a traceback or a silently wrong run:
@@ -441,15 +462,19 @@ def check_profile(data: dict, path: str | Path) -> None:
     * ``compute.roofline``, ``compute.tiled_roofline.params``, ``compute_in_loop.params``: compute-model
       fields in their physical ranges (:func:`sim.timing.compute.check_compute_field`), decode tables of one
       length; ``compute_in_loop.model`` (required with ``params``), ``.gpu`` (strings), ``.tp`` (whole > 0);
+    * ``compute_in_loop.models`` / ``vmm_in_loop.models`` (the models a fit covers): lists of names;
+      ``environment`` (an object) and ``environment.gpu_name`` / ``compute.gpu_name`` (strings: the GPU the
+      compute sections were measured on);
     * ``vmm_in_loop``: ``growth_scale`` (> 0), ``model`` (string), ``page_size_bytes`` (whole > 0), all required;
+      ``tp`` (whole > 0) optional;
     * ``vmm_tp.worker_scale``: an object {tensor-parallel degree (whole number >= 2): per-worker slowdown (>= 1:
       workers mapping at once are never faster than one alone)};
     * ``paged_attention.factor`` (>= 1), ``layout.cross_layer_attention_factor`` (> 0),
       ``memory.memset_bytes_per_s`` / ``copy_bytes_per_s`` (bytes/s, > 0);
     * ``host_copy.h2d_bytes_per_s`` / ``d2h_bytes_per_s`` (bytes/s, > 0) and ``host_copy.latency_us`` (>= 0).
 
-    Sections other than ``vmm`` may be absent; unknown keys and informational fields (environment, fit
-    errors, grids, runs, ``vmm_under_load``) are not checked. Numbers must be finite (JSON's NaN and Infinity
+    Sections other than ``vmm`` may be absent; unknown keys and informational fields (the rest of
+    ``environment``, fit errors, grids, runs, ``vmm_under_load``) are not checked. Numbers must be finite (JSON's NaN and Infinity
     are refused); ``null`` is refused wherever a field is read.
 
     Raises:
@@ -487,8 +512,12 @@ def check_profile(data: dict, path: str | Path) -> None:
             _distribution(path, f"{where}.sync_us", entry["sync_us"])
             if "batched_set_access_us" in entry:
                 _distribution(path, f"{where}.batched_set_access_us", entry["batched_set_access_us"])
+    if "environment" in data:           # informational, but its gpu_name says where compute was measured
+        environment = _object(path, "environment", data["environment"])
+        _name(path, "environment.gpu_name", environment)
     if "compute" in data:
         compute = _object(path, "compute", data["compute"])
+        _name(path, "compute.gpu_name", compute)
         if "roofline" in compute:
             _compute_params(path, "compute.roofline", compute["roofline"])
         if "tiled_roofline" in compute:
@@ -507,6 +536,7 @@ def check_profile(data: dict, path: str | Path) -> None:
                 raise _fail(path, f"compute_in_loop.{key}", "must be a name (a string)", in_loop[key])
         if "tp" in in_loop:
             _whole(path, "compute_in_loop.tp", in_loop["tp"], "the tensor-parallel degree")
+        _names(path, "compute_in_loop.models", in_loop)
     if "vmm_in_loop" in data:
         scale = _object(path, "vmm_in_loop", data["vmm_in_loop"])
         for key in ("growth_scale", "model", "page_size_bytes"):
@@ -516,6 +546,9 @@ def check_profile(data: dict, path: str | Path) -> None:
         if not (isinstance(scale["model"], str) and scale["model"]):
             raise _fail(path, "vmm_in_loop.model", "must be a name (a string)", scale["model"])
         _whole(path, "vmm_in_loop.page_size_bytes", scale["page_size_bytes"], "bytes")
+        if "tp" in scale:
+            _whole(path, "vmm_in_loop.tp", scale["tp"], "the tensor-parallel degree")
+        _names(path, "vmm_in_loop.models", scale)
     if "vmm_tp" in data:
         tp_section = _object(path, "vmm_tp", data["vmm_tp"])
         if "worker_scale" not in tp_section:
