@@ -212,10 +212,28 @@ def test_engine_loads_a_dram_hit_and_records_it_per_request():
 
 
 def test_layerwise_load_hides_behind_compute_except_one_layer():
-    """Layer-wise: the iteration adds max(0, load - compute) + load / 32 layers after its 1,000 us compute."""
+    """Layer-wise, the 134 ms load longer than the 1,000 us compute: 32 layers of l = load / 32 and c = 1000 / 32 us
+    in a pipeline take l + c + 31 l = load + c, so the iteration adds load - 1,000 + 1,000 / 32 after its compute
+    (less than the sync load: a layer-wise load is never slower than loading first)."""
     sim, out = _engine_run("layerwise")
     load_us = 1024 * sim.config.model_spec.kv_bytes_per_token() / 1e9 * 1e6
-    assert out.iterations_frame()["swap_us"].max() == pytest.approx(load_us - 1000.0 + load_us / 32)
+    exposed = out.iterations_frame()["swap_us"].max()
+    assert exposed == pytest.approx(load_us - 1000.0 + 1000.0 / 32) and exposed < load_us
+
+
+@pytest.mark.parametrize("load_us, compute_us", [(100.0, 3200.0), (3200.0, 100.0), (640.0, 640.0)])
+def test_layerwise_exposed_time_is_a_pipeline_of_equal_layers(load_us, compute_us):
+    """``take_exposed_us`` against the pipeline's makespan l + c + (L - 1) max(l, c), stepped layer by layer."""
+    from sim.core.tier_charges import TierCharges
+    layers = 32
+    charges = TierCharges.__new__(TierCharges)
+    charges.num_layers, charges.overlap_pending_us = layers, load_us
+    loaded = done = 0.0
+    for _ in range(layers):                 # layer i: its load after layer i - 1's, its compute after both
+        loaded += load_us / layers
+        done = max(done, loaded) + compute_us / layers
+    assert charges.take_exposed_us(compute_us) == pytest.approx(done - compute_us)
+    assert done - compute_us <= load_us
 
 
 def test_auto_recomputes_when_the_link_is_slower():
@@ -300,3 +318,32 @@ def test_the_h200_dram_tier_defaults_to_its_measured_host_copies():
     given = profile_config_overrides(SimConfig(prefix_caching=True, kv_tiers=(parse_kv_tier("dram:8GiB,bw=20GB/s"),)),
                                      None)
     assert given.kv_tiers[0].read_bytes_per_s == 20e9
+
+
+def test_direction_rates_win_over_bw_whatever_the_order_and_extreme_rates_are_refused():
+    from sim.memory.tiers import parse_kv_tier
+    first, second = parse_kv_tier("dram:16GiB,read_bw=1GB/s,bw=5GB/s"), parse_kv_tier("dram:16GiB,bw=5GB/s,read_bw=1GB/s")
+    assert (first.read_bytes_per_s, first.write_bytes_per_s) == (second.read_bytes_per_s, second.write_bytes_per_s) \
+        == (1e9, 5e9)
+    for spec, needle in (("dram:64GiB,bw=1e-300GB/s", "bw=1e-300GB/s: below 1 MB/s"),
+                         ("dram:64GiB,bw=1B/s", "bw=1B/s: below 1 MB/s"),
+                         ("dram:64GiB,latency=1e300s", "latency=1e300s: above 1 s")):
+        with pytest.raises(ValueError, match="^tier '" + spec.replace("+", r"\+") + "': ") as error:
+            parse_kv_tier(spec)
+        assert needle in str(error.value)
+
+
+def test_a_profile_fills_only_the_figures_a_tier_spec_leaves_out():
+    """``dram:64GiB,latency=50us`` keeps the measured host-copy rates (it had switched them to the 55 GB/s default)."""
+    from sim.memory.tiers import parse_kv_tier, with_host_copy_profile
+    profile = {"host_copy": {"h2d_bytes_per_s": 54.79e9, "d2h_bytes_per_s": 54.48e9, "latency_us": 19.3}}
+    (latency_only,) = with_host_copy_profile([parse_kv_tier("dram:64GiB,latency=50us")], profile)
+    assert (latency_only.read_bytes_per_s, latency_only.write_bytes_per_s, latency_only.latency_us) == (54.79e9, 54.48e9, 50.0)
+    assert "user-given latency" in latency_only.source and "from the profile host_copy" in latency_only.source
+    (read_only,) = with_host_copy_profile([parse_kv_tier("dram:64GiB,read_bw=10GB/s")], profile)
+    assert (read_only.read_bytes_per_s, read_only.write_bytes_per_s, read_only.latency_us) == (10e9, 54.48e9, 19.3)
+    (untouched,) = with_host_copy_profile([parse_kv_tier("dram:64GiB,bw=10GB/s,latency=5us")], profile)
+    assert (untouched.read_bytes_per_s, untouched.write_bytes_per_s, untouched.latency_us, untouched.source) == \
+        (10e9, 10e9, 5.0, "user-given")
+    (default,) = with_host_copy_profile([parse_kv_tier("dram:64GiB")], profile)
+    assert (default.read_bytes_per_s, default.latency_us) == (54.79e9, 19.3) and default.source.startswith("profile")

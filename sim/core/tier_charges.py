@@ -6,7 +6,7 @@ admission's tier hit into a load and charges its link time to the iteration that
 * ``sync``: before the iteration computes (with swap time, in the iteration's ``swap_us`` column: host-link
   time on the critical path);
 * ``layerwise``: overlapped with the iteration's compute layer by layer; only ``max(0, load - compute) +
-  load / num_layers`` is added after the compute (also in ``swap_us``);
+  min(load, compute) / num_layers`` is added after the compute (also in ``swap_us``);
 * ``auto``: a request's tier hit is loaded only when its load time is below the compute model's time for
   prefilling those tokens alone, else they are recomputed (counted as tier misses).
 
@@ -115,11 +115,14 @@ class TierCharges:
 
     def take_exposed_us(self, compute_us: float) -> float:
         """The part of this iteration's layer-wise loads its compute did not hide:
-        ``max(0, load - compute) + load / num_layers``."""
+        ``max(0, load - compute) + min(load, compute) / num_layers``. A two-stage pipeline of L equal layers
+        (layer i computes once its load and layer i - 1's compute are done) takes ``l + c + (L - 1) max(l, c)``
+        with ``l = load / L``, ``c = compute / L``: ``load / L`` more than the compute when the compute is the
+        longer stage, ``load - compute + compute / L`` more when the load is, never more than loading first."""
         load_us, self.overlap_pending_us = self.overlap_pending_us, 0.0
         if not load_us:
             return 0.0
-        return max(0.0, load_us - compute_us) + load_us / self.num_layers
+        return max(0.0, load_us - compute_us) + min(load_us, compute_us) / self.num_layers
 
     # ---- records ---------------------------------------------------------------------------------------
     def counters(self) -> dict:

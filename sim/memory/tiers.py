@@ -83,6 +83,9 @@ class TierSpec:
         write_bytes_per_s: GPU -> tier rate (bytes/s), the store path.
         latency_us: fixed cost of one transfer (us), paid once per load or store batch.
         source: where the rates come from (``default: ...`` until a profile or the user sets them).
+        given: which of ``read_bw``, ``write_bw``, ``latency`` the spec set (``bw`` sets both rates); a
+            calibration profile's measured host-copy figures replace only the others
+            (:func:`with_host_copy_profile`).
     """
 
     kind: str
@@ -91,6 +94,7 @@ class TierSpec:
     write_bytes_per_s: float
     latency_us: float
     source: str = DEFAULT_SOURCE
+    given: tuple = ()
 
     def read_us(self, num_bytes: float) -> float:
         """Latency plus wire time (us) of one load of ``num_bytes`` (0 for nothing)."""
@@ -120,27 +124,35 @@ def parse_kv_tier(text: str) -> TierSpec:
         capacity = parse_size_bytes(size_text)
     except ValueError as exc:
         raise ValueError(f"tier {text!r}: size: {exc}") from None
+    from sim.timing.kvlink import MAX_LINK_LATENCY_US, MIN_LINK_BYTES_PER_S
     read, write, latency, source = _DEFAULTS[kind]
-    given = False
-    seen: set[str] = set()
+    values: dict[str, float] = {}
     for item in items:                  # none empty (comma_items)
         key, _, value = (s.strip() for s in item.partition("="))
-        if key in seen:
+        if key in values:
             raise ValueError(f"tier {text!r}: key {key!r} given twice")
-        seen.add(key)
         try:
             if key in ("bw", "read_bw", "write_bw"):
-                rate = parse_bandwidth_bytes_per_s(value)
-                read = rate if key != "write_bw" else read
-                write = rate if key != "read_bw" else write
+                values[key] = parse_bandwidth_bytes_per_s(value)
+                if values[key] < MIN_LINK_BYTES_PER_S:
+                    raise ValueError(f"{key}={value}: below 1 MB/s, no DRAM or SSD link is that slow (a load of "
+                                     "a long prompt's KV would pass what the microsecond clock holds exactly)")
             elif key == "latency":
-                latency = 0.0 if value.strip("0.").lower() in ("", "us", "ms", "s") else parse_duration_us(value)
+                values[key] = 0.0 if value.strip("0.").lower() in ("", "us", "ms", "s") else parse_duration_us(value)
+                if values[key] > MAX_LINK_LATENCY_US:
+                    raise ValueError(f"latency={value}: above 1 s, no DRAM or SSD transfer waits that long")
             else:
                 raise ValueError(f"unknown key {key!r}; valid keys: bw, read_bw, write_bw, latency")
         except ValueError as exc:
             raise ValueError(f"tier {text!r}: {exc}") from None
-        given = True
-    return TierSpec(kind, capacity, read, write, latency, "user-given" if given else f"{DEFAULT_SOURCE}: {source}")
+    # the direction keys win over bw whatever the order (bw=5GB/s,read_bw=1GB/s and read_bw=1GB/s,bw=5GB/s agree)
+    read = values.get("read_bw", values.get("bw", read))
+    write = values.get("write_bw", values.get("bw", write))
+    latency = values.get("latency", latency)
+    given = tuple(key for key, keys in (("read_bw", ("read_bw", "bw")), ("write_bw", ("write_bw", "bw")),
+                                        ("latency", ("latency",))) if any(k in values for k in keys))
+    return TierSpec(kind, capacity, read, write, latency, "user-given" if given else f"{DEFAULT_SOURCE}: {source}",
+                    given)
 
 
 def check_tiers(tiers: Sequence[TierSpec]) -> str | None:
@@ -160,10 +172,19 @@ def with_host_copy_profile(tiers: Sequence[TierSpec], profile: dict) -> tuple[Ti
     section = profile.get("host_copy") or {}
     if not section or not all(k in section for k in ("h2d_bytes_per_s", "d2h_bytes_per_s", "latency_us")):
         return tuple(tiers)
-    return tuple(replace(tier, read_bytes_per_s=float(section["h2d_bytes_per_s"]),
-                         write_bytes_per_s=float(section["d2h_bytes_per_s"]), latency_us=float(section["latency_us"]),
-                         source=f"profile host_copy ({section.get('source', 'measured')})")
-                 if tier.kind == "dram" and tier.source.startswith(DEFAULT_SOURCE) else tier for tier in tiers)
+    measured = {"read_bw": ("read_bytes_per_s", "h2d_bytes_per_s"), "write_bw": ("write_bytes_per_s", "d2h_bytes_per_s"),
+                "latency": ("latency_us", "latency_us")}
+    out = []
+    for tier in tiers:
+        taken = [key for key in measured if key not in tier.given]
+        if tier.kind != "dram" or not taken:
+            out.append(tier)
+            continue
+        profiled = f"profile host_copy ({section.get('source', 'measured')})"
+        source = (profiled if not tier.given else
+                  f"user-given {', '.join(tier.given)}; {', '.join(taken)} from the {profiled}")
+        out.append(replace(tier, source=source, **{measured[key][0]: float(section[measured[key][1]]) for key in taken}))
+    return tuple(out)
 
 
 class TierStore:

@@ -168,6 +168,15 @@ HBM_BYTES_MAX = 2 ** 48
 and block counts of such a pool, and byte figures, stay within 64-bit integers."""
 
 
+GPU_RATE_BOUNDS = {"bf16_flops": (1e11, 1e18, "FLOP/s"), "fp8_flops": (1e11, 1e18, "FLOP/s"),
+                   "mem_bw_bytes_per_s": (1e9, 1e16, "B/s"), "nvlink_bytes_per_s": (1e6, 1e16, "B/s"),
+                   "pcie_bytes_per_s": (1e6, 1e16, "B/s")}
+"""The range a GPU file's peak rates must lie in (0.1 TFLOP/s to 1 EFLOP/s; memory 1 GB/s to 10 PB/s; links 1 MB/s
+to 10 PB/s: three or more orders of magnitude around every GPU of the catalogue, whose datasheets give 0.15-2.25
+PFLOP/s bf16 and 0.7-8 TB/s). Outside it iteration times overflow to infinity or vanish (a 1e-300 FLOP/s GPU
+gave infinite times reported as finished requests)."""
+
+
 class _Fields:
     """Typed access to one file's fields; every failure names the file and the field (the name the file uses:
     a field of :data:`FIELD_ALIASES` is looked up under its other families' names too)."""
@@ -202,7 +211,7 @@ class _Fields:
         if value < minimum:
             raise self.fail(field, f"must be >= {minimum}, got {value}")
         if value > maximum:
-            raise self.fail(field, f"must be <= {maximum:,} ({maximum:.3g}), got {value:.3g}")
+            raise self.fail(field, f"must be <= {maximum:,} ({maximum:.3g}), got {value:,.0f}")
         return value
 
     def number(self, field: str, default=None, positive: bool = True) -> float:
@@ -501,6 +510,11 @@ def _load_gpu(path_text: str, _mtime_ns: int, shown: str) -> GPUSpec:
     if fp8 < 0:
         raise f.fail("fp8_flops", f"must be >= 0 FLOP/s, got {fp8}")
     bf16 = f.number("bf16_flops")
+    for field, (low, high, unit) in GPU_RATE_BOUNDS.items():
+        value = fp8 if field == "fp8_flops" else f.number(field)
+        if (field != "fp8_flops" or value) and not low <= value <= high:
+            raise f.fail(field, f"{value:g} {unit} lies outside [{low:g}, {high:g}] {unit}: no GPU is that "
+                                f"{'slow' if value < low else 'fast'} (docs/models.md lists the catalogue's GPUs)")
     if 0 < fp8 < bf16:   # fp8 tensor cores run at least the bf16 rate (2x on Hopper and Blackwell datasheets)
         raise f.fail("fp8_flops", f"{fp8:g} FLOP/s is below bf16_flops ({bf16:g}): an fp8 peak is at least the "
                                   "bf16 one (twice it on H100/H200/B200 datasheets); 0 or absent = no fp8 tensor cores")
