@@ -211,7 +211,8 @@ class _Fields:
         if value < minimum:
             raise self.fail(field, f"must be >= {minimum}, got {value}")
         if value > maximum:
-            raise self.fail(field, f"must be <= {maximum:,} ({maximum:.3g}), got {value:,.0f}")
+            shown = f"{value:,}" if value < 10 ** 16 else f"{value:.6g}"     # exact near the bound, short far above
+            raise self.fail(field, f"must be <= {maximum:,} ({maximum:.3g}), got {shown}")
         return value
 
     def number(self, field: str, default=None, positive: bool = True) -> float:
