@@ -98,6 +98,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     check_disagg_flags(args)
     if args.pd is not None:             # disaggregated prefill and decode (docs/disaggregated.md)
+        for flag, value, default in (("--routing", args.routing, "round-robin"), ("--executor", args.executor, "local"),
+                                     ("--workers", args.workers, None)):
+            if value != default:        # they spread co-located replicas; P/D routes by least outstanding
+                raise ValueError(f"{flag} {value} applies to co-located replicas (--replicas N); a --pd P:D "
+                                 "deployment sends each request to the prefill and then the decode instance with the "
+                                 "fewest outstanding requests (docs/disaggregated.md): leave it out")
         from analysis.disagg_report import cmd_simulate_disagg
         return cmd_simulate_disagg(args)
     config = config_from_args(args)
@@ -120,6 +126,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
               "a what-if that needs a modified NVIDIA driver (vAttention's 64-256 KiB pages used one)", file=sys.stderr)
     for note in _routing_notes(args.routing, config, trace):
         print(f"kvsim: warning: {note}", file=sys.stderr)
+    for flag, value, default in (("--executor", args.executor, "local"), ("--workers", args.workers, None)):
+        if args.replicas == 1 and value != default:
+            print(f"kvsim: note: {flag} {value} spreads replicas over processes; one replica runs in this process "
+                  "(add --replicas N to simulate N)", file=sys.stderr)
     if args.replicas == 1 and args.routing != "round-robin":
         print(f"kvsim: note: --routing {args.routing} over one replica sends every request to it (the run is a plain "
               "one); add --replicas N to route over N", file=sys.stderr)

@@ -454,3 +454,23 @@ def test_a_profile_field_of_the_wrong_kind_is_refused_by_name(tmp_path, edit, fi
     with pytest.raises(ProfileError) as error:
         read_profile(path)
     assert str(error.value).startswith(f"profile {path}: field {field} must be ") and problem in str(error.value)
+
+
+AZURE_CODE_TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_code.csv"
+
+
+@pytest.mark.parametrize("flags", [["--routing", "random"], ["--workers", "4"], ["--executor", "ray"]])
+def test_a_pd_run_refuses_the_replica_flags_it_would_ignore(tmp_path, capsys, flags):
+    """--pd routes by least outstanding requests: --routing, --workers and --executor changed nothing (same md5)."""
+    assert main(["simulate", "--trace", str(AZURE_CODE_TRACE), "--num-requests", "20", "--pd", "1:1", *flags,
+                 "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"kvsim: error: {flags[0]} {flags[1]} applies to co-located replicas") and "\n" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_workers_with_one_replica_are_noted(tmp_path, capsys):
+    assert main(["simulate", "--trace", str(AZURE_CODE_TRACE), "--num-requests", "10", "--workers", "3",
+                 "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    assert "kvsim: note: --workers 3 spreads replicas over processes; one replica runs in this process" in \
+        capsys.readouterr().err
