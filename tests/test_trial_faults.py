@@ -474,3 +474,20 @@ def test_workers_with_one_replica_are_noted(tmp_path, capsys):
                  "--out", str(tmp_path / "o"), "--quiet"]) == 0
     assert "kvsim: note: --workers 3 spreads replicas over processes; one replica runs in this process" in \
         capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change, needle", [({"num_prefill": 1.5}, "num_prefill=1.5: expected a whole number"),
+                                            ({"num_decode": "2"}, "num_decode='2': expected a whole number"),
+                                            ({"link": "nvlink"}, "link='nvlink': expected a KvLink"),
+                                            ({"prefill": "h200"}, "prefill: expected a SimConfig")])
+def test_a_disagg_config_of_the_wrong_types_is_refused_by_field(change, needle):
+    from sim.cluster.disagg import DisaggConfig
+    from sim.setup.config import SimConfig
+    with pytest.raises(ConfigError, match="^" + needle.replace("(", r"\(").replace(".", r"\.")):
+        DisaggConfig(**{"prefill": SimConfig(), "decode": SimConfig(), **change})
+
+
+def test_a_pd_run_with_an_engine_preset_that_caches_prefixes_names_the_preset(tmp_path, capsys):
+    assert main(["simulate", "--trace", str(AZURE_CODE_TRACE), "--num-requests", "20", "--pd", "1:1", "--engine",
+                 "vllm-v1", "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert "the engine preset vllm-v1 turns it on: add prefix=off" in capsys.readouterr().err

@@ -117,8 +117,8 @@ class DisaggConfig:
         streaming: layer-wise streaming of the KV during the prefill (else the transfer follows the prefill).
 
     Raises:
-        ConfigError: counts below 1, roles serving different models or slot lengths, pipeline parallelism,
-            prefix caching.
+        ConfigError: a role that is not a SimConfig, counts that are not whole numbers >= 1, a link that is not
+            a KvLink, roles serving different models or slot lengths, pipeline parallelism, prefix caching.
     """
 
     prefill: SimConfig
@@ -129,6 +129,19 @@ class DisaggConfig:
     streaming: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("prefill", "decode"):
+            if not isinstance(getattr(self, name), SimConfig):
+                raise ConfigError(f"{name}: expected a SimConfig (the role's instance configuration), got "
+                                  f"{getattr(self, name)!r}", name)
+        for name in ("num_prefill", "num_decode"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{name}={value!r}: expected a whole number of instances >= 1", "pd")
+        if not isinstance(self.link, KvLink):
+            raise ConfigError(f"link={self.link!r}: expected a KvLink (sim.timing.kvlink.LINKS[name] or "
+                              "parse_kv_link('50GB/s,5us'))", "kv_link")
+        if not isinstance(self.streaming, bool):
+            raise ConfigError(f"streaming={self.streaming!r}: expected True or False", "kv_stream")
         if self.num_prefill < 1 or self.num_decode < 1:
             raise ConfigError(f"pd={self.num_prefill}:{self.num_decode}: both counts must be >= 1 (num_prefill, "
                               "num_decode)", "pd")
@@ -143,7 +156,10 @@ class DisaggConfig:
                               "tensor parallelism per role (prefill_tp / decode_tp)", "pd", "pp", "prefill_tp",
                               "decode_tp")
         if self.prefill.prefix_caching or self.decode.prefix_caching:
-            raise ConfigError("pd: prefix caching is not modelled in disaggregated runs; leave prefix=on out", "pd")
+            engine = self.prefill.engine or self.decode.engine
+            why = (f"the engine preset {engine} turns it on: add prefix=off to the policy (e.g. paged:prefix=off)"
+                   if engine else "leave prefix=on out")
+            raise ConfigError(f"pd: prefix caching is not modelled in disaggregated runs; {why}", "pd")
 
     @property
     def pd(self) -> str:
