@@ -2,6 +2,7 @@
 GPU catalogue and user GPU files. Every expected value is computed by hand in the comments from the config
 fields (h = hidden_size, N = layers, Hq / Hkv = query / KV heads, D = head_dim, V = vocab)."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -222,3 +223,17 @@ def test_unknown_activation_and_tiny_context_are_refused(tmp_path):
     tiny.write_text(json.dumps({**base, "max_position_embeddings": 1}))
     with pytest.raises(CatalogError, match="max_position_embeddings must be >= 2"):
         get_model(str(tiny))
+
+
+@pytest.mark.parametrize("key, source, entry", [("layer_types", "gpt-oss-20b.json", "sliding_attnetion"),
+                                                ("layers_block_type", "jamba-v0.1.json", "mambo")])
+def test_a_misspelt_layer_type_is_refused_by_entry(tmp_path, key, source, entry):
+    """A misspelt entry was counted as a full-attention layer (gpt-oss became 13 full / 11 sliding), silently."""
+    data = json.loads((Path(__file__).resolve().parents[1] / "models" / source).read_text())
+    if key not in data:         # Jamba's file gives attn_layer_period / _offset: write the list out
+        data[key] = ["mamba"] * data["num_hidden_layers"]
+    data[key][0] = entry
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=rf"m.json: field {key}\[0\] \"{entry}\" is not a layer type kvsim knows"):
+        get_model(str(path))

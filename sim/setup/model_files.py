@@ -355,6 +355,7 @@ def model_from_hf_config(data: dict, shown: str, name: str = "model") -> ModelSp
                                                              "give the model as a TOML with its dtype_bytes instead")
         if method == "fp8":
             dtype_bytes = 1
+    _check_layer_types(f, data, layers)
     sliding_window, sliding_layers = _sliding(f, layers, model_type)
     kinds = layer_kind_fields(f, data, layers, hidden, dtype_bytes, model_type)   # sim.setup.layer_kinds
     gated = _mlp_gated(f, model_type)
@@ -441,6 +442,26 @@ def _norms_per_layer(f: _Fields, model_type: str) -> int:
     if model_type == "falcon":
         return 2 if f.flag("new_decoder_architecture", False) or not f.flag("parallel_attn", True) else 1
     return 4 if model_type in ("gemma2", "gemma3", "gemma3_text") else 2
+
+
+LAYER_TYPES = {"layer_types": ("full_attention", "sliding_attention", "linear_attention", "chunked_attention"),
+               "layers_block_type": ("attention", "mamba")}
+"""The per-layer type names Hugging Face configurations use (``layer_types``: Gemma 2/3, gpt-oss, Qwen3-Next,
+Llama 4; ``layers_block_type``: Jamba); any other entry is refused (a misspelt one was counted as full attention)."""
+
+
+def _check_layer_types(f: _Fields, data: dict, layers: int) -> None:
+    """Each per-layer type list, when present, holds one known name (:data:`LAYER_TYPES`) per layer."""
+    for key, known in LAYER_TYPES.items():
+        types = data.get(key)
+        if types is None:
+            continue
+        if not isinstance(types, list) or len(types) != layers or not all(isinstance(t, str) for t in types):
+            raise f.fail(key, f"must be a list of {layers} strings (one per layer)")
+        for index, name in enumerate(types):
+            if name not in known:
+                raise f.fail(f"{key}[{index}]", f"{json.dumps(name)} is not a layer type kvsim knows "
+                                                f"({', '.join(known)})")
 
 
 def _sliding(f: _Fields, layers: int, model_type: str = "") -> tuple[int, int]:
