@@ -110,6 +110,11 @@ def cmd_simulate_disagg(args: argparse.Namespace) -> int:
     notes += harness_compute_warning(config.prefill, args.profile)       # compute timed on the replay harness
     for note in filter(None, notes):
         print(f"kvsim: warning: {note}", file=sys.stderr)
+    prefill_notes, decode_notes = config.prefill.notes, config.decode.notes   # (a co-located run prints its own)
+    for note in prefill_notes + [n for n in decode_notes if n not in prefill_notes]:
+        role = "" if note in prefill_notes and note in decode_notes else \
+            "prefill role: " if note in prefill_notes else "decode role: "
+        print(f"kvsim: note: {role}{note}", file=sys.stderr)
     started = time.perf_counter()
     try:
         run = run_disagg(config, trace, args.profile)

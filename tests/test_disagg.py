@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -456,3 +457,31 @@ def test_impossible_searches_and_links_are_one_line(tmp_path, capsys):
         assert main(args) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], err
+
+
+def test_a_window_aware_hybrid_decode_role_receives_only_what_its_layer_groups_hold(tmp_path, capsys):
+    """Jamba (4 attention layers, 28 Mamba layers) with paged:window=free: a request's hand-over is its 4 full
+    layers' KV plus the 28 layers' state, kv_bytes_for_tokens(groups, prompt) - not prompt x all 32 layers' KV
+    (7.2x too much on request 0). With window=off the decode role holds every layer: the whole-model bytes."""
+    import pandas as pd
+
+    from cli import main
+    from sim.memory.layer_groups import kv_bytes_for_tokens, layer_groups
+    from sim.setup.catalog import get_model
+    from traces import load_trace
+
+    code = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_code.csv"
+    jamba = Path(__file__).resolve().parents[1] / "models" / "jamba-v0.1.json"
+    spec = get_model(str(jamba))
+    prompts = load_trace(code).head(8)["prompt_tokens"].to_numpy()
+    for policy, expected in (("paged:window=free", [kv_bytes_for_tokens(layer_groups(spec, 1), int(n)) for n in prompts]),
+                             ("paged", [int(n) * spec.kv_bytes_per_token(1) for n in prompts])):
+        out = tmp_path / policy.replace(":", "_").replace("=", "_")
+        assert main(["simulate", "--trace", str(code), "--num-requests", "8", "--model", str(jamba), "--policy", policy,
+                     "--pd", "1:1", "--out", str(out), "--quiet"]) == 0
+        requests = pd.read_parquet(out / "requests.parquet").sort_values("request_id")
+        sent = requests["kv_transfer_bytes"].to_numpy()
+        one_token = requests["output_tokens"].to_numpy() == 1       # finishes on its prefill instance: sends nothing
+        assert list(sent[~one_token]) == [e for e, o in zip(expected, one_token) if not o]
+    assert expected[0] > 5 * kv_bytes_for_tokens(layer_groups(spec, 1), int(prompts[0]))
+    assert "are held as full attention layers" in capsys.readouterr().err     # the window=off run's note

@@ -27,7 +27,8 @@ finishes on its prefill instance and transfers nothing.
 
 Transfers use ``min(tp_prefill, tp_decode)`` links in parallel (one per GPU); a prefill instance's outgoing
 link and a decode instance's incoming link carry one transfer at a time (FIFO in the order transfers are
-started); the bytes are the prompt's KV for the whole model, ``prompt_tokens * kv_bytes_per_token(tp=1)``.
+started); the bytes are the prompt's KV for the whole model, ``prompt_tokens * kv_bytes_per_token(tp=1)``, or,
+with window-aware allocation on the decode role, what its layer groups hold (:meth:`DisaggConfig.kv_transfer_bytes`).
 
 Preemption inside an instance is the instance's own (recompute or swap); a decode instance that preempts a
 landed request by recompute re-prefills it locally (as a co-located engine would). Prefix caching is not
@@ -187,6 +188,17 @@ class DisaggConfig:
     def kv_bytes_per_token(self) -> int:
         """KV bytes of one token over the whole model (all layers, all KV heads, K and V)."""
         return self.prefill.model_spec.kv_bytes_per_token(1)
+
+    def kv_transfer_bytes(self, prompt_tokens: int) -> int:
+        """Bytes one request's hand-over moves: the prompt's KV over the whole model, ``prompt_tokens x
+        kv_bytes_per_token``; with window-aware allocation on the decode role (a hybrid model), what its layer
+        groups hold after the prompt (:func:`sim.memory.layer_groups.kv_bytes_for_tokens` at tp 1: sliding and
+        chunked layers their window, linear layers their state), the blocks vLLM's hybrid KV-cache manager keeps
+        for the request and its KV connector sends."""
+        if self.decode.hybrid_alloc:
+            from sim.memory.layer_groups import kv_bytes_for_tokens, layer_groups
+            return kv_bytes_for_tokens(layer_groups(self.decode.model_spec, 1), prompt_tokens)
+        return prompt_tokens * self.kv_bytes_per_token
 
     @property
     def label(self) -> str:
@@ -408,12 +420,13 @@ class DisaggCluster:
         """Both ends are ready (pages mapped on the decode side; the prefill done, or streaming): reserve the
         links and schedule the landing."""
         p, d = handover.prefill_index, handover.decode_index
-        handover.bytes = handover.prompt * self.config.kv_bytes_per_token
+        handover.bytes = self.config.kv_transfer_bytes(handover.prompt)
         ready_us = max(handover.mapped_us, self.sender_free_us[p], self.receiver_free_us[d])
         if self.config.streaming:
             chunks = self.prefills[p].chunks.pop(handover.prefill_req, [])
-            first_us, last_us = streamed_finish_us(ready_us, chunks, self.config.kv_bytes_per_token, self._layers,
-                                                   self._bytes_per_us)
+            per_token = (self.config.kv_bytes_per_token if not self.config.decode.hybrid_alloc
+                         else handover.bytes / handover.prompt)      # a hybrid model's bytes spread over its prompt
+            first_us, last_us = streamed_finish_us(ready_us, chunks, per_token, self._layers, self._bytes_per_us)
         else:
             first_us, last_us = ready_us, ready_us + handover.bytes / self._bytes_per_us
         self.sender_free_us[p] = self.receiver_free_us[d] = last_us
