@@ -52,7 +52,7 @@ RESULT_FILES = frozenset({"requests.parquet", "iterations.parquet", "summary.jso
                           "compare.csv", "compare.parquet", "sweep.parquet", "sweep.csv", "sweep.html",
                           "validation.md", "errors.csv", "overlay.html", "tiers.parquet", "memory.parquet"})
 _RUN_FILES = frozenset({"requests.parquet", "iterations.parquet", "summary.json", "config.json", "report.html",
-                        "tiers.parquet"})
+                        "tiers.parquet", ".kvsim-result"})     # (analysis.results.write_run marks each run it writes)
 # the hardware replay that ``kvsim validate`` without --hw-run saves in its result (hwbackend.replay.cli.write_hw_run)
 _HW_RUN_FILES = _RUN_FILES | {"shapes.parquet", "counters.json", "trace.parquet"}
 RESULT_MARKER = ".kvsim-result"

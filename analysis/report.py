@@ -234,7 +234,16 @@ def write_report(runs: list[RunResult], out_path) -> Path:
 
     Returns:
         The path written.
+
+    Raises:
+        ValueError: ``out_path`` is one of the runs' own files (``summary.json``, ``requests.parquet``, ...):
+            kvsim never writes over what it reads (the command line's ``report --out`` rule).
     """
-    from analysis.output import write_file_atomic
+    from analysis.output import refuse_inputs, write_file_atomic
+    from analysis.results import OPTIONAL_RUN_FILES, RUN_FILES
+    for run in runs:
+        if getattr(run, "path", None) is not None:
+            refuse_inputs(out_path, [Path(run.path) / name for name in RUN_FILES + OPTIONAL_RUN_FILES
+                                     if (Path(run.path) / name).exists()], "out_path")
     text = build_report_html(runs)
     return write_file_atomic(out_path, lambda temporary: temporary.write_text(text, encoding="utf-8"))

@@ -64,9 +64,15 @@ def write_run(result: RunResult, out_dir: str | Path, overwrite: bool = False) -
     :class:`sim.results.columns.ColumnTable` (a fresh streamed run's) are written without pandas
     (:func:`sim.results.columns.write_parquet`: the same table, without pandas' schema metadata).
 
+    The directory is marked as a kvsim result (``analysis.output.RESULT_MARKER``), as the command line's are, so
+    that ``kvsim simulate --out DIR --force`` may replace it.
+
     Raises:
-        FileExistsError: if ``out_dir`` already holds run files and ``overwrite`` is false.
+        FileExistsError: if ``out_dir`` already holds run files and ``overwrite`` is false; or, with
+            ``overwrite``, when its ``summary.json`` / ``config.json`` may be a user's own (neither kvsim's marker
+            nor the four run files: a hand-written ``summary.json`` is never replaced).
     """
+    from analysis.output import RESULT_MARKER, _write_marker
     out = Path(out_dir)
     streamed = result.iterations_file
     own = streamed is not None and streamed.exists() and streamed.resolve() == (out / "iterations.parquet").resolve()
@@ -74,8 +80,14 @@ def write_run(result: RunResult, out_dir: str | Path, overwrite: bool = False) -
                     and Path(result._requests).resolve() == (out / "requests.parquet").resolve())
     existing = [name for name in RUN_FILES + OPTIONAL_RUN_FILES if (out / name).exists() and not (own and name == "iterations.parquet")
                 and not (own_requests and name == "requests.parquet")]
+    ours = (out / RESULT_MARKER).is_file() or all((out / name).exists() for name in RUN_FILES)
+    hand_written = [name for name in existing if name.endswith(".json")]   # (a replay streams its tables in first)
+    if hand_written and not ours:
+        raise FileExistsError(f"{out} holds {', '.join(hand_written)} but is not a kvsim run (no {RESULT_MARKER} "
+                              "marker, not the four run files): kvsim does not replace them, overwrite or not; choose "
+                              "another directory")
     if existing and not overwrite:
-        raise FileExistsError(f"{out} already holds a run ({', '.join(existing)}); choose another directory or "
+        raise FileExistsError(f"{out} already holds a kvsim run ({', '.join(existing)}); choose another directory or "
                               "replace it (overwrite=True; on the command line --force)")
     out.mkdir(parents=True, exist_ok=True)
     if isinstance(result._requests, ColumnTable):     # a fresh streamed run's (build_result): without pandas
@@ -87,6 +99,7 @@ def write_run(result: RunResult, out_dir: str | Path, overwrite: bool = False) -
     _write_tiers(result, out / "tiers.parquet")
     (out / "summary.json").write_text(strict_json_text(result.summary, indent=2) + "\n")   # NaN as null
     (out / "config.json").write_text(json.dumps(result.config, indent=2, default=str) + "\n")
+    _write_marker(out)
     result.path = out
     return out
 

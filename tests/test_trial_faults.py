@@ -491,3 +491,43 @@ def test_a_pd_run_with_an_engine_preset_that_caches_prefixes_names_the_preset(tm
     assert main(["simulate", "--trace", str(AZURE_CODE_TRACE), "--num-requests", "20", "--pd", "1:1", "--engine",
                  "vllm-v1", "--out", str(tmp_path / "o"), "--quiet"]) == 2
     assert "the engine preset vllm-v1 turns it on: add prefix=off" in capsys.readouterr().err
+
+
+def _one_run(tmp_path):
+    from sim.core.runner import run_simulation
+    from sim.setup.config import SimConfig
+    import pandas as pd
+    trace = pd.DataFrame({"request_id": [0, 1], "arrival_s": [0.0, 0.1], "prompt_tokens": [100, 200],
+                          "output_tokens": [5, 6]})
+    return run_simulation(SimConfig(), trace)
+
+
+def test_write_run_marks_its_run_so_the_command_line_may_replace_it_and_spares_a_users_summary(tmp_path, capsys):
+    from analysis.output import RESULT_MARKER
+    from analysis.results import write_run
+    run = _one_run(tmp_path)
+    out = write_run(run, tmp_path / "api")
+    assert (out / RESULT_MARKER).is_file()
+    assert main(["simulate", "--trace", str(SHARED_CASES / "admit_steal.csv"), "--out", str(out), "--force",
+                 "--quiet"]) == 0                                        # refused before: no marker
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "summary.json").write_text('{"my": "notes"}\n')
+    with pytest.raises(FileExistsError, match="holds summary.json but is not a kvsim run"):
+        write_run(run, mine, overwrite=True)
+    assert (mine / "summary.json").read_text() == '{"my": "notes"}\n'
+    with pytest.raises(FileExistsError, match="already holds a kvsim run"):
+        write_run(run, out)
+
+
+def test_write_report_refuses_to_write_over_a_runs_own_files(tmp_path):
+    from analysis.report import write_report
+    from analysis.results import load_run, write_run
+    out = write_run(_one_run(tmp_path), tmp_path / "r")
+    run = load_run(out)
+    before = (out / "summary.json").read_bytes()
+    for target in ("summary.json", "requests.parquet"):
+        with pytest.raises(ValueError, match="kvsim never writes over what it reads"):
+            write_report([run], out / target)
+    assert (out / "summary.json").read_bytes() == before
+    assert write_report([run], out / "report.html").is_file()
