@@ -38,14 +38,22 @@ COMPARE_METRICS = {
     "prefix_pages_shared": "shared pages mapped", "prefix_map_calls_added": "map calls added by sharing",
     "finished": "finished", "rejected": "rejected",
     "slo_attainment": "SLO attainment (share of requests)", "goodput_req_per_s": "goodput (req/s)",
+    **{key.format(kind=kind): label.format(kind=kind.upper()) for kind in ("dram", "ssd") for key, label in (
+        ("tier_{kind}_hit_ratio", "{kind} hit ratio"), ("tier_{kind}_bytes_read", "read from {kind} (GiB)"),
+        ("tier_{kind}_bytes_written", "written to {kind} (GiB)"), ("tier_{kind}_read_ms", "{kind} load time (ms)"))},
+    "tier_recomputed_tokens": "tier hits recomputed (tokens)",
 }
-_WHEN_GIVEN = ("slo_attainment", "goodput_req_per_s")   # columns only when a summary has them (per-request SLOs)
-_GIB_COLUMNS = ("peak_mapped_bytes", "mean_tail_waste_bytes", "swap_out_bytes")
+_TIER_COLUMNS = tuple(key for key in COMPARE_METRICS if key.startswith("tier_"))
+# columns only when a summary has them (per-request SLOs; KV tiers, sim.memory.tiers)
+_WHEN_GIVEN = ("slo_attainment", "goodput_req_per_s", *_TIER_COLUMNS)
+_GIB_COLUMNS = ("peak_mapped_bytes", "mean_tail_waste_bytes", "swap_out_bytes",
+                *(key for key in _TIER_COLUMNS if key.endswith("_bytes_read") or key.endswith("_bytes_written")))
 
 
 def comparison_table(summaries: dict[str, dict]) -> pd.DataFrame:
     """One row per policy label, the :data:`COMPARE_METRICS` as columns (bytes shown in GiB); the SLO attainment
-    and goodput (:func:`analysis.results.goodput_figures`) only when some summary holds them."""
+    and goodput (:func:`analysis.results.goodput_figures`) and the KV tiers' figures only when some summary holds
+    them."""
     rows = []
     given = {key for key in _WHEN_GIVEN if any(key in summary for summary in summaries.values())}
     metrics = {key: column for key, column in COMPARE_METRICS.items() if key not in _WHEN_GIVEN or key in given}

@@ -347,3 +347,13 @@ def test_a_profile_fills_only_the_figures_a_tier_spec_leaves_out():
         (10e9, 10e9, 5.0, "user-given")
     (default,) = with_host_copy_profile([parse_kv_tier("dram:64GiB")], profile)
     assert (default.read_bytes_per_s, default.latency_us) == (54.79e9, 19.3) and default.source.startswith("profile")
+
+
+def test_the_comparison_table_shows_the_tiers_figures_only_when_a_run_has_tiers():
+    from analysis.comparison import comparison_table
+    tiered = {"finished": 3, "tier_dram_hit_ratio": 0.25, "tier_dram_bytes_read": 2 * 2**30,
+              "tier_dram_bytes_written": 2**30, "tier_dram_read_ms": 4.5, "tier_recomputed_tokens": 7}
+    table = comparison_table({"a": tiered, "b": {"finished": 3}})
+    assert table.loc["a", "DRAM hit ratio"] == 0.25 and table.loc["a", "read from DRAM (GiB)"] == 2.0
+    assert table.loc["a", "written to DRAM (GiB)"] == 1.0 and table.loc["a", "tier hits recomputed (tokens)"] == 7
+    assert "SSD hit ratio" not in table and "DRAM hit ratio" not in comparison_table({"b": {"finished": 3}})
