@@ -53,7 +53,57 @@ def load_runs(paths: list[Path]) -> list:
             raise
         except Exception as exc:  # pyarrow / json errors: name the run, not the library
             raise ValueError(f"{path}: cannot read the run ({type(exc).__name__}: {exc})") from None
+        check_report_run(Path(path), runs[-1])
     return runs
+
+
+# what the report's figures read (analysis.figures): column -> the values it must hold
+REPORT_ITERATION_COLUMNS = {
+    "iteration": "count", "start_at_us": "time", "duration_us": "time", "sync_stall_us": "time",
+    "sync_map_page_groups": "count", "bg_map_page_groups": "count", "unmap_page_groups": "count",
+    "batch_size": "count", "mapped_page_groups": "count", "used_page_groups": "count", "free_page_groups": "count",
+    "deferred_page_groups": "count", "tail_waste_bytes": "count"}
+REPORT_REQUEST_COLUMNS = {"ttft_us": "latency", "tpot_us": "latency", "e2e_us": "latency", "status": "text"}
+REPORT_SUMMARY_COUNTS = ("requests", "iterations", "rejected")
+
+
+def check_report_run(path: Path, run) -> None:
+    """The columns and summary figures the report draws, each present and of its kind: counts and times finite
+    numbers >= 0 (us), latencies numbers >= 0 or NaN (a request not finished), ``status`` text; the summary's
+    ``requests``, ``iterations`` and ``rejected`` whole numbers >= 0.
+
+    Raises:
+        ValueError: one line naming the run's file, the column or field, and the first bad row and value.
+    """
+    import numpy as np
+    import pandas as pd
+
+    for name, table, columns in (("iterations.parquet", run.iterations, REPORT_ITERATION_COLUMNS),
+                                 ("requests.parquet", run.requests, REPORT_REQUEST_COLUMNS)):
+        missing = [column for column in columns if column not in table.columns]
+        if missing:
+            raise ValueError(f"{path / name}: missing column(s) {', '.join(missing)} that the report draws (written "
+                             "by an older kvsim?)")
+        for column, kind in columns.items():
+            values = table[column]
+            if kind == "text":
+                if not all(isinstance(v, str) for v in values):
+                    raise ValueError(f"{path / name}: column {column} must hold text")
+                continue
+            if not pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
+                raise ValueError(f"{path / name}: column {column} must hold numbers, got {values.dtype} values")
+            numbers = values.to_numpy(dtype=np.float64)
+            bad = (numbers < 0) | (np.isinf(numbers) if kind == "latency" else ~np.isfinite(numbers))
+            if bad.any():
+                row = int(np.argmax(bad))
+                what = "numbers >= 0 or NaN" if kind == "latency" else "finite numbers >= 0"
+                value = values.iloc[row]
+                raise ValueError(f"{path / name}: row {row + 1}: column {column} must hold {what}, got "
+                                 f"{value.item() if hasattr(value, 'item') else value!r}")
+    for key in REPORT_SUMMARY_COUNTS:
+        value = run.summary.get(key)
+        if key in run.summary and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"{path / 'summary.json'}: field {key!r} must be a whole number >= 0, got {value!r}")
 
 
 def cmd_report(args: argparse.Namespace) -> int:

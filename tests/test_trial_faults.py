@@ -531,3 +531,35 @@ def test_write_report_refuses_to_write_over_a_runs_own_files(tmp_path):
             write_report([run], out / target)
     assert (out / "summary.json").read_bytes() == before
     assert write_report([run], out / "report.html").is_file()
+
+
+@pytest.mark.parametrize("name, change, needle", [
+    ("iterations.parquet", lambda f: f.assign(duration_us=f["duration_us"].astype(str)),
+     "column duration_us must hold numbers, got str values"),
+    ("iterations.parquet", lambda f: f.assign(start_at_us=f["start_at_us"].where(f.index != 1, float("inf"))),
+     "row 2: column start_at_us must hold finite numbers >= 0, got inf"),
+    ("iterations.parquet", lambda f: f.drop(columns=["mapped_page_groups", "free_page_groups"]),
+     "missing column(s) mapped_page_groups, free_page_groups that the report draws"),
+    ("requests.parquet", lambda f: f.assign(ttft_us=-f["ttft_us"]), "row 1: column ttft_us must hold numbers >= 0 or NaN"),
+])
+def test_report_names_the_run_file_column_and_row_of_a_corrupt_table(tmp_path, capsys, name, change, needle):
+    """A string or infinite column was a TypeError / OverflowError traceback; missing columns named no run."""
+    import pandas as pd
+
+    from analysis.results import write_run
+    good = write_run(_one_run(tmp_path), tmp_path / "good")
+    bad = write_run(_one_run(tmp_path), tmp_path / "bad")
+    change(pd.read_parquet(bad / name)).to_parquet(bad / name)
+    assert main(["report", str(good), str(bad), "--out", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"kvsim: error: {bad / name}: ") and needle in err and "\n" not in err, err
+
+
+def test_report_refuses_a_summary_count_that_is_not_a_number(tmp_path, capsys):
+    from analysis.results import write_run
+    bad = write_run(_one_run(tmp_path), tmp_path / "bad")
+    summary = json.loads((bad / "summary.json").read_text())
+    summary["iterations"] = "many"
+    (bad / "summary.json").write_text(json.dumps(summary))
+    assert main(["report", str(bad), "--out", str(tmp_path / "r.html")]) == 2
+    assert "summary.json: field 'iterations' must be a whole number >= 0, got 'many'" in capsys.readouterr().err
