@@ -354,3 +354,30 @@ def test_calibrate_refuses_a_co_located_run_and_its_tenants(tmp_path, capsys):
         (line,) = capsys.readouterr().err.strip().splitlines()
         assert named in line and "calibration from a co-located run is not supported" in line
         assert "tenants share the GPU's compute" in line and out.read_text() == before
+
+
+@pytest.mark.parametrize("column, value, needle", [("duration_us", float("nan"), "not a finite number (got nan)"),
+                                                   ("duration_us", -5.0, "must be >= 0 (got -5.0)"),
+                                                   ("sync_stall_us", float("inf"), "not a finite number (got inf)")])
+def test_a_bad_iteration_value_is_named_by_row_and_column_before_the_fit(tmp_path, column, value, needle):
+    """A NaN duration reached the fitting library ('Residuals are not finite in the initial point') and a negative
+    one blamed a fitted field; a truncated file is named as corrupt."""
+    run = tmp_path / "run"
+    run.mkdir()
+    iterations = pd.DataFrame({"iteration": [0, 1, 2], "duration_us": [10_000.0, 12_000, 9_000],
+                               "sync_stall_us": [100.0, 80, 90], "sync_map_page_groups": [0, 0, 0]})
+    iterations.loc[1, column] = value
+    shapes = pd.DataFrame({"iteration": [0, 1, 2], "new_tokens": [4, 4, 4], "attention_pairs": [4e3] * 3,
+                           "kv_read_tokens": [4000] * 3, "logit_sequences": [4, 4, 4]})
+    iterations.to_parquet(run / "iterations.parquet")
+    shapes.to_parquet(run / "shapes.parquet")
+    (run / "config.json").write_text(json.dumps({"backend": "hardware", "sync_mapping": True, "cuda_graphs": True}))
+    with pytest.raises(InLoopError, match=f"iterations.parquet: row 2, column '{column}': ") as error:
+        load_rows(run)
+    assert needle in str(error.value)
+    data = (run / "shapes.parquet").read_bytes()
+    (run / "shapes.parquet").write_bytes(data[: len(data) // 2])
+    iterations.loc[1, column] = 1.0
+    iterations.to_parquet(run / "iterations.parquet")
+    with pytest.raises(InLoopError, match="shapes.parquet: unreadable or corrupt"):
+        load_rows(run)

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from hwbackend.calibration.fitting import best_fit, fit_error
-from hwbackend.calibration.run_files import SHAPE_FIELDS, config_from_run
+from hwbackend.calibration.run_files import SHAPE_FIELDS, RunInputError, check_columns, config_from_run
 from sim.timing.compute import RooflineComputeModel
 
 INLOOP_FIELDS = ("flops_efficiency", "bw_efficiency", "attention_flops_efficiency", "overhead_us",
@@ -136,12 +136,19 @@ def load_rows(run_dir: str | Path) -> tuple[pd.DataFrame, dict]:
         raise InLoopError(f"{run}/config.json: field cuda_graphs is {config.get('cuda_graphs', 'missing')!r}, not "
                           "true / false (the replay records whether decodes ran as CUDA graphs; the fit needs it)")
     frames = {}
-    for name, needed in (("iterations.parquet", ("iteration", "duration_us", "sync_stall_us", "sync_map_page_groups")),
-                         ("shapes.parquet", ("iteration",) + SHAPE_FIELDS[:4])):
-        frames[name] = pd.read_parquet(run / name)
-        missing = [c for c in needed if c not in frames[name].columns]
-        if missing:
-            raise InLoopError(f"{run / name}: missing column(s) {missing}")
+    kinds = {"iterations.parquet": {"iteration": "count", "duration_us": "time", "sync_stall_us": "time",
+                                    "sync_map_page_groups": "count"},
+             "shapes.parquet": {"iteration": "count", "new_tokens": "count", "attention_pairs": "time",
+                                "kv_read_tokens": "count", "logit_sequences": "count"}}
+    for name, needed in kinds.items():
+        try:
+            frames[name] = pd.read_parquet(run / name)
+        except (OSError, ValueError) as exc:        # Arrow's errors: a truncated or foreign file
+            raise InLoopError(f"{run / name}: unreadable or corrupt ({exc})") from None
+        try:                 # every value the fit reads is finite and of its kind (a NaN or negative duration named)
+            check_columns(frames[name], run / name, needed)
+        except RunInputError as exc:
+            raise InLoopError(str(exc)) from None
     try:
         rows = frames["iterations.parquet"].merge(frames["shapes.parquet"], on="iteration", validate="one_to_one")
     except pd.errors.MergeError:
