@@ -24,6 +24,7 @@ def default_out_dir(kind: str = "sim") -> Path:
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     suffix = 0
+    parent_made = not Path("runs").exists()      # a runs/ made here goes too if nothing was written into it
     while True:
         out = Path("runs") / (f"{kind}-{stamp}-{suffix}" if suffix else f"{kind}-{stamp}")
         try:
@@ -33,13 +34,15 @@ def default_out_dir(kind: str = "sim") -> Path:
             continue
         except OSError:
             return out
-        atexit.register(_remove_if_empty, out)
+        atexit.register(_remove_if_empty, out, parent_made)
         return out
 
 
-def _remove_if_empty(directory: Path) -> None:
+def _remove_if_empty(directory: Path, parent_too: bool = False) -> None:
     try:
         directory.rmdir()           # refused (and ignored) once the result is in it
+        if parent_too:
+            directory.parent.rmdir()
     except OSError:
         pass
 

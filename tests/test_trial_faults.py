@@ -563,3 +563,17 @@ def test_report_refuses_a_summary_count_that_is_not_a_number(tmp_path, capsys):
     (bad / "summary.json").write_text(json.dumps(summary))
     assert main(["report", str(bad), "--out", str(tmp_path / "r.html")]) == 2
     assert "summary.json: field 'iterations' must be a whole number >= 0, got 'many'" in capsys.readouterr().err
+
+
+def test_a_refused_command_leaves_no_runs_folder_and_a_refused_replay_no_out_folder(tmp_path):
+    """``kvsim validate`` without a GPU left an empty runs/ in the working directory, the replays their --out."""
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", "--num-requests", "5"], cwd=tmp_path,
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 2 and "validate:" in done.stderr and not (tmp_path / "runs").exists()
+    try:
+        import torch  # noqa: F401     (with torch the replay's refusal below is a different one)
+    except ImportError:
+        done = subprocess.run([sys.executable, "-m", "hwbackend.replay.cli", "--out", str(tmp_path / "a" / "b")],
+                              cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 2 and "needs torch" in done.stderr and not (tmp_path / "a").exists()

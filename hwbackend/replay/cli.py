@@ -264,10 +264,23 @@ def preflight(device: str, out_dir: str | Path, force: bool, warmup_s: float) ->
         return f"--out {out}: exists and is not a directory"
     if not force and (out / "summary.json").exists():
         return f"--out {out}: already holds a run (summary.json); pass --force to overwrite its run files"
+    created = [p for p in (out, *out.parents) if not p.exists()]      # removed again if a later check fails
     try:  # the run directory is made now, so that a path that cannot hold one fails before the replay
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         return f"--out {out}: cannot create the run directory ({exc.strerror or exc})"
+    reason = _device_problem(device)
+    if reason is not None:
+        for directory in created:          # deepest first: a refused run leaves nothing behind
+            try:
+                directory.rmdir()
+            except OSError:
+                break
+    return reason
+
+
+def _device_problem(device: str) -> str | None:
+    """Why the replay cannot run on ``device`` (torch missing, no such CUDA device, no VMM support), or None."""
     try:
         import torch
     except ImportError:
