@@ -577,3 +577,17 @@ def test_a_refused_command_leaves_no_runs_folder_and_a_refused_replay_no_out_fol
         done = subprocess.run([sys.executable, "-m", "hwbackend.replay.cli", "--out", str(tmp_path / "a" / "b")],
                               cwd=ROOT, capture_output=True, text=True)
         assert done.returncode == 2 and "needs torch" in done.stderr and not (tmp_path / "a").exists()
+
+
+def test_the_roofline_caveat_is_said_once_and_validation_md_names_the_default_profile(tmp_path, capsys):
+    from sim.results.summary import ROOFLINE_CAVEAT, compute_model_text
+    once = compute_model_text("roofline (built-in defaults)", "h200")
+    assert compute_model_text(once, "h200") == once and once.count(ROOFLINE_CAVEAT.format(gpu="h200")) == 1
+    hw = ROOT / "docs" / "validation" / "hw-sync"
+    assert main(["validate", "--hw-run", str(hw), "--profile", str(ROOT / "profiles" / "h200.json"), "--compute-model",
+                 "roofline", "--out", str(tmp_path / "v")]) == 0
+    assert capsys.readouterr().out.count("not validated for h200") == 1
+    text = (tmp_path / "v" / "validation.md").read_text()
+    assert "compute model: roofline (compute.roofline of" in text and "roofline (roofline" not in text
+    assert main(["validate", "--hw-run", str(hw), "--out", str(tmp_path / "w")]) == 0
+    assert "profile: `h200-engine.json, h200's default`" in (tmp_path / "w" / "validation.md").read_text()

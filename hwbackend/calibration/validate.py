@@ -308,9 +308,15 @@ def validate_run(hw_dir: str | Path, profile: str | None = None, out_dir: str | 
         out.mkdir(parents=True, exist_ok=True)
         table.to_csv(out / "errors.csv", index=False)
         missed = check_targets(table)
+        resolved = sim.config["compute_model"]        # "roofline (compute.roofline of P)": said once
+        shown_model = resolved if resolved.startswith(str(compute_model)) else f"{compute_model} ({resolved})"
+        from sim.core.runner import effective_profile
+        used = effective_profile(config, profile)
+        shown_profile = (profile if profile is not None else
+                         f"{Path(used).name}, {config.gpu}'s default" if used else "built-in")
         (out / "validation.md").write_text(
-            f"# {config.label}: simulator vs hardware\n\nhardware run: `{shown_hw_dir or hw_dir}`; profile: `{profile or 'built-in'}`; "
-            f"compute model: {compute_model} ({sim.config['compute_model']}); VMM: {sim.config['vmm_latency_source']}\n\n"
+            f"# {config.label}: simulator vs hardware\n\nhardware run: `{shown_hw_dir or hw_dir}`; profile: `{shown_profile}`; "
+            f"compute model: {shown_model}; VMM: {sim.config['vmm_latency_source']}\n\n"
             + markdown_table(table) + "\n\ntargets missed: " + ("; ".join(missed) or "none") + "\n"
             + ("" if same is None else "\nThe compute model on the hardware's own batches (`shapes.parquet`; hardware: "
                "duration minus the mapping part of the stall):\n\n" + _same_batches_markdown(same) + "\n"

@@ -349,7 +349,10 @@ ROOFLINE_CAVEAT = "not validated for {gpu} with a serving engine (docs/validatio
 def compute_model_text(description: str, gpu: str) -> str:
     """The summary's ``compute_model``: ``description`` (``config.json``'s ``compute_model``, as
     :func:`sim.core.runner.compute_model_source` writes it) with :data:`ROOFLINE_CAVEAT` for a roofline."""
-    return f"{description}; {ROOFLINE_CAVEAT.format(gpu=gpu)}" if description.startswith("roofline") else description
+    caveat = ROOFLINE_CAVEAT.format(gpu=gpu)
+    if not description.startswith("roofline") or caveat in description:     # (said once, however often applied)
+        return description
+    return f"{description}; {caveat}"
 
 
 def compute_model_entry(config: dict) -> dict:
