@@ -591,3 +591,11 @@ def test_the_roofline_caveat_is_said_once_and_validation_md_names_the_default_pr
     assert "compute model: roofline (compute.roofline of" in text and "roofline (roofline" not in text
     assert main(["validate", "--hw-run", str(hw), "--out", str(tmp_path / "w")]) == 0
     assert "profile: `h200-engine.json, h200's default`" in (tmp_path / "w" / "validation.md").read_text()
+
+
+def test_a_named_pipe_as_profile_is_refused_not_read_forever(tmp_path):
+    import os
+    fifo = tmp_path / "p.json"
+    os.mkfifo(fifo)
+    with pytest.raises(ProfileError, match="not a regular file"):
+        read_profile(fifo)

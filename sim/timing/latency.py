@@ -296,10 +296,13 @@ def read_profile(path: str | Path) -> dict:
     if not str(path):
         raise ProfileError("profile '': the path is empty")
     try:
-        mtime_ns = Path(path).stat().st_mtime_ns
+        status = Path(path).stat()
     except FileNotFoundError:
         raise ProfileError(f"profile {path}: file not found") from None
-    return _parse_profile(str(path), mtime_ns)
+    import stat
+    if not stat.S_ISREG(status.st_mode) and not stat.S_ISDIR(status.st_mode):   # (a directory: refused on read)
+        raise ProfileError(f"profile {path}: not a regular file (a pipe or device would be read until it closes)")
+    return _parse_profile(str(path), status.st_mtime_ns)
 
 
 @lru_cache(maxsize=8)
