@@ -14,6 +14,8 @@ import os
 from datetime import datetime, timezone
 from pathlib import Path
 
+from analysis.marker import RESULT_MARKER, write_marker as _write_marker  # noqa: F401  (RESULT_MARKER re-exported)
+
 
 def default_out_dir(kind: str = "sim") -> Path:
     """A new ``runs/<kind>-<UTC time>[-N]`` directory, claimed by creating it (``mkdir`` fails for a name another
@@ -58,10 +60,6 @@ _RUN_FILES = frozenset({"requests.parquet", "iterations.parquet", "summary.json"
                         "tiers.parquet", ".kvsim-result"})     # (analysis.results.write_run marks each run it writes)
 # the hardware replay that ``kvsim validate`` without --hw-run saves in its result (hwbackend.replay.cli.write_hw_run)
 _HW_RUN_FILES = _RUN_FILES | {"shapes.parquet", "counters.json", "trace.parquet"}
-RESULT_MARKER = ".kvsim-result"
-"""Written by kvsim into every result directory it writes (:meth:`OutputDir.writing`, :meth:`OutputDir.mark`);
-``--force`` replaces only a directory that has it (results written before 2026-12-01 lack it and are refused:
-remove such a directory yourself)."""
 OUT_RULE = ("--out must be a new or empty directory; --force replaces one that holds only a kvsim result (run, "
             "comparison, sweep or validation, marked by the .kvsim-result file kvsim writes into it) as a whole, atomically "
             "(written beside it, then renamed over it); a directory holding anything else is refused even with "
@@ -236,10 +234,6 @@ class OutputDir:
 def _listed(names: list[str]) -> str:
     """The first four names, and how many more."""
     return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-
-
-def _write_marker(directory: Path) -> None:
-    (Path(directory) / RESULT_MARKER).write_text('{"format": "kvsim-result/1"}\n')
 
 
 def _umask() -> int:

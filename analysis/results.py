@@ -64,7 +64,7 @@ def write_run(result: RunResult, out_dir: str | Path, overwrite: bool = False) -
     :class:`sim.results.columns.ColumnTable` (a fresh streamed run's) are written without pandas
     (:func:`sim.results.columns.write_parquet`: the same table, without pandas' schema metadata).
 
-    The directory is marked as a kvsim result (``analysis.output.RESULT_MARKER``), as the command line's are, so
+    The directory is marked as a kvsim result (``analysis.marker.RESULT_MARKER``), as the command line's are, so
     that ``kvsim simulate --out DIR --force`` may replace it.
 
     Raises:
@@ -72,7 +72,7 @@ def write_run(result: RunResult, out_dir: str | Path, overwrite: bool = False) -
             ``overwrite``, when its ``summary.json`` / ``config.json`` may be a user's own (neither kvsim's marker
             nor the four run files: a hand-written ``summary.json`` is never replaced).
     """
-    from analysis.output import RESULT_MARKER, _write_marker
+    from analysis.marker import RESULT_MARKER, write_marker
     out = Path(out_dir)
     streamed = result.iterations_file
     own = streamed is not None and streamed.exists() and streamed.resolve() == (out / "iterations.parquet").resolve()
@@ -99,7 +99,7 @@ def write_run(result: RunResult, out_dir: str | Path, overwrite: bool = False) -
     _write_tiers(result, out / "tiers.parquet")
     (out / "summary.json").write_text(strict_json_text(result.summary, indent=2) + "\n")   # NaN as null
     (out / "config.json").write_text(json.dumps(result.config, indent=2, default=str) + "\n")
-    _write_marker(out)
+    write_marker(out)
     result.path = out
     return out
 
