@@ -173,34 +173,3 @@ def test_last_token_iterations_fold_into_cohort_runs(monkeypatch, settings_):
                  compute=Simulator(config, trace(rows)).compute)
     assert len(folded) >= 5 and min(folded) >= 3      # runs of at least 2 steps and the folded one
 
-
-class UnchainedSimulator(Simulator):
-    """Every pass after a decode run goes through arrivals and scheduling (no cohort-alone start)."""
-
-    _runs_chain = False
-
-
-@pytest.mark.parametrize("settings_", [{}, {"sync_mapping": True}, {"scheduler": "vllm"}, {"policy": "static"},
-                                       {"deferred_reclaim": False, "page_size_bytes": 64 * 1024},
-                                       {"memory_util_frac": 0.3, "preemption": "swap"}])
-def test_a_pass_after_a_run_that_schedules_the_cohort_alone_starts_there_with_the_same_tables(monkeypatch, settings_):
-    """Issue 32: after a decode run with nothing arrived or waiting and every running request in the cohort, the
-    next pass skips arrivals and scheduling (they would accept nothing and schedule the cohort alone); the tables
-    are those of the pass that does both, and of visiting every request each iteration."""
-    chained = []
-    alone = Simulator._cohort_alone_next
-    monkeypatch.setattr(Simulator, "_cohort_alone_next", lambda self: chained.append(r := alone(self)) or r)
-    rng = np.random.default_rng(13)
-    rows = [(float(t), int(p), int(o)) for t, p, o in zip(np.cumsum(rng.exponential(0.3, 40)),
-                                                          rng.integers(1, 2000, 40), rng.integers(2, 400, 40))]
-    config = SimConfig(**settings_)
-    vmm, compute = VmmLatencyModel.h200_defaults(), Simulator(config, trace(rows)).compute
-    first = _tables(Simulator, config, trace(rows), vmm, compute)
-    assert chained.count(True) >= 5
-    unchained = _tables(UnchainedSimulator, config, trace(rows), vmm, compute)
-    for mine, theirs in zip(first[:2], unchained[:2]):
-        pd.testing.assert_frame_equal(mine, theirs, check_exact=True)
-    assert first[2].keys() == unchained[2].keys()
-    for key, value in first[2].items():
-        assert value == unchained[2][key] or (value != value and unchained[2][key] != unchained[2][key]), key
-    _assert_same(config, trace(rows), vmm=vmm, compute=compute)

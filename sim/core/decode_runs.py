@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import bisect
 from array import array
-from functools import cached_property
 
 import numpy as np
 
@@ -88,27 +87,6 @@ class DecodeRuns:
         for request in [r for r in self.running if r in self.cohort]:
             self.cohort.leave(request)
             bisect.insort(self._solo, request, key=_admitted_order)
-
-    @cached_property
-    def _runs_chain(self) -> bool:
-        """Whether a decode run may be followed by the next pass's without the arrival and scheduling steps
-        (:meth:`_cohort_alone_next`): with a decode cohort and this class's own arrivals and scheduling."""
-        from sim.core.admission import Admission
-        from sim.core.lifecycle import RequestBookkeeping
-        from sim.core.step import IterationStep
-        cls = type(self)
-        return (self.cohort is not None and cls._schedule is Admission._schedule
-                and cls._accept_arrivals is RequestBookkeeping._accept_arrivals and cls._step is IterationStep._step)
-
-    def _cohort_alone_next(self) -> bool:
-        """After a decode run: whether the next pass's :meth:`_accept_arrivals` and :meth:`_schedule` would accept
-        nothing and schedule the decode cohort alone (an empty batch, no plan, no preemption): nothing has
-        arrived by now, nothing waits, every running request is a cohort member. The pass then starts from
-        there (issue 32: 13,863 of the conversation trace's 56,098 passes follow a run so)."""
-        if self.waiting or self._solo or not self.cohort.size or self._open:
-            return False
-        following = self._next_arrival
-        return following >= len(self.requests) or self.requests[following].arrival_at_us > self.env.now
 
     def _run_blocked(self, batch: Batch) -> bool:
         """Whether no decode run can start now (checked before :meth:`_decode_run`'s generator is made): work

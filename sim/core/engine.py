@@ -33,7 +33,7 @@ from sim.timing.layer_reads import batch_reads, read_groups
 from sim.core.lifecycle import RequestBookkeeping
 from sim.core.mapper import AsyncMapper
 from sim.memory import build_policy
-from sim.memory.plan import EMPTY_PLAN, Plan
+from sim.memory.plan import Plan
 from sim.results.records import ITERATION_COLUMNS, REQUEST_COLUMNS, tbt_distinct_us, tbt_stats_us
 from sim.results.recorder import IterationRecorder
 from sim.core.request import Request
@@ -291,32 +291,20 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
     def _serve(self):
         env, iteration, requests = self.env, 0, self.requests      # fixed for the run (set by __init__): read once
         policy, mapper, tiers, cohort, recorder = self.policy, self.mapper, self.tiers, self.cohort, self.recorder
-        chains = self._runs_chain
-        cohort_alone = False      # the previous pass ran a decode run after which the cohort alone is scheduled
         while self.num_done < len(requests) or (self._open and not self._closed):
-            if cohort_alone:        # what _accept_arrivals and _schedule would do here (_cohort_alone_next)
-                cohort_alone = False
-                start_at_us = now_us = env.now
-                self._iteration_preemptions = self._iteration_rejections = 0
-                self._admission_refused = False
-                self._cohort_scheduled = True
-                if mapper:
-                    mapper.take_over(())     # (queues the unmaps settled by the run, as _step's call does)
-                batch, plan, preempted, members = [], EMPTY_PLAN, False, cohort.size
-            else:
-                self._accept_arrivals(env.now)
-                if not self.running and not self.waiting:
-                    if self._next_arrival < len(requests):
-                        yield env.timeout(requests[self._next_arrival].arrival_at_us - env.now)
-                    elif self._open and not self._closed:
-                        self._arrival = env.event()
-                        yield self._arrival
-                    continue
-                start_at_us = env.now
-                self._iteration_preemptions = self._iteration_rejections = 0
-                batch, plan, preempted = yield from self._schedule()
-                now_us = env.now            # (read once after each resumption: a property of SimPy's)
-                members = cohort.size if self._cohort_scheduled else 0
+            self._accept_arrivals(env.now)
+            if not self.running and not self.waiting:
+                if self._next_arrival < len(requests):
+                    yield env.timeout(requests[self._next_arrival].arrival_at_us - env.now)
+                elif self._open and not self._closed:
+                    self._arrival = env.event()
+                    yield self._arrival
+                continue
+            start_at_us = env.now
+            self._iteration_preemptions = self._iteration_rejections = 0
+            batch, plan, preempted = yield from self._schedule()
+            now_us = env.now            # (read once after each resumption: a property of SimPy's)
+            members = cohort.size if self._cohort_scheduled else 0
             if not batch and not members:
                 if not preempted and not self._iteration_rejections and now_us == start_at_us:
                     yield from self._unblock_admission()     # scheduling changed nothing: unblock it
@@ -330,7 +318,6 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
                     iteration += steps
                     if tiers is not None:
                         tiers.sample(env.now)
-                    cohort_alone = chains and self._cohort_alone_next()
                     continue
             waited_us = now_us - start_at_us          # waiting for the mapper's op in progress
             block_table_us = self._block_table_us(batch, members)
