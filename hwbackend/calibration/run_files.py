@@ -198,10 +198,11 @@ def _check_finished_latencies(path: Path, requests: pd.DataFrame, ids: pd.Series
     """
     finished = (requests["status"] == "finished").to_numpy()
     single = requests["output_tokens"].to_numpy() <= 1
-    for column, nan_allowed in (("ttft_us", None), ("e2e_us", None), ("tpot_us", single)):
+    for column in ("ttft_us", "e2e_us", "tpot_us"):
         values = pd.to_numeric(requests[column], errors="coerce").to_numpy(dtype=np.float64)
-        missing = ~np.isfinite(values) & (True if nan_allowed is None else ~(nan_allowed & np.isnan(values)))
-        bad = finished & (missing | (values < 0))
+        bad = finished & (~np.isfinite(values) | (values < 0))
+        if column == "tpot_us":
+            bad &= ~(single & np.isnan(values))        # one output token: no gap, TPOT undefined
         if bad.any():
             row = int(np.argmax(bad))
             who = f" (request_id {_scalar(ids.iloc[row])!r})" if ids is not None else ""
