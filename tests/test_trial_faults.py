@@ -599,3 +599,16 @@ def test_a_named_pipe_as_profile_is_refused_not_read_forever(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(ProfileError, match="not a regular file"):
         read_profile(fifo)
+
+
+def test_a_fit_section_without_an_efficiency_says_the_built_in_value_is_used(tmp_path):
+    from sim.core.runner import compute_model_source
+    from sim.setup.config import SimConfig
+    profile = json.loads((ROOT / "profiles" / "h200-engine.json").read_text())
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile))
+    assert "built-in" not in compute_model_source(SimConfig(), str(path))[1]
+    del profile["compute_in_loop"]["params"]["flops_efficiency"]
+    path.write_text(json.dumps(profile))
+    chosen, text = compute_model_source(SimConfig(), str(path))
+    assert chosen == "in-loop" and text.endswith("; flops_efficiency built-in (absent from the section))")

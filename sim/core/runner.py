@@ -299,7 +299,16 @@ def compute_model_source(config: SimConfig, profile_path: str | None,
                             f"on {in_loop.get('gpu')} at tp {in_loop.get('tp', 1)}, not {config.model} on "
                             f"{config.gpu} at tp {config.tp})")
         return chosen, f"roofline (built-in defaults: {profile_path} has no compute fit)"
-    return chosen, f"{chosen} ({section[chosen]} of {profile_path})"
+    fields = compute_overrides(profile, chosen, config)
+    unfitted = [name for name in CORE_FIT_FIELDS if name not in fields]
+    built_in = f"; {', '.join(unfitted)} built-in (absent from the section)" if unfitted else ""
+    return chosen, f"{chosen} ({section[chosen]} of {profile_path}{built_in})"
+
+
+CORE_FIT_FIELDS = ("flops_efficiency", "bw_efficiency")
+"""The compute fields every fit writes (``kvsim calibrate --compute`` / ``--from-run``, the Vidur fits of
+``hwbackend/calibration/vidur.py``); a hand-written section without one runs with the built-in value, which the
+compute model's description says."""
 
 
 def run_simulation(config: SimConfig, trace: pd.DataFrame, profile_path: str | None = None,
