@@ -404,3 +404,18 @@ def test_ttft_growth_does_not_depend_on_the_blas_threads():
     values = {subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True,
                              env={**os.environ, "OPENBLAS_NUM_THREADS": str(n)}).stdout.strip() for n in (1, 2)}
     assert len(values) == 1 and float.fromhex(values.pop()) > 0
+
+
+def test_a_capacity_found_on_less_than_600_s_of_traffic_is_warned_about():
+    """2,000 requests at a base rate of 4.712 req/s scaled x4.41 arrive within (2000 - 1) / (4.712 x 4.41) = 96.2 s:
+    shorter than an MLPerf Inference server run's 600 s minimum, so the capacity is flagged; a span of 600 s or
+    more is not."""
+    from analysis.planning.capacity import MIN_STEADY_SPAN_S, CapacityResult, Evaluation
+    best = Evaluation(4.41, 20.777, {}, 0.0, ())
+    short = CapacityResult((), 0.02, 4.712, (best,), best, None, num_requests=2000)
+    assert short.span_at_capacity_s == pytest.approx(1999 / (4.712 * 4.41)) and round(short.span_at_capacity_s) == 96
+    assert "span only 96 s at this rate, less than the 600 s" in short.short_span_warning
+    assert short.to_dict()["span_at_capacity_s"] == short.span_at_capacity_s
+    steady = CapacityResult((), 0.02, 4.712, (best,), best, None, num_requests=int(MIN_STEADY_SPAN_S * 4.712 * 4.41) + 2)
+    assert steady.span_at_capacity_s >= MIN_STEADY_SPAN_S and steady.short_span_warning is None
+    assert CapacityResult((), 0.02, 4.712, (), None, best, num_requests=2000).short_span_warning is None

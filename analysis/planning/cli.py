@@ -265,6 +265,8 @@ def capacity_lines(result, target_rate: float | None) -> list[str]:
         lines.append(f"WARNING: no rate tried failed the SLOs, so the capacity is a lower bound, not a measurement: "
                      f"{result.num_requests:,} requests are too few to load a replica at any rate (give more with "
                      "--num-requests or a longer trace)")
+    elif result.short_span_warning:
+        lines.append(f"WARNING: {result.short_span_warning}")
     if target_rate is not None:
         lines.append(f"replicas for {target_rate:g} req/s: {'at most ' if bound else ''}"
                      f"{result.replicas_for(target_rate)}")

@@ -309,6 +309,10 @@ def ranking_lines(results: list[DeploymentResult], target_rate_per_s: float | No
                     f"{units} x ({d.num_prefill}:{d.num_decode}) = {units * d.num_prefill * d.prefill_tp} prefill GPUs + "
                     f"{units * d.num_decode * d.decode_tp} decode GPUs")
             lines.append(f"for {target_rate_per_s:g} req/s: {what} = {units * d.gpus} GPUs")
+    short = [r for r in ranked if r.capacity.short_span_warning]
+    if short:             # the shortest span among the candidates: the capacity that most likely reads high
+        shortest = min(short, key=lambda r: r.capacity.span_at_capacity_s)
+        lines.append(f"WARNING: {shortest.deployment.label}: {shortest.capacity.short_span_warning}")
     return lines
 
 

@@ -82,6 +82,8 @@ def _one_deployment(args, config, trace, slos) -> tuple[int, dict]:
           f"the trace's {result.base_rate_per_s:.3f} req/s")
     print(f"binding constraint: {result.binding}" + (f" (fails at {result.above.rate_per_s:.3f} req/s)"
                                                      if result.above else ""))
+    if result.short_span_warning:
+        print(f"WARNING: {result.short_span_warning}")
     record = {**result.to_dict(), "gpus": config.gpus, "capacity_req_per_s_per_gpu": per_gpu, "pd": config.pd,
               "slos": [str(s) for s in slos]}
     if args.target_rate is not None:
