@@ -306,9 +306,8 @@ def compute_model_source(config: SimConfig, profile_path: str | None,
 
 
 CORE_FIT_FIELDS = ("flops_efficiency", "bw_efficiency")
-"""The compute fields every fit writes (``kvsim calibrate --compute`` / ``--from-run``, the Vidur fits of
-``hwbackend/calibration/vidur.py``); a hand-written section without one runs with the built-in value, which the
-compute model's description says."""
+"""The compute fields every fit writes (``hwbackend.calibration``'s grid, in-loop and Vidur fits); a hand-written
+section without one runs with the built-in value, which the compute model's description says."""
 
 
 def run_simulation(config: SimConfig, trace: pd.DataFrame, profile_path: str | None = None,
