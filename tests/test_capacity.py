@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -419,3 +420,26 @@ def test_a_capacity_found_on_less_than_600_s_of_traffic_is_warned_about():
     steady = CapacityResult((), 0.02, 4.712, (best,), best, None, num_requests=int(MIN_STEADY_SPAN_S * 4.712 * 4.41) + 2)
     assert steady.span_at_capacity_s >= MIN_STEADY_SPAN_S and steady.short_span_warning is None
     assert CapacityResult((), 0.02, 4.712, (), None, best, num_requests=2000).short_span_warning is None
+
+
+def test_the_capacity_file_and_the_sweep_table_say_what_was_searched(tmp_path, capsys):
+    """A planner sends these files on: they name the model, GPU, parallelism, policy, trace and request count."""
+    import json as json_
+
+    import pandas as pd
+
+    from cli import main
+    trace = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
+    assert main(["capacity", "--trace", str(trace), "--num-requests", "300", "--slo", "ttft_p99=2s", "--quiet",
+                 "--out", str(tmp_path / "c.json")]) in (0, 1)
+    record = json_.loads((tmp_path / "c.json").read_text())
+    assert (record["model"], record["gpu"], record["tp"], record["policy"], record["num_requests"]) == \
+        ("llama-3-8b", "h200", 1, "vattention 2 MiB async", 300)
+    assert record["trace"].startswith(str(trace)) and record["compute_model"].startswith("in-loop")
+    assert main(["sweep", "--trace", str(trace), "--num-requests", "200", "--grid", "gpu=h100,h200", "--quiet",
+                 "--out", str(tmp_path / "s")]) == 0
+    table = pd.read_csv(tmp_path / "s" / "sweep.csv")
+    assert list(table["model"]) == ["llama-3-8b"] * 2 and list(table["num_requests"]) == [200, 200]
+    captured = capsys.readouterr()
+    assert "the points are timed by 2 different compute models" in captured.err
+    assert "(gpu=h100)" in captured.out and "(gpu=h200)" in captured.out

@@ -229,8 +229,18 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     check = _check_replicas(args, config, trace, result) if args.check_replicas else None
     print(f"searched in {time.perf_counter() - started:.1f} s wall ({len(result.steps)} simulations)")
     if args.json is not None:
-        _write_json(Path(args.json), result, args.target_rate, check, config)
+        _write_json(Path(args.json), result, args.target_rate, check, config,
+                    described={"trace": trace.attrs.get("source", args.trace), "profile": args.profile,
+                               "compute_model": compute_model_text(compute_model_source(config, args.profile)[1],
+                                                                   config.gpu)})
     return 0 if result.rate_per_s else 1
+
+
+def _points_of(table, column: str, value, axes: list[str], shown: int = 3) -> str:
+    """The grid points (``axis=value ...``) of ``table`` whose ``column`` is ``value``: the first ``shown`` and a count."""
+    rows = table[table[column] == value]
+    points = [" ".join(f"{axis}={row[axis]}" for axis in axes) for _, row in rows.iterrows()]
+    return ", ".join(points[:shown]) + (f" and {len(points) - shown} more" if len(points) > shown else "")
 
 
 def _step_header(slos) -> str:
@@ -312,7 +322,9 @@ def _check_replicas(args, config, trace, result) -> dict | None:
             "values_us": verdict.values_us, "ttft_growth": verdict.ttft_growth}
 
 
-def _write_json(path: Path, result, target_rate, check, config=None) -> None:
+def _write_json(path: Path, result, target_rate, check, config=None, described: dict | None = None) -> None:
+    """The ``--out`` record: the search's result and steps and, so that the file stands on its own, what was
+    searched (model, GPU, parallelism, policy, engine, scheduler, trace, compute model: ``described``)."""
     steps = [{"scale": e.scale, "rate_per_s": e.rate_per_s, "values_us": e.values_us, "ttft_growth": e.ttft_growth,
               "failed": list(e.failed)} for e in result.steps]
     from analysis.output import CAPACITY_FILE_MARK
@@ -320,6 +332,10 @@ def _write_json(path: Path, result, target_rate, check, config=None) -> None:
               "tolerance": result.tolerance, "target_rate_per_s": target_rate,
               "replicas": result.replicas_for(target_rate) if target_rate else None, "check": check, "steps": steps}
     if config is not None:
+        record.update(model=config.model, gpu=config.gpu, tp=config.tp, pp=config.pp, policy=config.label,
+                      engine=config.engine, scheduler=config.scheduler, token_budget=config.token_budget,
+                      max_batch=config.max_batch_slots, max_context_tokens=config.slot_max_tokens,
+                      **(described or {}))
         from analysis.planning.cost import replica_usd_per_hour, requests_per_usd
         record.update(gpus_per_replica=config.gpus_per_replica, usd_per_gpu_hour=config.gpu_spec.usd_per_gpu_hour,
                       price_source=config.gpu_spec.price_source, replica_usd_per_hour=replica_usd_per_hour(config),
@@ -433,9 +449,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
           f"{failed} failed, {time.perf_counter() - started:.1f} s wall ({args.executor})")
     for _, row in table[table["status"] != "ok"].iterrows():
         print(f"  failed: {' '.join(f'{a}={row[a]}' for a in grid)}: {row['error']}")
-    if "compute_model" in table:      # which compute model produced the points' times (one line per model)
-        for model in table["compute_model"].dropna().unique():
-            print(f"compute model: {model}")
+    column = next((c for c in ("compute_model", "at_capacity_compute_model") if c in table), None)
+    if column is not None:            # which compute model produced the points' times (one line per model)
+        models = list(table[column].dropna().unique())
+        for model in models:
+            print(f"compute model: {model}" + (f" ({_points_of(table, column, model, list(grid))})"
+                                               if len(models) > 1 else ""))
+        if len(models) > 1:
+            print(f"kvsim: warning: the points are timed by {len(models)} different compute models (above): a "
+                  "difference between them is partly the models' (e.g. a measured profile against the datasheet "
+                  "roofline); --profile roofline times every point alike", file=sys.stderr)
     from analysis.planning.cost import cheapest_line
     print(cheapest_line(table, list(grid)))
     print("wrote " + ", ".join(str(f) for f in files))

@@ -56,7 +56,9 @@ def cmd_capacity_disagg(args: argparse.Namespace) -> int:
     print(f"searched in {time.perf_counter() - started:.1f} s wall")
     if args.json is not None:
         from analysis.output import CAPACITY_FILE_MARK, write_file_atomic
-        text = strict_json_text({**CAPACITY_FILE_MARK, **record}, indent=2, default=str) + "\n"
+        described = {"model": args.model, "gpu": args.gpu, "trace": trace.attrs.get("source", args.trace),
+                     "num_requests": len(trace), "profile": args.profile, "kv_link": args.kv_link}   # stands alone
+        text = strict_json_text({**CAPACITY_FILE_MARK, **described, **record}, indent=2, default=str) + "\n"
         write_file_atomic(Path(args.json), lambda temporary: temporary.write_text(text))
     return status
 

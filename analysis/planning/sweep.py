@@ -306,6 +306,11 @@ def load_point(out_dir: Path, job: PointJob) -> dict | None:
     return record
 
 
+DESCRIBED_SETTINGS = ("model", "gpu", "tp", "engine", "trace", "num_requests", "slo")
+"""Settings every sweep row names (unless an axis does): the model, GPU, tensor-parallel degree, engine preset,
+trace, request count and SLOs of its point, from the point's options."""
+
+
 def sweep_table(jobs: list[PointJob], records: dict[str, dict]) -> pd.DataFrame:
     """One row per point in grid order: axis values, status, error, label, the result keys, then the cost columns
     (:data:`analysis.planning.cost.COST_COLUMNS`: GPUs per replica, price, requests per $, passes the SLOs,
@@ -315,6 +320,11 @@ def sweep_table(jobs: list[PointJob], records: dict[str, dict]) -> pd.DataFrame:
         record = records.get(job.key, {"status": "missing", "error": "not run"})
         row = {**job.point, "status": record["status"], "error": record.get("error", ""),
                "label": record.get("label", "")}
+        args, _ = point_args(job)          # what the point ran, so that the table stands on its own
+        for key in DESCRIBED_SETTINGS:
+            value = getattr(args, key, None)
+            if key not in row and value is not None:
+                row[key] = value if isinstance(value, (int, float)) else str(value)
         # a nested dict (e.g. rejected_by_reason) is kept as JSON text: Parquet cannot store an empty struct
         row.update({k: json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
                     for k, v in record.get("result", {}).items()})
