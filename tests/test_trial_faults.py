@@ -612,3 +612,21 @@ def test_a_fit_section_without_an_efficiency_says_the_built_in_value_is_used(tmp
     path.write_text(json.dumps(profile))
     chosen, text = compute_model_source(SimConfig(), str(path))
     assert chosen == "in-loop" and text.endswith("; flops_efficiency built-in (absent from the section))")
+
+
+def test_the_compute_model_line_names_what_a_profile_still_supplies_and_a_fit_for_another_model(tmp_path):
+    """Llama-3.1-70B on the H200: the engine profile's fit is for 8B, yet its paged-attention factor (1.7241) and VMM
+    latencies still apply; the Vidur H100 profile fitted on Llama-2-70B applied to Llama-3.1-70B without a word."""
+    from sim.core.runner import compute_model_source
+    from sim.setup.config import SimConfig
+    seventy = str(ROOT / "models" / "llama-3.1-70b.json")
+    _, paged = compute_model_source(SimConfig(model=seventy, gpu="h200", tp=4, policy="paged"), None)
+    assert paged.startswith("roofline (built-in defaults:") and "h200-engine.json: paged-attention factor 1.7241" in paged
+    _, vattention = compute_model_source(SimConfig(model=seventy, gpu="h200", tp=4), None)
+    assert "h200-engine.json: VMM latencies" in vattention and "paged-attention" not in vattention
+    _, vidur = compute_model_source(SimConfig(model=seventy, gpu="h100", tp=8),
+                                    str(ROOT / "profiles" / "vidur-h100-llama-2-70b.json"))
+    assert vidur.endswith(f"; fitted for llama-2-70b, applied to {seventy})")
+    _, same = compute_model_source(SimConfig(model="llama-2-7b", gpu="a100"),
+                                   str(ROOT / "profiles" / "vidur-a100-llama-2-7b.json"))
+    assert "fitted for" not in same

@@ -289,20 +289,42 @@ def compute_model_source(config: SimConfig, profile_path: str | None,
     chosen = resolve_compute_model(profile, compute_model, config)
     section = {"in-loop": "compute_in_loop", "tiled": "compute.tiled_roofline", "roofline": "compute.roofline"}
     other_gpu = measured_on_other_gpu(profile, config)
+    still = _measurements_used(config, profile, profile_path)
     if other_gpu and chosen == "roofline":
-        return chosen, f"roofline (built-in defaults: {profile_path}'s compute fits were measured on {other_gpu})"
+        return chosen, (f"roofline (built-in defaults: {profile_path}'s compute fits were measured on {other_gpu})"
+                        + still)
     in_loop = profile.get("compute_in_loop") or {}
     if chosen == "roofline" and not (profile.get("compute") or {}).get("roofline"):
         if in_loop:          # the profile's only fit is for other models: say so, it is not used here
             covered = ", ".join(in_loop.get("models") or [str(in_loop.get("model"))])
             return chosen, (f"roofline (built-in defaults: {profile_path}'s compute_in_loop was fitted for {covered} "
                             f"on {in_loop.get('gpu')} at tp {in_loop.get('tp', 1)}, not {config.model} on "
-                            f"{config.gpu} at tp {config.tp})")
-        return chosen, f"roofline (built-in defaults: {profile_path} has no compute fit)"
+                            f"{config.gpu} at tp {config.tp})" + still)
+        return chosen, f"roofline (built-in defaults: {profile_path} has no compute fit)" + still
     fields = compute_overrides(profile, chosen, config)
     unfitted = [name for name in CORE_FIT_FIELDS if name not in fields]
     built_in = f"; {', '.join(unfitted)} built-in (absent from the section)" if unfitted else ""
-    return chosen, f"{chosen} ({section[chosen]} of {profile_path}{built_in})"
+    fitted_for = (profile.get("compute") or {}).get("model") if chosen in ("roofline", "tiled") else None
+    other_model = (f"; fitted for {fitted_for}, applied to {config.model}"       # efficiencies of another shape
+                   if isinstance(fitted_for, str) and fitted_for != config.model else "")
+    return chosen, f"{chosen} ({section[chosen]} of {profile_path}{built_in}{other_model})"
+
+
+def _measurements_used(config: SimConfig, profile: dict, profile_path: str) -> str:
+    """What of ``profile`` a run whose compute fit does not apply still takes from it (its VMM latencies, the
+    measured paged-attention and cross-layer factors that :func:`profile_config_overrides` applies), as
+    ``"; from PATH: ..."``, or ``""``."""
+    parts = ["VMM latencies"] if config.uses_vmm else []
+    for field_name, condition, what in (("paged_attention_factor", config.policy == "paged", "paged-attention factor"),
+                                        ("layout_attention_factor", config.uses_vmm and config.kv_layout == "cross-layer",
+                                         "cross-layer attention factor")):
+        section, key = PROFILE_FIELDS[field_name]
+        value = (profile.get(section) or {}).get(key)
+        default = SimConfig.__dataclass_fields__[field_name].default
+        if (condition and value is not None and field_name not in config.explicit_fields
+                and getattr(config, field_name) in (default, float(value))):     # (before or after it is applied)
+            parts.append(f"{what} {float(value):g}")
+    return f"; from {profile_path}: {', '.join(parts)}" if parts else ""
 
 
 CORE_FIT_FIELDS = ("flops_efficiency", "bw_efficiency")
