@@ -14,7 +14,7 @@ from sim import __version__
 from sim.frontend.argtypes import int_at_least
 from sim.frontend.options import add_config_args, config_from_args
 from sim.cluster.routers import EXECUTORS, ROUTERS, routing_spec
-from traces.workload import add_trace_args, load_workload, prefix_note
+from traces.workload import add_trace_args, load_workload, prefix_note, static_note
 
 
 def _check_profile_first(profile_path: str | None) -> None:
@@ -49,6 +49,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     trace, notes = load_workload(args, base.seed, base.slot_max_tokens)
     notes.append(prefix_note(trace, [spec for spec in args.policy
                                      if base.with_overrides(parse_policy(spec)).prefix_caching]))
+    notes += [f"{spec}: {note}" for spec in args.policy
+              if (note := static_note(base.with_overrides(parse_policy(spec)), trace))]
     for note in filter(None, notes):
         print(f"kvsim: warning: {note}", file=sys.stderr)
     _note_long_context(base)
@@ -113,6 +115,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     single = not (args.replicas > 1 or args.routing != "round-robin" or args.executor != "local" or args.workers)
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens, light=single)
     notes.append(prefix_note(trace, [args.policy or config.policy] if config.prefix_caching else []))
+    notes.append(static_note(config, trace))
     for note in filter(None, notes):
         print(f"kvsim: warning: {note}", file=sys.stderr)
     _note_long_context(config)

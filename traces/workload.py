@@ -114,6 +114,25 @@ def prefix_note(trace, prefix_labels: list[str]) -> str | None:
             "Parquet hash_ids column) and this trace has none, so no request can hit the cache")
 
 
+STATIC_SLACK_FACTOR = 4
+"""``static_note`` speaks when a static reservation is this many times the trace's longest request or more."""
+
+
+def static_note(config, trace) -> str | None:
+    """A note when a static reservation without ``max_len=`` reserves a whole slot (the model's context, e.g.
+    131,072 tokens for Llama-3.1-70B) for every request and the trace's longest request (prompt + output - 1
+    tokens) needs :data:`STATIC_SLACK_FACTOR` times less: few requests then fit, and the capacity collapses."""
+    if config.policy != "static" or config.max_len_tokens or not len(trace):
+        return None
+    longest = int((trace["prompt_tokens"] + trace["output_tokens"] - 1).max())
+    reserved = config.slot_max_tokens
+    if reserved < STATIC_SLACK_FACTOR * longest:
+        return None
+    return (f"static reserves a whole slot, {reserved:,} tokens ({config.model}'s context or --max-context), per "
+            f"request; this trace's longest request needs {longest:,}: static:max_len={longest} (or the engine's "
+            "--max-model-len) reserves what a request can use")
+
+
 def instances_note(num_prefill: int, num_decode: int, num_requests: int) -> str | None:
     """A warning when ``--pd P:D`` asks for more instances of a role than the trace has requests: the extra
     instances never serve one, but each is simulated (time and memory grow with ``P + D``)."""

@@ -182,7 +182,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     slos = search_objectives(args)
     config = config_from_args(args)
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens)
-    for note in notes:
+    from traces.workload import static_note
+    for note in filter(None, notes + [static_note(config, trace)]):
         print(f"kvsim: warning: {note}", file=sys.stderr)
     if (args.arrival or "").strip().lower() == "offline":
         raise ValueError("--arrival offline puts every request at 0 s: capacity scales an arrival rate, which an "
