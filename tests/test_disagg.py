@@ -485,3 +485,23 @@ def test_a_window_aware_hybrid_decode_role_receives_only_what_its_layer_groups_h
         assert list(sent[~one_token]) == [e for e, o in zip(expected, one_token) if not o]
     assert expected[0] > 5 * kv_bytes_for_tokens(layer_groups(spec, 1), int(prompts[0]))
     assert "are held as full attention layers" in capsys.readouterr().err     # the window=off run's note
+
+
+def test_a_pd_run_adds_the_engines_front_end_cost_once_as_a_colocated_run_does(tmp_path):
+    """--frontend-overhead-ms 10 (vLLM v1's, sim/setup/engines.py): TTFT and E2E 10 ms later than the KV's landing
+    and the decode's completion, TPOT unchanged; it had been dropped under --pd (a bias of --pd-search)."""
+    from cli import main
+
+    code = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_code.csv"
+    runs = {}
+    for overhead in ("0", "10"):
+        out = tmp_path / overhead
+        assert main(["simulate", "--trace", str(code), "--num-requests", "30", "--pd", "1:1", "--frontend-overhead-ms",
+                     overhead, "--out", str(out), "--quiet"]) == 0
+        runs[overhead] = pd.read_parquet(out / "requests.parquet").set_index("request_id")
+    plain, shifted = runs["0"], runs["10"]
+    moved = plain["kv_transfer_bytes"] > 0
+    np.testing.assert_allclose(shifted["ttft_us"], plain["ttft_us"] + 10_000.0)
+    np.testing.assert_allclose(shifted["e2e_us"], plain["e2e_us"] + 10_000.0)
+    np.testing.assert_allclose(shifted.loc[moved, "first_token_at_us"], shifted.loc[moved, "kv_landed_at_us"] + 10_000.0)
+    np.testing.assert_allclose(shifted["tpot_us"].dropna(), plain["tpot_us"].dropna())

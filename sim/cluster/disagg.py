@@ -63,7 +63,7 @@ DISAGG_REQUEST_COLUMNS = REQUEST_COLUMNS + (
     "prefill_instance", "decode_instance", "prefill_done_at_us", "decode_admitted_at_us", "kv_mapped_at_us",
     "kv_transfer_start_at_us", "kv_landed_at_us", "kv_transfer_bytes", "kv_transfer_us", "kv_handover_us")
 """Per-request columns of a disaggregated run: the co-located ones (``first_token_at_us`` is when the KV
-landed, ``first_scheduled_at_us`` / ``sched_delay_us`` refer to the prefill instance), then the instance
+landed, plus the engine's front-end cost ``frontend_overhead_us`` as in a co-located run, ``first_scheduled_at_us`` / ``sched_delay_us`` refer to the prefill instance), then the instance
 indices (-1: none), when the prefill emitted the first token, when the decode instance admitted the request
 and its pages were mapped, when the transfer started and landed, its bytes and duration
 (``landed - start``, latency included), and the hand-over time ``landed - prefill done`` (decode queueing,
@@ -481,6 +481,9 @@ class DisaggCluster:
     def _requests_table(self) -> pd.DataFrame:
         rows = []
         nan = math.nan
+        # the engine's front-end cost (tokenising, detokenising: SimConfig.frontend_overhead_us), once per request as
+        # a co-located run's records add it (sim.core.request.Request.record); the proxy in front of both roles pays it
+        overhead_us = self.config.prefill.frontend_overhead_us
         for h in self.handovers:
             pr, dr = h.prefill_req, h.decode_req
             status, reason = "finished", h.reject_reason
@@ -505,6 +508,8 @@ class DisaggCluster:
                             first, completion = h.landed_us, dr.completion_at_us
                         else:
                             status, reason = "rejected", dr.reject_reason
+            if overhead_us and status == "finished":
+                first, completion = first + overhead_us, completion + overhead_us
             ttft = first - h.arrival_us
             tpot = (completion - first) / (h.output - 1) if h.output > 1 else nan
             rows.append((h.request_id, h.arrival_us, h.prompt, h.output, first, completion, ttft, tpot,
