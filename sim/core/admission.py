@@ -70,7 +70,7 @@ class Admission:
         if request.swapped:
             self.swap.swap_in(request.computed)
             request.swapped = False
-        self._start_running(request, slot, self.env.now)
+        self._start_running(request, slot, self._iteration_start_us)   # (not now: a wait for the mapper came first)
         return first_tokens
 
     def _refusal_key(self, request, first_tokens: int, first: int, reserve, committed: int) -> tuple:

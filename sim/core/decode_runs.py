@@ -127,6 +127,7 @@ class DecodeRuns:
             kv_read, longest, active_mapped = cohort.kv_tokens(), cohort.longest(), cohort.mapped_sum
         else:
             _, kv_read, longest, active_mapped, used, crossings = shape
+            used -= self.policy.duplicate_refs       # shared pages used once (as _iteration_pass counts them)
         size = len(self.running)
         block_table_us = self._block_table_us_of(active_mapped)   # constant: no block is added inside the run
         finishing = self._finishing_after(steps, block_table_us) if cohort is not None else None

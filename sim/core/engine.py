@@ -204,6 +204,7 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
         self.num_done = self._next_arrival = self._admissions = 0
         self._pending_plans: list[Plan] = []   # critical-path work charged to the next iteration
         self._iteration_preemptions = 0
+        self._iteration_start_us = 0.0       # start of the iteration being scheduled (set by _serve each pass)
         self._bg_recorded = (0, 0)
         self._sync_maps = self._sync_unmaps = 0
         self._kv_bytes_per_token = config.model_spec.kv_bytes_per_token(config.tp)
@@ -300,7 +301,7 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
                     self._arrival = env.event()
                     yield self._arrival
                 continue
-            start_at_us = env.now
+            start_at_us = self._iteration_start_us = env.now      # (an admission's first scheduling time)
             self._iteration_preemptions = self._iteration_rejections = 0
             batch, plan, preempted = yield from self._schedule()
             now_us = env.now            # (read once after each resumption: a property of SimPy's)

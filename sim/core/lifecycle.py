@@ -163,6 +163,7 @@ class RequestBookkeeping:
                     active_mapped += mapped[request.slot]
         held = kv_read + new + idle_held         # every request's computed + scheduled tokens
         waste = (active_mapped * tokens_per_page - held) * self._kv_bytes_per_token
+        used -= policy.duplicate_refs            # a page shared by running requests (prefix cache) is used once
         snapshot = (policy.physical_page_groups, used, policy.free_page_groups, policy.deferred_page_groups, waste)
         return new, pairs, kv_read, logits, longest, prefill, targets, snapshot, blocks, block_keys
 

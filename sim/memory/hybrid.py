@@ -218,6 +218,8 @@ class HybridPolicy:
         admission_watermark_frac: admit only while this fraction of the pool's units stays free.
     """
 
+    duplicate_refs = 0     # (as VAttentionPolicy's: the used count of hybrid groups is their own)
+
     needs_computed = True
     """The caller sets ``computed[slot]`` (tokens computed before the step) for every slot it passes to
     :meth:`step` (``sim.core.engine`` does for short slots and admissions)."""

@@ -93,6 +93,7 @@ class PrefixCachingPolicy(PrefixEntries, VAttentionPolicy):
         # incremental indexes (the cache can hold ~10^5 entries for 16-token blocks):
         self._unmapped: OrderedDict[tuple, None] = OrderedDict()    # entries no slot maps: evictable, LRU first
         self._active_refs: dict[tuple, int] = {}                    # entry -> active slots mapping it
+        self.duplicate_refs = 0                                      # sum over entries of (active refs - 1)+
         self._freeable = 0                                          # entries no active slot maps
         self._unprepared: set[int] = set()      # allocated slots that admit_prefix has not prepared yet
         # eviction policy and lower tiers (sim.memory.eviction, sim.memory.tiers); the chain's parent links

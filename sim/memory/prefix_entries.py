@@ -17,6 +17,9 @@ class PrefixEntries:
     state set up by the policy's ``__init__``)."""
 
     # ---- entry references (kept incrementally) ----------------------------------------------------------
+    # duplicate_refs: over cache entries, the active slots mapping each beyond the first (sum of refs - 1): a
+    # running request's used pages count its shared ones, so the iteration's used page groups are physical only
+    # after subtracting them (sim.core.lifecycle._iteration_pass)
     def _new_entry(self, key: tuple, slot: int, parent: tuple | None = None) -> None:
         self.cache[key] = {slot}
         self.admission_epoch += 1
@@ -38,6 +41,7 @@ class PrefixEntries:
         if self.active[slot]:
             self._active_refs[key] += 1
             self._freeable -= self._active_refs[key] == 1
+            self.duplicate_refs += self._active_refs[key] >= 2
 
     def _unref(self, key: tuple, slot: int) -> None:
         self.admission_epoch += 1
@@ -46,6 +50,7 @@ class PrefixEntries:
         if self.active[slot]:
             self._active_refs[key] -= 1
             self._freeable += self._active_refs[key] == 0
+            self.duplicate_refs -= self._active_refs[key] >= 1
         if not slots:
             self._unmapped[key] = None          # most recently used last
 
@@ -55,6 +60,7 @@ class PrefixEntries:
             before = self._active_refs[key]
             self._active_refs[key] = before + (1 if active else -1)
             self._freeable += (self._active_refs[key] == 0) - (before == 0)
+            self.duplicate_refs += (before >= 1) if active else -(before >= 2)
 
     def _reclaimable_page_groups(self) -> int:
         """Page groups that unmapping every idle slot (without in-flight maps) and then evicting would free:
@@ -87,7 +93,9 @@ class PrefixEntries:
         del self.cache[key]
         self.admission_epoch += 1
         self.lookup_version += 1
-        self._freeable -= self._active_refs.pop(key) == 0
+        refs = self._active_refs.pop(key)
+        self._freeable -= refs == 0
+        self.duplicate_refs -= max(0, refs - 1)
         parent = self._parent.pop(key, None)
         if parent is not None:
             self._children[parent] -= 1

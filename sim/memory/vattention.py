@@ -109,6 +109,10 @@ class VAttentionPolicy(BackgroundMapping):
         config: sizes and knobs.
     """
 
+    duplicate_refs = 0
+    """Active slots' references to shared pages beyond the first (only a prefix cache shares pages:
+    :mod:`sim.memory.prefix_entries`); subtracted from the running requests' page count to give used pages."""
+
     refusals_repeat = True
     """Whether :attr:`admission_epoch` and the free page groups decide a refused admission's repeat (module
     docstring, "Admission epoch")."""
