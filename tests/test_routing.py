@@ -191,3 +191,15 @@ def test_cli_simulates_a_mooncake_trace_over_replicas(tmp_path, capsys, routing,
     expected = run_routed(SimConfig(), workload, 2, routing).summary
     assert summary["finished"] == expected["finished"] == 40
     assert summary["ttft_p99_ms"] == expected["ttft_p99_ms"]
+
+
+def test_the_merged_peak_mapped_memory_adds_the_replicas_peaks_as_the_pool_adds_their_pools(workload):
+    """Each replica has its own GPU: the deployment's pool is the replicas' pools summed, and so is its peak mapped
+    memory (it had been the largest replica's, a third of the pool's scale; P/D sums both already)."""
+    config = SimConfig()
+    trace = traces.scale_rate(workload, 20.0)
+    routed = run_routed(config, trace, 3)
+    singles = [run_simulation(config, part) for part in split_trace(trace, round_robin(len(trace), 3), 3)]
+    assert routed.summary["pool_bytes"] == sum(s.summary["pool_bytes"] for s in singles)
+    assert routed.summary["peak_mapped_bytes"] == sum(s.summary["peak_mapped_bytes"] for s in singles)
+    assert routed.summary["peak_mapped_bytes"] > max(s.summary["peak_mapped_bytes"] for s in singles)
