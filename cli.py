@@ -70,7 +70,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 write_run(run, stage / f"run{index}")
                 run.path = out.path / f"run{index}"
     print_comparison(table, trace.attrs.get("source", ""), base, time.perf_counter() - started, out.path,
-                     next(iter(runs.values())).summary)
+                     next(iter(runs.values())).summary, {label: run.summary for label, run in runs.items()})
     return 0
 
 

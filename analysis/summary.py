@@ -191,9 +191,10 @@ def compute_line(console: Console, summary: dict) -> None:
 
 
 def print_comparison(table, trace_source: str, base, wall_s: float, out_dir: Path,
-                     summary: dict | None = None) -> None:
+                     summary: dict | None = None, summaries: dict[str, dict] | None = None) -> None:
     """Print the comparison table with metrics as rows and policies as columns; ``summary`` (one run's) names
-    the compute model every run used."""
+    the compute model every run used; ``summaries`` (label -> summary) adds each run's warnings
+    (:func:`attention_lines`: rejected requests, an overloaded run) under the table, as ``kvsim simulate`` does."""
     console = Console(width=max(100, 34 + 26 * len(table)))
     console.print(f"trace: {trace_source}")
     console.print(f"model {base.model} on {base.gpu} (tp={base.tp}{_pp(base.pp)}), scheduler {base.scheduler} "
@@ -206,6 +207,10 @@ def print_comparison(table, trace_source: str, base, wall_s: float, out_dir: Pat
     for column in table.columns:
         grid.add_row(column, *(_cell(v) for v in table[column]))
     console.print(grid)
+    unwrapped = Console(width=console.width, soft_wrap=True)
+    for label, run_summary in (summaries or {}).items():
+        for line in attention_lines(run_summary):
+            unwrapped.print(f"[bold]warning:[/bold] {label}: {line}", highlight=False)
     console.print(f"{len(table)} runs in {wall_s:.1f} s wall; table in {out_dir}/compare.csv and compare.parquet")
 
 

@@ -442,4 +442,34 @@ def test_the_capacity_file_and_the_sweep_table_say_what_was_searched(tmp_path, c
     assert list(table["model"]) == ["llama-3-8b"] * 2 and list(table["num_requests"]) == [200, 200]
     captured = capsys.readouterr()
     assert "the points are timed by 2 different compute models" in captured.err
-    assert "(gpu=h100)" in captured.out and "(gpu=h200)" in captured.out
+    assert "(1 point: gpu=h100)" in captured.out and "(1 point: gpu=h200)" in captured.out
+    assert "--profile roofline times every point alike" in captured.err
+
+
+def test_the_sweep_counts_compute_models_by_their_source_not_their_per_gpu_caveat():
+    """All-roofline points on four GPUs are one compute model (helper-47: the per-GPU caveat and the default
+    profile's per-point note made 16 roofline points read as 5 models and warn)."""
+    import pandas as pd
+
+    from analysis.planning.cli import compute_model_lines, compute_model_source_key
+    from sim.results.summary import compute_model_text
+    h200_note = ("roofline (built-in defaults: profiles/h200-engine.json's compute_in_loop was fitted for llama-3-8b "
+                 "on h200 at tp 1, not x on h200 at tp 2); from profiles/h200-engine.json: VMM latencies")
+    assert compute_model_source_key(h200_note) == "roofline (built-in defaults)"
+    assert compute_model_source_key("in-loop (compute_in_loop of p.json; fitted for a, applied to b)") == \
+        "in-loop (compute_in_loop of p.json)"
+    assert compute_model_source_key("roofline (compute.roofline of p.json)") == "roofline (compute.roofline of p.json)"
+    table = pd.DataFrame({"gpu": ["a100", "h200", "h200"], "tp": [2, 2, 4],
+                          "compute_model": [compute_model_text("roofline (built-in defaults)", "a100"),
+                                            compute_model_text(h200_note, "h200"),
+                                            compute_model_text(h200_note.replace("tp 2", "tp 4"), "h200")]})
+    lines = compute_model_lines(table, "compute_model", ["gpu", "tp"], None)
+    assert lines[0] == "compute model: roofline (built-in defaults) (3 points)"
+    assert "not validated for a100, h200 with a serving engine" in lines[1]
+    assert not any(line.startswith("kvsim: warning:") for line in lines)
+    mixed = table.assign(compute_model=[table["compute_model"][0], "in-loop (compute_in_loop of p.json)",
+                                        "in-loop (compute_in_loop of p.json)"])
+    lines = compute_model_lines(mixed, "compute_model", ["gpu", "tp"], "roofline")
+    assert "compute model: in-loop (compute_in_loop of p.json) (2 points: gpu=h200 tp=2, gpu=h200 tp=4)" in lines
+    warning = [line for line in lines if line.startswith("kvsim: warning:")]
+    assert len(warning) == 1 and "2 different compute models" in warning[0] and "--profile roofline" not in warning[0]

@@ -122,3 +122,28 @@ def test_sweep_finds_the_cheapest_passing_configuration(tmp_path, capsys):
     assert best["requests_per_usd"] == pytest.approx(best["throughput_req_per_s"] * 3600 / (best["gpus_per_replica"] * 2))
     line = f"cheapest passing: gpu={best['gpu']} tp={best['tp']} pp={best['pp']}: {best['requests_per_usd']:,.0f} requests per $"
     assert line in capsys.readouterr().out
+
+
+def test_a_simulate_sweep_without_slos_names_no_cheapest_point(tmp_path, capsys):
+    """Without --slo every simulate point ran at the trace's rate: its requests per $ only rank GPU prices, so no
+    point is called the cheapest passing one (helper-47); the column stays for the reader."""
+    out = tmp_path / "sweep"
+    assert main(["sweep", "--job", "simulate", "--grid", "gpu=h100,h200", "--trace", AZURE_CONV, "--num-requests",
+                 "40", "--out", str(out), "--workers", "1", "--quiet"]) == 0
+    table = pd.read_csv(out / "sweep.csv")
+    assert not table["passes_slos"].any() and not table["cheapest_passing"].any()
+    assert table["requests_per_usd"].notna().all()
+    assert "cheapest passing: none: no --slo was given, so no point is judged" in capsys.readouterr().out
+
+
+def test_a_page_size_axis_under_a_policy_without_vmm_pages_is_noted(tmp_path, capsys):
+    """paged and static map no VMM pages: their page_size points are one configuration (equal rows), and the
+    sweep says so before running (helper-47); vAttention's page_size points differ and get no note."""
+    out = tmp_path / "sweep"
+    assert main(["sweep", "--grid", "page_size=64KiB,2MiB", "--grid", "policy=paged,vattention", "--trace", AZURE_CONV,
+                 "--num-requests", "40", "--out", str(out), "--workers", "1", "--quiet"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "page_size does not apply" in line]
+    assert len(notes) == 1 and "policy paged" in notes[0] and "page_size=64KiB policy=paged" in notes[0]
+    table = pd.read_csv(out / "sweep.csv").set_index(["policy", "page_size"])
+    columns = ["ttft_p99_ms", "iterations", "tpot_p99_ms"]
+    assert table.loc[("paged", "64KiB"), columns].tolist() == table.loc[("paged", "2MiB"), columns].tolist()

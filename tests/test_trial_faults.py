@@ -646,3 +646,18 @@ def test_a_static_reservation_of_a_whole_long_slot_is_noted_with_the_length_the_
     assert static_note(SimConfig(model=seventy, gpu="h100", tp=8, policy="static", max_len_tokens=8192), trace) is None
     assert static_note(SimConfig(policy="static"), trace) is None          # 8,192 < 4 x 4,154
     assert static_note(SimConfig(model=seventy, gpu="h100", tp=8), trace) is None
+
+
+def test_compare_prints_each_runs_overload_warning_as_simulate_does(tmp_path, capsys):
+    """Helper-47: ``kvsim compare`` printed an overloaded run's latencies without the warning ``simulate`` prints.
+    At 8x the conversation trace's rate one H200 cannot keep up (TTFT growth well above the 0.05 s/s bound)."""
+    from analysis.summary import attention_lines
+    from cli import main
+    trace = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
+    assert main(["compare", "--trace", str(trace), "--num-requests", "1000", "--rate-scale", "8", "--policy",
+                 "vattention", "--policy", "paged", "--workers", "1", "--out", str(tmp_path / "c"), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    lines = [line for line in printed.splitlines() if line.startswith("warning:")]
+    assert [line.split(":")[1].strip() for line in lines] == ["vattention", "paged"]
+    assert all("overloaded: the queue grows through the run" in line for line in lines)
+    assert attention_lines({"ttft_growth_s_per_s": 0.01}) == []       # a run that keeps up: no line

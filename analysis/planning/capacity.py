@@ -158,9 +158,8 @@ class CapacityResult:
             return None
         return (f"the {self.num_requests:,} requests span only {span:,.0f} s at this rate, less than the "
                 f"{MIN_STEADY_SPAN_S:.0f} s a performance run lasts at least (MLPerf Inference, server scenario): a "
-                "queue that builds more slowly goes unseen and the capacity reads high (the Azure conversation "
-                "trace's first 2,000 requests give 20.8 req/s on one H200, its 19,366 requests 16.9); give more "
-                "requests (--num-requests) before planning on it")
+                "queue that builds more slowly goes unseen and the capacity reads high (docs/capacity.md, "
+                "\"Short traces\"); give more requests (--num-requests) before planning on it")
 
     def replicas_for(self, target_rate_per_s: float) -> int | None:
         """Replicas needed for ``target_rate_per_s`` (None when one replica passes at no rate)."""

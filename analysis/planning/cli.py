@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import re
 import sys
 import time
 from pathlib import Path
@@ -244,6 +245,50 @@ def _points_of(table, column: str, value, axes: list[str], shown: int = 3) -> st
     return ", ".join(points[:shown]) + (f" and {len(points) - shown} more" if len(points) > shown else "")
 
 
+def compute_model_source_key(text: str) -> str:
+    """The source of a compute-model description (``summary.json``'s ``compute_model``, see
+    :func:`sim.core.runner.compute_model_source`): its kind and the fit it reads, e.g. ``"roofline (built-in
+    defaults)"`` or ``"in-loop (compute_in_loop of profiles/h200.json)"``, without the per-point details (why a
+    profile's fit did not apply, what it still supplies) and the per-GPU :data:`ROOFLINE_CAVEAT`. Two points with
+    one key take their compute times from the same formula and coefficients."""
+    kind, _, rest = text.partition(" (")
+    if not rest:
+        return kind.split(";")[0]
+    return f"{kind} ({re.split(r'[;:)]', rest, maxsplit=1)[0]})"
+
+
+def compute_model_lines(table, column: str, axes: list[str], profile: str | None) -> list[str]:
+    """The lines a sweep prints about its compute models: one per source (:func:`compute_model_source_key`) with
+    its points when there are several, the roofline caveat once with the GPUs it applies to, a pointer to the
+    per-point details in the table, and a warning (a line starting ``kvsim: warning:``) when the points are timed
+    by more than one source."""
+    texts = table[column].dropna()
+    if texts.empty:
+        return []
+    keys = texts.map(compute_model_source_key)
+    sources = list(dict.fromkeys(keys))
+    keyed = table.loc[texts.index].assign(_source=keys)
+    lines = []
+    for source in sources:
+        count = int((keys == source).sum())
+        points = f": {_points_of(keyed, '_source', source, axes)}" if len(sources) > 1 else ""
+        lines.append(f"compute model: {source} ({count} point{'s' if count != 1 else ''}{points})")
+    from sim.results.summary import ROOFLINE_CAVEAT
+    caveated = [str(gpu) for text, gpu in zip(texts, table.loc[texts.index, "gpu"] if "gpu" in table
+                                              else ["this GPU"] * len(texts))
+                if ROOFLINE_CAVEAT.format(gpu=gpu) in text]
+    if caveated:
+        lines.append("  roofline points: " + ROOFLINE_CAVEAT.format(gpu=", ".join(dict.fromkeys(caveated))))
+    if any(text != source and not text.startswith(source + "; not validated") for text, source in zip(texts, keys)):
+        lines.append(f"  (each point's full compute-model note: the {column} column of sweep.csv)")
+    if len(sources) > 1:
+        same = ("" if profile == "roofline" else "; --profile roofline times every point alike")
+        lines.append(f"kvsim: warning: the points are timed by {len(sources)} different compute models (above): a "
+                     "difference between them is partly the models' (e.g. a measured profile against the datasheet "
+                     f"roofline){same}")
+    return lines
+
+
 def _step_header(slos) -> str:
     columns = "".join(f" {slo.header():>15}" for slo in slos)
     return f"{'step':>4} {'scale':>8} {'rate req/s':>11}{columns} {'TTFT growth':>11}  result"
@@ -368,6 +413,37 @@ def _check_long_context(jobs) -> None:
                               f"point {point}); pass --allow-long-context to simulate it anyway")
 
 
+def _inert_page_size_notes(jobs: list) -> list[str]:
+    """Notes for grid points that differ only in ``page_size`` under a policy that maps no VMM pages (``paged``
+    block tables take their block size, ``paged:block=N``; ``static`` reserves whole slots): such points run the
+    same configuration, so their rows are equal. One note per policy, naming the repeated points."""
+    from analysis.planning.sweep import point_args, resolve_axis
+    from sim.frontend.options import config_from_args
+    groups: dict[tuple, list[str]] = {}
+    for job in jobs:
+        axes = dict(job.point)
+        page_axis = next((name for name in axes if resolve_axis(name).dest == "page_size"), None)
+        if page_axis is None:
+            continue
+        try:
+            args, overrides = point_args(job)
+            config = config_from_args(args, **overrides)
+        except (ValueError, KeyError):      # that point fails with its own message
+            continue
+        if config.uses_vmm:
+            continue
+        rest = tuple((name, value) for name, value in axes.items() if name != page_axis)
+        groups.setdefault((config.policy, rest), []).append(" ".join(f"{a}={v}" for a, v in axes.items()))
+    notes: dict[str, str] = {}
+    for (policy, _), points in groups.items():
+        if len(points) > 1 and policy not in notes:
+            notes[policy] = (f"page_size does not apply to policy {policy} (it maps no VMM pages"
+                             + ("; its block size is paged:block=N" if policy == "paged" else "")
+                             + f"): {' and '.join(points[:2])}{' ...' if len(points) > 2 else ''} run the same "
+                             "configuration and give equal rows")
+    return list(notes.values())
+
+
 def _sweep_harness_warnings(jobs: list, profile: str | None) -> list[str]:
     """The distinct :func:`sim.core.runner.harness_compute_warning` lines of the sweep's points (as ``kvsim
     simulate`` and ``kvsim capacity`` print them), in grid order; a point whose settings are refused is left to
@@ -418,6 +494,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from sim.frontend.disagg_options import check_disagg_flags
     for job in jobs:                  # a bad --pd, --kv-link, ... value is refused before any point runs
         check_disagg_flags(point_args(job)[0], allow_unused=True)
+    for note in _inert_page_size_notes(jobs):
+        print(f"kvsim: note: {note}", file=sys.stderr)
     for warning in _sweep_harness_warnings(jobs, getattr(args, "profile", None)):   # compute timed on the harness
         print(f"kvsim: warning: {warning}", file=sys.stderr)
     from analysis.output import OutputDir, command_inputs
@@ -451,16 +529,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for _, row in table[table["status"] != "ok"].iterrows():
         print(f"  failed: {' '.join(f'{a}={row[a]}' for a in grid)}: {row['error']}")
     column = next((c for c in ("compute_model", "at_capacity_compute_model") if c in table), None)
-    if column is not None:            # which compute model produced the points' times (one line per model)
-        models = list(table[column].dropna().unique())
-        for model in models:
-            print(f"compute model: {model}" + (f" ({_points_of(table, column, model, list(grid))})"
-                                               if len(models) > 1 else ""))
-        if len(models) > 1:
-            print(f"kvsim: warning: the points are timed by {len(models)} different compute models (above): a "
-                  "difference between them is partly the models' (e.g. a measured profile against the datasheet "
-                  "roofline); --profile roofline times every point alike", file=sys.stderr)
+    if column is not None:            # which compute model produced the points' times (one line per source)
+        for line in compute_model_lines(table, column, list(grid), getattr(args, "profile", None)):
+            print(line, file=sys.stderr if line.startswith("kvsim: warning:") else sys.stdout)
     from analysis.planning.cost import cheapest_line
-    print(cheapest_line(table, list(grid)))
+    print(cheapest_line(table, list(grid), judged=args.job == "capacity" or bool(args.slo)))
     print("wrote " + ", ".join(str(f) for f in files))
     return 1 if failed else 0

@@ -55,8 +55,8 @@ def cost_line(rate_per_s: float, config) -> str:
 def add_cost_columns(table: pd.DataFrame, jobs, point_args) -> pd.DataFrame:
     """Add :data:`COST_COLUMNS` to a sweep table (one row per :class:`analysis.planning.sweep.PointJob`, in order):
     the point's GPUs and price, its requests per $ (capacity jobs: at capacity; simulate jobs: at the run's
-    throughput), whether it passes (capacity: a capacity > 0 was found; simulate: every ``--slo`` holds and no
-    request was rejected) and which passing row buys the most requests per $ (``cheapest_passing``).
+    throughput), whether it passes (capacity: a capacity > 0 was found; simulate: ``--slo`` was given, every SLO
+    holds and no request was rejected) and which passing row buys the most requests per $ (``cheapest_passing``).
     ``point_args``: :func:`analysis.planning.sweep.point_args` (a job's options and SimConfig overrides)."""
     if table.empty:
         return table
@@ -77,7 +77,9 @@ def add_cost_columns(table: pd.DataFrame, jobs, point_args) -> pd.DataFrame:
             rate = float(row.get("throughput_req_per_s", 0.0) or 0.0) if ok else 0.0
             slos = objectives(job.base["slo"], job.base.get("slo_attainment")) if job.base.get("slo") else ()
             summary = row.to_dict()
-            passes = ok and all(slo.holds(summary) for slo in slos) and not row.get("rejected", 0)
+            # without --slo a simulate point is not judged: it does not pass (its requests per $ are at the
+            # trace's offered rate, so the cheapest would be the cheapest GPU that keeps up, not a capacity)
+            passes = ok and bool(slos) and all(slo.holds(summary) for slo in slos) and not row.get("rejected", 0)
         # a disaggregated point states its deployment's GPUs (P x prefill tp + D x decode tp)
         stated = row.get("gpus")
         gpus = int(stated) if stated is not None and pd.notna(stated) and row.get("pd") not in (None, "none") else None
@@ -97,12 +99,15 @@ def add_cost_columns(table: pd.DataFrame, jobs, point_args) -> pd.DataFrame:
     return out
 
 
-def cheapest_line(table: pd.DataFrame, axes) -> str:
+def cheapest_line(table: pd.DataFrame, axes, judged: bool = True) -> str:
     """``cheapest passing: gpu=h100 tp=2: 1,234 requests per $ (2 GPUs at $4.76/GPU-hour)``, or why there is
-    none (no passing point, or no prices)."""
+    none (no passing point, no prices, or, ``judged`` False, a simulate sweep without SLOs)."""
     if "cheapest_passing" not in table or table.empty:
         return "cheapest passing: none (no point ran)"
     chosen = table[table["cheapest_passing"]]
+    if chosen.empty and not judged:
+        return ("cheapest passing: none: no --slo was given, so no point is judged (requests_per_usd is at the "
+                "trace's rate; give --slo, or --job capacity for requests per $ at capacity)")
     if chosen.empty:
         if not table["passes_slos"].any():
             return "cheapest passing: none: no point meets the SLOs"
