@@ -36,9 +36,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     # (a spec without prefix=on is then refused by name, not the base for lacking a cache no spec gave it)
     tiered = bool(getattr(args, "kv_tier", None))
     base = config_from_args(args, **({"prefix_caching": True} if tiered else {}))
+    from sim.frontend.options import policy_overrides
     from sim.frontend.policy_spec import parse_policy, policy_config_error
     from sim.setup.config import ConfigError
+    flag_values = {name: getattr(base, name) for name in ("page_size_bytes", "sync_mapping", "deferred_reclaim",
+                                                           "preemption")}
     for spec in args.policy:          # every spec is checked before the trace is read
+        # a spec that contradicts an explicit flag, as simulate refuses it
+        policy_overrides(spec, flag_values, getattr(args, "given_options", ()))
         try:
             base.with_overrides({"prefix_caching": False, **parse_policy(spec)} if tiered else parse_policy(spec))
         except ConfigError as exc:
@@ -466,6 +471,9 @@ def main(argv: list[str] | None = None) -> int:
     only = "simulate" if given[:1] == ["simulate"] else None       # the sub-command named first: only its parser
     parser = build_parser(only)
     args = parser.parse_args(argv)
+    # the long options written on the command line (a flag given at its default value is still given: a
+    # --policy key or a grid axis that contradicts it is refused, sim.frontend.options.policy_overrides)
+    args.given_options = tuple(token.split("=", 1)[0] for token in given if token.startswith("--"))
     try:
         return args.func(args)
     except BrokenPipeError:  # output piped into e.g. head, which stopped reading: not an error of the run

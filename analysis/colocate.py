@@ -24,9 +24,9 @@ def build_tenants(args) -> list:
     """The :class:`sim.cluster.colocate.Tenant` list of ``args.tenant`` (specs) with the shared flags of ``args``.
 
     Raises:
-        ConfigError / TraceError / CatalogError: a bad key, value, model or trace (naming the tenant); ValueError:
-            a tenant's ``slo=`` that :func:`analysis.planning.slo.parse_slos` refuses (checked here, before any
-            simulation, by ``colocate`` and ``capacity --colocate`` alike).
+        ConfigError / TraceError / CatalogError: no ``--tenant``; a bad key, value, model or trace (naming the
+            tenant). ValueError: a tenant's ``slo=`` that :func:`analysis.planning.slo.parse_slos` refuses
+            (checked here, before any simulation, by ``colocate`` and ``capacity --colocate`` alike).
     """
     from analysis.planning.slo import parse_slos
     from sim.cluster.colocate import Tenant
@@ -36,7 +36,10 @@ def build_tenants(args) -> list:
     from traces.workload import load_workload
 
     tenants = []
-    specs = [parse_tenant_spec(text, i) for i, text in enumerate(args.tenant or [])]
+    if not args.tenant:
+        raise ConfigError("no --tenant given: co-location needs at least one, e.g. --tenant "
+                          "model=llama-3-8b,trace=TRACE (repeat per model; keys: docs/colocate.md)")
+    specs = [parse_tenant_spec(text, i) for i, text in enumerate(args.tenant)]
     names = [s["name"] for s in specs]
     if len(set(names)) != len(names):
         raise ConfigError(f"--tenant names must differ, got {names}")

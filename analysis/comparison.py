@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 
 import pandas as pd
 
@@ -83,7 +84,8 @@ def run_policies(base: SimConfig, specs: list[str], trace: pd.DataFrame, profile
     when given, is called as each run finishes (in the order given; a progress display).
 
     Raises:
-        ConfigError: for a bad spec or an impossible configuration (before anything runs).
+        ConfigError: for a bad spec, an impossible configuration, or two specs that give one configuration
+            (before anything runs).
     """
     if not isinstance(base, SimConfig):
         raise TypeError(f"base: expected a SimConfig, got {type(base).__name__}")
@@ -93,6 +95,13 @@ def run_policies(base: SimConfig, specs: list[str], trace: pd.DataFrame, profile
     if len(set(specs)) != len(specs):
         raise ConfigError("each --policy must be different")
     jobs = [(spec, base.with_overrides(parse_policy(spec)), trace, profile, keep_tables) for spec in specs]
+    seen: dict = {}
+    for spec, config, *_ in jobs:     # two spellings of one configuration (e.g. vattention and vattention:page=2MiB)
+        key = replace(config, explicit_fields=())
+        if key in seen:
+            raise ConfigError(f"--policy {seen[key]!r} and --policy {spec!r} are the same configuration (the same "
+                              "values with the other options given); each --policy must be different")
+        seen[key] = spec
     workers = workers or min(len(jobs), os.cpu_count() or 1)
     if workers <= 1:
         return dict(_reporting(map(_run_one, jobs), len(jobs), on_done))

@@ -238,9 +238,14 @@ def write_report(runs: list[RunResult], out_path) -> Path:
     Raises:
         ValueError: ``out_path`` is one of the runs' own files (``summary.json``, ``requests.parquet``, ...):
             kvsim never writes over what it reads (the command line's ``report --out`` rule).
+        IsADirectoryError: ``out_path`` is a directory (the report is one file: name it, e.g.
+            ``DIR/report.html``); nothing is written.
     """
     from analysis.output import refuse_inputs, write_file_atomic
     from analysis.results import OPTIONAL_RUN_FILES, RUN_FILES
+    if Path(out_path).is_dir():
+        raise IsADirectoryError(f"out_path {out_path} is a directory; the report is one HTML file: name it, e.g. "
+                                f"{Path(out_path) / 'report.html'}")
     for run in runs:
         if getattr(run, "path", None) is not None:
             refuse_inputs(out_path, [Path(run.path) / name for name in RUN_FILES + OPTIONAL_RUN_FILES

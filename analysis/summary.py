@@ -40,6 +40,9 @@ LATENCY_ROWS = {"TTFT p50 / p90 / p99", "TPOT p50 / p90 / p99", "TBT p50 / p99 /
                 "E2E p50 / p90 / p99"}
 """Rows of per-request latencies: without a served request there is none to give (said, not printed as NaN)."""
 
+SECOND_TOKEN_ROWS = {"TPOT p50 / p90 / p99", "TBT p50 / p99 / max"}
+"""Rows measured between output tokens: undefined (NaN) when every served request has one output token (said)."""
+
 VMM_ONLY_ROWS = {"VMM map / unmap calls", "maps done in background", "sync mapping stall total",
                  "VMM time per TP worker", "VMM time, critical path"}
 PAGED_ONLY_ROWS = {"block-table CPU time"}
@@ -122,7 +125,11 @@ def summary_lines(summary: dict) -> list[tuple[str, str]]:
         elif fmt == "bytes2":
             value = f"{format_bytes(summary[key[0]])} / {format_bytes(summary[key[1]])}"
         elif fmt == "ms":
-            value = format_ms([summary.get(k, float("nan")) for k in key])
+            values_ms = [summary.get(k, float("nan")) for k in key]
+            if label in SECOND_TOKEN_ROWS and all(v != v for v in values_ms):
+                value = "none: no served request has a second output token"    # (TPOT, TBT of 1-token outputs)
+            else:
+                value = format_ms(values_ms)
         elif fmt == "goodput":
             if key[0] not in summary:
                 continue
@@ -178,7 +185,7 @@ def print_summary(result, wall_s: float | None = None, out_dir: Path | None = No
         table.add_row(_relabel(label, config), value)
     console.print(table)
     for line in attention_lines(result.summary):
-        console.print(f"[bold]warning:[/bold] {line}", highlight=False)
+        console.print(f"[bold]WARNING:[/bold] {line}", highlight=False)
     if wall_s is not None:
         console.print(f"simulated in {wall_s:.2f} s wall" + (f"; results in {out_dir}/" if out_dir else ""))
 
@@ -210,7 +217,7 @@ def print_comparison(table, trace_source: str, base, wall_s: float, out_dir: Pat
     unwrapped = Console(width=console.width, soft_wrap=True)
     for label, run_summary in (summaries or {}).items():
         for line in attention_lines(run_summary):
-            unwrapped.print(f"[bold]warning:[/bold] {label}: {line}", highlight=False)
+            unwrapped.print(f"[bold]WARNING:[/bold] {label}: {line}", highlight=False)
     console.print(f"{len(table)} runs in {wall_s:.1f} s wall; table in {out_dir}/compare.csv and compare.parquet")
 
 

@@ -151,6 +151,7 @@ def _from_vidur(args: argparse.Namespace) -> int:
     if args.compute or args.from_run:
         print("kvsim: error: calibrate: --from-vidur imports saved CSVs; leave out --compute and --from-run", file=sys.stderr)
         return 2
+    _note_ignored_gpu_flags(args, "--from-vidur")
     root = Path(args.from_vidur)
     if not root.is_dir():
         print(f"kvsim: error: calibrate: --from-vidur {root}: not a directory (a microsoft/vidur checkout)", file=sys.stderr)
@@ -177,6 +178,19 @@ HARNESS_COMPUTE_FITS = ("roofline", "tiled_roofline")
 Qwen2.5-7B tenant of docs/validation/colocate ran +68% at iteration p50 on the harness's tiled fit."""
 
 
+GPU_MEASUREMENT_FLAGS = ("--page-sizes", "--samples", "--models", "--no-load", "--device")
+"""calibrate's flags of a VMM measurement on the GPU: a fit on saved files (``--from-run``, ``--from-vidur``)
+measures nothing, so they change nothing there (said in a note, as validate says of flags it ignores)."""
+
+
+def _note_ignored_gpu_flags(args: argparse.Namespace, mode: str) -> None:
+    import sys
+    ignored = [flag for flag in GPU_MEASUREMENT_FLAGS if flag in getattr(args, "given_options", ())]
+    if ignored:
+        print(f"kvsim: note: calibrate {mode} fits on saved files and measures nothing on a GPU: "
+              f"{', '.join(ignored)} ignored", file=sys.stderr)
+
+
 def _from_runs(args: argparse.Namespace) -> int:
     import json
     import sys
@@ -188,6 +202,7 @@ def _from_runs(args: argparse.Namespace) -> int:
     if args.compute:
         print("kvsim: error: calibrate: --from-run fits on saved runs; leave out --compute", file=sys.stderr)
         return 2
+    _note_ignored_gpu_flags(args, "--from-run")
     for run in args.from_run:
         member = colocated_member(run)
         if member is not None:

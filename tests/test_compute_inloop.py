@@ -242,8 +242,12 @@ def test_cli_from_run_adds_sections_and_asks_before_replacing(tmp_path, capsys):
                                                       "compute_in_loop; pass --force to replace it")
     assert main(["calibrate", "--from-run", str(tmp_path), "--out", str(profile), "--force"]) == 2
     assert "iterations.parquet" in capsys.readouterr().err
-    assert main(["calibrate", "--from-run", str(TRAIN), "--out", str(tmp_path / "missing.json")]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert main(["calibrate", "--from-run", str(TRAIN), "--out", str(tmp_path / "missing.json"),
+                 "--page-sizes", "3MiB", "--samples", "5"]) == 2
+    err = capsys.readouterr().err       # a GPU measurement's flags are said to change nothing (helper-48)
+    assert "does not exist" in err
+    assert ("kvsim: note: calibrate --from-run fits on saved files and measures nothing on a GPU: --page-sizes, "
+            "--samples ignored") in err
     (tmp_path / "list.json").write_text("[1, 2]")
     assert main(["calibrate", "--from-run", str(TRAIN), "--out", str(tmp_path / "list.json")]) == 2
     assert "not a kvsim-profile/1 profile" in capsys.readouterr().err

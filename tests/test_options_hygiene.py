@@ -422,3 +422,56 @@ def test_the_preemption_policy_key_is_named_as_its_flag():
         {"policy": "paged", "preemption": "swap", "explicit_fields": ("preemption",)}
     with pytest.raises(ConfigError, match="'preempt' and 'preemption' both set preemption"):
         parse_policy("paged:preempt=swap,preemption=recompute")
+
+
+def test_a_policy_key_never_silently_overrides_a_flag_in_compare_or_sweep(tmp_path, capsys):
+    """Helper-48: compare ran ``vattention:deferred=on`` beside ``--no-deferred-reclaim`` with reclamation on, and a
+    sweep's axis or policy value replaced a flag written at its default (``--page-size 2MiB``). simulate refuses the
+    same spec with one line naming both; so now do compare and sweep, and compare refuses two spellings of one
+    configuration."""
+    from cli import main
+    trace = str(Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023"
+                / "AzureLLMInferenceTrace_conv.csv")
+    common = ["--trace", trace, "--num-requests", "10", "--quiet"]
+    cases = [
+        (["compare", "--policy", "vattention", "--policy", "vattention:deferred=on", "--no-deferred-reclaim"],
+         "policy 'vattention:deferred=on' contradicts --no-deferred-reclaim"),
+        (["compare", "--policy", "vattention", "--policy", "vattention:mapping=async", "--sync-mapping"],
+         "policy 'vattention:mapping=async' contradicts --sync-mapping"),
+        (["compare", "--policy", "vattention", "--policy", "vattention:page=4MiB", "--page-size", "2MiB"],
+         "policy 'vattention:page=4MiB' contradicts --page-size"),
+        (["compare", "--policy", "paged", "--policy", "paged:block=16"],
+         "--policy 'paged' and --policy 'paged:block=16' are the same configuration"),
+        (["simulate", "--policy", "vattention:page=4MiB", "--page-size", "2MiB"],
+         "policy 'vattention:page=4MiB' contradicts --page-size"),
+        (["sweep", "--grid", "page_size=2MiB,4MiB", "--page-size", "2MiB"],
+         "--grid page_size sets what --page-size also sets on the command line"),
+        (["sweep", "--grid", "policy=vattention:page=4MiB,paged", "--page-size", "2MiB"],
+         "--grid policy=vattention:page=4MiB: policy 'vattention:page=4MiB' contradicts --page-size"),
+    ]
+    for number, (command, message) in enumerate(cases):
+        out = tmp_path / f"out{number}"
+        assert main([*command, *common, "--out", str(out)]) == 2, command
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, (command, err)
+        assert not out.exists()
+    # the same spec and flag agreeing, or the flag at its default not written, still run
+    assert main(["compare", "--policy", "vattention", "--policy", "vattention:page=64KiB", *common,
+                 "--out", str(tmp_path / "ok")]) == 0
+    assert main(["simulate", "--policy", "vattention:page=2MiB", "--page-size", "2MiB", *common,
+                 "--out", str(tmp_path / "ok2")]) == 0
+
+
+def test_capacity_takes_one_result_file(tmp_path, capsys):
+    """``--out A --json B`` (``--json`` is the deprecated name of ``--out``) is refused before any work: one file
+    would be written, and not necessarily the one the user reads (helper-48)."""
+    import pytest
+
+    from cli import main
+    for flags in (["--out", str(tmp_path / "a.json"), "--json", str(tmp_path / "b.json")],
+                  ["--json", str(tmp_path / "b.json"), "--out", str(tmp_path / "a.json")]):
+        with pytest.raises(SystemExit) as exited:
+            main(["capacity", "--slo", "ttft_p99=2s", *flags])
+        assert exited.value.code == 2
+        assert "the result file was already given" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

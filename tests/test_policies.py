@@ -215,3 +215,15 @@ def test_tensor_parallel_workers_are_slowed_by_the_measured_contention():
     assert costs(1, {2: 1.381})[0] == costs(1, {})[0]
     assert costs(4, {2: 1.381})[0] == costs(4, {})[0]
     assert VmmLatencyModel.builtin().tp_worker_scale == {2: 1.381}  # the committed profile's vmm_tp
+
+
+def test_a_paged_block_longer_than_the_slot_is_refused():
+    """Helper-48: ``paged:block=100000`` ran against 8,192-token slots (16.8 GiB mean tail waste); a block may be
+    as long as the slot (one block per request), never longer, as ``static:max_len`` is bounded by the slot."""
+    import pytest
+
+    from sim.setup.config import ConfigError, SimConfig
+    assert SimConfig(policy="paged", block_size_tokens=8192).block_size_tokens == 8192
+    with pytest.raises(ConfigError, match=r"block_size_tokens=8193: must lie in \[1, 8192\] tokens"):
+        SimConfig(policy="paged", block_size_tokens=8193)
+    assert SimConfig(policy="vattention", block_size_tokens=100000).policy == "vattention"   # unused there

@@ -124,6 +124,19 @@ def test_report_is_self_contained(tmp_path, small_runs):
     assert text.count('class="plotly-graph-div"') == len(FIGURES)
 
 
+def test_write_report_to_a_directory_names_the_directory(tmp_path, small_runs):
+    """Helper-48: the API raised ``IsADirectoryError`` naming its hidden temporary file; now one message names the
+    directory given and a file to give instead, and the directory is left as it was."""
+    import pytest
+    target = tmp_path / "userdir"
+    target.mkdir()
+    (target / "mine.txt").write_text("kept")
+    with pytest.raises(IsADirectoryError, match="userdir is a directory; the report is one HTML file") as raised:
+        write_report([load_run(small_runs[0])], target)
+    assert ".kvsim-new" not in str(raised.value)
+    assert [p.name for p in tmp_path.iterdir()] == ["userdir"] and (target / "mine.txt").read_text() == "kept"
+
+
 def test_compare_has_one_row_per_run_and_keeps_equal_labels_apart(small_runs):
     runs = [load_run(p) for p in small_runs] + [load_run(small_runs[0])]
     table = compare(runs)

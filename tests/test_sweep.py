@@ -229,3 +229,17 @@ def test_a_bad_profile_stops_the_sweep_before_any_point(tmp_path, capsys):
                  "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "attention_tail_serial must be a finite number 0 to 1, got 2" in err and not out.exists()
+
+
+def test_a_policy_axis_refuses_a_misspelt_value_by_name_before_any_point_runs():
+    """Helper-48: ``policy=paged,bogus`` was one point, ``unknown policy 'paged,bogus'``, failing only when run. A
+    bare item that is not a key of the spec before it starts a value; a policy value is parsed in parse_grid."""
+    import pytest
+
+    from analysis.planning.sweep import parse_grid
+    assert parse_grid(["policy=vattention:page=256KiB,sync,paged:block=16,static"])["policy"] == \
+        ["vattention:page=256KiB,sync", "paged:block=16", "static"]
+    with pytest.raises(ValueError, match=r"--grid policy=bogus: policy 'bogus': unknown policy 'bogus'"):
+        parse_grid(["policy=paged,bogus"])
+    with pytest.raises(ValueError, match=r"policy=vattention:page=64KiB,eager=off: .*eager=off: expected a whole"):
+        parse_grid(["policy=vattention:page=64KiB,eager=off,paged"])

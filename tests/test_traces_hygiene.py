@@ -517,3 +517,39 @@ def test_servegen_rate_file_field_count(tmp_path, line, what):
     with pytest.raises(TraceError, match=what) as err:
         load_rates(path)
     assert "line 2" in str(err.value)
+
+
+def test_an_azure_file_mixing_naive_and_offset_timestamps_is_refused(tmp_path):
+    """Helper-48: a naive time read as UTC beside ``+05:00`` moved one row by 5 hours, and only a 'rows out of
+    time order were sorted' line said anything. One line now names the first row of the other kind."""
+    import pytest
+
+    from traces.errors import TraceError
+    from traces.loader import load_trace
+    head = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    mixed = tmp_path / "mixed.csv"
+    mixed.write_text(head + "2023-11-16 18:17:03.9799600,100,5\n2023-11-16 18:17:04+05:00,200,5\n")
+    with pytest.raises(TraceError, match=r"line 3, column 'TIMESTAMP': timestamps with and without a UTC offset"):
+        load_trace(mixed)
+    zulu_first = tmp_path / "z.csv"
+    zulu_first.write_text(head + "2023-11-16 18:17:03Z,100,5\n2023-11-16 18:17:04,200,5\n")
+    with pytest.raises(TraceError, match=r"line 3.*the first row's has one"):
+        load_trace(zulu_first)
+    same = tmp_path / "same.csv"          # every row with an offset: applied (0.1 s apart in UTC)
+    same.write_text(head + "2023-11-16 18:17:03.9+00:00,100,5\n2023-11-16 23:17:04.0+05:00,200,5\n")
+    assert load_trace(same)["arrival_s"].tolist() == pytest.approx([0.0, 0.1])
+
+
+def test_a_mooncake_line_giving_a_field_twice_is_refused(tmp_path):
+    """Helper-48: ``{"timestamp": 0, ..., "timestamp": 5000}`` kept the last value silently (Python's json)."""
+    import pytest
+
+    from traces.errors import TraceError
+    from traces.loader import load_trace
+    path = tmp_path / "dup.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 100, "output_length": 5}\n'
+                    '{"timestamp": 10, "input_length": 100, "output_length": 5, "input_length": 7}\n')
+    with pytest.raises(TraceError, match=r"line 2, column 'input_length': field given twice in one object"):
+        load_trace(path)
+    path.write_text('{"timestamp": 0, "input_length": 100, "output_length": 5}\n')
+    assert load_trace(path)["prompt_tokens"].tolist() == [100]

@@ -318,6 +318,26 @@ def test_cli_convert_refuses_overwrite(tmp_path, capsys):
     assert len(load_trace(out)) == 2
 
 
+def test_cli_convert_force_replaces_only_a_trace_it_wrote(tmp_path, capsys):
+    """``--force`` replaces a Parquet trace ``traces convert`` wrote (its schema mark), never a user's own file of
+    the same name, Parquet or not (helper-48: a text file and a one-column Parquet were overwritten)."""
+    import pandas as pd
+
+    from traces.loader import is_trace_file
+    src = write_jsonl(tmp_path)
+    notes = tmp_path / "notes.parquet"
+    notes.write_text("my notes\n")
+    own = tmp_path / "own.parquet"
+    pd.DataFrame({"x": [1, 2]}).to_parquet(own)
+    for path in (notes, own):
+        before = path.read_bytes()
+        assert run_cli(["traces", "convert", str(src), "--out", str(path), "--force"]) == 2
+        assert "is not a trace kvsim traces convert wrote" in capsys.readouterr().err
+        assert path.read_bytes() == before and not is_trace_file(path)
+    ours = tmp_path / "ours.parquet"
+    assert run_cli(["traces", "convert", str(src), "--out", str(ours)]) == 0 and is_trace_file(ours)
+
+
 def test_cli_transform_flags(tmp_path, capsys):
     src = write_jsonl(tmp_path)
     assert run_cli(["traces", "stats", str(src), "--max-context", "1050",

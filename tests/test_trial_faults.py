@@ -657,7 +657,24 @@ def test_compare_prints_each_runs_overload_warning_as_simulate_does(tmp_path, ca
     assert main(["compare", "--trace", str(trace), "--num-requests", "1000", "--rate-scale", "8", "--policy",
                  "vattention", "--policy", "paged", "--workers", "1", "--out", str(tmp_path / "c"), "--quiet"]) == 0
     printed = capsys.readouterr().out
-    lines = [line for line in printed.splitlines() if line.startswith("warning:")]
+    lines = [line for line in printed.splitlines() if line.startswith("WARNING:")]
     assert [line.split(":")[1].strip() for line in lines] == ["vattention", "paged"]
     assert all("overloaded: the queue grows through the run" in line for line in lines)
     assert attention_lines({"ttft_growth_s_per_s": 0.01}) == []       # a run that keeps up: no line
+
+
+def test_one_token_outputs_print_no_tpot_instead_of_nan():
+    """Every output one token long: TPOT and TBT are undefined (summary.json null); the printed summary says so
+    in words, as it does for a run that served nothing (helper-48: it printed ``nan / nan / nan ms``)."""
+    from analysis.summary import summary_lines
+    from sim.core.runner import run_simulation
+    from sim.setup.config import SimConfig
+    import pandas as pd
+    trace = pd.DataFrame({"request_id": [0, 1], "arrival_s": [0.0, 0.5], "prompt_tokens": [100, 200],
+                          "output_tokens": [1, 1]})
+    summary = run_simulation(SimConfig(), trace).summary
+    assert summary["finished"] == 2 and summary["tpot_p99_ms"] != summary["tpot_p99_ms"]
+    rows = dict(summary_lines(summary))
+    assert rows["TPOT p50 / p90 / p99"] == rows["TBT p50 / p99 / max"] == \
+        "none: no served request has a second output token"
+    assert "nan" not in " ".join(rows.values()) and rows["TTFT p50 / p90 / p99"].endswith("ms")

@@ -114,7 +114,7 @@ def _run(body, args: argparse.Namespace) -> int:
             print(f"kvsim: error: {err}", file=sys.stderr)
             code = 2
     for w in caught:
-        print(f"warning: {w.message}", file=sys.stderr)
+        print(f"kvsim: warning: {w.message}", file=sys.stderr)
     return code
 
 
@@ -150,11 +150,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     """``kvsim traces convert FILE --out F.parquet [--force]``."""
     from analysis.output import check_out_file, command_inputs, write_file_atomic
-    from traces.loader import write_parquet
+    from traces.loader import is_trace_file, write_parquet
 
     def body(a):
-        try:
-            out = check_out_file(a.out, a.force, "--out", inputs=command_inputs(a))   # before reading the trace
+        try:         # before reading the trace; --force replaces only a trace this command wrote
+            out = check_out_file(a.out, a.force, "--out", inputs=command_inputs(a),
+                                 replaceable=(is_trace_file, "a trace kvsim traces convert wrote"))
         except (ValueError, OSError) as err:
             print(f"kvsim: error: {err}", file=sys.stderr)
             return 2

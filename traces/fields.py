@@ -105,18 +105,31 @@ def _what_number(raw) -> str:
     return "infinite" if value in (float("inf"), float("-inf")) else "not a number"
 
 
+_OFFSET_AT_END = r"\d:\d\d(?::\d\d(?:\.\d+)?)?\s*(?:Z|[+-]\d\d(?::?\d\d)?)$"
+"""A time of day followed by a UTC offset (``Z``, ``+05:00``, ``-0800``) at the end of an ISO timestamp."""
+
+
 def timestamps_ns(path: Path, chunk: pd.DataFrame, column: str) -> np.ndarray:
     """Parses ISO wall-clock timestamps (Azure ``YYYY-MM-DD HH:MM:SS.fffffff[+00:00]``).
 
-    Naive timestamps are taken as UTC; an offset, where present, is applied.
+    Naive timestamps are taken as UTC; an offset, where present, is applied. A chunk (up to
+    :data:`traces.csvread.CHUNK_ROWS` rows) that mixes naive and offset timestamps is refused: the naive ones'
+    zone is unknown, and reading them as UTC would move them by the offset silently.
 
     Returns:
         int64 nanoseconds since the Unix epoch.
 
     Raises:
-        TraceError: An unparseable timestamp.
+        TraceError: An unparseable timestamp; naive and offset timestamps in one file (naming the first row of
+            the kind the first row is not).
     """
     values = chunk[column].astype(str)
+    zoned = values.str.strip().str.contains(_OFFSET_AT_END, regex=True).to_numpy()
+    if zoned.any() and not zoned.all():
+        other = zoned != zoned[0]
+        _first_bad(path, chunk, column, other,
+                   "timestamps with and without a UTC offset in one file (the first row's "
+                   f"{'has one' if zoned[0] else 'has none'}): give every row an offset, or none")
     parsed = pd.to_datetime(values, format="ISO8601", errors="coerce", utc=True)
     bad = parsed.isna().to_numpy()
     if bad.any():

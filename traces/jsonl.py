@@ -83,6 +83,24 @@ def _decode(path: Path, line: int, raw: bytes) -> str:
                    line) from None
 
 
+def _repeated_field(text: str) -> str | None:
+    """A field of the format (``timestamp``, ``input_length``, ``output_length``, ``hash_ids``) that the line's
+    object holds twice, or None; a cheap count of the quoted name first, a parse of the pairs only when it is
+    seen twice."""
+    names = [name for name in (*_FIELDS, "hash_ids") if text.count(f'"{name}"') > 1]
+    if not names:
+        return None
+    counts: dict[str, int] = {}
+
+    def pairs(items):
+        for key, _ in items:
+            counts[key] = counts.get(key, 0) + 1
+        return dict(items)
+
+    json.loads(text, object_pairs_hook=pairs)
+    return next((name for name in names if counts.get(name, 0) > 1), None)
+
+
 def _parse(path: Path, line: int, text: str) -> dict:
     """Decodes and checks one line's JSON object (see :func:`load_mooncake` for the rules)."""
     try:
@@ -95,6 +113,9 @@ def _parse(path: Path, line: int, text: str) -> dict:
     except (ValueError, RecursionError) as err:   # e.g. an integer of > 4300 digits
         raise fail(path, f"invalid JSON: {str(err).splitlines()[0][:120]}", line,
                    value=text[:80]) from None
+    repeated = _repeated_field(text)
+    if repeated:
+        raise fail(path, "field given twice in one object (JSON keeps the last silently)", line, repeated)
     if _plainly_good(rec):
         return rec
     if not isinstance(rec, dict):

@@ -144,7 +144,29 @@ def write_parquet(df: pd.DataFrame, path: str | Path) -> Path:
     Returns:
         The path written.
     """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     path = Path(path)
     cols = list(CANONICAL_COLUMNS) + [c for c in df.columns if c not in CANONICAL_COLUMNS]
-    df[cols].to_parquet(path, index=False)
+    table = pa.Table.from_pandas(df[cols], preserve_index=False)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **TRACE_FILE_MARK})
+    pq.write_table(table, path)
     return path
+
+
+TRACE_FILE_MARK = {b"kvsim.written_by": b"kvsim traces convert"}
+"""Schema metadata of every Parquet trace :func:`write_parquet` writes: ``traces convert --force`` replaces only a
+file that carries it (:func:`is_trace_file`), never a user's own file of the same name."""
+
+
+def is_trace_file(path: str | Path) -> bool:
+    """Whether ``path`` is a Parquet trace that :func:`write_parquet` wrote (:data:`TRACE_FILE_MARK` in its schema
+    metadata); False for any other file, Parquet or not."""
+    import pyarrow.parquet as pq
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except Exception:        # not Parquet, unreadable: not ours  # noqa: BLE001
+        return False
+    key, value = next(iter(TRACE_FILE_MARK.items()))
+    return metadata.get(key) == value

@@ -65,12 +65,23 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     add_quiet(parser)
 
 
-class _DeprecatedJson(argparse.Action):
+class _OutFile(argparse.Action):
+    """``capacity --out FILE``: given once; with the old name ``--json`` as well (or twice) it is refused, since
+    only one file would be written."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{option_string} {values}: the result file was already given "
+                         f"({getattr(namespace, self.dest)}; --json is the old name of --out): give one --out")
+        setattr(namespace, self.dest, values)
+
+
+class _DeprecatedJson(_OutFile):
     """``capacity --json FILE``: the old name of ``--out FILE``; works, and says so once (docs/cli.md)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         print("kvsim: warning: capacity --json is deprecated: write --out FILE (the same file)", file=sys.stderr)
-        setattr(namespace, self.dest, values)
+        super().__call__(parser, namespace, values, option_string)
 
 
 def register(subparsers) -> None:
@@ -91,7 +102,7 @@ def register(subparsers) -> None:
                      help="evaluate up to N candidate rates at once on a local process pool (the same answer and "
                           "steps as the serial search; points off its path are computed and discarded)")
     from analysis.flags import FORCE_HELP, add_out
-    cap.add_argument("--out", dest="json", default=None, metavar="FILE",
+    cap.add_argument("--out", dest="json", default=None, metavar="FILE", action=_OutFile,
                      help="also write the result (and every step) as a JSON file (default: none)")
     cap.add_argument("--json", dest="json", default=argparse.SUPPRESS, help=argparse.SUPPRESS,  # deprecated: --out
                      action=_DeprecatedJson)
@@ -488,7 +499,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     from sim.timing.latency import check_profile_option
     check_profile_option(getattr(args, "profile", None))   # a bad profile is refused once, before any point runs
-    jobs = make_jobs(grid, base_settings(args), args.job)
+    jobs = make_jobs(grid, base_settings(args), args.job, getattr(args, "given_options", ()))
     _check_long_context(jobs)
     from analysis.planning.sweep import point_args
     from sim.frontend.disagg_options import check_disagg_flags

@@ -34,7 +34,8 @@ from sim.results.json_text import nan_for_null, strict_json_text
 
 JOBS = ("simulate", "capacity")
 # options of the parsed command line that do not change a point's result
-_NOT_SETTINGS = {"command", "func", "grid", "job", "executor", "ray_address", "workers", "out", "quiet", "force"}
+_NOT_SETTINGS = {"command", "func", "grid", "job", "executor", "ray_address", "workers", "out", "quiet", "force",
+                 "given_options"}
 _HASHED_WHEN_SET = {"slo_attainment"}   # options added later: left out of a point's key while unset, so that
                                         # sweeps written before them keep their keys (and resume)
 _ALIASES = {"page": "page_size", "batch": "max_batch", "max_batch_slots": "max_batch", "budget": "token_budget",
@@ -129,7 +130,9 @@ def resolve_axis(name: str) -> Axis:
 def _split_values(axis: str, text: str) -> list[str]:
     """An axis's values: split at commas, except that in a ``policy`` axis a comma starts a new value only before
     a policy name, and in a ``kv_tier`` axis only before a tier kind (``dram``, ``ssd``) or ``none``, so that the
-    values keep their own ``key=value`` options (``kv_tier=dram:1GiB,bw=10GB/s,ssd:4GiB``: two values)."""
+    values keep their own ``key=value`` options (``kv_tier=dram:1GiB,bw=10GB/s,ssd:4GiB``: two values); in a ``policy``
+    axis an item that is not a key of the spec before it starts a value (``policy=paged,bogus``: two values, the
+    second refused by name)."""
     from sim.memory.tiers import TIER_KINDS
 
     items = [item.strip() for item in text.split(",")]
@@ -139,11 +142,23 @@ def _split_values(axis: str, text: str) -> list[str]:
     starts = set(POLICIES) if axis == "policy" else {*TIER_KINDS, "none"}
     specs: list[str] = []
     for item in filter(None, items):
-        if item.partition(":")[0].strip().lower() in starts or not specs:
+        # in a policy axis a bare item continues the spec before it only as one of its keys (the spec still
+        # parses); else it starts a value, so a misspelt name (policy=paged,bogus) is refused as 'bogus'
+        if (item.partition(":")[0].strip().lower() in starts or not specs
+                or (axis == "policy" and "=" not in item and not _parses_as_policy(specs[-1] + "," + item))):
             specs.append(item)
         else:
             specs[-1] += "," + item
     return specs
+
+
+def _parses_as_policy(spec: str) -> bool:
+    from sim.frontend.policy_spec import parse_policy
+    try:
+        parse_policy(spec)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_grid(items: list[str]) -> dict[str, list[str]]:
@@ -165,6 +180,12 @@ def parse_grid(items: list[str]) -> dict[str, list[str]]:
             raise ValueError(f"--grid {item!r}: no values")
         for value in parsed:
             resolved.parse(value)
+            if resolved.dest == "policy":        # a misspelt policy or key fails here, before any point runs
+                from sim.frontend.policy_spec import parse_policy
+                try:
+                    parse_policy(value)
+                except ValueError as exc:
+                    raise ValueError(f"--grid {axis}={value}: {exc}") from None
         grid.setdefault(axis, []).extend(v for v in parsed if v not in grid.get(axis, []))
     return grid
 
@@ -204,11 +225,14 @@ def base_settings(args: argparse.Namespace) -> dict:
             and not (k in _HASHED_WHEN_SET and v is None)}
 
 
-def make_jobs(grid: dict[str, list[str]], base: dict, job: str = "simulate") -> list[PointJob]:
-    """One :class:`PointJob` per grid point, in grid order."""
+def make_jobs(grid: dict[str, list[str]], base: dict, job: str = "simulate",
+              given_options: tuple = ()) -> list[PointJob]:
+    """One :class:`PointJob` per grid point, in grid order. ``given_options``: the long options written on the
+    command line (``cli.main``'s ``args.given_options``), so that an axis that replaces a flag given at its default
+    value is refused too (:func:`_check_axes_apart`)."""
     if job not in JOBS:
         raise ValueError(f"--job {job!r}: choose one of {', '.join(JOBS)}")
-    _check_axes_apart(grid, base)
+    _check_axes_apart(grid, base, given_options)
     return [PointJob(i, point, base, job) for i, point in enumerate(expand_grid(grid))]
 
 
@@ -221,12 +245,14 @@ def _axis_field(axis: Axis) -> str:
     return by_dest.get(axis.dest, axis.dest)
 
 
-def _check_axes_apart(grid: dict[str, list[str]], base: dict) -> None:
+def _check_axes_apart(grid: dict[str, list[str]], base: dict, given_options: tuple = ()) -> None:
     """Refuse a grid whose rows would be mislabelled or a flag silently dropped: an axis whose option the base
     command line also set (``--no-deferred-reclaim --grid deferred_reclaim=off,on``), two axes that set the same
     setting (``deferred_reclaim`` and ``no_deferred_reclaim``), or an axis that sets a field the base ``--policy`` spec
     (or a value of a ``policy`` axis) also sets, which the spec would override at every point
-    (``--policy paged:block=32 --grid block_size_tokens=16,64``: both rows ``block=32``).
+    (``--policy paged:block=32 --grid block_size_tokens=16,64``: both rows ``block=32``). A flag counts as set when
+    its value differs from the default or it is among ``given_options`` (``--page-size 2MiB --grid
+    page_size=2MiB,4MiB``; ``--page-size 2MiB --grid policy=vattention:page=4MiB``).
 
     Raises:
         ValueError: naming the axes, or the axis and the spec.
@@ -241,7 +267,8 @@ def _check_axes_apart(grid: dict[str, list[str]], base: dict) -> None:
         axis = resolve_axis(name)
         if axis.dest == "policy":
             continue
-        if axis.dest is not None and axis.dest in base and base[axis.dest] != defaults.get(axis.dest):
+        if axis.dest is not None and axis.dest in base and (base[axis.dest] != defaults.get(axis.dest)
+                                                            or flags.get(axis.dest) in given_options):
             flag = flags[axis.dest]              # the base command line set it: the axis would replace it
             raise ValueError(f"--grid {name} sets what {flag} also sets on the command line ({base[axis.dest]!r}), "
                              "and the axis would replace it at every point; set it in one place: the axis, or "
@@ -264,6 +291,12 @@ def _check_axes_apart(grid: dict[str, list[str]], base: dict) -> None:
                 raise ValueError(f"--grid {name} sets {field}, which {where} also sets (to "
                                  f"{spec_fields[field]!r}), overriding the axis at every point; set it in one "
                                  "place: the axis, or the spec")
+        if where.startswith("--grid"):      # a policy value against a flag of the base command line
+            from sim.frontend.options import policy_overrides, policy_flag_values
+            try:
+                policy_overrides(spec, policy_flag_values(base), given_options)
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
 
 
 def point_args(job: PointJob) -> tuple[argparse.Namespace, dict]:

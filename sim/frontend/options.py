@@ -192,7 +192,7 @@ def _config_from_args(args: argparse.Namespace, **overrides):
     spec = getattr(args, "policy", None)
     if isinstance(spec, str):   # simulate --policy (compare takes a list)
         explicit = set(values.get("explicit_fields", ()))
-        values.update(policy_overrides(spec, values))
+        values.update(policy_overrides(spec, values, getattr(args, "given_options", ())))
         values["explicit_fields"] = tuple(sorted(explicit | set(values.get("explicit_fields", ()))))
         try:
             return SimConfig(**values)
@@ -232,8 +232,19 @@ _FLAG_OF_FIELD = {"page_size_bytes": ("--page-size", 2 * 1024 * 1024), "sync_map
                   "deferred_reclaim": ("--no-deferred-reclaim", True), "preemption": ("--preemption", "recompute")}
 
 
-def policy_overrides(spec: str, values: dict) -> dict:
-    """The fields a ``--policy`` spec sets; a spec that contradicts an explicit flag is an error.
+def policy_flag_values(options: dict) -> dict:
+    """The configuration fields of :data:`_FLAG_OF_FIELD` as a parsed command line (``vars(args)``, a sweep's base
+    settings) sets them, for :func:`policy_overrides`' check."""
+    return {"page_size_bytes": options.get("page_size", 2 * 1024 * 1024),
+            "sync_mapping": bool(options.get("sync_mapping", False)),
+            "deferred_reclaim": not options.get("no_deferred_reclaim", False),
+            "preemption": options.get("preemption", "recompute")}
+
+
+def policy_overrides(spec: str, values: dict, given_options: tuple = ()) -> dict:
+    """The fields a ``--policy`` spec sets; a spec that contradicts an explicit flag is an error: a flag whose
+    value in ``values`` differs from its default, or one written on the command line (``given_options``, the long
+    options ``cli.main`` saw, e.g. ``--page-size 2MiB`` beside ``vattention:page=4MiB``).
 
     Raises:
         ConfigError: naming the spec and the flag.
@@ -243,6 +254,7 @@ def policy_overrides(spec: str, values: dict) -> dict:
     overrides = parse_policy(spec)
     for field_name, value in overrides.items():
         flag, default = _FLAG_OF_FIELD.get(field_name, (None, None))
-        if flag and values.get(field_name, default) != default and values[field_name] != value:
+        current = values.get(field_name, default)
+        if flag and (current != default or flag in given_options) and current != value:
             raise ConfigError(f"policy {spec!r} contradicts {flag}; set it in one place")
     return overrides
