@@ -202,7 +202,8 @@ def print_comparison(table, trace_source: str, base, wall_s: float, out_dir: Pat
     """Print the comparison table with metrics as rows and policies as columns; ``summary`` (one run's) names
     the compute model every run used; ``summaries`` (label -> summary) adds each run's warnings
     (:func:`attention_lines`: rejected requests, an overloaded run) under the table, as ``kvsim simulate`` does."""
-    console = Console(width=max(100, 34 + 26 * len(table)))
+    # wide enough for every label in full (a column of 26 characters each, more for a longer label)
+    console = Console(width=max(100, 34 + sum(max(len(str(label)), 24) + 2 for label in table.index)))
     console.print(f"trace: {trace_source}")
     console.print(f"model {base.model} on {base.gpu} (tp={base.tp}{_pp(base.pp)}), scheduler {base.scheduler} "
                   f"(budget {base.token_budget}), max batch {base.max_batch_slots}, seed {base.seed}")

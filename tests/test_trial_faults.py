@@ -678,3 +678,16 @@ def test_one_token_outputs_print_no_tpot_instead_of_nan():
     assert rows["TPOT p50 / p90 / p99"] == rows["TBT p50 / p99 / max"] == \
         "none: no served request has a second output token"
     assert "nan" not in " ".join(rows.values()) and rows["TTFT p50 / p90 / p99"].endswith("ms")
+
+
+def test_compare_prints_long_policy_labels_in_full(tmp_path, capsys):
+    """Helper-48: the comparison table cut long labels (``vattention:sync,layout=cross-lay…``); its width now
+    follows the labels, so each header is the spec as given."""
+    from cli import main
+    trace = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
+    specs = ["vattention:sync,layout=cross-layer,page=64KiB", "paged:block=16",
+             "vattention:page=256KiB,eager=0,deferred=off", "static"]
+    assert main(["compare", "--trace", str(trace), "--num-requests", "10", "--workers", "1", "--quiet",
+                 "--out", str(tmp_path / "c"), *[a for spec in specs for a in ("--policy", spec)]]) == 0
+    header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("metric"))
+    assert header.split() == ["metric", *specs] and "…" not in header
