@@ -112,8 +112,9 @@ def summary_lines(summary: dict) -> list[tuple[str, str]]:
     rows = []
     served = summary.get("finished", 1) > 0
     for label, key, fmt in SUMMARY_ROWS:
-        if not served and label in LATENCY_ROWS:
-            rows.append((label, "none: no request was served"))        # (NaN percentiles of nothing)
+        if not served and label in LATENCY_ROWS and not (label.startswith("TBT") and summary.get("tbt_tokens")):
+            # (NaN percentiles of nothing; TBT counts the emitted tokens of a request rejected mid-run too)
+            rows.append((label, "none: no request was served"))
             continue
         if key is None:
             value = f"{summary['finished']:,} / {summary['requests']:,}" + (

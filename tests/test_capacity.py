@@ -294,9 +294,13 @@ def test_latency_rows_say_none_was_served_instead_of_nan():
     from analysis.summary import LATENCY_ROWS, summary_lines
 
     base = _base_summary()
-    rows = dict(summary_lines({**base, "finished": 0, "rejected": base["requests"]}))
+    rows = dict(summary_lines({**base, "finished": 0, "rejected": base["requests"], "tbt_tokens": 0}))
     assert {rows[label] for label in LATENCY_ROWS} == {"none: no request was served"} and len(LATENCY_ROWS) == 5
     assert rows["iterations"] == f"{base['iterations']:,}"
+    # a request rejected mid-run streamed its tokens: TBT has figures though nothing finished (helper-49)
+    streamed = dict(summary_lines({**base, "finished": 0, "rejected": base["requests"]}))
+    assert base["tbt_tokens"] > 0 and streamed["TBT p50 / p99 / max"].endswith(" ms")
+    assert streamed["TTFT p50 / p90 / p99"] == "none: no request was served"
     assert "nan" not in " ".join(dict(summary_lines(base)).values())
 
 

@@ -124,6 +124,9 @@ def _check_run(config: SimConfig, table) -> None:
     starts = set(it["start_at_us"].tolist())
     assert all(at in starts for at in req["first_scheduled_at_us"].dropna()), "first scheduled between iterations"
     assert (it["used_page_groups"] <= it["mapped_page_groups"]).all(), "more page groups used than mapped"
+    # deferred pages are the idle part of the mapped ones (a page shared by idle slots once: helper-49)
+    assert (it["used_page_groups"] + it["deferred_page_groups"] <= it["mapped_page_groups"]).all(), \
+        "used + deferred page groups above the mapped ones"
     assert np.all(np.diff(it["start_at_us"].to_numpy()) > 0) if len(it) > 1 else True
     assert (it["mapped_page_groups"] <= config.pool_page_groups).all()
     # tokens: every served request computes its KV once, plus what recompute dropped, minus prefix hits

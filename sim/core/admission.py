@@ -7,6 +7,8 @@ counters) set up by :meth:`sim.core.engine.Simulator.__init__`.
 """
 from __future__ import annotations
 
+from collections import deque
+
 from sim.core.request import Request
 from sim.memory.plan import EMPTY_PLAN, MapOp, Plan
 
@@ -103,6 +105,18 @@ class Admission:
         cohort = self.cohort
         running, members = (self._solo, cohort.size) if cohort is not None else (self.running, 0)
         self._cohort_scheduled = False
+        if scheduler.prefill_first and self.waiting and self.waiting[0].swapped:
+            # vLLM v0 (_schedule_default): while a request is swapped out no prompt is admitted; the running
+            # requests decode, and swapped requests come back into that decode iteration unless it preempted
+            batch, _ = scheduler.running_part(running, budget)
+            plan = EMPTY_PLAN
+            self._cohort_scheduled = members > 0
+            if batch or members:
+                batch, plan = yield from self._step(batch)
+            preempted = self._iteration_preemptions > 0
+            if not preempted:
+                batch = batch + self._admit_swapped(budget)
+            return batch, plan, preempted
         if scheduler.prefill_first:
             admitted = yield from self._admit_waiting(budget)
             if admitted:
@@ -123,6 +137,16 @@ class Admission:
         if not preempted:
             batch = batch + (yield from self._admit_waiting(budget))
         return batch, plan, preempted
+
+    def _admit_swapped(self, budget: int) -> list:
+        """The swapped-out requests at the head of the queue, admitted in order by the scheduler's waiting part
+        (swap-in) while they fit; the rest go back to the head, in order."""
+        waiting, swapped = self.waiting, deque()
+        while waiting and waiting[0].swapped:
+            swapped.append(waiting.popleft())
+        admitted = self.scheduler.admit_part(swapped, budget, self._admit)
+        waiting.extendleft(reversed(swapped))
+        return admitted
 
     def _admit_waiting(self, budget: int):
         """The scheduler's waiting part; when an admission was refused while the mapper holds maps on idle

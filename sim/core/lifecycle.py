@@ -37,8 +37,20 @@ class RequestBookkeeping:
                 self.waiting.append(request)
 
     def _cannot_ever_fit(self, request: Request) -> str:
-        """Why the request can never be served on this replica (``""`` if it can), see :func:`unservable_reason`."""
-        return unservable_reason(self.policy.config, request.final_kv_tokens)
+        """Why the request can never be served on this replica (``""`` if it can), see :func:`unservable_reason`;
+        a window-aware policy (:class:`sim.memory.hybrid.HybridPolicy`) counts its groups' units at the
+        request's peak (:meth:`~sim.memory.hybrid.HybridPolicy.peak_units`, the chunks this scheduler gives a
+        request alone: the whole prompt for ``vllm``, the token budget for ``sarathi``)."""
+        reason = unservable_reason(self.policy.config, request.final_kv_tokens)
+        peak_units = getattr(self.policy, "peak_units", None)
+        if reason or peak_units is None:
+            return reason
+        config = self.config
+        chunk = request.prompt_tokens if config.scheduler == "vllm" else config.token_budget
+        need = peak_units(request.prompt_tokens, request.final_kv_tokens, chunk,
+                          request.prompt_tokens if self._whole_prompt_admission else None)
+        pool = self.policy.config.pool_page_groups
+        return "pool" if need > pool - int(self.policy.config.admission_watermark_frac * pool) else ""
 
     def _admission_args(self, request: Request, first_tokens: int) -> tuple[int, int | None, int]:
         """Arguments of the policy's ``alloc_slot`` under the run's admission rule

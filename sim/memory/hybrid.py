@@ -292,21 +292,75 @@ class HybridPolicy:
         """Units the request's pages need beyond what ``slot`` maps: full groups ``ceil(tokens / p)`` pages;
         window groups the first chunk's pages (nothing is skipped before it is computed), or a window and a
         chunk's worth ``ceil((W - 1 + first) / p) + 1`` for the later chunks; state groups one."""
-        per_page, units = self.config.tokens_per_page, 0
+        return sum(g.units * max(0, self._admission_pages(g, first_tokens, tokens) - g.mapped[slot])
+                   for g in self.groups)
+
+    def _admission_pages(self, g: GroupPolicy, first_tokens: int, tokens: int) -> int:
+        """Pages of group ``g`` an admission reserves (:meth:`_fresh_units`' rule, before what a slot maps)."""
+        per_page = self.config.tokens_per_page
+        if isinstance(g, StateGroupPolicy):
+            return 1
         pages = -(-tokens // per_page)
-        for g in self.groups:
-            if isinstance(g, StateGroupPolicy):
-                need = 1
-            elif isinstance(g, WindowGroupPolicy):
-                later = -(-(g.group.window_tokens - 1 + first_tokens) // per_page) + 1
-                need = max(-(-first_tokens // per_page), min(pages, later))
-            else:
-                need = pages
-            units += g.units * max(0, need - g.mapped[slot])
-        return units
+        if isinstance(g, WindowGroupPolicy):
+            later = -(-(g.group.window_tokens - 1 + first_tokens) // per_page) + 1
+            return max(-(-first_tokens // per_page), min(pages, later))
+        return pages
+
+    def peak_units(self, prompt_tokens: int, final_kv_tokens: int, chunk_tokens: int,
+                   reserve_tokens: int | None) -> int:
+        """Units of the pool a request needs at its peak when it runs alone: the largest sum over the groups
+        of ``units_g`` x pages held, over its steps (prefill chunks of ``chunk_tokens``, then one decode token
+        a step up to ``final_kv_tokens``), and its admission's :meth:`_fresh_units` (``reserve_tokens``: the
+        whole-prompt rule's reservation, or None). A step holds, in a full group, ``ceil(T / p)`` pages of its
+        target ``T``; in a window group those from ``floor(skipped(computed) / p)`` up (the pages a step that
+        maps drops first, :meth:`WindowGroupPolicy.step`), and under ``recycle`` the most it held so far (a step
+        moves stale handles to the new end only as far as it needs, so the count never falls); in a state group
+        one. The sum is nondecreasing
+        over decode steps but for chunked-local groups, whose pages repeat with the window: so only the last
+        ``W_max / p + 2`` decode steps that map are evaluated. Pure (nothing of the pool changes).
+
+        Source: the window rule of vLLM v1 ``SlidingWindowManager.remove_skipped_blocks`` (module docstring)."""
+        per_page = self.config.tokens_per_page
+        held = [0] * len(self.groups)         # a recycle group's pages so far: it never gives one back
+
+        def units_at(before: int, target: int) -> int:
+            total, top = 0, -(-target // per_page)
+            for index, g in enumerate(self.groups):
+                if isinstance(g, StateGroupPolicy):
+                    total += g.units
+                elif isinstance(g, WindowGroupPolicy):
+                    need = top - g.group.skipped_tokens(before) // per_page
+                    if g.mode == "recycle":
+                        need = held[index] = max(held[index], need)
+                    total += g.units * need
+                else:
+                    total += g.units * top
+            return total
+
+        steps, computed, chunk = [], 0, max(1, chunk_tokens)
+        while computed < prompt_tokens:
+            target = min(prompt_tokens, computed + chunk)
+            steps.append((computed, target))
+            computed = target
+        if final_kv_tokens > prompt_tokens:      # decode steps that map a page: computed a multiple of p
+            last = (final_kv_tokens - 1) // per_page * per_page
+            span = max((g.group.window_tokens for g in self.groups if isinstance(g, WindowGroupPolicy)), default=0)
+            first = max(-(-prompt_tokens // per_page) * per_page, last - (span // per_page + 2) * per_page)
+            steps += [(before, before + 1) for before in range(first, last + 1, per_page) if before >= prompt_tokens]
+        peak = max((units_at(before, target) for before, target in steps), default=0)
+        first_target = min(prompt_tokens, chunk)
+        tokens = max(first_target, reserve_tokens or 0)
+        admission = sum(g.units * self._admission_pages(g, first_target, tokens) for g in self.groups)
+        return max(peak, admission)
 
     def _pick(self, first_target_tokens, reserve_tokens, committed_page_groups, cached) -> int | None:
-        slot = self._growing[0]._pick_slot(first_target_tokens, reserve_tokens, committed_page_groups, cached)
+        lead = self._growing[0]
+        if reserve_tokens is not None and isinstance(lead, WindowGroupPolicy):
+            # the slot is chosen by the first growing group; a window group reserves its window's pages of the
+            # whole prompt, not all of them (the units are checked below against the shared pool)
+            pages = self._admission_pages(lead, first_target_tokens, max(first_target_tokens, reserve_tokens))
+            reserve_tokens = pages * self.config.tokens_per_page
+        slot = lead._pick_slot(first_target_tokens, reserve_tokens, committed_page_groups, cached)
         if slot is None or any(not g._allocatable(slot) or g.active[slot] for g in self.groups):
             return None
         tokens = max(first_target_tokens, reserve_tokens or 0)

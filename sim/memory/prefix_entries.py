@@ -8,6 +8,8 @@ depend on them); creating or dropping one also bumps ``lookup_version`` (what :m
 reads: which keys are cached, and the partial-match index)."""
 from __future__ import annotations
 
+from itertools import compress
+
 from sim.memory.plan import UnmapOp
 
 
@@ -132,3 +134,14 @@ class PrefixEntries:
     def physical_page_groups(self) -> int:
         """Physical page groups in use: private mapped pages plus cache entries (mapped or not)."""
         return self._mapped_total - sum(self.shared) + len(self.cache)
+
+    @property
+    def deferred_page_groups(self) -> int:
+        """Physical page groups that only idle slots map (kept by deferred reclamation or eager maps), each once:
+        the idle slots' private pages plus the cache entries some idle slot and no active slot maps. With the
+        running requests' used pages (shared ones once) and the entries no slot maps, they make up
+        :attr:`physical_page_groups` exactly (the per-slot sum ``_deferred_total``, which counts a page shared
+        by k idle slots k times, stays what reclamation works with)."""
+        shared = self.shared
+        idle_shared = sum(shared) - sum(compress(shared, self.active))
+        return self._deferred_total - idle_shared + self._freeable - len(self._unmapped)
