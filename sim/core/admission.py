@@ -105,19 +105,10 @@ class Admission:
         cohort = self.cohort
         running, members = (self._solo, cohort.size) if cohort is not None else (self.running, 0)
         self._cohort_scheduled = False
-        if scheduler.prefill_first and self.waiting and self.waiting[0].swapped:
-            # vLLM v0 (_schedule_default): while a request is swapped out no prompt is admitted; the running
-            # requests decode, and swapped requests come back into that decode iteration unless it preempted
-            batch, _ = scheduler.running_part(running, budget)
-            plan = EMPTY_PLAN
-            self._cohort_scheduled = members > 0
-            if batch or members:
-                batch, plan = yield from self._step(batch)
-            preempted = self._iteration_preemptions > 0
-            if not preempted:
-                batch = batch + self._admit_swapped(budget)
-            return batch, plan, preempted
-        if scheduler.prefill_first:
+        # vLLM v0 (_schedule_default): while a request is swapped out no prompt is admitted; the running requests
+        # decode, and swapped requests come back into that decode iteration unless it preempted
+        swapped_back = scheduler.prefill_first and self.waiting and self.waiting[0].swapped
+        if scheduler.prefill_first and not swapped_back:
             admitted = yield from self._admit_waiting(budget)
             if admitted:
                 return admitted, EMPTY_PLAN, False
@@ -135,7 +126,7 @@ class Admission:
             batch, plan = yield from self._step(batch)
         preempted = self._iteration_preemptions > 0
         if not preempted:
-            batch = batch + (yield from self._admit_waiting(budget))
+            batch = batch + (self._admit_swapped(budget) if swapped_back else (yield from self._admit_waiting(budget)))
         return batch, plan, preempted
 
     def _admit_swapped(self, budget: int) -> list:
