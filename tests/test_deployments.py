@@ -1,6 +1,7 @@
 """Issue 21 end to end: --model PATH / --gpu PATH / --pp on the command line, notes and derived figures in
 config.json, cost per request in capacity and sweeps, --arrival offline and --sample."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -147,3 +148,76 @@ def test_a_page_size_axis_under_a_policy_without_vmm_pages_is_noted(tmp_path, ca
     table = pd.read_csv(out / "sweep.csv").set_index(["policy", "page_size"])
     columns = ["ttft_p99_ms", "iterations", "tpot_p99_ms"]
     assert table.loc[("paged", "64KiB"), columns].tolist() == table.loc[("paged", "2MiB"), columns].tolist()
+
+
+AZURE_CODE = str(Path(AZURE_CONV).with_name("AzureLLMInferenceTrace_code.csv"))
+
+
+def test_a_sweep_prices_a_base_pd_deployment_at_its_gpus(tmp_path, capsys):
+    """Helper-51: ``--pd 2:1`` as a base option (not an axis) was priced as one GPU (3x the requests per $)."""
+    out = tmp_path / "s"
+    assert main(["sweep", "--job", "capacity", "--pd", "2:1", "--grid", "memory_util=0.9", "--trace", AZURE_CODE,
+                 "--num-requests", "200", "--slo", "ttft_p99=2s,tpot_p99=20ms", "--out", str(out), "--quiet",
+                 "--tolerance", "0.2"]) == 0
+    row = pd.read_csv(out / "sweep.csv").iloc[0]
+    assert row["gpus"] == row["gpus_per_replica"] == 3
+    assert row["requests_per_usd"] == pytest.approx(row["capacity_req_per_s"] * 3600 / (3 * row["usd_per_gpu_hour"]))
+    assert "(3 GPU(s) at $" in capsys.readouterr().out
+
+
+def test_capacity_pd_prints_and_records_the_deployments_cost(tmp_path, capsys):
+    record = tmp_path / "pd.json"
+    assert main(["capacity", "--trace", AZURE_CODE, "--num-requests", "200", "--slo", "ttft_p99=2s,tpot_p99=20ms",
+                 "--pd", "2:1", "--out", str(record), "--quiet", "--tolerance", "0.2"]) == 0
+    data = json.loads(record.read_text())
+    assert data["kv_link"] == "ib" and data["deployment_usd_per_hour"] == pytest.approx(3 * 6.35)
+    assert data["requests_per_usd"] == pytest.approx(data["capacity_req_per_s"] * 3600 / (3 * 6.35))
+    assert f"cost: 3 x h200 at $6.35/GPU-hour = $19.05 per deployment-hour; {data['requests_per_usd']:,.0f}" in \
+        capsys.readouterr().out
+
+
+def test_a_simulate_sweep_fails_an_overloaded_point_as_capacity_does(tmp_path, capsys):
+    """Helper-51: at 8x the conversation trace's rate (TTFT growth 0.79 s/s, scheduling delay p50 3.9 s) the
+    point passed a loose TTFT bound and was named the cheapest; a capacity step fails it on stability."""
+    out = tmp_path / "s"
+    assert main(["sweep", "--job", "simulate", "--grid", "rate_scale=1,8", "--trace", AZURE_CONV, "--num-requests",
+                 "600", "--slo", "ttft_p99=60s,tpot_p99=100ms", "--out", str(out), "--quiet", "--workers", "1"]) == 0
+    table = pd.read_csv(out / "sweep.csv").set_index("rate_scale")
+    assert table.loc[8, "ttft_growth_s_per_s"] > 0.05 and not table.loc[8, "passes_slos"]
+    assert table.loc[1, "passes_slos"] and "cheapest passing: rate_scale=1:" in capsys.readouterr().out
+
+
+def test_a_capacity_sweep_warns_of_short_spans(tmp_path, capsys):
+    out = tmp_path / "s"
+    assert main(["sweep", "--job", "capacity", "--grid", "memory_util=0.5,0.9", "--trace", AZURE_CONV,
+                 "--num-requests", "200", "--slo", "ttft_p99=2s,tpot_p99=100ms", "--out", str(out), "--quiet",
+                 "--tolerance", "0.2"]) == 0
+    table = pd.read_csv(out / "sweep.csv")
+    assert (table["span_at_capacity_s"] < 600).all()
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("WARNING:"))
+    assert line.startswith("WARNING: 2 of 2 points' capacities rest on requests spanning less than 600 s")
+
+
+def test_a_sweep_reruns_points_when_the_trace_file_changed(tmp_path, capsys):
+    """Helper-51: the point key hashed the --trace text, so an edited file (or another file of the same relative
+    name) reused the old points silently."""
+    trace = tmp_path / "t.csv"
+    lines = Path(AZURE_CONV).read_text().splitlines()[:61]
+    trace.write_text("\n".join(lines) + "\n")
+    command = ["sweep", "--grid", "memory_util=0.5,0.9", "--trace", str(trace), "--out", str(tmp_path / "s"),
+               "--quiet", "--workers", "1"]
+    assert main(command) == 0 and main(command) == 0
+    assert "(0 run now, 2 already in" in capsys.readouterr().out
+    doubled = [lines[0]] + [",".join([f.split(",")[0], str(2 * int(f.split(",")[1])), f.split(",")[2]])
+                            for f in lines[1:]]
+    trace.write_text("\n".join(doubled) + "\n")
+    assert main(command) == 0
+    assert "(2 run now, 0 already in" in capsys.readouterr().out
+
+
+def test_check_replicas_warns_when_session_hash_cannot_spread(tmp_path, capsys):
+    mooncake = str(Path(AZURE_CONV).parents[1] / "mooncake_fast25" / "conversation_trace.jsonl")
+    main(["capacity", "--trace", mooncake, "--num-requests", "200", "--slo", "ttft_p99=5s,tpot_p99=100ms",
+          "--target-rate", "10", "--check-replicas", "--routing", "session-hash", "--quiet", "--tolerance", "0.3"])
+    assert "kvsim: warning: --check-replicas: session-hash: the 200 requests have 1 distinct session key" in \
+        capsys.readouterr().err

@@ -256,6 +256,31 @@ def _points_of(table, column: str, value, axes: list[str], shown: int = 3) -> st
     return ", ".join(points[:shown]) + (f" and {len(points) - shown} more" if len(points) > shown else "")
 
 
+def short_span_line(table, axes: list[str]) -> str | None:
+    """A ``WARNING:`` line when some capacity points rest on fewer requests than last
+    :data:`analysis.planning.capacity.MIN_STEADY_SPAN_S` at their capacity (as ``kvsim capacity`` warns for one):
+    how many, the shortest and the cheapest passing point's span; None when every point's span is long enough
+    (or the table has no spans: a simulate sweep)."""
+    import pandas as pd
+
+    from analysis.planning.capacity import MIN_STEADY_SPAN_S
+    if "span_at_capacity_s" not in table or table.empty:
+        return None
+    spans = pd.to_numeric(table["span_at_capacity_s"], errors="coerce")
+    short = table[spans < MIN_STEADY_SPAN_S]
+    if short.empty:
+        return None
+    shortest = short.loc[spans[short.index].idxmin()]
+    point = " ".join(f"{axis}={shortest[axis]}" for axis in axes)
+    cheapest = table[table["cheapest_passing"]] if "cheapest_passing" in table else table.iloc[:0]
+    chosen = (f"; the cheapest passing point's is {float(spans[cheapest.index[0]]):,.0f} s"
+              if len(cheapest) and spans[cheapest.index[0]] < MIN_STEADY_SPAN_S else "")
+    return (f"WARNING: {len(short)} of {len(table)} points' capacities rest on requests spanning less than "
+            f"{MIN_STEADY_SPAN_S:.0f} s at that rate (shortest {float(spans[shortest.name]):,.0f} s, {point}{chosen}): "
+            "a queue that builds more slowly goes unseen and those capacities read high (docs/capacity.md, "
+            "\"Short traces\"); give more requests (--num-requests) before planning on them")
+
+
 def compute_model_source_key(text: str) -> str:
     """The source of a compute-model description (``summary.json``'s ``compute_model``, see
     :func:`sim.core.runner.compute_model_source`): its kind and the fit it reads, e.g. ``"roofline (built-in
@@ -363,6 +388,11 @@ def _check_replicas(args, config, trace, result) -> dict | None:
         print(f"kvsim: warning: --check-replicas: {len(trace):,} requests over {replicas:,} replicas, about "
               f"{len(trace) / replicas:.0f} each: the check's percentiles and TTFT growth rest on few requests "
               f"(give at least {CHECK_MIN_REQUESTS_PER_REPLICA} per replica with --num-requests)", file=sys.stderr)
+    if args.routing == "session-hash":        # as kvsim simulate --replicas warns
+        from sim.cluster.routing import session_key_note
+        note = session_key_note(trace, replicas)
+        if note:
+            print(f"kvsim: warning: --check-replicas: {note}", file=sys.stderr)
     # the target counts served requests: offer target / served fraction (unservable requests are rejected)
     scale = args.target_rate / (base_rate_per_s(trace) * result.served_fraction)
     routed = run_routed(config, traces.scale_rate(trace, scale), replicas, args.routing, args.profile)
@@ -545,5 +575,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr if line.startswith("kvsim: warning:") else sys.stdout)
     from analysis.planning.cost import cheapest_line
     print(cheapest_line(table, list(grid), judged=args.job == "capacity" or bool(args.slo)))
+    span_warning = short_span_line(table, list(grid))
+    if span_warning:
+        print(span_warning)
     print("wrote " + ", ".join(str(f) for f in files))
     return 1 if failed else 0

@@ -38,29 +38,34 @@ def requests_per_usd(rate_per_s: float, config, gpus: int | None = None) -> floa
     return rate_per_s * S_PER_HOUR / per_hour
 
 
-def cost_line(rate_per_s: float, config) -> str:
+def cost_line(rate_per_s: float, config, gpus: int | None = None, unit: str = "replica") -> str:
     """The printed cost of a capacity: ``cost: 2 x h100 at $4.76/GPU-hour = $9.52 per replica-hour; 1,234
-    requests per $`` (or why there is none)."""
-    gpus, gpu = config.gpus_per_replica, config.gpu_spec
-    layout = f"{gpus} x {config.gpu}" + (f" (tp={config.tp}, pp={config.pp})" if config.pp > 1 else "")
+    requests per $`` (or why there is none); ``gpus`` for a deployment that states its GPUs (a P:D one, priced
+    at ``config``'s GPU), named ``unit`` (``"deployment"``)."""
+    gpu = config.gpu_spec
+    count = gpus if gpus is not None else config.gpus_per_replica
+    layout = f"{count} x {config.gpu}" + (f" (tp={config.tp}, pp={config.pp})" if gpus is None and config.pp > 1 else "")
     if gpu.usd_per_gpu_hour is None:
         return (f"cost: {layout}: no $/GPU-hour for {config.gpu} ({gpu.price_source or 'none recorded'}); pass "
                 "--usd-per-gpu-hour to get requests per $")
-    per_hour = replica_usd_per_hour(config)
-    value = requests_per_usd(rate_per_s, config)
-    return (f"cost: {layout} at ${gpu.usd_per_gpu_hour:g}/GPU-hour = ${per_hour:,.2f} per replica-hour; "
+    per_hour = replica_usd_per_hour(config, gpus)
+    value = requests_per_usd(rate_per_s, config, gpus)
+    return (f"cost: {layout} at ${gpu.usd_per_gpu_hour:g}/GPU-hour = ${per_hour:,.2f} per {unit}-hour; "
             f"{value:,.0f} requests per $ (price: {gpu.price_source})")
 
 
 def add_cost_columns(table: pd.DataFrame, jobs, point_args) -> pd.DataFrame:
     """Add :data:`COST_COLUMNS` to a sweep table (one row per :class:`analysis.planning.sweep.PointJob`, in order):
     the point's GPUs and price, its requests per $ (capacity jobs: at capacity; simulate jobs: at the run's
-    throughput), whether it passes (capacity: a capacity > 0 was found; simulate: ``--slo`` was given, every SLO
-    holds and no request was rejected) and which passing row buys the most requests per $ (``cheapest_passing``).
+    throughput), whether it passes (capacity: a capacity > 0 was found; simulate: ``--slo`` was given, and as a
+    capacity step judges a rate: every objective with the default bounds (:func:`analysis.planning.slo.search_objectives`)
+    holds, the TTFT growth is within the stability tolerance, and no request was rejected) and which passing row buys the most requests per $ (``cheapest_passing``).
     ``point_args``: :func:`analysis.planning.sweep.point_args` (a job's options and SimConfig overrides)."""
     if table.empty:
         return table
-    from analysis.planning.slo import objectives
+    import argparse
+
+    from analysis.planning.slo import DEFAULT_STABILITY_TOL, search_objectives
     from sim.frontend.options import config_from_args
     values = {name: [] for name in COST_COLUMNS[:-1]}
     for job, (_, row) in zip(jobs, table.iterrows()):
@@ -75,14 +80,22 @@ def add_cost_columns(table: pd.DataFrame, jobs, point_args) -> pd.DataFrame:
             passes = ok and rate > 0
         else:
             rate = float(row.get("throughput_req_per_s", 0.0) or 0.0) if ok else 0.0
-            slos = objectives(job.base["slo"], job.base.get("slo_attainment")) if job.base.get("slo") else ()
+            slos = search_objectives(argparse.Namespace(**job.base)) if job.base.get("slo") else ()
             summary = row.to_dict()
             # without --slo a simulate point is not judged: it does not pass (its requests per $ are at the
-            # trace's offered rate, so the cheapest would be the cheapest GPU that keeps up, not a capacity)
-            passes = ok and bool(slos) and all(slo.holds(summary) for slo in slos) and not row.get("rejected", 0)
-        # a disaggregated point states its deployment's GPUs (P x prefill tp + D x decode tp)
+            # trace's offered rate, so the cheapest would be the cheapest GPU that keeps up, not a capacity).
+            # With it, a point passes as a capacity step does: every objective (the default scheduling-delay
+            # bound included), a stable queue, nothing rejected
+            growth = summary.get("ttft_growth_s_per_s", 0.0)
+            stable = not (growth == growth and growth > job.base.get("stability_tol", DEFAULT_STABILITY_TOL))
+            passes = (ok and bool(slos) and stable and all(slo.holds(summary) for slo in slos)
+                      and not row.get("rejected", 0))
+        # a disaggregated point states its deployment's GPUs (P x prefill tp + D x decode tp), whether --pd is
+        # a grid axis or a base option
         stated = row.get("gpus")
-        gpus = int(stated) if stated is not None and pd.notna(stated) and row.get("pd") not in (None, "none") else None
+        pd_spec = row.get("pd") if "pd" in row else job.base.get("pd")
+        gpus = (int(stated) if stated is not None and pd.notna(stated) and pd_spec not in (None, "none", "")
+                else None)
         values["gpus_per_replica"].append((gpus or config.gpus_per_replica) if config else None)
         values["usd_per_gpu_hour"].append(config.gpu_spec.usd_per_gpu_hour if config else None)
         values["replica_usd_per_hour"].append(replica_usd_per_hour(config, gpus) if config else None)

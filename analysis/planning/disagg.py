@@ -198,7 +198,8 @@ class DeploymentResult:
                   "replicas": d.replicas if d.colocated else 0,
                   "gpus": d.gpus, "capacity_req_per_s": self.rate_per_s, "capacity_req_per_s_per_gpu": self.per_gpu,
                   "binding": self.capacity.binding if self.capacity else "", "error": self.error,
-                  "search_steps": len(self.capacity.steps) if self.capacity else 0}
+                  "search_steps": len(self.capacity.steps) if self.capacity else 0,
+                  "span_at_capacity_s": self.capacity.span_at_capacity_s if self.capacity else math.nan}
         if self.capacity and self.capacity.best:
             summary = self.capacity.best.summary
             for key in ("ttft_p99_ms", "tpot_p99_ms", "tbt_p99_ms", "kv_handover_p99_ms", "prefill_utilisation_mean",
@@ -312,7 +313,9 @@ def ranking_lines(results: list[DeploymentResult], target_rate_per_s: float | No
     short = [r for r in ranked if r.capacity.short_span_warning]
     if short:             # the shortest span among the candidates: the capacity that most likely reads high
         shortest = min(short, key=lambda r: r.capacity.span_at_capacity_s)
-        lines.append(f"WARNING: {shortest.deployment.label}: {shortest.capacity.short_span_warning}")
+        others = (f" (and {len(short) - 1} more of the {len(ranked)} deployments below 600 s: every deployment's "
+                  "span_at_capacity_s is in --out's JSON)" if len(short) > 1 else "")
+        lines.append(f"WARNING: {shortest.deployment.label}: {shortest.capacity.short_span_warning}{others}")
     return lines
 
 

@@ -57,7 +57,8 @@ def cmd_capacity_disagg(args: argparse.Namespace) -> int:
     if args.json is not None:
         from analysis.output import CAPACITY_FILE_MARK, write_file_atomic
         described = {"model": args.model, "gpu": args.gpu, "trace": trace.attrs.get("source", args.trace),
-                     "num_requests": len(trace), "profile": args.profile, "kv_link": args.kv_link}   # stands alone
+                     "num_requests": len(trace), "profile": args.profile,
+                     "kv_link": args.kv_link or "ib"}   # stands alone (the link used: ib unless given)
         text = strict_json_text({**CAPACITY_FILE_MARK, **described, **record}, indent=2, default=str) + "\n"
         write_file_atomic(Path(args.json), lambda temporary: temporary.write_text(text))
     return status
@@ -86,8 +87,12 @@ def _one_deployment(args, config, trace, slos) -> tuple[int, dict]:
                                                      if result.above else ""))
     if result.short_span_warning:
         print(f"WARNING: {result.short_span_warning}")
+    from analysis.planning.cost import cost_line, replica_usd_per_hour, requests_per_usd
+    print(cost_line(result.rate_per_s, config.prefill, config.gpus, "deployment"))   # every role on one GPU kind
     record = {**result.to_dict(), "gpus": config.gpus, "capacity_req_per_s_per_gpu": per_gpu, "pd": config.pd,
-              "slos": [str(s) for s in slos]}
+              "slos": [str(s) for s in slos],
+              "deployment_usd_per_hour": replica_usd_per_hour(config.prefill, config.gpus),
+              "requests_per_usd": requests_per_usd(result.rate_per_s, config.prefill, config.gpus)}
     if args.target_rate is not None:
         units = result.replicas_for(args.target_rate)
         copies = "copy" if units == 1 else "copies"

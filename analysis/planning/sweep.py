@@ -220,9 +220,17 @@ class PointJob:
 
 
 def base_settings(args: argparse.Namespace) -> dict:
-    """The options of a parsed command line that change results (what the point key hashes)."""
-    return {k: v for k, v in sorted(vars(args).items()) if k not in _NOT_SETTINGS and not callable(v)
-            and not (k in _HASHED_WHEN_SET and v is None)}
+    """The options of a parsed command line that change results (what the point key hashes), and, for a
+    ``--trace`` file, ``trace_file``: its resolved path, size and modification time, so that a stored point is
+    reused only for the same file unchanged (the option's text alone matched an edited file, or another file of
+    that relative name)."""
+    settings = {k: v for k, v in sorted(vars(args).items()) if k not in _NOT_SETTINGS and not callable(v)
+                and not (k in _HASHED_WHEN_SET and v is None)}
+    trace = getattr(args, "trace", None)
+    if isinstance(trace, str) and Path(trace).is_file():
+        stat = Path(trace).stat()
+        settings["trace_file"] = f"{Path(trace).resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    return settings
 
 
 def make_jobs(grid: dict[str, list[str]], base: dict, job: str = "simulate",
