@@ -179,6 +179,12 @@ def tenant_configs(tenants: list[Tenant], sharing: Sharing) -> list[TenantConfig
     return out
 
 
+PAGE_WAIT_US = 1_000.0
+"""How long a tenant short of pages waits before trying again (a waking tenant for its weights' pages, an
+admission for the pages other tenants' requests hold): 1 ms, a polling step of the model, below one decode
+iteration of any catalogue model, so a page freed is taken at most one iteration late."""
+
+
 class TenantSimulator(Simulator):
     """A tenant's serving loop: the ordinary simulator, with its compute on the shared GPU resource (``gpu``;
     None: its own) and, for elastic sharing, its policy drawing from the shared pool."""
@@ -199,6 +205,27 @@ class TenantSimulator(Simulator):
             self.policy = SharedPoolPolicy(self.policy.config, pool, index)
             if self.mapper is not None:
                 self.mapper.policy = self.policy
+            pool.reclaimers[index] = self.trim      # another tenant short of pages takes back this one's reserve
+
+    # ---- a tenant short of pages waits for the others' (elastic) -------------------------------------------
+    def _may_wait_for_pages(self) -> bool:
+        """A request alone that the pool cannot hold waits (preempted) while other tenants hold pages: they free
+        them as their requests finish (a single engine would reject it: nothing else could ever free them)."""
+        return self.pool is not None and self.pool.others_hold(self.index)
+
+    def _unblock_admission(self):
+        """Nothing could be scheduled: as :meth:`Simulator._unblock_admission`, but under elastic sharing the
+        other tenants' reserves are trimmed first, and while they hold pages the queue's head waits
+        (:data:`PAGE_WAIT_US`, then admission is tried again) instead of being rejected."""
+        if (yield from self._settle_mapper()):
+            return
+        if self.pool is not None and not self.running:
+            if self.pool.reclaim_for(self.index):
+                return
+            if self.pool.others_hold(self.index):
+                yield self.env.timeout(PAGE_WAIT_US)
+                return
+        yield from super()._unblock_admission()
 
     def _run_compute(self, compute_us: float):
         if self.asleep:
@@ -245,7 +272,10 @@ class TenantSimulator(Simulator):
         start_us = self.env.now
         if self.tenant.sleep_weights and self.pool is not None:
             while self.pool.free_pages < self.weight_pages:      # the weights' pages must be free again
-                yield self.env.timeout(1_000.0)
+                # its own and the others' mapped-but-unused pages go first (its mapper's eager maps while it
+                # waited took the very pages its weights need: helper-50's 8.6 s wake)
+                if not (self.trim() or self.pool.reclaim_for(self.index)):
+                    yield self.env.timeout(PAGE_WAIT_US)
             self.pool.pool_pages -= self.weight_pages
             self.pool.free_pages -= self.weight_pages
             copy_us = self.config.model_spec.weight_bytes(self.config.tp) / (self.config.gpu_spec.pcie_bytes_per_s

@@ -431,8 +431,10 @@ def _replica_totals(summary: dict, present: list, results: list) -> dict:
 
 def _tier_totals(summary: dict, present: list) -> None:
     """KV-tier counters (``tier_*``, numbers) summed over the replicas; text keys (sources, policies) kept."""
-    keys = {k for _, res in present for k, v in res.summary.items() if k.startswith("tier_")
-            and isinstance(v, (int, float)) and not k.endswith("_hit_ratio")}
+    # first-seen order (a set's order follows string hashing, which differs between processes: the merged
+    # summary.json must be byte-identical for one seed)
+    keys = dict.fromkeys(k for _, res in present for k, v in res.summary.items() if k.startswith("tier_")
+                         and isinstance(v, (int, float)) and not k.endswith("_hit_ratio"))
     for key in keys:
         summary[key] = sum(res.summary.get(key, 0) for _, res in present)
     prompt = summary.get("tier_prompt_tokens", 0)

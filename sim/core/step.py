@@ -25,6 +25,12 @@ class IterationStep:
                 self.policy.mapped_page_groups, len(mapper.queue) if mapper else 0,
                 mapper.current is not None if mapper else False)
 
+    def _may_wait_for_pages(self) -> bool:
+        """Whether a request running alone that the pool cannot hold is preempted to wait for pages instead of
+        rejected: never here (nothing else holds this pool's pages); a co-located tenant's may
+        (:class:`sim.cluster.colocate.TenantSimulator`)."""
+        return False
+
     def _check_progress(self, phase: str) -> None:
         """Raise instead of spinning: of two consecutive passes that run no iteration, the second must leave
         the serving state (:meth:`_fingerprint`) other than the first did (the fingerprint is taken only on
@@ -73,7 +79,7 @@ class IterationStep:
             if (yield from self._settle_mapper()):
                 continue
             victim = max(self.running, key=lambda r: r.admitted_order)
-            if len(self.running) == 1:
+            if len(self.running) == 1 and not self._may_wait_for_pages():
                 victim.reject_reason = "pages"       # alone, and the pool still cannot hold its next step
                 self._drop(victim, status="rejected")
                 self._iteration_rejections += 1

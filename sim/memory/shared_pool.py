@@ -77,6 +77,20 @@ class SharedPagePool:
         self.moved_in_pages = [0] * len(shares)     # pages a tenant took that another tenant had released
         self.drawn_pages = [0] * len(shares)
         self.released_pages = [0] * len(shares)
+        # per tenant, a callable that unmaps its mapped-but-unused reserve (idle slots' pages) and returns the
+        # page groups freed: sim.cluster.colocate's trim; None where no one registered
+        self.reclaimers: list = [None] * len(shares)
+
+    def reclaim_for(self, tenant: int) -> int:
+        """Trim every other tenant's mapped-but-unused reserve (kvcached's ``trim()``, here on demand: a tenant
+        short of pages gets back what the others hold on idle slots, their deferred and eager pages) before
+        ``tenant`` gives up; returns the page groups freed."""
+        return sum(reclaim() for j, reclaim in enumerate(self.reclaimers) if j != tenant and reclaim is not None)
+
+    def others_hold(self, tenant: int) -> bool:
+        """Whether another tenant holds page groups (its running requests', once :meth:`reclaim_for` trimmed
+        the rest): a request of ``tenant`` short of pages may wait for them instead of being rejected."""
+        return any(groups for j, groups in enumerate(self.held_groups) if j != tenant)
 
     def drawable_groups(self, tenant: int) -> int:
         """Page groups ``tenant`` could draw now: within its ceiling, leaving the other tenants' unmet floors."""
@@ -177,6 +191,14 @@ class SharedPoolPolicy(VAttentionPolicy):
             raise RuntimeError("mapped page-group counter out of step")
         held = sum(self.mapped) + sum(self.in_flight_maps) + self.in_flight_unmaps
         return self.held_page_groups - held
+
+    def step(self, target_tokens):
+        """As :meth:`VAttentionPolicy.step`; when the pool cannot cover it, the other tenants' reserves are
+        trimmed (:meth:`SharedPagePool.reclaim_for`) and the step is tried once more before giving up."""
+        plan = super().step(target_tokens)
+        if plan is None and self._pool.reclaim_for(self._tenant):
+            plan = super().step(target_tokens)
+        return plan
 
     def trim_idle(self) -> list:
         """kvcached's ``trim()``: unmap every idle slot's pages (the mapped-but-unused reserve), returning
