@@ -201,6 +201,7 @@ class TenantSimulator(Simulator):
         self.trim_unmap_page_groups = 0
         self.trim_vmm_us = 0.0
         self.pool = pool
+        self.peers: list[TenantSimulator] = [self]      # every tenant of the GPU (simulate_colocated sets it)
         if pool is not None:      # elastic: the same policy knobs, its free page groups the pool's
             self.policy = SharedPoolPolicy(self.policy.config, pool, index)
             if self.mapper is not None:
@@ -208,21 +209,29 @@ class TenantSimulator(Simulator):
             pool.reclaimers[index] = self.trim      # another tenant short of pages takes back this one's reserve
 
     # ---- a tenant short of pages waits for the others' (elastic) -------------------------------------------
+    def _others_running(self) -> bool:
+        """Whether another tenant has running requests: the pages they hold come back as those finish."""
+        return any(peer is not self and peer.running for peer in self.peers)
+
     def _may_wait_for_pages(self) -> bool:
-        """A request alone that the pool cannot hold waits (preempted) while other tenants hold pages: they free
-        them as their requests finish (a single engine would reject it: nothing else could ever free them)."""
-        return self.pool is not None and self.pool.others_hold(self.index)
+        """A request alone that the pool cannot hold waits (preempted) while other tenants' running requests
+        hold pages: they free them as they finish (a single engine would reject it: nothing else could ever free
+        them). The other tenants' idle reserve was already trimmed (:meth:`SharedPoolPolicy.step`)."""
+        return self.pool is not None and self._others_running()
 
     def _unblock_admission(self):
         """Nothing could be scheduled: as :meth:`Simulator._unblock_admission`, but under elastic sharing the
-        other tenants' reserves are trimmed first, and while they hold pages the queue's head waits
-        (:data:`PAGE_WAIT_US`, then admission is tried again) instead of being rejected."""
+        other tenants' reserves are trimmed first (admission is tried again when that gave this tenant pages),
+        and while their running requests hold pages the queue's head waits (:data:`PAGE_WAIT_US`, then admission
+        is tried again) instead of being rejected."""
         if (yield from self._settle_mapper()):
             return
         if self.pool is not None and not self.running:
-            if self.pool.reclaim_for(self.index):
+            before = self.policy.free_page_groups
+            self.pool.reclaim_for(self.index)
+            if self.policy.free_page_groups > before:
                 return
-            if self.pool.others_hold(self.index):
+            if self._others_running():
                 yield self.env.timeout(PAGE_WAIT_US)
                 return
         yield from super()._unblock_admission()
@@ -369,6 +378,7 @@ def simulate_colocated(tenants: list[Tenant], sharing: Sharing, profile_path: st
                       "vmm_latency_source": vmm.source, "tenant": tenant.name,
                       "compute_model": runner.compute_model_source(config, profile_path)[1]})
     for simulator in sims:
+        simulator.peers = sims
         simulator.start()
     span_us = max((float(t.trace["arrival_s"].max()) * US_PER_S for t in tenants if len(t.trace)), default=0.0)
     period_us = sample_us or max(10_000.0, span_us / 500)

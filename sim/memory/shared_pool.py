@@ -87,10 +87,6 @@ class SharedPagePool:
         ``tenant`` gives up; returns the page groups freed."""
         return sum(reclaim() for j, reclaim in enumerate(self.reclaimers) if j != tenant and reclaim is not None)
 
-    def others_hold(self, tenant: int) -> bool:
-        """Whether another tenant holds page groups (its running requests', once :meth:`reclaim_for` trimmed
-        the rest): a request of ``tenant`` short of pages may wait for them instead of being rejected."""
-        return any(groups for j, groups in enumerate(self.held_groups) if j != tenant)
 
     def drawable_groups(self, tenant: int) -> int:
         """Page groups ``tenant`` could draw now: within its ceiling, leaving the other tenants' unmet floors."""
