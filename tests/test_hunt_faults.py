@@ -1,6 +1,9 @@
-"""Faults found by a randomised invariant hunt (helper-49, 4,648 runs), each as the hunt shrank it: a window-aware
-policy's unservable request, vLLM's swap-in beside new prompts, and prefix-shared deferred pages."""
+"""Faults found by randomised invariant hunts and trials (helpers 49, 50 and 52; 4,648 and 1,180 runs), each as
+the hunt shrank it: window-aware policies' unservable and refused requests, vLLM's swap-in beside new prompts,
+prefix-shared deferred pages, elastic co-location's held reserves and floors, tier keys in hash order."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -182,3 +185,30 @@ def test_elastic_co_location_always_ends_and_accounts_for_every_request(tenants,
         summary = json.loads((out / "summary.json").read_text())
         for rows, tenant in zip(tenants, summary["tenants"]):
             assert tenant["finished"] + tenant["rejected"] == len(rows)
+
+
+def test_a_hybrid_admission_counts_every_groups_reclaimable_pages(tmp_path):
+    """Helper-52: Gemma 3 under ``vattention:window=unmap`` refused an admission that the pool covered once the
+    window group's idle pages were reclaimed (the full group's own count saw only its share), and rejected a
+    69,645-token request that finishes alone. Mooncake requests 120-124 on a 0.2 pool now all finish."""
+    mooncake = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl"
+    out = tmp_path / "o"
+    assert main(["simulate", "--model", "models/gemma-3-12b.json", "--policy", "vattention:window=unmap",
+                 "--memory-util", "0.2", "--trace", str(mooncake), "--skip-requests", "120", "--num-requests", "5",
+                 "--out", str(out), "--quiet"]) == 0
+    assert pd.read_parquet(out / "requests.parquet")["status"].tolist() == ["finished"] * 5
+
+
+def test_an_elastic_tenant_beyond_what_the_others_floors_leave_is_rejected_at_arrival(tmp_path):
+    """A tenant may never draw the pages other tenants' floors keep: a request needing more is rejected at arrival
+    (``pool``), not admitted and rejected mid-run as ``pages`` (helper-50's seed 303, three tenants)."""
+    import json
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text(HEAD + "0.0,7000,2\n")       # 7 page groups of 128 MiB; the pool holds about 9.4, t1's floor 5
+    b.write_text(HEAD + "0.0,10,2\n")
+    out = tmp_path / "o"
+    assert main(["colocate", "--tenant", f"model=llama-3.1-8b,trace={a}", "--tenant",
+                 f"model=llama-3.1-8b,trace={b},floor=0.5", "--sharing", "elastic", "--memory-util", "0.221409",
+                 "--out", str(out), "--no-report"]) == 0
+    t0 = json.loads((out / "summary.json").read_text())["tenants"][0]
+    assert (t0["finished"], t0["rejected"], t0["rejected_by_reason"]) == (0, 1, {"pool": 1})

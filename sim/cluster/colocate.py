@@ -148,7 +148,9 @@ def kv_pool_bytes(tenants: list[Tenant]) -> int:
 
 
 def tenant_configs(tenants: list[Tenant], sharing: Sharing) -> list[TenantConfig]:
-    """Each tenant's configuration with its KV budget: static, ``split_i x pool``; elastic, its ceiling.
+    """Each tenant's configuration with its KV budget: static, ``split_i x pool``; elastic, its ceiling, capped by
+    what the other tenants' floors leave (``pool x (1 - sum of their floor_frac)``): a request beyond it can never be
+    drawn, so it is rejected at arrival (``pool``), not mid-run.
 
     Raises:
         ConfigError: a split of the wrong length or with a non-positive share; a share without one page group.
@@ -160,8 +162,9 @@ def tenant_configs(tenants: list[Tenant], sharing: Sharing) -> list[TenantConfig
             raise ConfigError(f"sharing static:split= needs {len(tenants)} positive shares, got {list(split)}",
                               "sharing")
         budgets = [int(pool * s / sum(split)) for s in split]
-    else:
-        budgets = [int(pool * t.ceiling_frac) for t in tenants]
+    else:        # its ceiling, and never more than the other tenants' floors leave it (what it can ever draw)
+        floors = sum(t.floor_frac for t in tenants)
+        budgets = [int(pool * min(t.ceiling_frac, 1.0 - (floors - t.floor_frac))) for t in tenants]
     out = []
     for tenant, budget in zip(tenants, budgets):
         fields = {f: getattr(tenant.config, f) for f in SimConfig.__dataclass_fields__}

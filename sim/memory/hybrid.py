@@ -354,16 +354,16 @@ class HybridPolicy:
         return max(peak, admission)
 
     def _pick(self, first_target_tokens, reserve_tokens, committed_page_groups, cached) -> int | None:
+        """The slot an admission takes (None: none, or the pool cannot cover it). The first growing group picks it
+        by best fit on the pages it will reserve (a window group: its window's share of the whole prompt); the
+        pool's units decide whether it fits, every group's fresh units against the free units plus every group's
+        reclaimable idle pages (the lead group's own count would see only its share: helper-52's Gemma
+        requests were refused alone and rejected)."""
         lead = self._growing[0]
-        if reserve_tokens is not None and isinstance(lead, WindowGroupPolicy):
-            # the slot is chosen by the first growing group; a window group reserves its window's pages of the
-            # whole prompt, not all of them (the units are checked below against the shared pool)
-            pages = self._admission_pages(lead, first_target_tokens, max(first_target_tokens, reserve_tokens))
-            reserve_tokens = pages * self.config.tokens_per_page
-        slot = lead._pick_slot(first_target_tokens, reserve_tokens, committed_page_groups, cached)
+        tokens = max(first_target_tokens, reserve_tokens or 0)
+        slot = lead._best_fit(self._admission_pages(lead, first_target_tokens, tokens))
         if slot is None or any(not g._allocatable(slot) or g.active[slot] for g in self.groups):
             return None
-        tokens = max(first_target_tokens, reserve_tokens or 0)
         committed = committed_page_groups * sum(g.units for g in self._growing)
         spare = self.pool.free_units - self._admission_units
         fresh = self._fresh_units(slot, first_target_tokens, tokens) + committed
