@@ -171,6 +171,8 @@ def test_capacity_pd_prints_and_records_the_deployments_cost(tmp_path, capsys):
                  "--pd", "2:1", "--out", str(record), "--quiet", "--tolerance", "0.2"]) == 0
     data = json.loads(record.read_text())
     assert data["kv_link"] == "ib" and data["deployment_usd_per_hour"] == pytest.approx(3 * 6.35)
+    assert data["usd_per_gpu_hour"] == 6.35 and data["price_source"] and data["compute_model"].startswith("in-loop")
+    assert (data["prefill_policy"], data["scheduler"], data["prefill_tp"]) == ("vattention 2 MiB async", "sarathi", 1)
     assert data["requests_per_usd"] == pytest.approx(data["capacity_req_per_s"] * 3600 / (3 * 6.35))
     assert f"cost: 3 x h200 at $6.35/GPU-hour = $19.05 per deployment-hour; {data['requests_per_usd']:,.0f}" in \
         capsys.readouterr().out

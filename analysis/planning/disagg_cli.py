@@ -89,8 +89,14 @@ def _one_deployment(args, config, trace, slos) -> tuple[int, dict]:
         print(f"WARNING: {result.short_span_warning}")
     from analysis.planning.cost import cost_line, replica_usd_per_hour, requests_per_usd
     print(cost_line(result.rate_per_s, config.prefill, config.gpus, "deployment"))   # every role on one GPU kind
+    prefill, decode = config.prefill, config.decode
+    from sim.core.runner import compute_model_source
     record = {**result.to_dict(), "gpus": config.gpus, "capacity_req_per_s_per_gpu": per_gpu, "pd": config.pd,
-              "slos": [str(s) for s in slos],
+              "slos": [str(s) for s in slos], "tolerance": args.tolerance,
+              "prefill_tp": prefill.tp, "decode_tp": decode.tp, "prefill_policy": prefill.label,
+              "decode_policy": decode.label, "engine": prefill.engine, "scheduler": prefill.scheduler,
+              "compute_model": compute_model_source(prefill, args.profile)[1],
+              "usd_per_gpu_hour": prefill.gpu_spec.usd_per_gpu_hour, "price_source": prefill.gpu_spec.price_source,
               "deployment_usd_per_hour": replica_usd_per_hour(config.prefill, config.gpus),
               "requests_per_usd": requests_per_usd(result.rate_per_s, config.prefill, config.gpus)}
     if args.target_rate is not None:
