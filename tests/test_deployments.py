@@ -223,3 +223,11 @@ def test_check_replicas_warns_when_session_hash_cannot_spread(tmp_path, capsys):
           "--target-rate", "10", "--check-replicas", "--routing", "session-hash", "--quiet", "--tolerance", "0.3"])
     assert "kvsim: warning: --check-replicas: session-hash: the 200 requests have 1 distinct session key" in \
         capsys.readouterr().err
+
+
+def test_a_sweep_refuses_a_missing_trace_before_any_point_runs(tmp_path, capsys):
+    """Helper-52: a missing --trace failed every point, and the failed points were stored (and reused)."""
+    out = tmp_path / "s"
+    assert main(["sweep", "--grid", "max_batch=64,128", "--trace", str(tmp_path / "nope.csv"), "--out", str(out),
+                 "--quiet"]) == 2
+    assert "no such file, and not a trace name" in capsys.readouterr().err and not out.exists()

@@ -522,6 +522,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from analysis.planning.sweep_figure import write_figure
     from analysis.planning.sweep_run import run_sweep
     grid = parse_grid(args.grid)
+    if isinstance(getattr(args, "trace", None), str) and not Path(args.trace).exists():
+        from traces.named import resolve_trace
+        resolve_trace(args.trace)      # a missing file (or an unknown name) is refused before any point runs
     if args.job == "capacity" or args.slo or args.slo_attainment is not None:    # refused before any point runs
         from analysis.planning.slo import objectives
         objectives(args.slo or "", args.slo_attainment)
