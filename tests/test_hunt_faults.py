@@ -212,3 +212,21 @@ def test_an_elastic_tenant_beyond_what_the_others_floors_leave_is_rejected_at_ar
                  "--out", str(out), "--no-report"]) == 0
     t0 = json.loads((out / "summary.json").read_text())["tenants"][0]
     assert (t0["finished"], t0["rejected"], t0["rejected_by_reason"]) == (0, 1, {"pool": 1})
+
+
+def test_an_elastic_tenant_waits_while_another_tenants_mapper_is_mapping(tmp_path):
+    """Helper-50's seed 353: t1's 7,720-token request found t0 with nothing running but its background mapper
+    still mapping idle slots (those pages could not be trimmed yet); it was rejected as ``pages``. Pages in flight
+    become trimmable once mapped, so a tenant waits for them too."""
+    import json
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text(HEAD + "0.0,2213,49\n0.0,2537,21\n0.0,94,378\n0.0,1907,43\n0.0,626,46\n0.0,75,1\n0.0,1180,88\n"
+                 "0.096726,57,50\n0.096726,2336,146\n0.096726,1281,8\n")
+    b.write_text(HEAD + "0.056955,7720,37\n")
+    out = tmp_path / "o"
+    assert main(["colocate", "--tenant", f"model=llama-3-8b,trace={a},sleep-after=0.1s,ceiling=0.7,rate-scale=0.5",
+                 "--tenant", f"model=llama-3-8b,trace={b},policy=vattention:sync,sleep-weights=yes,floor=0.2",
+                 "--sharing", "elastic:trim-delay=0.1s", "--memory-util", "0.221468", "--out", str(out),
+                 "--no-report"]) == 0
+    tenants = json.loads((out / "summary.json").read_text())["tenants"]
+    assert [(t["finished"], t["rejected"]) for t in tenants] == [(10, 0), (1, 0)]

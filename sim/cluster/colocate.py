@@ -213,8 +213,11 @@ class TenantSimulator(Simulator):
 
     # ---- a tenant short of pages waits for the others' (elastic) -------------------------------------------
     def _others_running(self) -> bool:
-        """Whether another tenant has running requests: the pages they hold come back as those finish."""
-        return any(peer is not self and peer.running for peer in self.peers)
+        """Whether another tenant has running requests or background maps in flight: the pages they hold come
+        back as those finish, or become trimmable once mapped (a tenant only waiting does not count: two such
+        tenants would wait on each other)."""
+        return any(peer is not self and (peer.running or (peer.mapper is not None and not peer.mapper.idle))
+                   for peer in self.peers)
 
     def _may_wait_for_pages(self) -> bool:
         """A request alone that the pool cannot hold waits (preempted) while other tenants' running requests
