@@ -58,8 +58,9 @@ def add_cost_columns(table: pd.DataFrame, jobs, point_args) -> pd.DataFrame:
     """Add :data:`COST_COLUMNS` to a sweep table (one row per :class:`analysis.planning.sweep.PointJob`, in order):
     the point's GPUs and price, its requests per $ (capacity jobs: at capacity; simulate jobs: at the run's
     throughput), whether it passes (capacity: a capacity > 0 was found; simulate: ``--slo`` was given, and as a
-    capacity step judges a rate: every objective with the default bounds (:func:`analysis.planning.slo.search_objectives`)
-    holds, the TTFT growth is within the stability tolerance, and no request was rejected) and which passing row buys the most requests per $ (``cheapest_passing``).
+    capacity step judges a rate: every objective with the default bounds
+    (:func:`analysis.planning.slo.search_objectives`) holds, the TTFT growth is within the stability tolerance,
+    and no request was rejected) and which passing row buys the most requests per $ (``cheapest_passing``).
     ``point_args``: :func:`analysis.planning.sweep.point_args` (a job's options and SimConfig overrides)."""
     if table.empty:
         return table

@@ -49,8 +49,7 @@ class RequestBookkeeping:
         chunk = request.prompt_tokens if config.scheduler == "vllm" else config.token_budget
         need = peak_units(request.prompt_tokens, request.final_kv_tokens, chunk,
                           request.prompt_tokens if self._whole_prompt_admission else None)
-        pool = self.policy.config.pool_page_groups
-        return "pool" if need > pool - int(self.policy.config.admission_watermark_frac * pool) else ""
+        return "pool" if beyond_pool(self.policy.config, need) else ""
 
     def _admission_args(self, request: Request, first_tokens: int) -> tuple[int, int | None, int]:
         """Arguments of the policy's ``alloc_slot`` under the run's admission rule
@@ -253,5 +252,10 @@ def unservable_reason(policy_config, final_kv_tokens: int) -> str:
     need = policy_config.pages_for_tokens(final_kv_tokens)
     if need > policy_config.max_pages_per_slot:
         return "slot"
+    return "pool" if beyond_pool(policy_config, need) else ""
+
+
+def beyond_pool(policy_config, need: int) -> bool:
+    """Whether ``need`` allocation units exceed the pool of ``policy_config`` above its admission watermark."""
     pool = policy_config.pool_page_groups
-    return "pool" if need > pool - int(policy_config.admission_watermark_frac * pool) else ""
+    return need > pool - int(policy_config.admission_watermark_frac * pool)

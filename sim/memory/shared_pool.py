@@ -87,7 +87,6 @@ class SharedPagePool:
         ``tenant`` gives up; returns the page groups freed."""
         return sum(reclaim() for j, reclaim in enumerate(self.reclaimers) if j != tenant and reclaim is not None)
 
-
     def drawable_groups(self, tenant: int) -> int:
         """Page groups ``tenant`` could draw now: within its ceiling, leaving the other tenants' unmet floors."""
         share = self.shares[tenant]
