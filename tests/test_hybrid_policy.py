@@ -127,3 +127,32 @@ def test_admission_counts_other_idle_slots_pages_as_reclaimable():
     plan = policy.step({slot: 130})
     assert plan is not None and {op.slot for op in plan.unmaps} == {1}
     assert policy.conservation_error() == 0
+
+
+def test_reused_slot_surplus_in_one_group_backs_another_groups_pages():
+    """Stop 50's unfixed fault (helper-52's Gemma ``window=unmap`` run): best fit in the full group hands a request a
+    slot that maps more full-group pages than it needs, while the window group's pages of that slot were dropped;
+    the surplus was counted neither free nor reclaimable, so a request that fits alone was refused (and, in the
+    engine, rejected as ``pages``). Hand-computed: pool 55 units, full pages 2 units, window pages 3 units, 16
+    tokens a page, window 40 tokens."""
+    policy = _policy("unmap", pool_units=55)
+    slot = policy.alloc_slot(16)
+    policy.computed[slot] = 0
+    policy.step({slot: 16})
+    list(_decode(policy, slot, 17, 300))                      # full group 19 pages (38 units), window 4 (12)
+    assert (policy.groups[0].mapped[slot], policy.groups[1].mapped[slot]) == (19, 4)
+    policy.free_slot(slot, 0)                                 # the window's pages go; the full group's stay
+    policy.iteration_completed(0)
+    assert policy.free_page_groups == 55 - 38 == 17
+    # a 100-token request: 7 full pages (covered by the slot's 19) and 7 window pages = 21 units > 17 free;
+    # the slot's 12 surplus full pages (24 units) are above its need
+    again = policy.alloc_slot(100)
+    assert again == slot
+    policy.computed[slot] = 0
+    plan = policy.step({slot: 100})
+    assert plan is not None
+    assert [(op.group, op.first_page, op.num_pages) for op in plan.unmaps] == [(0, 7, 12)]
+    assert [(op.group, op.first_page, op.num_pages) for op in plan.maps] == [(1, 0, 7)]
+    assert (policy.groups[0].mapped[slot], policy.groups[1].mapped[slot]) == (7, 7)
+    assert policy.free_page_groups == 55 - 7 * 2 - 7 * 3
+    assert policy.conservation_error() == 0

@@ -28,8 +28,11 @@ read. ``unmap`` unmaps them (back to the pool: in the background mapper when asy
 pool traffic); ``free`` (paged) frees the blocks. A decoding request then holds at most
 ``ceil(W / tokens_per_page) + 1`` pages in a sliding-window group. Window groups map no look-ahead.
 
-Shortfall: a sub-policy's step that the pool cannot cover makes the facade reclaim every group's idle pages
-before giving up (``None``: the scheduler preempts), as :meth:`VAttentionPolicy.step` does for one group.
+Shortfall: a sub-policy's step that the pool cannot cover makes the facade reclaim every group's idle pages,
+then unmap the *surplus* of the stepped slots (pages a reused slot maps above its target in some group: a
+slot best fit in the lead group may carry another group's pages beyond the new request's length, which no group
+could otherwise use) before giving up (``None``: the scheduler preempts), as :meth:`VAttentionPolicy.step` does
+for one group. Admission (:meth:`HybridPolicy._pick`) counts the chosen slot's surplus the same way.
 """
 from __future__ import annotations
 
@@ -88,6 +91,25 @@ class GroupPolicy(VAttentionPolicy):
     def extent(self, slot: int) -> int:
         """Pages from page 0 this group covers for ``slot`` (its mapped ones, and any skipped below them)."""
         return self.mapped[slot]
+
+    def surplus_pages(self, slot: int, keep_pages: int) -> int:
+        """Page groups ``slot`` maps above page ``keep_pages`` that :meth:`trim_surplus` would unmap (0 while
+        background maps for the slot are in flight: its pages must stay a prefix)."""
+        if self.in_flight_maps[slot]:
+            return 0
+        return max(0, min(self.mapped[slot], self.extent(slot) - keep_pages))
+
+    def trim_surplus(self, slot: int, keep_pages: int) -> UnmapOp | None:
+        """Unmap the pages ``slot`` maps above page ``keep_pages`` (back to the pool, as pages holding an
+        earlier request's KV); applied to the accounting at once. None when there are none."""
+        surplus = self.surplus_pages(slot, keep_pages)
+        if not surplus:
+            return None
+        op = UnmapOp(slot, self.extent(slot) - surplus, surplus)
+        self._add_mapped(slot, -surplus)
+        self.free_page_groups += surplus
+        self.dirty_free_page_groups += surplus
+        return op
 
 
 class WindowGroupPolicy(GroupPolicy):
@@ -192,6 +214,9 @@ class StateGroupPolicy(GroupPolicy):
 
     def extent(self, slot: int) -> int:
         return self.config.max_pages_per_slot if self.mapped[slot] else 0
+
+    def surplus_pages(self, slot: int, keep_pages: int) -> int:
+        return 0                      # one page group whatever the length
 
 
 def _tag(plan: Plan | None, group: int) -> Plan | None:
@@ -367,9 +392,15 @@ class HybridPolicy:
         committed = committed_page_groups * sum(g.units for g in self._growing)
         spare = self.pool.free_units - self._admission_units
         fresh = self._fresh_units(slot, first_target_tokens, tokens) + committed
-        if fresh > spare and fresh > spare + self._reclaimable_units(slot):
+        if fresh > spare and fresh > spare + self._reclaimable_units(slot) + self._surplus_units(slot, tokens):
             return None
         return slot
+
+    def _surplus_units(self, slot: int, tokens: int) -> int:
+        """Units the reused ``slot`` maps above ``tokens`` in its groups, which a short first step unmaps
+        (:meth:`_trim_surplus`)."""
+        keep = -(-tokens // self.config.tokens_per_page)
+        return sum(g.units * g.surplus_pages(slot, keep) for g in self.groups)
 
     def _reclaimable_units(self, slot: int) -> int:
         """Units on idle slots other than ``slot`` that a step could unmap now (deferred or eager pages)."""
@@ -420,6 +451,11 @@ class HybridPolicy:
                 plans.append(self._reclaim_all_idle())
                 plan = g.step(target_tokens)
             if plan is None:
+                trimmed = self._trim_surplus(target_tokens)
+                if trimmed:
+                    plans.append(trimmed)
+                    plan = g.step(target_tokens)
+            if plan is None:
                 pending = getattr(self, "_pending_front", None)   # performed with the retry's plan
                 self._pending_front = _merge([p for p in (pending, *plans) if p])
                 self._refresh(target_tokens)
@@ -431,6 +467,17 @@ class HybridPolicy:
             self._pending_front = None
         self._refresh(target_tokens)
         return _merge(plans)
+
+    def _trim_surplus(self, target_tokens: Mapping[int, int]) -> Plan:
+        """Unmap, in every group, the pages each stepped slot maps above its target (module docstring)."""
+        per_page = self.config.tokens_per_page
+        plans = []
+        for index, g in enumerate(self.groups):
+            ops = [op for op in (g.trim_surplus(slot, -(-tokens // per_page)) for slot, tokens in target_tokens.items())
+                   if op is not None]
+            if ops:
+                plans.append(_tag(Plan(unmaps=tuple(ops)), index))
+        return self._refresh_plan(_merge(plans)) or EMPTY_PLAN
 
     def _reclaim_all_idle(self) -> Plan:
         plan = _merge([_tag(g.reclaim_idle(), i) for i, g in enumerate(self.groups)])
