@@ -275,6 +275,7 @@ _POLICY_KEY_HELP = {
     "bt_base_us": ("US", "block-table CPU time per iteration, fixed part (microseconds)", None),
     "bt_per_block_us": ("US", "block-table CPU time per block in the batch (microseconds)", None),
     "max_len": ("TOKENS", "tokens reserved per request at admission", "the slot length L_max, --max-context"),
+    "preemption": ("recompute|swap", "another spelling of preempt", "recompute"),
     "preempt": ("recompute|swap", "when memory runs out: drop the KV and re-prefill, or copy it to host memory; same "
                                   "as --preemption", None),
     "zero": ("off|on-reuse|on-free", "clear reused pages for tenant isolation: not at all, when a request takes them "
@@ -283,7 +284,24 @@ _POLICY_KEY_HELP = {
                          "and paged", "off"),
     "admission": ("whole-prompt|chunk", "admit a waiting request only when its whole prompt's KV fits, or as soon as "
                                         "its first scheduled chunk fits", "the scheduler's rule, whole-prompt"),
+    "driver": ("stock|modified", "how pages below 2MiB are mapped: refused by the stock CUDA VMM API, or vAttention's "
+                                 "modified UVM driver", "modified for pages below 2MiB"),
+    "kernel": (None, "the paged kernel whose per-phase attention factors apply", "factor= for both phases"),
+    "prefill_factor": ("X", "replaces the paged kernel's prefill attention factor (>= 1)", "the kernel's"),
+    "decode_factor": ("X", "replaces the paged kernel's decode attention factor (>= 1)", "the kernel's"),
+    "evict": (None, "the prefix cache's eviction policy: vLLM v1's LRU, SGLang's radix-tree leaves, or whole pages",
+              None),
 }
+
+_WINDOW_KEY_HELP = {
+    "vattention": "window-aware allocation for hybrid models (docs/hybrid.md): pages below a sliding window are "
+                  "unmapped, or moved to the new end; off: every layer holds every token",
+    "paged": "window-aware allocation for hybrid models (docs/hybrid.md): blocks out of a sliding window are freed, "
+             "as vLLM v1's hybrid KV-cache manager; off: every layer holds every token",
+    "static": "window-aware allocation for hybrid models (docs/hybrid.md): one reservation per layer group at "
+              "admission, a window group's its window; off: every layer holds every token",
+}
+"""The ``window`` key's meaning per policy (its values differ: each policy's table lists them)."""
 
 
 def _key_default(field_name: str) -> str:
@@ -309,23 +327,32 @@ def policy_keys_help() -> str:
     """The policy-spec reference of 'kvsim compare --help', one line per key of the parser's table."""
     from sim.frontend.policy_spec import POLICY_KEYS
     tables = list(POLICY_KEYS.values())
-    common = [k for k in tables[0] if all(k in t for t in tables)]
+    # a key common to every policy with the same values (window= takes different values in each)
+    common = [k for k in tables[0] if all(k in t and _key_values(t[k][1]) == _key_values(tables[0][k][1])
+                                          for t in tables)]
 
-    def line(key: str, entry) -> str:
+    def line(key: str, entry, policy: str | None = None) -> str:
         field_name, parse = entry[0], entry[1]
         values, meaning, default = _POLICY_KEY_HELP.get(key, (_key_values(parse), f"sets {field_name}", None))
+        if key == "kernel":
+            from sim.timing.paged_kernels import PAGED_KERNELS
+            values = "|".join(PAGED_KERNELS)
+        values = values or _key_values(parse)
+        if key == "window" and policy in _WINDOW_KEY_HELP:
+            meaning = _WINDOW_KEY_HELP[policy]
         import textwrap
         head = f"  {key}={values}"
         text = f"{meaning} (default: {default or _key_default(field_name)})"
-        return textwrap.fill(text, 100, initial_indent=head.ljust(32) if len(head) < 32 else head + "\n" + " " * 32,
-                             subsequent_indent=" " * 32)
+        if len(head) >= 32:                  # a long head on its own line, the text below it
+            return head + "\n" + textwrap.fill(text, 100, initial_indent=" " * 32, subsequent_indent=" " * 32)
+        return textwrap.fill(text, 100, initial_indent=head.ljust(32), subsequent_indent=" " * 32)
 
     lines = ["policy specs: NAME[:key=value,...], e.g. vattention:page=256KiB,sync  paged:block=16,prefix=on",
              "static:max_len=4096. Each key may be given once (sync and mapping are one key).", ""]
     for name, table in POLICY_KEYS.items():
         own = [k for k in table if k not in common]
         lines.append(f"{name} keys:")
-        lines += [line(k, table[k]) for k in own] or ["  (none of its own)"]
+        lines += [line(k, table[k], name) for k in own] or ["  (none of its own)"]
     lines.append("keys of every policy:")
     lines += [line(k, tables[0][k]) for k in common]
     return "\n".join(lines)

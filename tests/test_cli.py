@@ -175,3 +175,20 @@ def test_simulate_warns_once_about_a_harness_timed_profile(tmp_path, capsys):
         assert main(["simulate", "--num-requests", "20", "--quiet", "--out", str(tmp_path / f"b{index}"),
                      "--profile", profile]) == 0
         assert "harness" not in capsys.readouterr().err
+
+
+def test_policy_key_reference_lists_each_policys_own_values():
+    """`kvsim compare --help`'s key reference: `window=` takes different values per policy (vattention
+    unmap|recycle, paged free, static reserve), so each policy lists its own (it was listed once as a common key
+    with vattention's values, hiding paged:window=free), and every key says what it does."""
+    from cli import policy_keys_help
+    from sim.frontend.policy_spec import POLICY_KEYS
+    text = policy_keys_help()
+    sections = dict(zip(["vattention", "paged", "static", "every"], text.split(" keys")[1:]))
+    assert "window=off|unmap|recycle" in sections["vattention"].split("paged")[0]
+    assert "window=off|free" in text and "window=off|reserve" in text
+    assert "sets " not in text                          # no placeholder "sets <field>" line
+    assert "kernel=vllm-sosp23|" in text
+    for table in POLICY_KEYS.values():
+        for key in table:
+            assert f"  {key}=" in text

@@ -230,3 +230,21 @@ def test_an_elastic_tenant_waits_while_another_tenants_mapper_is_mapping(tmp_pat
                  "--no-report"]) == 0
     tenants = json.loads((out / "summary.json").read_text())["tenants"]
     assert [(t["finished"], t["rejected"]) for t in tenants] == [(10, 0), (1, 0)]
+
+
+@pytest.mark.parametrize("field, written, shown", [
+    ("input_length", "true", "(got true)"),
+    ("input_length", '"12"', '(got "12")'),
+    ("timestamp", "null", "(got null)"),
+    ("hash_ids", "[true]", "(got [true])"),
+    ("hash_ids", '{"a": 1}', '(got {"a": 1})'),
+])
+def test_mooncake_value_is_shown_as_json_wrote_it(tmp_path, capsys, field, written, shown):
+    """A Mooncake line's bad value is shown as JSON spells it (``true``, ``null``, ``"12"``), not Python's repr
+    (``True``, ``None``, ``'12'``): the user looks for it in the file."""
+    values = {"timestamp": "0", "input_length": "5", "output_length": "10", "hash_ids": "[1]", field: written}
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("{" + ", ".join(f'"{k}": {v}' for k, v in values.items()) + "}\n")
+    assert main(["simulate", "--trace", str(trace), "--quiet", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"line 1, column '{field}'" in err and shown in err, err

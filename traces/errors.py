@@ -118,6 +118,23 @@ def plain(value: Any) -> str:
     return text
 
 
+class JsonShown:
+    """A value read from a JSON line, shown in a message as JSON writes it (``true``, ``null``, ``"12"``), not as
+    Python's repr (``True``, ``None``): :func:`plain` calls ``repr``."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __repr__(self) -> str:
+        import json
+        try:
+            return json.dumps(self.value, allow_nan=True)
+        except (TypeError, ValueError):
+            return repr(self.value)
+
+
 def not_a_file(path: Path) -> str:
     """Why ``path``, not a regular file, cannot be a trace: missing, a directory, or something else (a device
     such as ``/dev/null``, a pipe, a socket)."""

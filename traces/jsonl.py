@@ -20,7 +20,7 @@ import pandas as pd
 from traces.canonical import (MAX_ARRIVAL_TEXT, MAX_BLOCK_ID, MOONCAKE_BLOCK_TOKENS,
                                build_table, hash_ids_problem, late_arrivals)
 from traces.csvread import read_head
-from traces.errors import fail
+from traces.errors import JsonShown, fail
 from traces.fields import MAX_TOKENS
 
 _FIELDS = ("timestamp", "input_length", "output_length")
@@ -128,7 +128,7 @@ def _parse(path: Path, line: int, text: str) -> dict:
         _check_tokens(path, line, field, rec[field])
     problem = hash_ids_problem(rec.get("hash_ids"), rec["input_length"])
     if problem:
-        raise fail(path, problem, line, "hash_ids", rec["hash_ids"])
+        raise fail(path, problem, line, "hash_ids", JsonShown(rec["hash_ids"]))
     return rec
 
 
@@ -156,7 +156,7 @@ def _is_number(value) -> bool:
 def _check_timestamp(path: Path, line: int, value) -> None:
     """A finite number of milliseconds with magnitude at most 2**53."""
     if not _is_number(value):
-        raise fail(path, "timestamp is not a number", line, "timestamp", value)
+        raise fail(path, "timestamp is not a number", line, "timestamp", JsonShown(value))
     if value != value:
         raise fail(path, "timestamp is NaN (not a number)", line, "timestamp", value)
     if value in (float("inf"), float("-inf")):
@@ -169,7 +169,7 @@ def _check_timestamp(path: Path, line: int, value) -> None:
 def _check_tokens(path: Path, line: int, field: str, value) -> None:
     """An integer (or integral float) in [1, MAX_TOKENS]."""
     if not _is_number(value):
-        raise fail(path, "token count is not a number", line, field, value)
+        raise fail(path, "token count is not a number", line, field, JsonShown(value))
     if value != value or value in (float("inf"), float("-inf")):
         raise fail(path, "token count is not a number (NaN or infinite)", line, field, value)
     if value != int(value):
