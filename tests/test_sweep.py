@@ -243,3 +243,16 @@ def test_a_policy_axis_refuses_a_misspelt_value_by_name_before_any_point_runs():
         parse_grid(["policy=paged,bogus"])
     with pytest.raises(ValueError, match=r"policy=vattention:page=64KiB,eager=off: .*eager=off: expected a whole"):
         parse_grid(["policy=vattention:page=64KiB,eager=off,paged"])
+
+
+def test_two_spellings_of_one_policy_on_an_axis_are_refused():
+    """``policy=paged,paged:block=16`` spells one configuration twice (16 is the default block): the table held the
+    same point under two labels; refused, as kvsim compare refuses it. Under an --engine preset the defaults differ
+    (sglang's paged has 1-token blocks), so the same axis there is two configurations and runs."""
+    with pytest.raises(ValueError, match="'paged' and 'paged:block=16' are the same configuration"):
+        make_jobs(parse_grid(["policy=paged,paged:block=16"]), base_settings(sweep_args()))
+    with pytest.raises(ValueError, match="same configuration"):
+        make_jobs(parse_grid(["policy=vattention:mapping=async,vattention"]), base_settings(sweep_args()))
+    assert len(make_jobs(parse_grid(["policy=paged,paged:block=32"]), base_settings(sweep_args()))) == 2
+    assert len(make_jobs(parse_grid(["policy=paged,paged:block=16"]),
+                         base_settings(sweep_args("--engine", "sglang")))) == 2

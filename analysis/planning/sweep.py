@@ -190,6 +190,25 @@ def parse_grid(items: list[str]) -> dict[str, list[str]]:
     return grid
 
 
+def _refuse_same_policies(specs: list[str]) -> None:
+    """Refuse two values of a ``policy`` axis that spell one configuration (``paged`` and ``paged:block=16``: a key
+    at its default), as ``kvsim compare`` does: the table would hold the same point twice under two labels. The
+    values are compared with every key at :class:`sim.setup.config.SimConfig`'s default filled in (a base flag that
+    sets one of their fields is refused by :func:`_check_axes_apart`); not under an ``--engine`` preset, whose
+    defaults differ (``--engine sglang``: ``paged`` has 1-token blocks)."""
+    from sim.frontend.policy_spec import parse_policy
+    from sim.setup.config import SimConfig
+    fields = SimConfig.__dataclass_fields__
+    seen: dict = {}
+    for spec in specs:
+        overrides = {k: v for k, v in parse_policy(spec).items() if k != "explicit_fields"}
+        key = tuple(sorted((k, v) for k, v in overrides.items() if v != fields[k].default or k == "policy"))
+        if key in seen:
+            raise ValueError(f"--grid policy={seen[key]},{spec}: {seen[key]!r} and {spec!r} are the same configuration "
+                             "(a key at its default); give each once")
+        seen[key] = spec
+
+
 def expand_grid(grid: dict[str, list[str]]) -> list[dict[str, str]]:
     """The Cartesian product in row-major order (the last axis varies fastest)."""
     names = list(grid)
@@ -241,6 +260,8 @@ def make_jobs(grid: dict[str, list[str]], base: dict, job: str = "simulate",
     if job not in JOBS:
         raise ValueError(f"--job {job!r}: choose one of {', '.join(JOBS)}")
     _check_axes_apart(grid, base, given_options)
+    if "policy" in grid and base.get("engine") is None:
+        _refuse_same_policies(grid["policy"])
     return [PointJob(i, point, base, job) for i, point in enumerate(expand_grid(grid))]
 
 
