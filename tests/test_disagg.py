@@ -402,6 +402,10 @@ def test_sweep_with_a_pd_axis_compares_colocated_and_disaggregated(tmp_path, cap
     disagg = table[table["pd"] == "1:1"]
     assert (disagg["gpus"] == 2).all() and (disagg["kv_transfer_bytes"] > 0).all()
     assert set(disagg["kv_link"]) == {"ib", "nvlink"}
+    # every point names the compute model that timed it, P/D points too (they had no column, and the sweep's
+    # compute-model line counted only the co-located points)
+    assert table["compute_model"].notna().all()
+    assert "compute model: in-loop" in capsys.readouterr().out
     assert main(["sweep", "--grid", "pd=1:1,0:1", "--num-requests", "5", "--out", str(tmp_path / "bad"), "--quiet",
                  "--workers", "1"]) == 2
     _one_error(capsys, "--pd", "'0:1'")

@@ -90,12 +90,11 @@ def _one_deployment(args, config, trace, slos) -> tuple[int, dict]:
     from analysis.planning.cost import cost_line, replica_usd_per_hour, requests_per_usd
     print(cost_line(result.rate_per_s, config.prefill, config.gpus, "deployment"))   # every role on one GPU kind
     prefill, decode = config.prefill, config.decode
-    from sim.core.runner import compute_model_source
     record = {**result.to_dict(), "gpus": config.gpus, "capacity_req_per_s_per_gpu": per_gpu, "pd": config.pd,
               "slos": [str(s) for s in slos], "tolerance": args.tolerance,
               "prefill_tp": prefill.tp, "decode_tp": decode.tp, "prefill_policy": prefill.label,
               "decode_policy": decode.label, "engine": prefill.engine, "scheduler": prefill.scheduler,
-              "compute_model": compute_model_source(prefill, args.profile)[1],
+              "compute_model": deployment_compute_model(config, args.profile),
               "usd_per_gpu_hour": prefill.gpu_spec.usd_per_gpu_hour, "price_source": prefill.gpu_spec.price_source,
               "deployment_usd_per_hour": replica_usd_per_hour(config.prefill, config.gpus),
               "requests_per_usd": requests_per_usd(result.rate_per_s, config.prefill, config.gpus)}
@@ -149,7 +148,19 @@ def simulate_point(args: argparse.Namespace, overrides: dict, trace_loader) -> t
     run = run_disagg(config, trace, args.profile)
     from analysis.planning.slo import point_objectives
     from analysis.results import with_goodput
-    return config.label, with_goodput(run.summary, run.requests, point_objectives(args))
+    summary = {**run.summary, "compute_model": deployment_compute_model(config, args.profile)}
+    return config.label, with_goodput(summary, run.requests, point_objectives(args))
+
+
+def deployment_compute_model(config, profile: str | None) -> str:
+    """The compute model a P/D deployment's roles are timed by (:func:`sim.core.runner.compute_model_source`'s
+    description): the prefill role's, and the decode role's after it where it differs (another tp, a per-role
+    profile), so a sweep's compute-model lines (``analysis.planning.cli.compute_model_lines``) count P/D points as
+    they count co-located ones."""
+    from sim.core.runner import compute_model_source
+    prefill = compute_model_source(config.prefill, profile)[1]
+    decode = compute_model_source(config.decode, profile)[1]
+    return prefill if decode == prefill else f"{prefill}; decode role: {decode}"
 
 
 def capacity_point(args: argparse.Namespace, overrides: dict, trace_loader) -> tuple[str, dict]:
@@ -165,7 +176,8 @@ def capacity_point(args: argparse.Namespace, overrides: dict, trace_loader) -> t
     result = find_disagg_capacity(config, trace, search_objectives(args), args.tolerance,
                                   args.profile, args.stability_tol, allow_rejected=getattr(args, "allow_rejected", False))
     return config.label, {**result.to_dict(), "gpus": config.gpus,
-                          "capacity_req_per_s_per_gpu": result.rate_per_s / config.gpus}
+                          "capacity_req_per_s_per_gpu": result.rate_per_s / config.gpus,
+                          "at_capacity_compute_model": deployment_compute_model(config, args.profile)}
 
 
-__all__ = ["capacity_point", "cmd_capacity_disagg", "simulate_point"]
+__all__ = ["capacity_point", "cmd_capacity_disagg", "deployment_compute_model", "simulate_point"]
