@@ -215,6 +215,15 @@ def test_a_sweep_reruns_points_when_the_trace_file_changed(tmp_path, capsys):
     trace.write_text("\n".join(doubled) + "\n")
     assert main(command) == 0
     assert "(2 run now, 0 already in" in capsys.readouterr().out
+    # an edit of the same size with the modification time put back: the content is keyed, not the mtime
+    import os
+    stat = trace.stat()
+    edited = "\n".join(doubled).replace(",2", ",4", 1) + "\n"
+    assert len(edited) == stat.st_size
+    trace.write_text(edited)
+    os.utime(trace, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert main(command) == 0
+    assert "(2 run now, 0 already in" in capsys.readouterr().out
 
 
 def test_check_replicas_warns_when_session_hash_cannot_spread(tmp_path, capsys):

@@ -240,16 +240,31 @@ class PointJob:
 
 def base_settings(args: argparse.Namespace) -> dict:
     """The options of a parsed command line that change results (what the point key hashes), and, for a
-    ``--trace`` file, ``trace_file``: its resolved path, size and modification time, so that a stored point is
+    ``--trace`` file, ``trace_file``: its resolved path, size and content digest (:func:`trace_file_key`), so that a stored point is
     reused only for the same file unchanged (the option's text alone matched an edited file, or another file of
     that relative name)."""
     settings = {k: v for k, v in sorted(vars(args).items()) if k not in _NOT_SETTINGS and not callable(v)
                 and not (k in _HASHED_WHEN_SET and v is None)}
     trace = getattr(args, "trace", None)
     if isinstance(trace, str) and Path(trace).is_file():
-        stat = Path(trace).stat()
-        settings["trace_file"] = f"{Path(trace).resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+        settings["trace_file"] = trace_file_key(Path(trace))
     return settings
+
+
+TRACE_DIGEST_MAX_BYTES = 2 * 1024 ** 3
+"""Trace files up to this size are keyed by their content's SHA-256 (~1 s per GB); larger ones by modification
+time."""
+
+
+def trace_file_key(path: Path) -> str:
+    """``path:size:sha256`` of a trace file's content (an edit that keeps the size and restores the modification
+    time is seen); a file beyond :data:`TRACE_DIGEST_MAX_BYTES` is keyed ``path:size:mtime_ns``."""
+    stat = path.stat()
+    if stat.st_size > TRACE_DIGEST_MAX_BYTES:
+        return f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    with path.open("rb") as handle:
+        digest = hashlib.file_digest(handle, "sha256").hexdigest()
+    return f"{path.resolve()}:{stat.st_size}:{digest}"
 
 
 def make_jobs(grid: dict[str, list[str]], base: dict, job: str = "simulate",
