@@ -240,3 +240,36 @@ def test_a_sweep_refuses_a_missing_trace_before_any_point_runs(tmp_path, capsys)
     assert main(["sweep", "--grid", "max_batch=64,128", "--trace", str(tmp_path / "nope.csv"), "--out", str(out),
                  "--quiet"]) == 2
     assert "no such file, and not a trace name" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_sweep_reruns_points_whose_gpu_file_changed_and_failed_points(tmp_path, capsys):
+    """Helper-53: a point's key hashed the option text, so an edited GPU TOML (4.8 -> 1.0 TB/s) gave the old
+    TPOT from the stored point; and a stored failed point was never run again (its old error quoted after its
+    cause was fixed). Both run again now; an axis value that no point can configure is refused before any runs."""
+    import json
+
+    def write_gpu(bandwidth: float, flops: float = 989e12) -> None:
+        gpu.write_text(f"full_name = \"test H200\"\nhbm_bytes = 150754820096\nbf16_flops = {flops!r}\nfp8_flops = 1979e12\n"
+                       f"mem_bw_bytes_per_s = {bandwidth!r}\nnvlink_bytes_per_s = 450e9\npcie_bytes_per_s = 64e9\n"
+                       "vmm_measured = true\n")
+    gpu = tmp_path / "g.toml"
+    write_gpu(4.8e12)
+    out = tmp_path / "s"
+    command = ["sweep", "--grid", f"gpu=h200,{gpu}", "--num-requests", "20", "--out", str(out), "--quiet",
+               "--workers", "1", "--profile", "roofline"]
+    assert main(command) == 0 and main(command) == 0
+    assert "(0 run now, 2 already in" in capsys.readouterr().out
+    write_gpu(1.0e12)
+    assert main(command) == 0
+    assert "(1 run now, 1 already in" in capsys.readouterr().out
+    table = pd.read_csv(out / "sweep.csv")
+    assert table["tpot_p50_ms"].iloc[1] > 3 * table["tpot_p50_ms"].iloc[0]    # decode is bandwidth-bound
+    stored = sorted((out / "points").glob("*.json"))
+    record = json.loads(stored[0].read_text())
+    stored[0].write_text(json.dumps({**record, "status": "error", "error": "RuntimeError: gone", "result": {}}))
+    assert main(command) == 0
+    assert "(1 run now, 1 already in" in capsys.readouterr().out
+    assert (pd.read_csv(out / "sweep.csv")["status"] == "ok").all()
+    write_gpu(1.0e12, flops=0.0)
+    assert main(command) == 2
+    assert f"--grid gpu={gpu}: " in capsys.readouterr().err

@@ -485,6 +485,39 @@ def _inert_page_size_notes(jobs: list) -> list[str]:
     return list(notes.values())
 
 
+def _point_config_error(job) -> str | None:
+    """Why the point's configuration cannot be built (an unknown GPU or model, a tp that does not divide the heads,
+    a value out of range), or None; a P/D point is built as a deployment. The trace is not read here."""
+    from analysis.planning.sweep import point_args
+    from sim.frontend.disagg_options import disagg_config_from_args, pd_of
+    from sim.frontend.options import config_from_args
+    args, overrides = point_args(job)
+    try:
+        (disagg_config_from_args if pd_of(args) is not None else config_from_args)(args, **overrides)
+    except (ValueError, KeyError, OSError) as exc:      # ConfigError and CatalogError are ValueErrors
+        return str(exc) or type(exc).__name__
+    return None
+
+
+def _refuse_bad_axis_values(jobs: list) -> None:
+    """Refuse, before any point runs, an axis value whose every point cannot be configured (``gpu=h999``, a
+    misspelt model, ``tp=3`` for 8 KV heads): it is wrong whatever the other axes hold. A value that fails only
+    beside some other axis' values (``tp=8`` with a model of 4 KV heads) stays a failed row, as documented, and
+    the other points run.
+
+    Raises:
+        ValueError: naming the axis value and the first of its points' errors.
+    """
+    errors = {job.key: _point_config_error(job) for job in jobs}
+    by_value: dict[tuple[str, str], list] = {}
+    for job in jobs:
+        for axis, value in job.point.items():
+            by_value.setdefault((axis, value), []).append(job)
+    for (axis, value), points in by_value.items():
+        if all(errors[job.key] for job in points):
+            raise ValueError(f"--grid {axis}={value}: {errors[points[0].key]}")
+
+
 def _sweep_harness_warnings(jobs: list, profile: str | None) -> list[str]:
     """The distinct :func:`sim.core.runner.harness_compute_warning` lines of the sweep's points (as ``kvsim
     simulate`` and ``kvsim capacity`` print them), in grid order; a point whose settings are refused is left to
@@ -538,6 +571,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from sim.frontend.disagg_options import check_disagg_flags
     for job in jobs:                  # a bad --pd, --kv-link, ... value is refused before any point runs
         check_disagg_flags(point_args(job)[0], allow_unused=True)
+    _refuse_bad_axis_values(jobs)
     for note in _inert_page_size_notes(jobs):
         print(f"kvsim: note: {note}", file=sys.stderr)
     for warning in _sweep_harness_warnings(jobs, getattr(args, "profile", None)):   # compute timed on the harness

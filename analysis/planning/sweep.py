@@ -224,30 +224,43 @@ class PointJob:
         point: axis -> value as typed on the command line.
         base: the base options (``vars(args)`` without executor settings).
         job: ``simulate`` or ``capacity``.
+        files: ``((axis, file key), ...)`` for the point's values that name a file (``gpu=my.toml``: its
+            :func:`trace_file_key`), so that an edited file runs the point again.
     """
 
     index: int
     point: dict
     base: dict
     job: str = "simulate"
+    files: tuple = ()
 
     @property
     def key(self) -> str:
-        """Stable hash of job, point and base options: the point's file name under ``points/``."""
-        text = json.dumps({"job": self.job, "point": self.point, "base": self.base}, sort_keys=True, default=str)
+        """Stable hash of job, point, base options and the contents of the files they name: the point's file name
+        under ``points/``."""
+        fields = {"job": self.job, "point": self.point, "base": self.base}
+        if self.files:
+            fields["files"] = [list(item) for item in self.files]
+        text = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def named_file_keys(values: dict) -> dict[str, str]:
+    """``{name: trace_file_key}`` for the values that name an existing file (a GPU TOML, a model JSON, a
+    profile, the trace)."""
+    return {name: trace_file_key(Path(value)) for name, value in sorted(values.items())
+            if isinstance(value, str) and value and Path(value).is_file()}
+
+
 def base_settings(args: argparse.Namespace) -> dict:
-    """The options of a parsed command line that change results (what the point key hashes), and, for a
-    ``--trace`` file, ``trace_file``: its resolved path, size and content digest (:func:`trace_file_key`), so that a stored point is
+    """The options of a parsed command line that change results (what the point key hashes), and, for each option
+    naming a file (``--trace``, ``--gpu my.toml``, ``--model``, ``--profile``), ``<option>_file``: its resolved
+    path, size and content digest (:func:`trace_file_key`), so that a stored point is
     reused only for the same file unchanged (the option's text alone matched an edited file, or another file of
     that relative name)."""
     settings = {k: v for k, v in sorted(vars(args).items()) if k not in _NOT_SETTINGS and not callable(v)
                 and not (k in _HASHED_WHEN_SET and v is None)}
-    trace = getattr(args, "trace", None)
-    if isinstance(trace, str) and Path(trace).is_file():
-        settings["trace_file"] = trace_file_key(Path(trace))
+    settings.update({f"{name}_file": key for name, key in named_file_keys(settings).items()})
     return settings
 
 
@@ -277,7 +290,8 @@ def make_jobs(grid: dict[str, list[str]], base: dict, job: str = "simulate",
     _check_axes_apart(grid, base, given_options)
     if "policy" in grid and base.get("engine") is None:
         _refuse_same_policies(grid["policy"])
-    return [PointJob(i, point, base, job) for i, point in enumerate(expand_grid(grid))]
+    return [PointJob(i, point, base, job, tuple(named_file_keys(point).items()))
+            for i, point in enumerate(expand_grid(grid))]
 
 
 def _axis_field(axis: Axis) -> str:

@@ -183,7 +183,8 @@ class _Display:
 
 def run_sweep(jobs: list[PointJob], out_dir: Path, executor: str = "local", workers: int | None = None,
               ray_address: str | None = None, quiet: bool = True) -> tuple[dict[str, dict], int]:
-    """Run the points not yet stored under ``out_dir/points`` and return every point's record.
+    """Run the points not yet stored under ``out_dir/points`` (or stored as failed) and return every point's
+    record.
 
     Returns:
         ``({key: record}, number of points run now)``.
@@ -193,7 +194,9 @@ def run_sweep(jobs: list[PointJob], out_dir: Path, executor: str = "local", work
     """
     if executor not in EXECUTORS:
         raise ValueError(f"--executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
-    records = {job.key: rec for job in jobs if (rec := load_point(out_dir, job)) is not None}
+    # a stored failed point runs again (its cause, e.g. a GPU file since fixed, may be gone)
+    records = {job.key: rec for job in jobs
+               if (rec := load_point(out_dir, job)) is not None and rec.get("status") == "ok"}
     todo = _unique([job for job in jobs if job.key not in records])
     display = _Display(len(todo), quiet)
 
