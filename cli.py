@@ -119,7 +119,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     # one replica: a CSV trace read without pandas where it can be (pandas is imported once there are results)
     single = not (args.replicas > 1 or args.routing != "round-robin" or args.executor != "local" or args.workers)
     trace, notes = load_workload(args, config.seed, config.slot_max_tokens, light=single)
-    notes.append(prefix_note(trace, [args.policy or config.policy] if config.prefix_caching else []))
+    prefix_label = args.policy or config.policy
+    if config.prefix_caching and getattr(args, "engine", None) and "prefix" not in (args.policy or ""):
+        prefix_label = f"--engine {args.engine} (its preset turns prefix caching on; paged:prefix=off turns it off)"
+    notes.append(prefix_note(trace, [prefix_label] if config.prefix_caching else []))
     notes.append(static_note(config, trace))
     for note in filter(None, notes):
         print(f"kvsim: warning: {note}", file=sys.stderr)

@@ -30,6 +30,9 @@ SUMMARY_ROWS = (
     ("maps done in background", "background_map_share", "{:.1%}"),
     ("sync mapping stall total", ("sync_stall_total_ms", "iterations_with_stall"), "{:.1f} ms in {:,} iterations"),
     ("preemptions", "preemptions", "{:,}"),
+    # only where a request was swapped (preemption=swap; summary_lines leaves the rows out otherwise)
+    ("swapped out / in", ("swap_out_bytes", "swap_in_bytes"), "bytes2"),
+    ("swap time total", "swap_total_ms", "{:.1f} ms"),
     ("block-table CPU time", "block_table_total_ms", "{:.1f} ms"),
     ("VMM time per TP worker", "mapping_worker_ms", "workers"),
     ("VMM time, critical path", "mapping_critical_ms", "{:.1f} ms"),
@@ -54,24 +57,31 @@ def _pp(pp: int) -> str:
 
 
 def _policy_line(config: dict) -> str:
+    swap = ", swap preemption" if config.get("preemption") == "swap" else ""
+    tokens = config["tokens_per_page"]
     if config.get("policy", "vattention") == "paged":
-        return f"PagedAttention blocks of {config['tokens_per_page']} tokens"
+        return f"PagedAttention blocks of {tokens} token{'s' if tokens != 1 else ''}{swap}"
     if config.get("policy") == "static":
-        return f"static reservation of {config['tokens_per_page']} tokens per request"
-    return (f"vAttention page {format_bytes(config['page_size_bytes'])} ({config['tokens_per_page']} tokens), "
-            f"{'synchronous' if config['sync_mapping'] else 'asynchronous'} mapping")
+        return f"static reservation of {tokens} tokens per request{swap}"
+    return (f"vAttention page {format_bytes(config['page_size_bytes'])} ({tokens} tokens), "
+            f"{'synchronous' if config['sync_mapping'] else 'asynchronous'} mapping{swap}")
 
 
 PER_WORKER_ROWS = {"peak mapped KV memory", "page pool", "page groups mapped / unmapped", "VMM map / unmap calls"}
-"""Rows that count one tensor-parallel worker's KV (every worker holds the same pages of its own heads)."""
+"""Rows that count one GPU's KV: one tensor-parallel worker's (every worker holds the same pages of its own heads)
+of one pipeline stage (every stage holds the pages of its own layers)."""
+
+SWAP_ROWS = {"swapped out / in", "swap time total"}
 
 
 def _relabel(label: str, config: dict) -> str:
     if label == "page groups mapped / unmapped" and config.get("policy", "vattention") != "vattention":
         label = "blocks allocated / freed" if config.get("policy") == "paged" else "reservations made / freed"
-    if int(config.get("tp", 1)) > 1 and label in PER_WORKER_ROWS | {"blocks allocated / freed",
-                                                                     "reservations made / freed"}:
-        label += " (per worker)"
+    tp, pp = int(config.get("tp", 1)), int(config.get("pp", 1) or 1)
+    if label in PER_WORKER_ROWS | {"blocks allocated / freed", "reservations made / freed"} and tp * pp > 1:
+        label += (" (per worker)" if pp == 1 else " (per stage)" if tp == 1 else " (per worker of one stage)")
+    if label == "VMM time per TP worker" and pp > 1:
+        label += " (one stage)"
     return label
 
 
@@ -112,6 +122,8 @@ def summary_lines(summary: dict) -> list[tuple[str, str]]:
     rows = []
     served = summary.get("finished", 1) > 0
     for label, key, fmt in SUMMARY_ROWS:
+        if label in SWAP_ROWS and not (summary.get("swap_out_bytes") or summary.get("swap_in_bytes")):
+            continue
         if not served and label in LATENCY_ROWS and not (label.startswith("TBT") and summary.get("tbt_tokens")):
             # (NaN percentiles of nothing; TBT counts the emitted tokens of a request rejected mid-run too)
             rows.append((label, "none: no request was served"))

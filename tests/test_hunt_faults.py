@@ -248,3 +248,34 @@ def test_mooncake_value_is_shown_as_json_wrote_it(tmp_path, capsys, field, writt
     assert main(["simulate", "--trace", str(trace), "--quiet", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert f"line 1, column '{field}'" in err and shown in err, err
+
+
+# ---- helper-53 (stop 51): a new user's reading of the printed summary ------------------------------------------
+def test_summary_labels_per_stage_memory_and_prints_swap(tmp_path, capsys):
+    """Under --pp the memory rows are one stage's (each stage maps its own layers' pages): they said nothing; a
+    swap run printed neither that swap preemption was on nor what it moved (summary.json had 820 MiB)."""
+    assert main(["simulate", "--pp", "2", "--num-requests", "30", "--out", str(tmp_path / "pp")]) == 0
+    out = capsys.readouterr().out
+    assert "peak mapped KV memory (per stage)" in out and "page pool (per stage)" in out
+    assert "VMM time per TP worker (one stage)" in out
+    sharegpt = Path(__file__).resolve().parents[2] / "shared" / "traces" / "vidur_processed_traces" / \
+        "sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
+    assert main(["simulate", "--policy", "vattention:preemption=swap", "--trace", str(sharegpt), "--arrival",
+                 "poisson:30", "--memory-util", "0.2", "--num-requests", "500", "--out", str(tmp_path / "sw")]) == 0
+    out = capsys.readouterr().out
+    import json
+    summary = json.loads((tmp_path / "sw" / "summary.json").read_text())
+    assert summary["swap_out_bytes"] > 0 and "swap preemption" in out
+    from sim.units import format_bytes
+    assert f"swapped out / in               {format_bytes(summary['swap_out_bytes'])}" in out
+    assert "swap time total" in out
+    assert main(["simulate", "--num-requests", "30", "--out", str(tmp_path / "plain")]) == 0
+    assert "swapped out" not in capsys.readouterr().out       # nothing swapped: no rows
+
+
+def test_an_engine_preset_names_itself_in_the_prefix_warning(tmp_path, capsys):
+    """--engine sglang turns prefix caching on; the no-hash_ids warning named 'paged', which the user never wrote."""
+    assert main(["simulate", "--engine", "sglang", "--num-requests", "20", "--out", str(tmp_path / "e")]) == 0
+    captured = capsys.readouterr()
+    assert "--engine sglang (its preset turns prefix caching on" in captured.err
+    assert "blocks of 1 token," in captured.out
