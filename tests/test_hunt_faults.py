@@ -279,3 +279,25 @@ def test_an_engine_preset_names_itself_in_the_prefix_warning(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "--engine sglang (its preset turns prefix caching on" in captured.err
     assert "blocks of 1 token," in captured.out
+
+
+def test_an_slo_below_the_zero_load_latency_stops_the_search_and_says_so(capsys):
+    """capacity --slo ttft_p99=1us halved the rate 16 times (17 simulations down to 7e-05 req/s) with TTFT p99 flat
+    at 96.5 ms from 1/16 of the rate on, and said only 'fails even at'. The walk stops once the failing metric
+    stays within 1% over 3 halvings, and the answer says it is the zero-load latency."""
+    assert main(["capacity", "--slo", "ttft_p99=1us", "--num-requests", "100"]) == 1
+    out = capsys.readouterr().out
+    assert "stays the same as the rate falls 8-fold: that is the latency at zero load" in out
+    assert "(7 simulations)" in out
+
+
+def test_at_zero_load_needs_flat_failing_metrics_only():
+    from analysis.planning.capacity import Evaluation, at_zero_load
+
+    def e(value, failed=("ttft_p99",)):
+        return Evaluation(1.0, 1.0, {"ttft_p99": value}, 0.0, failed)
+    assert at_zero_load([e(200.0), e(100.0), e(100.5), e(100.2), e(100.0)])
+    assert not at_zero_load([e(100.0), e(100.5), e(100.2)])                       # too few halvings
+    assert not at_zero_load([e(103.0), e(101.0), e(100.5), e(100.0)])            # still falling by > 1%
+    assert not at_zero_load([e(100.0), e(100.0), e(100.0), e(100.0, ("ttft_p99", "stability"))])
+    assert not at_zero_load([e(100.0), e(100.0), e(100.0), e(100.0, ())])        # a pass

@@ -29,6 +29,10 @@ from analysis.results import goodput_figures
 from sim.setup.config import SimConfig
 
 MAX_BRACKET_STEPS = 16   # 2**16: the bracket spans rates from 1/65536 to 65536 times the trace's own
+ZERO_LOAD_HALVINGS = 3
+"""The halving walk stops once every failing SLO metric stayed within 1% over this many halvings of the rate
+(:func:`at_zero_load`): the latency no longer falls with the load, so no lower rate meets the SLO (an SLO below
+the zero-load latency ran 17 simulations down to 1/65536 of the rate)."""
 STABILITY = "stability"
 REJECTED = "rejected"     # a point where requests were rejected beyond those that can never fit one replica
 
@@ -260,6 +264,33 @@ def make_evaluator(config: SimConfig, trace: pd.DataFrame, slos: tuple[Slo, ...]
     return ScaleEvaluator(config, trace, slos, profile_path, stability_tol, allowed_rejected)
 
 
+def at_zero_load(steps) -> bool:
+    """Whether the last :data:`ZERO_LOAD_HALVINGS` + 1 evaluations all failed on SLO metrics only (no stability or
+    rejection failure) whose values stayed within 1% of each other: the failure is the zero-load latency."""
+    tail = list(steps)[-(ZERO_LOAD_HALVINGS + 1):]
+    if len(tail) <= ZERO_LOAD_HALVINGS or any(e.passed for e in tail):
+        return False
+    metrics = tail[-1].failed
+    if not metrics or any(m not in e.values_us for m in metrics for e in tail):
+        return False
+    for metric in metrics:
+        values = [e.values_us[metric] for e in tail]
+        if any(v != v for v in values) or max(values) > 1.01 * min(values):
+            return False
+    return True
+
+
+def zero_load_line(steps) -> str | None:
+    """Why a search that found no capacity stopped early (:func:`at_zero_load`), or None."""
+    if not at_zero_load(steps):
+        return None
+    last = list(steps)[-1]
+    shown = ", ".join(f"{m} {last.values_us[m]:.1%}" if m == "slo_attainment" else
+                      f"{m} {last.values_us[m] / 1000:.4g} ms" for m in last.failed)
+    return (f"{shown} stays the same as the rate falls {2 ** ZERO_LOAD_HALVINGS}-fold: that is the latency at zero "
+            "load, and no rate meets the SLO")
+
+
 def _bracket(evaluate: Callable[[float], Evaluation], start_scale: float, steps: list,
              prefetch: Callable[[list[float]], None] = lambda scales: None, width: int = 1) -> tuple:
     """Double (or halve) the scale from ``start_scale`` until pass/fail flips; returns (lo, hi) evaluations,
@@ -280,6 +311,8 @@ def _bracket(evaluate: Callable[[float], Evaluation], start_scale: float, steps:
         steps.append(current)
         if current.passed != previous.passed:
             return (previous, current) if first.passed else (current, previous)
+        if not first.passed and at_zero_load(steps):
+            return None, current
         previous = current
     return (previous, None) if first.passed else (None, previous)
 

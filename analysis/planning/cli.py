@@ -343,8 +343,11 @@ def capacity_lines(result, target_rate: float | None) -> list[str]:
     from analysis.planning.capacity import unservable_line
 
     if result.best is None:
+        from analysis.planning.capacity import zero_load_line
+        why = zero_load_line(result.steps)
         return [f"capacity: none: the SLOs fail even at {result.above.rate_per_s:.4g} req/s "
-                f"(binding: {result.binding}); relax the SLOs or change the configuration"]
+                f"(binding: {result.binding}); " + (f"{why}; " if why else "")
+                + "relax the SLOs or change the configuration"]
     lines = [f"WARNING: {unservable_line(result.unservable, result.num_requests)}; the capacity below counts served "
              "requests only (--allow-rejected)"] if result.unservable else []
     bound = "at least " if result.above is None else ""      # no rate tried failed: a lower bound only

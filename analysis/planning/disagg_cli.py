@@ -77,7 +77,10 @@ def _one_deployment(args, config, trace, slos) -> tuple[int, dict]:
     result = find_disagg_capacity(config, trace, slos, args.tolerance, args.profile, args.stability_tol, on_step,
                                   args.allow_rejected)
     if result.best is None:
-        print(f"capacity: none: the SLOs fail even at {result.above.rate_per_s:.4g} req/s (binding: {result.binding})")
+        from analysis.planning.capacity import zero_load_line
+        why = zero_load_line(result.steps)
+        print(f"capacity: none: the SLOs fail even at {result.above.rate_per_s:.4g} req/s (binding: {result.binding})"
+              + (f"; {why}" if why else ""))
         return 1, {**result.to_dict(), "gpus": config.gpus}
     per_gpu = result.rate_per_s / config.gpus
     print(f"capacity of the deployment: {result.rate_per_s:.3f} served req/s on {config.gpus} GPUs = {per_gpu:.3f} "
