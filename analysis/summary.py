@@ -101,7 +101,9 @@ def format_ms(values_ms: list[float]) -> str:
 
 def attention_lines(summary: dict) -> list[str]:
     """One line each for what a reader must not miss: rejected requests (how many, why) and an overloaded
-    run (the queue grows through the run, analysis.planning.slo's TTFT growth above 0.05 s/s)."""
+    run (the queue grows through the run, analysis.planning.slo's TTFT growth above 0.05 s/s; or, without such a
+    rise, a median scheduling delay above the capacity search's 2 s bound: a queue that builds mid-run and
+    drains, whose TTFT slope after the first quarter can even be negative)."""
     from sim.results.records import REJECT_REASONS
 
     lines = []
@@ -114,6 +116,15 @@ def attention_lines(summary: dict) -> list[str]:
     if growth == growth and growth > 0.05:
         lines.append(f"overloaded: the queue grows through the run (TTFT rises {growth:.2f} s per s of trace time); "
                      "latencies depend on the trace's length, not a steady state")
+    else:
+        from analysis.planning.slo import DEFAULT_SCHED_DELAY_P50_US
+        delay_ms = summary.get("sched_delay_p50_ms", 0.0)
+        if delay_ms == delay_ms and delay_ms * 1000 > DEFAULT_SCHED_DELAY_P50_US:
+            # a queue that builds and drains within the run (a burst, a busy hour) has no overall TTFT slope
+            lines.append(f"overloaded for part of the run: the median request waits {delay_ms / 1000:.1f} s to be "
+                         f"scheduled (above the {DEFAULT_SCHED_DELAY_P50_US / 1e6:g} s bound of a capacity "
+                         "search, Sarathi-Serve's) though TTFT shows no steady rise: the load outruns the server "
+                         "for a stretch of the trace (a burst, a busy hour), so the latencies depend on that stretch")
     return lines
 
 

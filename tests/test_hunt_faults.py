@@ -301,3 +301,14 @@ def test_at_zero_load_needs_flat_failing_metrics_only():
     assert not at_zero_load([e(103.0), e(101.0), e(100.5), e(100.0)])            # still falling by > 1%
     assert not at_zero_load([e(100.0), e(100.0), e(100.0), e(100.0, ("ttft_p99", "stability"))])
     assert not at_zero_load([e(100.0), e(100.0), e(100.0), e(100.0, ())])        # a pass
+
+
+def test_a_queue_that_builds_mid_run_is_warned():
+    """Helper-53: the conversation trace at --rate-scale 4 (22 req/s offered, capacity ~17) had TTFT p99 40.9 s and
+    a median scheduling delay of 4.0 s, but its TTFT slope after the first quarter was -0.010 s/s (the load peaks
+    mid-trace): no overload warning. A median delay above the capacity search's 2 s bound now warns."""
+    from analysis.summary import attention_lines
+    lines = attention_lines({"ttft_growth_s_per_s": -0.010, "sched_delay_p50_ms": 3978.2})
+    assert len(lines) == 1 and lines[0].startswith("overloaded for part of the run: the median request waits 4.0 s")
+    assert attention_lines({"ttft_growth_s_per_s": -0.010, "sched_delay_p50_ms": 1999.0}) == []
+    assert len(attention_lines({"ttft_growth_s_per_s": 0.2, "sched_delay_p50_ms": 3978.2})) == 1    # one line
