@@ -117,7 +117,7 @@ def attention_lines(summary: dict) -> list[str]:
         lines.append(f"overloaded: the queue grows through the run (TTFT rises {growth:.2f} s per s of trace time); "
                      "latencies depend on the trace's length, not a steady state")
     else:
-        from analysis.planning.slo import DEFAULT_SCHED_DELAY_P50_US
+        from sim.results.summary import SCHED_DELAY_P50_BOUND_US as DEFAULT_SCHED_DELAY_P50_US
         delay_ms = summary.get("sched_delay_p50_ms", 0.0)
         if delay_ms == delay_ms and delay_ms * 1000 > DEFAULT_SCHED_DELAY_P50_US:
             # a queue that builds and drains within the run (a burst, a busy hour) has no overall TTFT slope

@@ -51,8 +51,8 @@ def parse_size_bytes(text: str | int) -> int:
             raise ValueError(f"not a size: {text!r} (examples: 2MiB, 256KiB, 80GB, 4096)")
         value, unit = float(match.group(1)), match.group(2).lower()
     size = value * _SIZE_UNITS[unit]
-    if size <= 0 or size != int(size):
-        raise ValueError(f"size must be a positive whole number of bytes, got {text!r}")
+    if not 0 < size < float("inf") or size != int(size):
+        raise ValueError(f"size must be a positive, finite whole number of bytes, got {text!r}")
     return int(size)
 
 
@@ -72,6 +72,8 @@ def parse_duration_us(text: str) -> float:
     value_us = float(match.group(1)) * _TIME_UNITS_US[match.group(2).lower()]
     if value_us <= 0:
         raise ValueError(f"duration must be positive, got {text!r}")
+    if value_us == float("inf"):
+        raise ValueError(f"duration must be finite, got {text!r}")
     return value_us
 
 

@@ -88,14 +88,17 @@ def test_idle_trim_hands_pages_to_the_busy_tenant():
     assert run.stats[1]["moved_in_pages"] > 0 and run.stats[0]["moved_in_pages"] == 0
 
 
-def test_sleep_releases_pages_and_wake_costs_weights_copy():
+@pytest.mark.parametrize("mode", ["elastic", "static"])
+def test_sleep_releases_pages_and_wake_costs_weights_copy(mode):
+    """A wake with sleep-weights copies the weights back over PCIe under either sharing (static charged only the
+    fixed 0.1 s: helper-56)."""
     early = _trace(3, n=10)
     late = early.assign(request_id=early.request_id + 10, arrival_s=early.arrival_s + 30.0)
     trace = pd.concat([early, late], ignore_index=True)
     config = SimConfig(model="llama-3.1-8b", memory_util_frac=0.3)
     tenants = [Tenant("a", config, trace, sleep_after_us=2e6, sleep_weights=True),
                Tenant("b", SimConfig(model="qwen2.5-7b", memory_util_frac=0.3), _trace(2))]
-    run = simulate_colocated(tenants, Sharing("elastic"))
+    run = simulate_colocated(tenants, Sharing(mode))
     stats = run.stats[0]
     assert stats["sleeps"] >= 1
     copy_s = config.model_spec.weight_bytes(1) / config.gpu_spec.pcie_bytes_per_s

@@ -312,3 +312,124 @@ def test_a_queue_that_builds_mid_run_is_warned():
     assert len(lines) == 1 and lines[0].startswith("overloaded for part of the run: the median request waits 4.0 s")
     assert attention_lines({"ttft_growth_s_per_s": -0.010, "sched_delay_p50_ms": 1999.0}) == []
     assert len(attention_lines({"ttft_growth_s_per_s": 0.2, "sched_delay_p50_ms": 3978.2})) == 1    # one line
+
+
+# ---- helper-56 (stop 51): window-aware runs' used pages and tail waste ---------------------------------------
+def test_window_aware_used_pages_are_pool_units_of_each_groups_own_pages(tmp_path):
+    """``used_page_groups`` counted ceil(T / p) pages from token 0 for every window-aware run: in pages, not the
+    pool units the other columns hold, and blind to windows. An all-sliding Mistral (4,096-token window, 16-token
+    blocks, 1 unit a block) request of 6,000 tokens holds ceil(4096 / 16) + 1 = 257 blocks: used was 375 beside 257
+    mapped. A Gemma 3 prompt of 374 tokens in one 512-token page costs 8 (full) + 40 (sliding) units: used was 1
+    beside 48 mapped."""
+    _, iterations = _run(tmp_path, "long.csv", HEAD + "0.0,6000,200\n",
+                         "--model", "models/mistral-7b.json", "--policy", "paged:window=free", "--token-budget", "512")
+    last = iterations.iloc[-1]
+    assert last["mapped_page_groups"] == 257 and last["used_page_groups"] == 257
+    assert (iterations["used_page_groups"] <= iterations["mapped_page_groups"]).all()
+    _, iterations = _run(tmp_path, "short.csv", HEAD + "0.0,374,20\n",
+                         "--model", "models/gemma-3-12b.json", "--policy", "vattention:window=unmap,lookahead=0,eager=0")
+    first = iterations.iloc[0]
+    assert (first["mapped_page_groups"], first["used_page_groups"]) == (48, 48)
+    # the page's 512 - 374 = 138 empty tokens in 48 layers, 8 KiB a token and layer (8 KV heads of 256, bf16)
+    assert first["tail_waste_bytes"] == 138 * 48 * 2 * 8 * 256 * 2
+
+
+def test_static_window_reserve_waste_is_the_reservation_less_the_held_bytes(tmp_path):
+    """static:window=reserve's unit is one request's reservation over every layer group; its tail waste was
+    max_len tokens at every layer's bytes (a mean of 311 GB on an H200); now the reservation's bytes less what the
+    request's tokens hold in each group, never above the reserved bytes."""
+    import json
+    out = tmp_path / "st"
+    assert main(["simulate", "--model", "models/gemma-3-12b.json", "--policy", "static:window=reserve",
+                 "--num-requests", "60", "--out", str(out), "--quiet"]) == 0
+    iterations = pd.read_parquet(out / "iterations.parquet")
+    unit_bytes = json.loads((out / "summary.json").read_text())["kv_groups"]["unit_bytes"]
+    active = iterations["mapped_page_groups"] - iterations["deferred_page_groups"]
+    assert (iterations["tail_waste_bytes"] >= 0).all()
+    assert (iterations["tail_waste_bytes"] <= active * unit_bytes).all()
+
+
+# ---- helper-55 (stop 51): non-finite and empty values ------------------------------------------------------
+SPLITWISE = str(Path(__file__).resolve().parents[2] / "shared" / "traces" / "vidur_processed_traces" /
+                "splitwise_conv.csv")
+
+
+@pytest.mark.parametrize("argv, words", [
+    # NaN block-table time hung the run; inf and 1e308 factors gave NaN latencies with rc 0
+    (["simulate", "--policy", "paged:bt_base_us=nan"], "bt_base_us=nan: must lie in [0, 1e+06]"),
+    (["simulate", "--policy", "paged:bt_per_block_us=nan"], "bt_per_block_us=nan: must lie in [0, 1000]"),
+    (["simulate", "--policy", "paged:bt_base_us=inf"], "bt_base_us=inf"),
+    (["simulate", "--policy", "paged:decode_factor=1e308"], "decode_factor=1e308: must lie in [1, 100]"),
+    (["simulate", "--policy", "vattention:layout=cross-layer,layout_factor=1e300"], "layout_factor=1e300"),
+    (["simulate", "--policy", "vattention:layout_factor=nan"], "layout_factor=nan"),
+    (["simulate", "--pd", "1:1", "--kv-link", "1e400GB/s"], "bandwidth must be > 0 and finite"),
+    (["capacity", "--slo", "ttft_p99=1e400s"], "duration must be finite"),
+    (["capacity", "--slo", "ttft_p99=2s", "--target-rate", "1e300"], "--target-rate must be at most 1e+15 req/s"),
+    (["simulate", "--trace", ""], "--trace '': an empty path"),
+    (["capacity", "--slo", "ttft_p99=2s", "--trace", " "], "an empty path"),
+    (["sweep", "--grid", "seed=1", "--trace", ""], "an empty path"),
+    (["traces", "stats", ""], "'': an empty path"),
+    (["traces", "stats", "--seed", "-1", "--arrival", "poisson:5", SPLITWISE], "--seed: must be >= 0"),
+])
+def test_non_finite_and_empty_values_are_refused_by_name(tmp_path, capsys, argv, words):
+    out = ["--out", str(tmp_path / "o")] if argv[0] in ("simulate", "sweep") else []
+    rest = ["--num-requests", "5"] if argv[0] in ("simulate", "capacity", "sweep") else []
+    try:
+        status = main([*argv, *rest, *out])
+    except SystemExit as exc:                 # an argparse type error exits from the parser
+        status = exc.code
+    assert status == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("split, words", [("1e300/1", "less than one of its allocation units"),
+                                          ("nan/0.5", "2 positive finite shares"),
+                                          ("inf/1", "2 positive finite shares")])
+def test_colocate_split_shares_must_be_finite(tmp_path, capsys, split, words):
+    """split=1e300/1 raised OverflowError (a traceback); nan and inf named neither --sharing nor split."""
+    tenant = f"model=llama-3-8b,trace={SPLITWISE},num-requests=5"
+    assert main(["colocate", "--no-report", "--out", str(tmp_path / "c"), "--tenant", tenant,
+                 "--tenant", tenant + ",name=b", "--sharing", f"static:split={split}"]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "split" in err and "Traceback" not in err, err
+
+
+GPU_TOML = ('full_name = "test"\nhbm_bytes = 150754820096\nbf16_flops = 989e12\nmem_bw_bytes_per_s = 4.8e12\n'
+            'nvlink_bytes_per_s = 450e9\npcie_bytes_per_s = 64e9\n')
+
+
+def test_a_gpu_files_efficiencies_are_used_and_checked(tmp_path, capsys):
+    """flops_efficiency / bw_efficiency of a GPU TOML were accepted (even 2 and nan) and ignored: a GPU at 0.3 of
+    its bandwidth decoded as fast as one at the H200's 0.896. Decode is bandwidth-bound, so TPOT grows ~0.896/0.3."""
+    import json
+    plain, slow = tmp_path / "plain.toml", tmp_path / "slow.toml"
+    plain.write_text(GPU_TOML)
+    slow.write_text(GPU_TOML + 'flops_efficiency = 0.3\nbw_efficiency = 0.3\nefficiency_source = "a test"\n')
+    tpot = {}
+    for gpu in (plain, slow):
+        out = tmp_path / gpu.stem
+        assert main(["simulate", "--gpu", str(gpu), "--profile", "roofline", "--num-requests", "20", "--quiet",
+                     "--out", str(out)]) == 0
+        tpot[gpu.stem] = json.loads((out / "summary.json").read_text())["tpot_p50_ms"]
+    assert 2.0 < tpot["slow"] / tpot["plain"] < 3.2
+    capsys.readouterr()
+    for extra, words in (("flops_efficiency = 2\nbw_efficiency = 0.3\nefficiency_source = \"t\"\n",
+                          "field flops_efficiency must lie in (0, 1]"),
+                         ("bw_efficiency = nan\n", "field bw_efficiency must be a finite number"),
+                         ("flops_efficiency = 0.3\n", "field bw_efficiency is missing beside flops_efficiency")):
+        bad = tmp_path / "bad.toml"
+        bad.write_text(GPU_TOML + extra)
+        assert main(["simulate", "--gpu", str(bad), "--num-requests", "5", "--out", str(tmp_path / "b")]) == 2
+        assert words in capsys.readouterr().err
+
+
+def test_a_profile_naming_an_in_loop_fit_without_its_params_is_refused(tmp_path, capsys):
+    """compute_in_loop without params ran the roofline and said the fit was for other models (it named this one)."""
+    import json
+    profile = json.loads((Path(__file__).resolve().parents[1] / "profiles" / "h200-engine.json").read_text())
+    del profile["compute_in_loop"]["params"]
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile))
+    assert main(["simulate", "--profile", str(path), "--num-requests", "5", "--out", str(tmp_path / "o")]) == 2
+    assert "field compute_in_loop.params is missing" in capsys.readouterr().err

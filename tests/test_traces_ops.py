@@ -343,7 +343,7 @@ def test_cli_transform_flags(tmp_path, capsys):
     assert run_cli(["traces", "stats", str(src), "--max-context", "1050",
                     "--scale-rate", "2"]) == 0
     captured = capsys.readouterr()
-    assert "clipped 1 requests to 1050 tokens" in captured.err
+    assert "kvsim: warning: clipped 1 requests to 1050 tokens" in captured.err
     assert re.search(r"^span_s +3$", captured.out, re.M), captured.out
 
 

@@ -229,8 +229,8 @@ def test_every_committed_hardware_run_is_consistent():
 
 def test_validate_names_its_compute_model_and_the_options_it_ignores(tmp_path, capsys):
     assert main(["validate", "--hw-run", str(HW_RUN), "--memory-util", "0.5", "--out", str(tmp_path / "v")]) == 0
-    out = capsys.readouterr().out
-    assert "--memory-util ignored" in out and "compute model: in-loop (compute_in_loop of" in out
+    captured = capsys.readouterr()
+    assert "--memory-util ignored" in captured.err and "compute model: in-loop (compute_in_loop of" in captured.out
 
 
 @pytest.mark.parametrize("devices, message", [("cpu,cpu", None), ("cpu,cuda:0", "all ranks on the CPU"),

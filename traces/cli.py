@@ -57,7 +57,7 @@ def _add_input_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arrival", default=None,
                         help="'poisson:RATE' or 'gamma:RATE,CV' (RATE in req/s) (default: the trace's own arrival "
                              "times)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for arrivals/sampling")
+    parser.add_argument("--seed", type=int_at_least(0), default=0, help="seed for arrivals/sampling")
     parser.add_argument("--rate-scale", type=positive_float, default=None, metavar="X",
                         help="multiply the arrival rate by X (default: 1, unchanged)")
     parser.add_argument("--scale-rate", dest="rate_scale", type=positive_float, action=DeprecatedAlias,
@@ -101,7 +101,7 @@ def load_with_transforms(args: argparse.Namespace) -> pd.DataFrame:
         df = sample_n(df, args.sample, args.seed)
     if args.max_context is not None:
         df, clipped = clip_context(df, args.max_context)
-        print(f"clipped {clipped} requests to {args.max_context} tokens", file=sys.stderr)
+        print(f"kvsim: warning: clipped {clipped} requests to {args.max_context} tokens", file=sys.stderr)
     return df
 
 
@@ -124,6 +124,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     from traces.stats import format_stats, trace_stats
 
     def body(a):
+        if not str(a.file).strip():
+            raise TraceError(f"{str(a.file)!r}: an empty path; name a trace file or a trace name")
         # A length-only file without --arrival: lengths only, on placeholder arrivals.
         no_times = a.arrival is None and (
             a.format or detect_format(resolve_trace(a.file))) == "lengths"

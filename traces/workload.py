@@ -50,6 +50,9 @@ def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int, 
     notes = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", traces.TraceWarning)
+        if args.trace is not None and not str(args.trace).strip():
+            raise traces.TraceError(f"--trace {str(args.trace)!r}: an empty path; name a trace file, or leave "
+                                    "--trace out for the built-in synthetic workload")
         if args.trace:
             path = traces.resolve_trace(args.trace)  # a file, or a public trace name (kvsim traces fetch)
             trace = traces.load_trace(path, fmt=args.trace_format, arrival=args.arrival, seed=seed, light=light)

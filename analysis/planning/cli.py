@@ -183,6 +183,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     args.routing = args.routing or "round-robin"
     if args.target_rate is not None and not 0 < args.target_rate < float("inf"):
         raise ValueError(f"--target-rate must be a finite rate > 0 req/s, got {args.target_rate}")
+    if args.target_rate is not None and args.target_rate > MAX_TARGET_RATE_PER_S:     # (1e300: 300-digit replicas)
+        raise ValueError(f"--target-rate must be at most {MAX_TARGET_RATE_PER_S:g} req/s, got {args.target_rate:g}")
     from sim.frontend.disagg_options import check_disagg_flags
     check_disagg_flags(args)
     if args.pd is not None or args.pd_search is not None:      # disaggregated (docs/disaggregated.md)
@@ -279,6 +281,10 @@ def short_span_line(table, axes: list[str]) -> str | None:
             f"{MIN_STEADY_SPAN_S:.0f} s at that rate (shortest {float(spans[shortest.name]):,.0f} s, {point}{chosen}): "
             "a queue that builds more slowly goes unseen and those capacities read high (docs/capacity.md, "
             "\"Short traces\"); give more requests (--num-requests) before planning on them")
+
+
+MAX_TARGET_RATE_PER_S = 1e15
+"""The largest ``--target-rate`` accepted (req/s; 1e300 printed a 300-digit replica count)."""
 
 
 def compute_model_source_key(text: str) -> str:
@@ -558,6 +564,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from analysis.planning.sweep_figure import write_figure
     from analysis.planning.sweep_run import run_sweep
     grid = parse_grid(args.grid)
+    if isinstance(getattr(args, "trace", None), str) and not args.trace.strip():
+        raise ValueError(f"--trace {args.trace!r}: an empty path; name a trace file, or leave --trace out for the "
+                         "built-in synthetic workload")
     if isinstance(getattr(args, "trace", None), str) and not Path(args.trace).exists():
         from traces.named import resolve_trace
         resolve_trace(args.trace)      # a missing file (or an unknown name) is refused before any point runs

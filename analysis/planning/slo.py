@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from sim.results.summary import SCHED_DELAY_P50_BOUND_US
 from sim.units import US_PER_MS, US_PER_S, parse_duration_us
 
 # metric family -> (summary key unit suffix, microseconds per unit of the summary value)
@@ -59,7 +60,7 @@ SLO_METRICS = (tuple(f"{family}_{stat}" for family in _FAMILIES for stat in _STA
                + tuple(PER_REQUEST_METRICS))
 ATTAINMENT = "slo_attainment"
 DEFAULT_STABILITY_TOL = 0.05
-DEFAULT_SCHED_DELAY_P50_US = 2 * US_PER_S
+DEFAULT_SCHED_DELAY_P50_US = SCHED_DELAY_P50_BOUND_US
 """Median scheduling delay bound added to every capacity search that sets no ``sched_delay`` objective:
 Sarathi-Serve (Agrawal et al., OSDI'24, section 5) defines capacity as the highest load whose median
 scheduling delay stays under 2 s, so a run whose queue holds requests for tens of seconds cannot pass a

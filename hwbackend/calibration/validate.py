@@ -415,7 +415,10 @@ _RUN_DEFINED = {"model": "llama-3-8b", "gpu": "h200", "tp": 1, "page_size": 2 * 
                 "scheduler": None, "token_budget": None, "max_context": None, "engine": None,
                 "frontend_overhead_ms": None, "sync_mapping": False,
                 "no_deferred_reclaim": False, "skip_requests": 0, "num_requests": None, "rate_scale": 1.0, "seed": 0,
-                "memory_util": 0.9, "kv_tier": None, "preemption": "recompute", "host_swap": 4 * 1024 ** 3}
+                "memory_util": 0.9, "kv_tier": None, "preemption": "recompute", "host_swap": 4 * 1024 ** 3,
+                "trace": None, "trace_format": None, "arrival": None, "sample": None, "pp": 1, "weight_dtype": None,
+                "kv_dtype": None, "device": "cuda:0"}
+_FLAG_NAMES = {"trace_format": "format"}      # options whose flag is not the dest spelled with dashes
 
 
 def command(args) -> int:
@@ -441,11 +444,12 @@ def command(args) -> int:
         return 2
     hw_dir = args.hw_run
     if hw_dir is not None:
-        ignored = [f"--{name.replace('_', '-')}" for name, default in _RUN_DEFINED.items()
+        ignored = [f"--{_FLAG_NAMES.get(name, name).replace('_', '-')}" for name, default in _RUN_DEFINED.items()
                    if getattr(args, name, default) != default]
         if ignored:
+            import sys
             print(f"kvsim: note: {', '.join(ignored)} ignored: the hardware run's own configuration and trace slice "
-                  "are simulated", flush=True)
+                  "are simulated", file=sys.stderr, flush=True)
     if out is None:
         table, hw, sim, same = validate_run(hw_dir, args.profile, None, getattr(args, "compute_model", "auto"))
     else:
@@ -460,10 +464,7 @@ def command(args) -> int:
 
 
 def _print_validation(args, table, hw, sim, same, hw_dir) -> None:
-    run_config = hw.config
-    if args.trace and run_config.get("trace_source") and Path(args.trace).name not in str(run_config["trace_source"]):
-        print(f"kvsim: note: --trace {args.trace} differs from the run's trace ({run_config['trace_source']}); "
-              "the run's own requests were simulated", flush=True)
+    run_config = hw.config     # (a --trace given beside --hw-run is noted as ignored by command())
     # the label of the settings simulated (config.json's own label was checked against them)
     print(f"{sim.config['label']} ({len(hw.requests)} requests, {len(hw.iterations)} hw iterations)")
     if sim.summary.get("compute_model"):      # which timing the simulator used (a default profile, or the roofline)

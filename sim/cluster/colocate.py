@@ -158,10 +158,13 @@ def tenant_configs(tenants: list[Tenant], sharing: Sharing) -> list[TenantConfig
     pool = kv_pool_bytes(tenants)
     if sharing.mode == "static":
         split = sharing.split or tuple(1.0 for _ in tenants)
-        if len(split) != len(tenants) or min(split) <= 0:
-            raise ConfigError(f"sharing static:split= needs {len(tenants)} positive shares, got {list(split)}",
+        if len(split) != len(tenants) or not all(0 < share < float("inf") for share in split):
+            raise ConfigError(f"sharing static:split= needs {len(tenants)} positive finite shares, got {list(split)}",
                               "sharing")
-        budgets = [int(pool * s / sum(split)) for s in split]
+        total = sum(split)
+        if total == float("inf"):
+            raise ConfigError(f"sharing static:split= shares {list(split)} overflow their sum", "sharing")
+        budgets = [int(pool * (share / total)) for share in split]     # (a share's fraction first: 1e300 overflowed)
     else:        # its ceiling, and never more than the other tenants' floors leave it (what it can ever draw)
         floors = sum(t.floor_frac for t in tenants)
         budgets = [int(pool * min(t.ceiling_frac, 1.0 - (floors - t.floor_frac))) for t in tenants]
@@ -285,18 +288,20 @@ class TenantSimulator(Simulator):
 
     def _wake(self):
         start_us = self.env.now
-        if self.tenant.sleep_weights and self.pool is not None:
-            while self.pool.free_pages < self.weight_pages:      # the weights' pages must be free again
-                # its own and the others' mapped-but-unused pages go first (its mapper's eager maps while it
-                # waited took the very pages its weights need: helper-50's 8.6 s wake)
-                if not (self.trim() or self.pool.reclaim_for(self.index)):
-                    yield self.env.timeout(PAGE_WAIT_US)
-            self.pool.pool_pages -= self.weight_pages
-            self.pool.free_pages -= self.weight_pages
+        copy_us = 0.0
+        if self.tenant.sleep_weights:
+            if self.pool is not None:
+                while self.pool.free_pages < self.weight_pages:      # the weights' pages must be free again
+                    # its own and the others' mapped-but-unused pages go first (its mapper's eager maps while it
+                    # waited took the very pages its weights need: helper-50's 8.6 s wake)
+                    if not (self.trim() or self.pool.reclaim_for(self.index)):
+                        yield self.env.timeout(PAGE_WAIT_US)
+                self.pool.pool_pages -= self.weight_pages
+                self.pool.free_pages -= self.weight_pages
+            # the weights come back over PCIe whatever the sharing (static: their memory was offloaded as vLLM's
+            # sleep level 1 does, though no other tenant could use it; helper-56: static wakes cost 0.1 s)
             copy_us = self.config.model_spec.weight_bytes(self.config.tp) / (self.config.gpu_spec.pcie_bytes_per_s
                                                                               / US_PER_S)
-        else:
-            copy_us = 0.0
         yield self.env.timeout(WAKE_FIXED_US + copy_us)
         self.asleep = False
         self.wake_us_total += self.env.now - start_us

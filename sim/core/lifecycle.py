@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from functools import cached_property
 
+from sim.memory.layer_groups import kv_bytes_for_tokens
+
 from sim.timing.compute import ATTENTION_TILE_ROWS
 from sim.core.request import Request
 
@@ -73,6 +75,23 @@ class RequestBookkeeping:
         """Running requests that may still be in their (re-)prefill (all of them here; the simulator leaves
         out its decode cohort, :mod:`sim.core.cohort`)."""
         return self.running
+
+    @cached_property
+    def _groups_count_used(self) -> bool:
+        """Whether the policy counts used pages and tail waste per layer group itself
+        (:meth:`sim.memory.hybrid.HybridPolicy.used_and_waste`: window-aware allocation, in pool units)."""
+        return hasattr(self.policy, "used_and_waste") and self.cohort is None
+
+    @cached_property
+    def _static_groups(self):
+        """``(layer groups, unit bytes)`` of static reservation per layer group (``static:window=reserve``), whose
+        unit is one request's reservation over every group (:class:`sim.memory.hybrid_sizing.HybridSizing`), so
+        its tail waste is the reservation's bytes less the bytes the request's tokens hold in each group (not
+        ``max_len`` tokens at every layer's bytes, which put 311 GB of waste on an H200); else None."""
+        config = self.config
+        if config.policy != "static" or not config.hybrid_alloc:
+            return None
+        return config.layer_groups, config.hybrid.unit_bytes
 
     @cached_property
     def _whole_prompt_admission(self) -> bool:
@@ -175,6 +194,18 @@ class RequestBookkeeping:
         held = kv_read + new + idle_held         # every request's computed + scheduled tokens
         waste = (active_mapped * tokens_per_page - held) * self._kv_bytes_per_token
         used -= policy.duplicate_refs            # a page shared by running requests (prefix cache) is used once
+        if self._groups_count_used:              # window-aware groups: units, and each group's own pages
+            held_tokens = {request.slot: request.computed + tokens for request, tokens in batch}
+            for request in running:
+                held_tokens.setdefault(request.slot, request.computed)
+            used, waste = policy.used_and_waste(held_tokens)
+        elif self._static_groups is not None:    # static window=reserve: one unit = one request's reservation
+            groups, unit_bytes = self._static_groups
+            held_bytes = sum(kv_bytes_for_tokens(groups, request.computed + tokens) for request, tokens in batch)
+            scheduled = {request.slot for request, _ in batch}
+            held_bytes += sum(kv_bytes_for_tokens(groups, request.computed) for request in running
+                              if request.slot not in scheduled)
+            waste = active_mapped * unit_bytes - held_bytes
         snapshot = (policy.physical_page_groups, used, policy.free_page_groups, policy.deferred_page_groups, waste)
         return new, pairs, kv_read, logits, longest, prefill, targets, snapshot, blocks, block_keys
 

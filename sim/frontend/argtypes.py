@@ -17,14 +17,15 @@ def size_arg(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
-    """A number > 0."""
+    """A finite number > 0."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
     return value
+
 
 
 def int_at_least(minimum: int):

@@ -120,8 +120,10 @@ def parse_sharing(text: str, num_tenants: int):
                 split = tuple(float(x) for x in value.split("/"))
             except ValueError:
                 raise ConfigError(f"--sharing {text!r}: split={value!r} is not numbers joined by '/'") from None
-            if len(split) != num_tenants or min(split) <= 0:
-                raise ConfigError(f"--sharing {text!r}: split needs {num_tenants} positive shares")
+            if (len(split) != num_tenants or not all(0 < share < float("inf") for share in split)
+                    or sum(split) == float("inf")):
+                raise ConfigError(f"--sharing {text!r}: split needs {num_tenants} positive finite shares "
+                                  f"(got {value})")
         elif mode == "elastic" and key == "trim-delay":
             trim_us = _duration_us(value, "--sharing trim-delay")
         else:

@@ -16,6 +16,8 @@ A policy is written ``NAME[:key=value,key=value,...]`` (``kvsim simulate --polic
 from __future__ import annotations
 
 from sim.setup.config import POLICIES, VMM_DRIVERS, ConfigError
+from sim.setup.config_checks import (MAX_ATTENTION_FACTOR, MAX_BLOCK_TABLE_BASE_US,
+                                      MAX_BLOCK_TABLE_PER_BLOCK_US)
 from sim.timing.paged_kernels import PAGED_KERNELS
 from sim.units import parse_size_bytes
 
@@ -48,8 +50,9 @@ def _factor(value: str) -> float:
         number = float(value)
     except ValueError:
         raise ValueError(f"expected a number >= 1 (paged / contiguous attention time), got {value!r}") from None
-    if not 1 <= number < float("inf"):
-        raise ValueError(f"must be a finite number >= 1 (paged / contiguous attention time), got {value!r}")
+    if not 1 <= number <= MAX_ATTENTION_FACTOR:
+        raise ValueError(f"must lie in [1, {MAX_ATTENTION_FACTOR:g}] (paged / contiguous attention time), "
+                         f"got {value!r}")
     return number
 
 
@@ -91,11 +94,15 @@ POLICY_KEYS: dict[str, dict] = {
 # SimConfig checks whose messages name a quantity rather than a flag or key: field -> (is the value allowed, the
 # rule as a spec's key=value is told it). The ranges are SimConfig.__post_init__'s.
 _KEY_RULES = {
-    "paged_attention_factor": (lambda v: v >= 1, "must be >= 1 (the paged kernel's attention time as a multiple "
-                                                 "of a contiguous kernel's)"),
-    "block_table_base_us": (lambda v: v >= 0, "must be >= 0 (microseconds)"),
-    "block_table_per_block_us": (lambda v: v >= 0, "must be >= 0 (microseconds)"),
-    "layout_attention_factor": (lambda v: v > 0, "must be > 0 (an attention-time multiplier)"),
+    "paged_attention_factor": (lambda v: 1 <= v <= MAX_ATTENTION_FACTOR,
+                               f"must lie in [1, {MAX_ATTENTION_FACTOR:g}] (the paged kernel's attention time as a "
+                               "multiple of a contiguous kernel's)"),
+    "block_table_base_us": (lambda v: 0 <= v <= MAX_BLOCK_TABLE_BASE_US,
+                            f"must lie in [0, {MAX_BLOCK_TABLE_BASE_US:g}] (microseconds)"),
+    "block_table_per_block_us": (lambda v: 0 <= v <= MAX_BLOCK_TABLE_PER_BLOCK_US,
+                                 f"must lie in [0, {MAX_BLOCK_TABLE_PER_BLOCK_US:g}] (microseconds)"),
+    "layout_attention_factor": (lambda v: 0 < v <= MAX_ATTENTION_FACTOR,
+                                f"must lie in (0, {MAX_ATTENTION_FACTOR:g}] (an attention-time multiplier)"),
     "block_size_tokens": (lambda v: v >= 1, "must be >= 1 token"),
 }
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from sim.memory.hybrid_units import peak_units, used_and_waste
 from sim.memory.layer_groups import LayerGroup
 from sim.memory.vattention import VAttentionConfig, VAttentionPolicy
 from sim.memory.plan import EMPTY_PLAN, MapOp, Plan, UnmapOp
@@ -66,6 +67,11 @@ class GroupPolicy(VAttentionPolicy):
         units: units one page group of this group costs (>= 1).
         group: the layer group.
     """
+
+    holds_state = False
+    """A state group (:class:`StateGroupPolicy`: one page group a request, whatever its length)."""
+    window_pages = False
+    """A window group (:class:`WindowGroupPolicy`: a slot maps pages ``[base, base + mapped)``)."""
 
     def __init__(self, config: VAttentionConfig, pool: SharedPool, units: int, group: LayerGroup):
         if units < 1:
@@ -116,6 +122,8 @@ class WindowGroupPolicy(GroupPolicy):
     """A sliding-window or chunked-local group: a slot maps pages ``[base, base + mapped)``; pages below
     ``base`` were dropped (module docstring). ``computed`` (slot -> tokens computed before this step) is set by
     :class:`HybridPolicy` from the caller's hint before each :meth:`step`."""
+
+    window_pages = True
 
     def __init__(self, config: VAttentionConfig, pool: SharedPool, units: int, group: LayerGroup, mode: str,
                  background_unmaps: bool):
@@ -206,6 +214,8 @@ class StateGroupPolicy(GroupPolicy):
     """Mamba / linear-attention state as paged vLLM holds it (``MambaManager``): one page group per running
     request, whatever its length."""
 
+    holds_state = True
+
     def step(self, target_tokens: Mapping[int, int]) -> Plan | None:
         return super().step({slot: 1 for slot in target_tokens})
 
@@ -290,6 +300,10 @@ class HybridPolicy:
         """Steps of window groups that dropped or moved pages."""
         return sum(getattr(g, "window_crossings", 0) for g in self.groups)
 
+    def used_and_waste(self, held_tokens: Mapping[int, int]) -> tuple[int, int]:
+        """:func:`sim.memory.hybrid_units.used_and_waste` of this policy."""
+        return used_and_waste(self, held_tokens)
+
     def group_mapped_page_groups(self) -> list[int]:
         """Page groups mapped per group (in each group's own page groups)."""
         return [g.mapped_page_groups for g in self.groups]
@@ -333,50 +347,8 @@ class HybridPolicy:
 
     def peak_units(self, prompt_tokens: int, final_kv_tokens: int, chunk_tokens: int,
                    reserve_tokens: int | None) -> int:
-        """Units of the pool a request needs at its peak when it runs alone: the largest sum over the groups
-        of ``units_g`` x pages held, over its steps (prefill chunks of ``chunk_tokens``, then one decode token
-        a step up to ``final_kv_tokens``), and its admission's :meth:`_fresh_units` (``reserve_tokens``: the
-        whole-prompt rule's reservation, or None). A step holds, in a full group, ``ceil(T / p)`` pages of its
-        target ``T``; in a window group those from ``floor(skipped(computed) / p)`` up (the pages a step that
-        maps drops first, :meth:`WindowGroupPolicy.step`), and under ``recycle`` the most it held so far (a step
-        moves stale handles to the new end only as far as it needs, so the count never falls); in a state group
-        one. The sum is nondecreasing
-        over decode steps but for chunked-local groups, whose pages repeat with the window: so only the last
-        ``W_max / p + 2`` decode steps that map are evaluated. Pure (nothing of the pool changes).
-
-        Source: the window rule of vLLM v1 ``SlidingWindowManager.remove_skipped_blocks`` (module docstring)."""
-        per_page = self.config.tokens_per_page
-        held = [0] * len(self.groups)         # a recycle group's pages so far: it never gives one back
-
-        def units_at(before: int, target: int) -> int:
-            total, top = 0, -(-target // per_page)
-            for index, g in enumerate(self.groups):
-                if isinstance(g, StateGroupPolicy):
-                    total += g.units
-                elif isinstance(g, WindowGroupPolicy):
-                    need = top - g.group.skipped_tokens(before) // per_page
-                    if g.mode == "recycle":
-                        need = held[index] = max(held[index], need)
-                    total += g.units * need
-                else:
-                    total += g.units * top
-            return total
-
-        steps, computed, chunk = [], 0, max(1, chunk_tokens)
-        while computed < prompt_tokens:
-            target = min(prompt_tokens, computed + chunk)
-            steps.append((computed, target))
-            computed = target
-        if final_kv_tokens > prompt_tokens:      # decode steps that map a page: computed a multiple of p
-            last = (final_kv_tokens - 1) // per_page * per_page
-            span = max((g.group.window_tokens for g in self.groups if isinstance(g, WindowGroupPolicy)), default=0)
-            first = max(-(-prompt_tokens // per_page) * per_page, last - (span // per_page + 2) * per_page)
-            steps += [(before, before + 1) for before in range(first, last + 1, per_page) if before >= prompt_tokens]
-        peak = max((units_at(before, target) for before, target in steps), default=0)
-        first_target = min(prompt_tokens, chunk)
-        tokens = max(first_target, reserve_tokens or 0)
-        admission = sum(g.units * self._admission_pages(g, first_target, tokens) for g in self.groups)
-        return max(peak, admission)
+        """:func:`sim.memory.hybrid_units.peak_units` of this policy."""
+        return peak_units(self, prompt_tokens, final_kv_tokens, chunk_tokens, reserve_tokens)
 
     def _pick(self, first_target_tokens, reserve_tokens, committed_page_groups, cached) -> int | None:
         """The slot an admission takes (None: none, or the pool cannot cover it). The first growing group picks it

@@ -341,6 +341,12 @@ def _prefix_summary(requests, finished: np.ndarray, counters: dict, calls_per_gr
             "prefix_evictions": int(counters["prefix_evictions"])}
 
 
+SCHED_DELAY_P50_BOUND_US = 2e6
+"""Median scheduling delay beyond which a served load is overloaded (us): Sarathi-Serve (Agrawal et al., OSDI'24,
+section 5) defines capacity as the highest load whose median scheduling delay stays under 2 s. The capacity search's
+default bound (``analysis.planning.slo.DEFAULT_SCHED_DELAY_P50_US``) and ``kvsim simulate``'s part-run overload
+warning (``analysis.summary.attention_lines``) both use it."""
+
 ROOFLINE_CAVEAT = "not validated for {gpu} with a serving engine (docs/validation/README.md; a calibration profile for a fit)"
 """Said beside a roofline's times: the built-in roofline's efficiencies come from four H200 decode iterations
 (domain.md), and a profile's ``compute.roofline`` from an isolated grid, neither from an engine's iterations."""

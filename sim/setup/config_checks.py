@@ -26,6 +26,15 @@ class ConfigError(FieldError):
     (:func:`sim.frontend.policy_spec.policy_config_error`)."""
 
 
+MAX_ATTENTION_FACTOR = 100.0
+"""Largest attention-time multiplier accepted (paged kernel, strided layout): the published ones lie in 1.0-2.8
+(vAttention, ASPLOS'25, Figure 2; :mod:`sim.timing.paged_kernels`); 1e308 overflowed the run to NaN latencies."""
+MAX_BLOCK_TABLE_BASE_US = 1e6
+"""Largest block-table CPU time per iteration accepted (us): a second; vLLM's is ~50 us (``SimConfig``)."""
+MAX_BLOCK_TABLE_PER_BLOCK_US = 1e3
+"""Largest block-table CPU time per block accepted (us); vLLM's is ~0.02 us."""
+
+
 def _tier_error(config) -> tuple[str, ...] | None:
     """Why the KV tier and eviction settings are refused (sim.memory.tiers, sim.memory.eviction): the message and
     the fields it names, or None. The defaults pass without importing either module (start-up, issue 32)."""
@@ -165,12 +174,14 @@ def check_config(config) -> None:
     if config.max_len_tokens is not None and not 2 <= config.max_len_tokens <= config.slot_max_tokens:
         raise ConfigError(f"max_len_tokens={config.max_len_tokens}: must lie in [2, {config.slot_max_tokens}] tokens "
                           "(the static reservation)", "max_len_tokens")
-    if config.layout_attention_factor <= 0:
-        raise ConfigError(f"layout_attention_factor={config.layout_attention_factor}: must be > 0",
-                          "layout_attention_factor")
-    for name, least in (("paged_attention_factor", 1), ("block_table_base_us", 0), ("block_table_per_block_us", 0)):
-        if getattr(config, name) < least:
-            raise ConfigError(f"{name}={getattr(config, name)}: must be >= {least}", name)
+    if not 0 < config.layout_attention_factor <= MAX_ATTENTION_FACTOR:         # (NaN fails too)
+        raise ConfigError(f"layout_attention_factor={config.layout_attention_factor}: must lie in (0, "
+                          f"{MAX_ATTENTION_FACTOR:g}] (an attention-time multiplier)", "layout_attention_factor")
+    for name, least, most in (("paged_attention_factor", 1, MAX_ATTENTION_FACTOR),
+                              ("block_table_base_us", 0, MAX_BLOCK_TABLE_BASE_US),
+                              ("block_table_per_block_us", 0, MAX_BLOCK_TABLE_PER_BLOCK_US)):
+        if not least <= getattr(config, name) <= most:                         # (NaN fails too: it hung the run)
+            raise ConfigError(f"{name}={getattr(config, name)}: must lie in [{least}, {most:g}]", name)
     paged_error = paged_kernel_error(config)
     if paged_error:
         raise ConfigError(paged_error, paged_error.partition("=")[0])
@@ -238,8 +249,8 @@ def paged_kernel_error(config) -> str | None:
                 f"{', '.join(PAGED_KERNELS)}")
     for name in ("paged_attention_factor", "paged_prefill_factor", "paged_decode_factor"):
         value = getattr(config, name)
-        if value is not None and not (isinstance(value, (int, float)) and 1 <= value < float("inf")):
-            return (f"{name}={value}: must be a finite number >= 1 (paged / contiguous attention time: a "
+        if value is not None and not (isinstance(value, (int, float)) and 1 <= value <= MAX_ATTENTION_FACTOR):
+            return (f"{name}={value}: must lie in [1, {MAX_ATTENTION_FACTOR:g}] (paged / contiguous attention time: a "
                     "paged kernel is never faster than the contiguous one)")
     return None
 

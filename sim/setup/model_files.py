@@ -540,7 +540,21 @@ def _load_gpu(path_text: str, _mtime_ns: int, shown: str) -> GPUSpec:
     if 0 < fp8 < bf16:   # fp8 tensor cores run at least the bf16 rate (2x on Hopper and Blackwell datasheets)
         raise f.fail("fp8_flops", f"{fp8:g} FLOP/s is below bf16_flops ({bf16:g}): an fp8 peak is at least the "
                                   "bf16 one (twice it on H100/H200/B200 datasheets); 0 or absent = no fp8 tensor cores")
+    efficiencies = {}
+    for field in ("flops_efficiency", "bw_efficiency", "elementwise_bw_efficiency"):
+        value = f.number(field, 0.0, positive=False)
+        if not 0 <= value <= 1:
+            raise f.fail(field, f"must lie in (0, 1] (an achieved fraction of the datasheet peak; 0 or absent: the "
+                                f"H200's measured fractions), got {value:g}")
+        efficiencies[field] = value
+    if bool(efficiencies["flops_efficiency"]) != bool(efficiencies["bw_efficiency"]):
+        given, missing = (("flops_efficiency", "bw_efficiency") if efficiencies["flops_efficiency"]
+                          else ("bw_efficiency", "flops_efficiency"))
+        raise f.fail(missing, f"is missing beside {given}: the roofline takes a GPU's fractions as a pair")
+    if efficiencies["flops_efficiency"] and not f.has("efficiency_source"):
+        raise f.fail("efficiency_source", "is missing: say where flops_efficiency and bw_efficiency were measured")
     return GPUSpec(
+        **efficiencies, efficiency_source=f.text("efficiency_source", ""),
         name=f.text("name", path.stem), full_name=f.text("full_name"),
         hbm_bytes=f.integer("hbm_bytes", maximum=HBM_BYTES_MAX),
         bf16_flops=f.number("bf16_flops"), mem_bw_bytes_per_s=f.number("mem_bw_bytes_per_s"),

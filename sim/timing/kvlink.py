@@ -114,8 +114,8 @@ def parse_bandwidth_bytes_per_s(text: str) -> float:
         scale = _RATE_UNITS[unit.lower()]
     else:
         raise ValueError(f"not a bandwidth: {text!r} (examples: 50GB/s, 400Gb/s, 64GiB/s)")
-    if not value > 0:
-        raise ValueError(f"bandwidth must be > 0, got {text!r}")
+    if not 0 < value * scale < float("inf"):
+        raise ValueError(f"bandwidth must be > 0 and finite, got {text!r}")
     return value * scale
 
 

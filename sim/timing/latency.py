@@ -529,6 +529,10 @@ def check_profile(data: dict, path: str | Path) -> None:
                 _compute_params(path, "compute.tiled_roofline.params", tiled["params"], {"tile_rows": "mixed_tile_rows"})
     if "compute_in_loop" in data:
         in_loop = _object(path, "compute_in_loop", data["compute_in_loop"])
+        if "params" not in in_loop and any(key in in_loop for key in ("model", "models", "gpu", "form")):
+            # a fit's description without the fit: the run fell back to the roofline naming a wrong reason
+            raise _fail(path, "compute_in_loop.params", "is missing (the fitted coefficients; the section names "
+                                                         "a fit but holds none)", show=False)
         if "params" in in_loop:
             _compute_params(path, "compute_in_loop.params", in_loop["params"])
             if "model" not in in_loop:
