@@ -64,7 +64,9 @@ def build_tenants(args) -> list:
                                  f"{str(exc).removeprefix('--slo: ').removeprefix('--slo ')}") from None
         for note in notes:
             print(f"kvsim: warning: tenant {values['name']}: {note}", file=sys.stderr)
-        for note in _tenant_notes(values, searching=bool(getattr(args, "colocate", False))):
+        sharing_text = str(getattr(args, "sharing", "") or "")
+        static_only = sharing_text.startswith("static")
+        for note in _tenant_notes(values, searching=bool(getattr(args, "colocate", False)), static=static_only):
             print(f"kvsim: note: tenant {values['name']}: {note}", file=sys.stderr)
         tenants.append(Tenant(values["name"], config, trace, **extras))
     return tenants
@@ -83,10 +85,11 @@ def _shared_fault(fields: tuple, values: dict) -> bool:
                for field in fields)
 
 
-def _tenant_notes(values: dict, searching: bool) -> list[str]:
+def _tenant_notes(values: dict, searching: bool, static: bool = False) -> list[str]:
     """Keys of one ``--tenant`` that change nothing in this command (said, not silently dropped): ``sleep-weights``
-    without ``sleep-after``, ``slo=`` outside ``capacity --colocate`` (only the search judges it); and a tenant
-    without ``trace=`` runs the built-in synthetic workload."""
+    without ``sleep-after``, ``slo=`` outside ``capacity --colocate`` (only the search judges it), ``floor`` and
+    ``ceiling`` under ``--sharing static`` (``static``); and a tenant without ``trace=`` runs the built-in synthetic
+    workload."""
     notes = []
     if values.get("sleep-weights") == "yes" and "sleep-after" not in values:
         notes.append("sleep-weights=yes has no effect without sleep-after= (the tenant never sleeps)")
@@ -94,6 +97,10 @@ def _tenant_notes(values: dict, searching: bool) -> list[str]:
         notes.append("slo= is judged by kvsim capacity --colocate only; kvsim colocate reports the latencies")
     if "trace" not in values:
         notes.append("no trace=: the built-in synthetic workload")
+    unused = [key for key in ("floor", "ceiling") if key in values]
+    if static and unused:       # (a static share is --sharing static:split=...; floors and ceilings bound elastic)
+        notes.append(f"{'= and '.join(unused)}= bound{'s' if len(unused) == 1 else ''} elastic sharing only; under "
+                     "--sharing static the tenant's share is static:split=")
     return notes
 
 

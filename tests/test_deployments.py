@@ -264,9 +264,11 @@ def test_a_sweep_reruns_points_whose_gpu_file_changed_and_failed_points(tmp_path
     assert "(1 run now, 1 already in" in capsys.readouterr().out
     table = pd.read_csv(out / "sweep.csv")
     assert table["tpot_p50_ms"].iloc[1] > 3 * table["tpot_p50_ms"].iloc[0]    # decode is bandwidth-bound
-    stored = sorted((out / "points").glob("*.json"))
-    record = json.loads(stored[0].read_text())
-    stored[0].write_text(json.dumps({**record, "status": "error", "error": "RuntimeError: gone", "result": {}}))
+    # (points/ also holds the point of the GPU file before its edit: the h200 point is the one to fail)
+    stored = next(path for path in (out / "points").glob("*.json")
+                  if json.loads(path.read_text())["point"] == {"gpu": "h200"})
+    record = json.loads(stored.read_text())
+    stored.write_text(json.dumps({**record, "status": "error", "error": "RuntimeError: gone", "result": {}}))
     assert main(command) == 0
     assert "(1 run now, 1 already in" in capsys.readouterr().out
     assert (pd.read_csv(out / "sweep.csv")["status"] == "ok").all()

@@ -433,3 +433,33 @@ def test_a_profile_naming_an_in_loop_fit_without_its_params_is_refused(tmp_path,
     path.write_text(json.dumps(profile))
     assert main(["simulate", "--profile", str(path), "--num-requests", "5", "--out", str(tmp_path / "o")]) == 2
     assert "field compute_in_loop.params is missing" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, stream, words", [
+    (["simulate", "--policy", "paged", "--page-size", "4MiB"], "err", "--page-size sets vAttention's page size"),
+    (["simulate", "--host-swap", "8GiB"], "err", "--host-swap sizes the host memory"),
+    (["simulate", "--trace", SPLITWISE, "--arrival", "offline", "--rate-scale", "2"], "err",
+     "--rate-scale 2 changes nothing with --arrival offline"),
+    (["colocate", "--no-report", "--tenant", f"model=llama-3-8b,trace={SPLITWISE},num-requests=5,floor=0.3,ceiling=0.4",
+      "--tenant", f"model=llama-3-8b,trace={SPLITWISE},num-requests=5,name=b", "--sharing", "static"], "err",
+     "floor= and ceiling= bound elastic sharing only"),
+])
+def test_options_that_change_nothing_are_noted(tmp_path, capsys, argv, stream, words):
+    """Helper-55: options accepted and silently dropped (a user learns nothing from a run that is the same without
+    them)."""
+    rest = ["--num-requests", "5"] if argv[0] == "simulate" else []
+    assert main([*argv, *rest, "--out", str(tmp_path / "o")]) == 0
+    assert words in getattr(capsys.readouterr(), stream)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["sweep", "--grid", "policy=vattention,paged", "--policy", "static"], "--grid policy sets the policy that "
+                                                                          "--policy static also sets"),
+    (["sweep", "--grid", "seed=1", "--ray-address", "1.2.3.4:6379"], "applies to --executor ray"),
+    (["sweep", "--grid", "seed=1", "--tolerance", "0.5"], "--tolerance is the capacity search's"),
+    (["capacity", "--compute", "isolated", "--slo", "ttft_p99=2s"], "--compute isolated belongs to --colocate"),
+])
+def test_options_another_option_would_drop_are_refused(tmp_path, capsys, argv, words):
+    out = ["--out", str(tmp_path / "o")] if argv[0] == "sweep" else []
+    assert main([*argv, "--num-requests", "5", *out]) == 2
+    assert words in capsys.readouterr().err

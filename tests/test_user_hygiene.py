@@ -225,8 +225,8 @@ def test_messages_name_the_cause_and_the_row(tmp_path, capsys):
     array.write_text(json.dumps([{"timestamp": 0, "input_length": 10, "output_length": 5}]))
     with pytest.raises(TraceError, match="a JSON array, not JSON Lines"):
         load_trace(array)
-    for spec, told in (("paged:factor=0.5", "factor=0.5: must be a finite number >= 1"), ("paged:block=16.5", "block=16.5: expected "
-                       "a whole number"), ("vattention:layout_factor=-1", "layout_factor=-1: must be > 0"),
+    for spec, told in (("paged:factor=0.5", "factor=0.5: must lie in [1, 100]"), ("paged:block=16.5", "block=16.5: expected "
+                       "a whole number"), ("vattention:layout_factor=-1", "layout_factor=-1: must lie in (0, 100]"),
                        ("paged:block=0", "block=0: must be >= 1 token")):
         assert main(["simulate", "--policy", spec, "--out", str(tmp_path / "x")]) == 2
         line = one_error(capsys)

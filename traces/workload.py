@@ -88,6 +88,9 @@ def load_workload(args: argparse.Namespace, seed: int, max_context_tokens: int, 
                          + "; all of them are simulated")
         trace = traces.first_n(trace, args.num_requests)
     if args.rate_scale != 1.0:
+        if str(getattr(args, "arrival", None) or "").strip().lower() == "offline":
+            notes.append(f"--rate-scale {args.rate_scale:g} changes nothing with --arrival offline: every request "
+                         "arrives at 0 s")
         trace = traces.scale_rate(trace, args.rate_scale, "--rate-scale")
     if len(trace) == 0:
         filters = [flag for flag, used in (("--skip-requests", getattr(args, "skip_requests", 0)),

@@ -142,6 +142,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from analysis.planning.slo import search_objectives
     from sim.frontend.options import config_from_args
     from traces.workload import load_workload
+    if not args.colocate and "--compute" in getattr(args, "given_options", ()):
+        raise ValueError(f"--compute {args.compute} belongs to --colocate (how co-located tenants share the GPU's "
+                         "compute); leave it out, or add --colocate --tenant ...")
     if args.colocate or args.tenant:
         from analysis.colocate import cmd_capacity_colocate
         if not args.colocate:
@@ -575,6 +578,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         objectives(args.slo or "", args.slo_attainment)
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if args.ray_address is not None and args.executor != "ray":
+        raise ValueError(f"--ray-address {args.ray_address} applies to --executor ray; add it, or leave "
+                         "--ray-address out")
+    if args.job != "capacity" and "--tolerance" in getattr(args, "given_options", ()):
+        raise ValueError("--tolerance is the capacity search's; a simulate sweep searches nothing (add --job "
+                         "capacity, or leave --tolerance out)")
     from sim.timing.latency import check_profile_option
     check_profile_option(getattr(args, "profile", None))   # a bad profile is refused once, before any point runs
     jobs = make_jobs(grid, base_settings(args), args.job, getattr(args, "given_options", ()))

@@ -324,6 +324,10 @@ def _check_axes_apart(grid: dict[str, list[str]], base: dict, given_options: tup
     for name in grid:
         axis = resolve_axis(name)
         if axis.dest == "policy":
+            if isinstance(base.get("policy"), str):     # every point would replace --policy: it never runs
+                raise ValueError(f"--grid {name} sets the policy that --policy {base['policy']} also sets, and the "
+                                 "axis would replace it at every point; add it to the axis "
+                                 f"(--grid policy=...,{base['policy']}) or leave --policy out")
             continue
         if axis.dest is not None and axis.dest in base and (base[axis.dest] != defaults.get(axis.dest)
                                                             or flags.get(axis.dest) in given_options):

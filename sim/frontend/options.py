@@ -156,9 +156,10 @@ VMM_ONLY_FLAGS = (("sync_mapping", "--sync-mapping"), ("no_deferred_reclaim", "-
 
 
 def ignored_flag_notes(args: argparse.Namespace, config) -> list[str]:
-    """One note per vAttention-only flag given with a policy that maps no pages (``paged``, ``static``), and per
-    tier policy flag set without a ``--kv-tier``: the flag changes nothing there, which a user would otherwise not
-    learn (the run is the same without it)."""
+    """One note per vAttention-only flag given with a policy that maps no pages (``paged``, ``static``: also
+    ``--page-size``), per tier policy flag set without a ``--kv-tier``, and for ``--host-swap`` without swap
+    preemption: the flag changes nothing there, which a user would otherwise not learn (the run is the same without
+    it). ``args.given_options``: the long options written on the command line (``cli.main``)."""
     notes = []
     if not config.kv_tiers:
         for attr, flag, default in (("kv_tier_write", "--kv-tier-write", "write-back"),
@@ -166,8 +167,16 @@ def ignored_flag_notes(args: argparse.Namespace, config) -> list[str]:
             if getattr(args, attr, default) != default:
                 notes.append(f"{flag} {getattr(args, attr)} sets how KV tiers are used; no --kv-tier is given, so it "
                              "changes nothing in this run")
+    given = getattr(args, "given_options", ())
+    if config.preemption != "swap" and "--host-swap" in given:
+        notes.append(f"--host-swap sizes the host memory swapped-out KV goes to; preemption is {config.preemption}, "
+                     "so nothing is swapped in this run (--preemption swap swaps)")
     if config.uses_vmm:
         return notes
+    if "--page-size" in given:
+        notes.append(f"--page-size sets vAttention's page size; the {config.policy} policy maps no pages, so it "
+                     "changes nothing in this run" + (" (its block size is paged:block=N)" if config.policy == "paged"
+                                                      else ""))
     for attr, flag in VMM_ONLY_FLAGS:
         if getattr(args, attr, False) is True:
             notes.append(f"{flag} sets vAttention's page mapping; the {config.policy} policy maps no pages, so it "
