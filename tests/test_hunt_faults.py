@@ -463,3 +463,45 @@ def test_options_another_option_would_drop_are_refused(tmp_path, capsys, argv, w
     out = ["--out", str(tmp_path / "o")] if argv[0] == "sweep" else []
     assert main([*argv, "--num-requests", "5", *out]) == 2
     assert words in capsys.readouterr().err
+
+
+# ---- helper-54 (stop 51): prefix caching against vLLM v1 -------------------------------------------------
+def _mooncake(rows) -> str:
+    return "".join(f'{{"timestamp": {t}, "input_length": {n}, "output_length": {o}, "hash_ids": {list(ids)}}}\n'
+                   for t, n, o, ids in rows)
+
+
+@pytest.mark.parametrize("evict, hits", [("lru", [0, 0, 0, 0]), ("radix-leaf", [0, 0, 0, 512])])
+def test_lru_eviction_pops_the_oldest_free_block_cached_or_not(tmp_path, evict, hits):
+    """vLLM v1 keeps every free block in one queue (BlockPool.free_block_queue): a request's freed blocks go to the
+    tail, get_new_blocks pops the head and evicts a cached block it pops. A pool of 4 blocks of 512: request 0
+    caches [1, 2]; requests 1 and 2 (600 tokens, 2 blocks each) take the oldest free blocks, so request 2 takes
+    request 0's cached blocks and request 3 ([1, 2] again) hits nothing. kvsim used never-cached pages first
+    and evicted only when they ran out: request 3 hit 512. SGLang (radix-leaf) allocates free slots first and
+    evicts only when short, as before."""
+    text = _mooncake([(0, 1024, 1, [1, 2]), (1000, 600, 1, [7, 8]), (2000, 600, 1, [9, 10]), (3000, 1024, 1, [1, 2])])
+    requests, _ = _run(tmp_path, "evict.jsonl", text, "--model", "llama-3.1-8b", "--policy",
+                       f"paged:block=512,prefix=on,evict={evict}", "--memory-util", "0.1085372419507411")
+    assert requests["status"].tolist() == ["finished"] * 4
+    assert requests["prefix_hit_tokens"].tolist() == hits
+
+
+@pytest.mark.parametrize("policy, hit", [("paged:prefix=on", 2032), ("vattention:prefix=on", 2047)])
+def test_a_prefix_computed_twice_in_one_iteration_still_caches_what_follows(tmp_path, policy, hit):
+    """Two prompts of one prefix prefilled in the same iteration: the second's pages for [1, 2] duplicate the
+    first's; donation stopped there, so its pages for [3, 4] were never cached and a later [1, 2, 3, 4] prompt
+    hit 1,024 tokens. vLLM caches every full block (several blocks per hash): 2,032 (paged, 16-token blocks,
+    prompt - 1 rounded down to a block), 2,047 with vAttention's copy-on-write of the partial page."""
+    text = _mooncake([(0, 1024, 5, [1, 2]), (0, 2048, 5, [1, 2, 3, 4]), (1000, 2048, 5, [1, 2, 3, 4])])
+    requests, iterations = _run(tmp_path, "dup.jsonl", text, "--model", "llama-3.1-8b", "--policy", policy)
+    assert requests["prefix_hit_tokens"].tolist() == [0, 0, hit]
+    assert iterations["prefill_tokens"].iloc[0] == 1024 + 1024     # both prefixes in one iteration
+
+
+def test_hybrid_prefix_used_blocks_count_a_shared_block_once(tmp_path):
+    """paged:window=free,prefix=on: a block two running requests share was used twice (used 194 beside 130
+    mapped on Mistral: 64 = the 1,024 shared tokens in 16-token blocks)."""
+    text = _mooncake([(0, 1024, 50, [1, 2]), (100, 2048, 10, [1, 2, 3, 4])])
+    _, iterations = _run(tmp_path, "hyb.jsonl", text, "--model", "models/mistral-7b.json", "--policy",
+                         "paged:window=free,prefix=on")
+    assert (iterations["used_page_groups"] <= iterations["mapped_page_groups"]).all()

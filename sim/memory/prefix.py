@@ -107,6 +107,11 @@ class PrefixCachingPolicy(PrefixEntries, VAttentionPolicy):
         self.stats = {"lookups": 0, "hit_tokens": 0, "shared_pages": 0, "shared_maps": 0, "cow_tokens": 0,
                       "evictions": 0, "preempted_lookups": 0, "preempted_hit_tokens": 0}
         self.lookup_version = 0      # bumped when a key enters or leaves the cache or the partial index
+        self._duplicates = 0         # copies of a cached page donated by a request that computed it too (donate)
+        # one LRU order over free pages and evictable entries (sim.memory.prefix_entries, evict=lru only)
+        from collections import deque
+        self._stamp, self._free_runs, self._free_tracked = 0, deque(), 0
+        self._unified_lru = True
         self._last_lookup: tuple | None = None    # (lookup_version, hash_ids, prompt_tokens, result)
 
     # ---- keys ------------------------------------------------------------------------------------------
@@ -261,8 +266,8 @@ class PrefixCachingPolicy(PrefixEntries, VAttentionPolicy):
 
     # ---- donation of full prompt pages -------------------------------------------------------------------
     def donate(self, slot: int, hash_ids: Sequence[int], prompt_tokens: int, computed_tokens: int) -> int:
-        """Turn the slot's next full, private prompt pages into cache entries (in page order, while the key is
-        new). Returns how many pages were donated."""
+        """Turn the slot's next full, private prompt pages into cache entries (in page order; a page another
+        request cached meanwhile becomes a copy no lookup reaches). Returns how many pages were donated."""
         per_page = self.config.tokens_per_page
         full_blocks = min(len(hash_ids), prompt_tokens // self.block_tokens)
         pages = full_blocks * self.block_tokens // per_page
@@ -273,15 +278,26 @@ class PrefixCachingPolicy(PrefixEntries, VAttentionPolicy):
         donated = 0
         while page < min(pages, self.mapped[slot]) and (page + 1) * per_page <= computed_tokens:
             key = self.page_key(chain, page)
+            parent = self.page_key(chain, page - 1) if page else None
             if key in self.cache:
-                break                         # computed concurrently by another request: keep it private
-            self._new_entry(key, slot, self.page_key(chain, page - 1) if page else None)
-            self._index_partials(chain, page, key)
-            self.slot_keys[slot].append(key)
+                # computed concurrently by another request (two prompts of one prefix in one iteration): vLLM
+                # caches this block too (BlockPool.cached_block_hash_to_block holds several blocks per hash) and
+                # goes on caching the blocks after it; a lookup finds the first copy, so this one is an entry no
+                # lookup reaches (a key of its own), evictable once released, and the chain goes on past it
+                # (it stopped here: a later request hit 1,024 of 2,048 tokens, not 2,032: helper-54)
+                self._duplicates += 1
+                entry = (*key, "copy", self._duplicates)
+                self._new_entry(entry, slot, parent, tiered=False)
+            else:
+                entry = key
+                self._new_entry(key, slot, parent)
+                self._index_partials(chain, page, key)
+            self.slot_keys[slot].append(entry)
             self.shared[slot] += 1
             page += 1
             donated += 1
         return donated
+
 
     def _index_partials(self, chain: Sequence[int], page: int, key: tuple) -> None:
         per_page, block = self.config.tokens_per_page, self.block_tokens
@@ -309,6 +325,19 @@ class PrefixCachingPolicy(PrefixEntries, VAttentionPolicy):
             return super().step(target_tokens)
         if need > self.free_page_groups + self._reclaimable_page_groups():
             return None
+        if self._unified_lru:
+            # unmap idle slots until free pages and evictable entries cover the maps; the maps then take the
+            # oldest of either (PrefixEntries._take_pages), evicting entries in vLLM's order
+            unmaps = []
+            for slot in sorted(self._idle, key=lambda s: (-self.mapped[s], s)):
+                if self.free_page_groups + len(self._unmapped) >= need:
+                    break
+                if self.mapped[slot] and not self.in_flight_maps[slot]:
+                    unmaps.append(self._unmap_all(slot))
+            if self.free_page_groups + len(self._unmapped) < need:
+                raise RuntimeError("prefix cache reclamation freed less than it promised")
+            plan = super().step(target_tokens)
+            return Plan(maps=plan.maps, unmaps=tuple(unmaps) + plan.unmaps)
         self._evict(need - self.free_page_groups)
         unmaps = self._reclaim_idle(need - self.free_page_groups) if need > self.free_page_groups else []
         if self.free_page_groups < need:
