@@ -505,3 +505,17 @@ def test_hybrid_prefix_used_blocks_count_a_shared_block_once(tmp_path):
     _, iterations = _run(tmp_path, "hyb.jsonl", text, "--model", "models/mistral-7b.json", "--policy",
                          "paged:window=free,prefix=on")
     assert (iterations["used_page_groups"] <= iterations["mapped_page_groups"]).all()
+
+
+def test_tier_hits_at_a_readmission_are_a_column_of_their_own(tmp_path):
+    """A request preempted and re-admitted loaded 80 tokens from DRAM that no per-request column held (the
+    summary's tier_dram_hit_tokens had them): the computed tokens did not add up. Pool of 100 16-token blocks."""
+    text = _mooncake([(0, 100, 560, [50]), (1, 1024, 400, [1, 2])])
+    requests, iterations = _run(tmp_path, "po.jsonl", text, "--model", "llama-3.1-8b", "--policy", "paged:prefix=on",
+                                "--memory-util", "0.1079321129608892", "--kv-tier", "dram:1GiB")
+    assert requests["preemptions"].sum() >= 1 and requests["dram_hit_tokens_preempted"].sum() > 0
+    computed = iterations["prefill_tokens"].sum() + iterations["decode_tokens"].sum()
+    expected = (requests["prompt_tokens"] + requests["output_tokens"] - 1 + requests["recomputed_tokens"]
+                - requests["prefix_hit_tokens"] - requests["prefix_hit_tokens_preempted"]
+                - requests["dram_hit_tokens"] - requests["dram_hit_tokens_preempted"]).sum()
+    assert computed == expected

@@ -45,6 +45,7 @@ class TierCharges:
         self.recomputed_tokens = 0         # tier hits that ``auto`` chose to recompute
         self._planned: tuple | None = None
         self.hits: dict[int, list[int]] = {}     # request id -> tokens loaded per tier (first admission)
+        self.hits_preempted: dict[int, list[int]] = {}    # request id -> tokens loaded per tier (re-admissions)
         self._sample_times_us = array("d")
         self._sample_pages = [array("q") for _ in range(1 + len(self.store.tiers))]   # HBM, then each tier
 
@@ -100,11 +101,14 @@ class TierCharges:
             self.overlap_pending_us += load_us
         else:
             self.load_pending_us += load_us
+        per_tier = [0] * len(self.store.tiers)
+        for _, tier in found:
+            per_tier[tier] += self.per_page
         if not request.preemptions:
-            per_tier = [0] * len(self.store.tiers)
-            for _, tier in found:
-                per_tier[tier] += self.per_page
             self.hits[request.request_id] = per_tier
+        elif found:       # a re-admission after a preemption: kept apart, as the HBM hits are (helper-54)
+            earlier = self.hits_preempted.get(request.request_id, [0] * len(per_tier))
+            self.hits_preempted[request.request_id] = [a + b for a, b in zip(earlier, per_tier)]
         return len(found) * self.per_page
 
     # ---- charges ---------------------------------------------------------------------------------------
@@ -153,7 +157,12 @@ class TierCharges:
 
     def request_columns(self, requests) -> dict:
         """``<kind>_hit_tokens`` per request (request order): tokens loaded from each tier at its first
-        admission (0 when none)."""
-        return {f"{tier.kind}_hit_tokens": [self.hits.get(r.request_id, [0] * len(self.store.tiers))[index]
-                                            for r in requests]
-                for index, tier in enumerate(self.store.tiers)}
+        admission (0 when none); ``<kind>_hit_tokens_preempted``: at its re-admissions after preemptions (as
+        ``prefix_hit_tokens_preempted`` for HBM), so that every loaded token is in one column."""
+        none = [0] * len(self.store.tiers)
+        columns = {}
+        for index, tier in enumerate(self.store.tiers):
+            columns[f"{tier.kind}_hit_tokens"] = [self.hits.get(r.request_id, none)[index] for r in requests]
+            columns[f"{tier.kind}_hit_tokens_preempted"] = [self.hits_preempted.get(r.request_id, none)[index]
+                                                            for r in requests]
+        return columns
