@@ -347,7 +347,9 @@ def register(subparsers) -> None:
                           "relative shares of the KV pool, one per tenant, normalised to sum 1 (1/2 and 0.9/1.8 "
                           "are the same split; default equal)")
     sub.add_argument("--out", default=None, help="run directory, new or empty (default: runs/colocate-<UTC time>)")
-    sub.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    sub.add_argument("--force", action="store_true",
+                     help="replace an --out that holds an earlier kvsim result (never a directory holding anything "
+                          "else)")
     sub.add_argument("--no-report", action="store_true", help="no report.html (the stacked mapped-KV plot)")
     sub.set_defaults(func=cmd_colocate)
 

@@ -237,6 +237,14 @@ def _from_runs(args: argparse.Namespace) -> int:
     except InLoopError as exc:
         print(f"kvsim: error: calibrate: {exc}", file=sys.stderr)
         return 2
+    harness_fits = [key for key in HARNESS_COMPUTE_FITS if key in (profile.get("compute") or {})]
+    if sections["compute_in_loop"].get("replay_compute") == "engine" and harness_fits and not args.force:
+        # measured on a GPU, not re-made without one: removed only when asked (helper-55)
+        print(f"kvsim: error: calibrate: {out} holds compute.{' and compute.'.join(harness_fits)} (measured on the GPU "
+              "by kvsim calibrate --compute), which an engine fit removes (the harness's timing must not apply to "
+              "models outside compute_in_loop's); pass --force to remove them, or --out a copy of the profile",
+              file=sys.stderr)
+        return 2
     if "vmm_in_loop" in profile and "vmm_in_loop" not in sections:
         print("kvsim: note: no run mapped synchronously, so the profile's vmm_in_loop is removed "
               "(it belonged to the replaced fit)", file=sys.stderr)
@@ -250,7 +258,6 @@ def _from_runs(args: argparse.Namespace) -> int:
               "(replays before 2026-12-01), so the block form estimates them for those runs' iterations (one block "
               "per 128 chunk tokens over cached + new keys, low for long chunks)", file=sys.stderr)
     profile.pop("vmm_in_loop", None)
-    harness_fits = [key for key in HARNESS_COMPUTE_FITS if key in (profile.get("compute") or {})]
     if sections["compute_in_loop"].get("replay_compute") == "engine" and harness_fits:
         print(f"kvsim: note: the profile's compute.{' and compute.'.join(harness_fits)} (kvsim calibrate --compute: "
               "the PyTorch harness's grid, ~2x slower than the engine kernels) removed: for a model outside "

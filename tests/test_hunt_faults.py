@@ -519,3 +519,33 @@ def test_tier_hits_at_a_readmission_are_a_column_of_their_own(tmp_path):
                 - requests["prefix_hit_tokens"] - requests["prefix_hit_tokens_preempted"]
                 - requests["dram_hit_tokens"] - requests["dram_hit_tokens_preempted"]).sum()
     assert computed == expected
+
+
+def test_a_quantization_config_that_is_not_an_object_is_named(tmp_path, capsys):
+    """"quantization_config": "fp8" (a string) said 'quantization_config.quant_method null is not supported'."""
+    import json
+    model = json.loads((Path(__file__).resolve().parents[1] / "models" / "mistral-7b.json").read_text())
+    model["quantization_config"] = "fp8"
+    path = tmp_path / "q.json"
+    path.write_text(json.dumps(model))
+    assert main(["simulate", "--model", str(path), "--num-requests", "5", "--out", str(tmp_path / "o")]) == 2
+    assert 'field quantization_config must be an object with a quant_method (fp8, mxfp4), got "fp8"' in \
+        capsys.readouterr().err
+
+
+def test_an_engine_fit_removes_the_gpu_measured_harness_fits_only_with_force(tmp_path, capsys):
+    """calibrate --from-run on an engine replay deleted the profile's compute.roofline and compute.tiled_roofline
+    (measured on a GPU, not re-made without one) with a note only; now refused without --force."""
+    import json
+    root = Path(__file__).resolve().parents[1]
+    profile = json.loads((root / "profiles" / "h200.json").read_text())
+    profile.pop("compute_in_loop", None)
+    out = tmp_path / "p.json"
+    out.write_text(json.dumps(profile))
+    run = str(root / "docs" / "validation" / "engine-piecewise" / "replays" / "pw-conv-piecewise")
+    assert main(["calibrate", "--from-run", run, "--out", str(out)]) == 2
+    assert "pass --force to remove them" in capsys.readouterr().err
+    assert json.loads(out.read_text()) == profile                   # untouched
+    assert main(["calibrate", "--from-run", run, "--out", str(out), "--force"]) == 0
+    written = json.loads(out.read_text())
+    assert "compute_in_loop" in written and "roofline" not in written.get("compute", {})

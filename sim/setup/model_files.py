@@ -349,7 +349,10 @@ def model_from_hf_config(data: dict, shown: str, name: str = "model") -> ModelSp
     dtype_bytes = min(TORCH_DTYPE_BYTES[dtype_name.replace("torch.", "")], 2)
     quantization = data.get("quantization_config")
     if quantization is not None:
-        method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+        if not isinstance(quantization, dict):
+            raise f.fail("quantization_config", f"must be an object with a quant_method (fp8, mxfp4), got "
+                                                f"{json.dumps(quantization)}")
+        method = quantization.get("quant_method")
         if method not in ("fp8", "mxfp4"):
             raise f.fail("quantization_config.quant_method", f"{json.dumps(method)} is not supported (fp8, mxfp4 are); "
                                                              "give the model as a TOML with its dtype_bytes instead")
