@@ -325,17 +325,8 @@ class PrefixCachingPolicy(PrefixEntries, VAttentionPolicy):
             return super().step(target_tokens)
         if need > self.free_page_groups + self._reclaimable_page_groups():
             return None
-        if self._unified_lru:
-            # unmap idle slots until free pages and evictable entries cover the maps; the maps then take the
-            # oldest of either (PrefixEntries._take_pages), evicting entries in vLLM's order
-            unmaps = []
-            for slot in sorted(self._idle, key=lambda s: (-self.mapped[s], s)):
-                if self.free_page_groups + len(self._unmapped) >= need:
-                    break
-                if self.mapped[slot] and not self.in_flight_maps[slot]:
-                    unmaps.append(self._unmap_all(slot))
-            if self.free_page_groups + len(self._unmapped) < need:
-                raise RuntimeError("prefix cache reclamation freed less than it promised")
+        if self._unified_lru:          # the maps take the oldest of free pages and entries (PrefixEntries)
+            unmaps = self._unmap_idle_for(need)
             plan = super().step(target_tokens)
             return Plan(maps=plan.maps, unmaps=tuple(unmaps) + plan.unmaps)
         self._evict(need - self.free_page_groups)

@@ -120,6 +120,23 @@ class PrefixEntries:
         self.dirty_free_page_groups += evicted
         self.stats["evictions"] += evicted
 
+    def _unmap_idle_for(self, need: int) -> list[UnmapOp]:
+        """Unmap idle slots (most mapped first) until free pages and evictable entries cover ``need`` maps; the
+        maps then take the oldest of either (:meth:`_take_pages`), evicting entries in vLLM's order.
+
+        Raises:
+            RuntimeError: when even that does not cover them (the caller checked that it would).
+        """
+        unmaps = []
+        for slot in sorted(self._idle, key=lambda s: (-self.mapped[s], s)):
+            if self.free_page_groups + len(self._unmapped) >= need:
+                break
+            if self.mapped[slot] and not self.in_flight_maps[slot]:
+                unmaps.append(self._unmap_all(slot))
+        if self.free_page_groups + len(self._unmapped) < need:
+            raise RuntimeError("prefix cache reclamation freed less than it promised")
+        return unmaps
+
     def _take_free(self, page_groups: int) -> None:
         self._take_pages(page_groups)
         super()._take_free(page_groups)
