@@ -486,16 +486,31 @@ def test_lru_eviction_pops_the_oldest_free_block_cached_or_not(tmp_path, evict, 
     assert requests["prefix_hit_tokens"].tolist() == hits
 
 
-@pytest.mark.parametrize("policy, hit", [("paged:prefix=on", 2032), ("vattention:prefix=on", 2047)])
-def test_a_prefix_computed_twice_in_one_iteration_still_caches_what_follows(tmp_path, policy, hit):
-    """Two prompts of one prefix prefilled in the same iteration: the second's pages for [1, 2] duplicate the
+@pytest.mark.parametrize("policy, hits", [("paged:prefix=on", [0, 1024, 2032]),
+                                          ("vattention:prefix=on", [0, 0, 2047])])
+def test_a_prefix_computed_twice_in_one_iteration_still_caches_what_follows(tmp_path, policy, hits):
+    """Two prompts of one prefix prefilled in the same iteration: the second's pages for [1, 2] duplicated the
     first's; donation stopped there, so its pages for [3, 4] were never cached and a later [1, 2, 3, 4] prompt
-    hit 1,024 tokens. vLLM caches every full block (several blocks per hash): 2,032 (paged, 16-token blocks,
-    prompt - 1 rounded down to a block), 2,047 with vAttention's copy-on-write of the partial page."""
+    hit 1,024 tokens. vLLM caches blocks when it schedules them (allocate_slots -> cache_blocks, before the
+    forward pass): the second request, scheduled after the first in the same step, hits its [1, 2] (1,024), and
+    the third 2,032 (16-token blocks, prompt - 1 rounded down). vAttention donates computed pages (its
+    copy-on-write copies before the forward pass): the second duplicates [1, 2], caches [3, 4] past the copy,
+    and the third hits 2,047 with the partial page copied."""
     text = _mooncake([(0, 1024, 5, [1, 2]), (0, 2048, 5, [1, 2, 3, 4]), (1000, 2048, 5, [1, 2, 3, 4])])
     requests, iterations = _run(tmp_path, "dup.jsonl", text, "--model", "llama-3.1-8b", "--policy", policy)
-    assert requests["prefix_hit_tokens"].tolist() == [0, 0, hit]
+    assert requests["prefix_hit_tokens"].tolist() == hits
     assert iterations["prefill_tokens"].iloc[0] == 1024 + 1024     # both prefixes in one iteration
+
+
+@pytest.mark.parametrize("scheduler", ["sarathi", "vllm"])
+def test_paged_blocks_are_cached_when_scheduled(tmp_path, scheduler):
+    """Two identical 1,024-token prompts at 0 s: vLLM v1 schedules both in one step and the second hits the
+    first's blocks cached at scheduling (1,008 = prompt - 1 rounded down to 16-token blocks); kvsim cached them
+    after the compute: [0, 0] (helper-54)."""
+    text = _mooncake([(0, 1024, 10, [1, 2]), (0, 1024, 10, [1, 2])])
+    requests, _ = _run(tmp_path, "same.jsonl", text, "--model", "llama-3.1-8b", "--policy", "paged:prefix=on",
+                       "--scheduler", scheduler)
+    assert requests["prefix_hit_tokens"].tolist() == [0, 1008]
 
 
 def test_hybrid_prefix_used_blocks_count_a_shared_block_once(tmp_path):

@@ -73,7 +73,21 @@ class Admission:
             self.swap.swap_in(request.computed)
             request.swapped = False
         self._start_running(request, slot, self._iteration_start_us)   # (not now: a wait for the mapper came first)
+        if self._donates_when_scheduled:
+            self._donate_scheduled(((request, first_tokens),))
         return first_tokens
+
+    def _donate_scheduled(self, batch) -> None:
+        """vLLM v1 caches a request's full blocks when it schedules them (``KVCacheManager.allocate_slots`` ->
+        ``cache_blocks(min(computed + new, num_tokens))``, before the forward pass), so a request scheduled later
+        in the same step hits blocks this step computes (the attention of layer L reads the KV the step wrote at
+        layer L). Paged prefix caching only: vAttention's copy-on-write of a partial page copies before the
+        forward pass, so its pages are donated once computed (``_after_compute``)."""
+        policy = self.policy
+        for request, tokens in batch:
+            if request.hash_ids is not None and request.computed < request.prompt_tokens:
+                policy.donate(request.slot, request.hash_ids, request.prompt_tokens,
+                              min(request.prompt_tokens, request.computed + tokens))
 
     def _refusal_key(self, request, first_tokens: int, first: int, reserve, committed: int) -> tuple:
         """What a refused admission was asked with (:meth:`_admit`): a repeat with the same key, at the same
@@ -117,6 +131,8 @@ class Admission:
                 return batch, EMPTY_PLAN, False
             self._cohort_scheduled = members > 0
             batch, plan = yield from self._step(batch)
+            if self._donates_when_scheduled:
+                self._donate_scheduled(batch)
             return batch, plan, self._iteration_preemptions > 0
         # the cohort's decodes come first (every decode fits the budget when there is a cohort)
         batch, budget = scheduler.running_part(running, budget - members)
@@ -124,6 +140,8 @@ class Admission:
         self._cohort_scheduled = members > 0
         if batch or members:
             batch, plan = yield from self._step(batch)
+            if self._donates_when_scheduled:
+                self._donate_scheduled(batch)
         preempted = self._iteration_preemptions > 0
         if not preempted:
             batch = batch + (self._admit_swapped(budget) if swapped_back else (yield from self._admit_waiting(budget)))

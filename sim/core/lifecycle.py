@@ -22,6 +22,7 @@ class RequestBookkeeping:
     """Mixin: the time-free phases of one serving iteration."""
 
     _donates = False   # whether _after_compute does anything (set by a loop that overrides it)
+    _donates_when_scheduled = False   # paged prefix caching caches blocks as scheduled (sim.core.admission)
     _block_terms = False   # whether _iteration_pass counts attention thread blocks (a block-form compute model)
 
     def _accept_arrivals(self, now_us: float) -> None:
