@@ -200,3 +200,29 @@ def test_the_printed_summary_has_a_prefix_cache_line_only_with_prefix_caching():
     assert tier_lines({}) == []
     tiered = tier_lines({**cached, "tier_hbm_demotions": 3})
     assert [label for label, _ in tiered] == ["tier hbm"]
+
+
+def test_a_copy_takes_the_key_of_an_evicted_original():
+    """Two slots compute page 0 of one prefix in the same iteration: the second's page becomes a copy and its
+    page 1 is chained after the original's key. When the original is evicted, the copy takes its key (vLLM keeps
+    the other blocks of a hash reachable): a later prompt still hits both pages (helper-57: it hit 0)."""
+    p = _policy(pool=8)
+    a, b = p.alloc_slot(1024), p.alloc_slot(2048)
+    p.admit_prefix(a, [], 1024)
+    p.admit_prefix(b, [], 2048)
+    p.step({a: 1024, b: 2048})
+    assert p.donate(a, [1, 2], 1024, 1024) == 1                 # page 0: (0, chain [1, 2])
+    assert p.donate(b, [1, 2, 3, 4], 2048, 2048) == 2           # a copy of page 0, then page 1
+    assert len(p.cache) == 3 and p.conservation_error() == 0
+    original = p.slot_keys[a][0]
+    for slot in (a, b):
+        p.free_slot(slot, 0)
+    p.iteration_completed(0)
+    p._unmap_all(a)                                             # slot a's reference goes: the original is unmapped
+    p._unmapped.move_to_end(original, last=False)
+    assert p._evict(1) == 1                                     # the original, least recently used
+    assert original in p.cache and len(p.cache) == 2           # the copy now holds the original's key
+    assert p.slot_keys[b][0] == original
+    keys, _ = p.lookup([1, 2, 3, 4], 2049)
+    assert len(keys) == 2                                       # both pages reachable again
+    assert p.conservation_error() == 0

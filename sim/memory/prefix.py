@@ -108,6 +108,7 @@ class PrefixCachingPolicy(PrefixEntries, VAttentionPolicy):
                       "evictions": 0, "preempted_lookups": 0, "preempted_hit_tokens": 0}
         self.lookup_version = 0      # bumped when a key enters or leaves the cache or the partial index
         self._duplicates = 0         # copies of a cached page donated by a request that computed it too (donate)
+        self._copies: dict[tuple, list[tuple]] = {}   # key -> its cached copies' keys (the first takes it over)
         # one LRU order over free pages and evictable entries (sim.memory.prefix_entries, evict=lru only)
         from collections import deque
         self._stamp, self._free_runs, self._free_tracked = 0, deque(), 0
@@ -288,6 +289,7 @@ class PrefixCachingPolicy(PrefixEntries, VAttentionPolicy):
                 self._duplicates += 1
                 entry = (*key, "copy", self._duplicates)
                 self._new_entry(entry, slot, parent, tiered=False)
+                self._copies.setdefault(key, []).append(entry)
             else:
                 entry = key
                 self._new_entry(key, slot, parent)
@@ -327,6 +329,7 @@ class PrefixCachingPolicy(PrefixEntries, VAttentionPolicy):
             return None
         if self._unified_lru:          # the maps take the oldest of free pages and entries (PrefixEntries)
             unmaps = self._unmap_idle_for(need)
+            self._evict_queue_head(need)
             plan = super().step(target_tokens)
             return Plan(maps=plan.maps, unmaps=tuple(unmaps) + plan.unmaps)
         self._evict(need - self.free_page_groups)

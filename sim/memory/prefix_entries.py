@@ -120,6 +120,49 @@ class PrefixEntries:
         self.dirty_free_page_groups += evicted
         self.stats["evictions"] += evicted
 
+    def _evict_queue_head(self, need: int) -> None:
+        """Before a step that maps ``need`` pages with fewer free: evict the entries among the queue's first
+        ``need`` items (what ``need`` pops of vLLM's free-block queue evict) and put their pages at the queue's
+        head, so that the step then finds ``need`` free pages and takes exactly those (reclaiming nothing more)."""
+        self._sync_free()
+        runs, unmapped = self._free_runs, self._unmapped
+        victims, taken, run_index = [], 0, 0
+        run_left = runs[0][1] if runs else 0
+        entries = iter(list(unmapped.items()))
+        entry = next(entries, None)
+        while taken < need:
+            run_stamp = runs[run_index][0] if run_index < len(runs) else None
+            if entry is not None and (run_stamp is None or entry[1] < run_stamp):
+                victims.append(entry[0])
+                entry = next(entries, None)
+                taken += 1
+            elif run_stamp is not None:
+                used = min(need - taken, run_left)
+                taken += used
+                run_left -= used
+                if not run_left:
+                    run_index += 1
+                    run_left = runs[run_index][1] if run_index < len(runs) else 0
+            else:
+                break
+        evicted = 0
+        for key in victims:
+            if key not in unmapped:           # a copy renamed to its original's key (_promote_copy)
+                key = key[:2]
+                if key not in unmapped:
+                    continue
+            del unmapped[key]
+            self._drop_key(key)
+            if self.tier_store is not None and len(key) == 2:
+                self.tier_store.on_evict(key)
+            evicted += 1
+        if evicted:
+            self.free_page_groups += evicted
+            self.dirty_free_page_groups += evicted
+            self.stats["evictions"] += evicted
+            runs.appendleft([-1, evicted])    # the oldest free pages now
+            self._free_tracked += evicted
+
     def _unmap_idle_for(self, need: int) -> list[UnmapOp]:
         """Unmap idle slots (most mapped first) until free pages and evictable entries cover ``need`` maps; the
         maps then take the oldest of either (:meth:`_take_pages`), evicting entries in vLLM's order.
@@ -197,9 +240,41 @@ class PrefixEntries:
             self._children[parent] -= 1
             if not self._children[parent]:
                 del self._children[parent]
+        if len(key) > 2:                      # a copy of a page another request cached (donate)
+            copies = self._copies.get(key[:2])
+            if copies is not None and key in copies:
+                copies.remove(key)
+                if not copies:
+                    del self._copies[key[:2]]
+        elif key in self._copies:             # the original goes: a copy takes its key (and its chain's children)
+            self._promote_copy(key)
+            return
         for chain_id in self._partials_of.pop(key, []):
             if self._partial_index.get(chain_id) == key:
                 del self._partial_index[chain_id]
+
+    def _promote_copy(self, key: tuple) -> None:
+        """The cache entry ``key`` was dropped while a copy of its page is cached: the copy takes the key, so
+        lookups reach it and the pages chained after it, as vLLM's ``cached_block_hash_to_block`` keeps the other
+        blocks of a hash reachable when one is evicted (helper-57: a request hit 0 of 2,032 tokens with the copy
+        and the next pages cached). The copy keeps its place in the eviction order and its partial-match index
+        entries stay the original's."""
+        copies = self._copies[key]
+        copy = copies.pop(0)
+        if not copies:
+            del self._copies[key]
+        self.cache[key] = self.cache.pop(copy)
+        self._active_refs[key] = self._active_refs.pop(copy)
+        parent = self._parent.pop(copy, None)
+        if parent is not None:
+            self._parent[key] = parent
+        if copy in self._unmapped:            # renamed in place (callers may hold the dict)
+            items = list(self._unmapped.items())
+            self._unmapped.clear()
+            self._unmapped.update((key if k == copy else k, v) for k, v in items)
+        for slot in self.cache[key]:
+            keys = self.slot_keys[slot]
+            keys[keys.index(copy)] = key
 
     def _unmap_range(self, slot: int, first_page: int) -> UnmapOp | None:
         """Unmap pages ``first_page..`` of ``slot``: private ones go to the free list, shared ones drop the
