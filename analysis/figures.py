@@ -43,7 +43,7 @@ RUN_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 RUN_SYMBOLS = ("x", "circle-open", "diamond-open", "square-open", "triangle-up-open", "star-open")
 POOL_PARTS = (  # (column, legend name, colour)
     ("used_gib", "used by tokens", "#1f77b4"),
-    ("slack_gib", "mapped, not yet used (running requests)", "#aec7e8"),
+    ("slack_gib", "mapped, not used by a running request's tokens", "#aec7e8"),
     ("deferred_gib", "deferred (mapped on idle slots)", "#ff7f0e"),
     ("free_gib", "free (unmapped)", "#d9d9d9"),
 )
@@ -321,8 +321,10 @@ FIGURES = (  # (id, section heading, note under the heading, builder)
     ("batch", "Batch size", "Requests per iteration: the mean of each time bucket, in a band from its smallest to its "
      "largest.", batch_figure),
     ("pool", "Page pool",
-     "KV-cache pool, stacked, averaged per time bucket: pages holding tokens, pages mapped ahead for running "
-     "requests, pages kept mapped on idle slots (deferred reclamation, eager mapping), and unmapped pages. "
+     "KV-cache pool, stacked, averaged per time bucket: pages holding running requests' tokens, other mapped "
+     "pages not on idle slots (pages mapped ahead for running requests; with prefix caching also cached pages no "
+     "request holds; static: the unused part of each reservation is in the first layer, as a reservation is one "
+     "unit), pages kept mapped on idle slots (deferred reclamation, eager mapping), and unmapped pages. "
      "Click a legend entry to hide a layer.", pool_figure),
     ("tail_waste", "Tail waste",
      "Mapped memory past the last token of each running request, summed: the mean of each time bucket, in a band "

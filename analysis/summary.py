@@ -67,7 +67,8 @@ def _policy_line(config: dict) -> str:
             f"{'synchronous' if config['sync_mapping'] else 'asynchronous'} mapping{swap}")
 
 
-PER_WORKER_ROWS = {"peak mapped KV memory", "page pool", "page groups mapped / unmapped", "VMM map / unmap calls"}
+PER_WORKER_ROWS = {"peak mapped KV memory", "page pool", "page groups mapped / unmapped", "VMM map / unmap calls",
+                   "tail waste mean / max"}
 """Rows that count one GPU's KV: one tensor-parallel worker's (every worker holds the same pages of its own heads)
 of one pipeline stage (every stage holds the pages of its own layers)."""
 

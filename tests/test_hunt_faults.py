@@ -564,3 +564,42 @@ def test_an_engine_fit_removes_the_gpu_measured_harness_fits_only_with_force(tmp
     assert main(["calibrate", "--from-run", run, "--out", str(out), "--force"]) == 0
     written = json.loads(out.read_text())
     assert "compute_in_loop" in written and "roofline" not in written.get("compute", {})
+
+
+# ---- helper-58 (stop 51): P/D -------------------------------------------------------------------------------
+CODE = str(Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023" /
+           "AzureLLMInferenceTrace_code.csv")
+
+
+def test_an_mla_handover_moves_a_full_latent_copy_to_every_decode_gpu(tmp_path):
+    """Under MLA every tensor-parallel GPU holds the whole latent (kv_bytes_per_token is the same at any tp), so
+    each of the decode role's 8 GPUs needs a full copy: 8 copies over 8 links take bytes / bandwidth, not bytes /
+    (8 x bandwidth). DeepSeek-V3, 4,808 tokens x 70,272 B over InfiniBand (50 GB/s, 10 us): 6,767.4 us (was 854.7)."""
+    out = tmp_path / "mla"
+    assert main(["simulate", "--trace", CODE, "--num-requests", "2", "--model", "models/deepseek-v3.json", "--pd", "1:1",
+                 "--tp", "8", "--out", str(out), "--quiet"]) == 0
+    first = pd.read_parquet(out / "requests.parquet").iloc[0]
+    assert first["kv_transfer_bytes"] == first["prompt_tokens"] * 70_272
+    assert first["kv_transfer_us"] == pytest.approx(10.0 + first["kv_transfer_bytes"] / 50e9 * 1e6)
+
+
+@pytest.mark.parametrize("text, bytes_per_s", [("400gb/s", 50e9), ("400Gb/s", 50e9), ("0.4tb/s", 50e9),
+                                               ("50GB/s", 50e9), ("8000kb/s", 1e6), ("64GiB/s", 64 * 2 ** 30)])
+def test_a_lower_case_b_is_bits_whatever_the_prefix(text, bytes_per_s):
+    """The docs: bits with a lower-case b. 400gb/s was read as 400 GB/s (8x) while 8000kb/s was bits."""
+    from sim.timing.kvlink import parse_bandwidth_bytes_per_s
+    assert parse_bandwidth_bytes_per_s(text) == pytest.approx(bytes_per_s)
+
+
+def test_capacity_pd_says_a_lower_bound_and_unservable_requests(capsys):
+    """capacity --pd printed a capacity no rate failed as a measurement (607,730 req/s from 6 requests), and
+    dropped the --allow-rejected WARNING that the co-located answer prints."""
+    assert main(["capacity", "--trace", CODE, "--num-requests", "6", "--slo", "ttft_p99=1000s,tpot_p99=10s",
+                 "--tolerance", "0.1", "--pd", "1:1", "--quiet", "--target-rate", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "capacity of the deployment: at least " in out and "is a lower bound, not a measurement" in out
+    assert "for 10 req/s: at most 1 copy" in out
+    main(["capacity", "--trace", CODE, "--num-requests", "100", "--slo", "ttft_p99=10s", "--tolerance", "0.3",
+          "--pd", "2:1", "--memory-util", "0.113", "--allow-rejected", "--quiet"])
+    out = capsys.readouterr().out
+    assert "WARNING: " in out and "counts served requests only (--allow-rejected)" in out, out

@@ -83,12 +83,21 @@ def _one_deployment(args, config, trace, slos) -> tuple[int, dict]:
               + (f"; {why}" if why else ""))
         return 1, {**result.to_dict(), "gpus": config.gpus}
     per_gpu = result.rate_per_s / config.gpus
-    print(f"capacity of the deployment: {result.rate_per_s:.3f} served req/s on {config.gpus} GPUs = {per_gpu:.3f} "
+    from analysis.planning.capacity import unservable_line
+    if result.unservable:                # as the co-located answer says it (helper-58: it was not printed)
+        print(f"WARNING: {unservable_line(result.unservable, result.num_requests).replace('one replica', 'the deployment')}"
+              "; the capacity below counts served requests only (--allow-rejected)")
+    bound = "at least " if result.above is None else ""      # no rate tried failed: a lower bound only
+    print(f"capacity of the deployment: {bound}{result.rate_per_s:.3f} served req/s on {config.gpus} GPUs = {per_gpu:.3f} "
           f"req/s per GPU ({result.output_tokens_per_s:,.0f} output tokens/s) at scale x{result.best.scale:.4g} of "
           f"the trace's {result.base_rate_per_s:.3f} req/s")
     print(f"binding constraint: {result.binding}" + (f" (fails at {result.above.rate_per_s:.3f} req/s)"
                                                      if result.above else ""))
-    if result.short_span_warning:
+    if result.above is None:
+        print(f"WARNING: no rate tried failed the SLOs, so the capacity is a lower bound, not a measurement: "
+              f"{result.num_requests:,} requests are too few to load the deployment at any rate (give more with "
+              "--num-requests or a longer trace)")
+    elif result.short_span_warning:
         print(f"WARNING: {result.short_span_warning}")
     from analysis.planning.cost import cost_line, replica_usd_per_hour, requests_per_usd
     print(cost_line(result.rate_per_s, config.prefill, config.gpus, "deployment"))   # every role on one GPU kind
@@ -104,7 +113,7 @@ def _one_deployment(args, config, trace, slos) -> tuple[int, dict]:
     if args.target_rate is not None:
         units = result.replicas_for(args.target_rate)
         copies = "copy" if units == 1 else "copies"
-        print(f"for {args.target_rate:g} req/s: {units} {copies} of the {config.pd} deployment = "
+        print(f"for {args.target_rate:g} req/s: {'at most ' if bound else ''}{units} {copies} of the {config.pd} deployment = "
               f"{units * config.prefill_gpus} prefill GPUs + {units * config.decode_gpus} decode GPUs = "
               f"{units * config.gpus} GPUs")
         record.update(target_rate_per_s=args.target_rate, units=units, gpus_for_target=units * config.gpus)

@@ -25,7 +25,8 @@ when the KV has landed (vLLM's disaggregated-serving proxy and NVIDIA Dynamo str
 worker); the column ``prefill_done_at_us`` holds when the prefill computed it. A request with one output token
 finishes on its prefill instance and transfers nothing.
 
-Transfers use ``min(tp_prefill, tp_decode)`` links in parallel (one per GPU); a prefill instance's outgoing
+Transfers use ``min(tp_prefill, tp_decode)`` links in parallel (one per GPU; under MLA every decode GPU receives the
+whole latent, ``tp_decode`` copies: :attr:`DisaggConfig.link_share`); a prefill instance's outgoing
 link and a decode instance's incoming link carry one transfer at a time (FIFO in the order transfers are
 started); the bytes are the prompt's KV for the whole model, ``prompt_tokens * kv_bytes_per_token(tp=1)``, or,
 with window-aware allocation on the decode role, what its layer groups hold (:meth:`DisaggConfig.kv_transfer_bytes`).
@@ -185,6 +186,14 @@ class DisaggConfig:
         return min(self.prefill.tp, self.decode.tp)
 
     @property
+    def link_share(self) -> float:
+        """The transfer's KV bytes moved per link, over the prompt's bytes / links: 1, as each decode GPU needs its
+        heads' share; under MLA ``tp_decode``, as every GPU holds the whole latent (``kv_bytes_per_token`` is the
+        same at any tp), so each decode GPU needs a full copy (DeepSeek-V3 at tp 8 moved its KV 8x too fast:
+        helper-58)."""
+        return float(self.decode.tp) if self.prefill.model_spec.uses_mla else 1.0
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """KV bytes of one token over the whole model (all layers, all KV heads, K and V)."""
         return self.prefill.model_spec.kv_bytes_per_token(1)
@@ -219,7 +228,8 @@ class DisaggConfig:
         return {"disaggregated": True, "pd": self.pd, "num_prefill": self.num_prefill, "num_decode": self.num_decode,
                 "gpus": self.gpus, "model": self.prefill.model, "gpu": self.prefill.gpu,
                 "kv_link": {"name": self.link.name, "bandwidth_bytes_per_s": self.link.bandwidth_bytes_per_s,
-                            "latency_us": self.link.latency_us, "source": self.link.source, "links": self.links},
+                            "latency_us": self.link.latency_us, "source": self.link.source, "links": self.links,
+                            "link_share": self.link_share},
                 "kv_stream": "layerwise" if self.streaming else "off", "kv_bytes_per_token": self.kv_bytes_per_token,
                 "label": self.label, "seed": self.seed, "slot_max_tokens": self.slot_max_tokens,
                 "prefill": self.prefill.to_dict(), "decode": self.decode.to_dict()}
@@ -296,7 +306,7 @@ class DisaggCluster:
         self._by_decode: dict[Request, _Handover] = {}
         self.pending = 0                       # handed over, not landed (nor cancelled)
         self._all_landed: simpy.Event | None = None
-        self._bytes_per_us = config.link.bytes_per_us(config.links)
+        self._bytes_per_us = config.link.bytes_per_us(config.links) / config.link_share
         self._layers = config.prefill.model_spec.num_layers
 
     def _instance(self, cls, index: int, config: SimConfig, models: dict | None, **hooks):

@@ -9,9 +9,13 @@ hits of its re-admissions after preemptions (counted apart), KV tokens dropped b
 why a rejected request could not be served (:data:`REJECT_REASONS`; empty otherwise).
 
 Per-iteration (:data:`ITERATION_COLUMNS`): start, duration = sync stall + block-table CPU time + swap time +
-clearing/copying time (zero-on-reuse, copy-on-write of shared prefix pages) + compute; page groups mapped on the critical path (``sync_map``) and by the background mapper since the
-previous record (``bg_map``); pool state during the iteration (mapped / used / free / deferred page groups,
-tail waste bytes of running requests).
+clearing/copying time (zero-on-reuse, copy-on-write of shared prefix pages) + compute, plus, for a co-located
+tenant with serial compute (``kvsim colocate``), the wait for the GPU while another tenant computes (its total is
+the tenant's ``gpu_wait_s``; no column holds it per iteration); page groups mapped on the critical path
+(``sync_map``) and by the background mapper since the previous record (``bg_map``), and unmapped since it (the
+pages freed by the requests finishing in the last iteration come after the last record: the summary's unmap count
+holds them, the column's sum does not); pool state during the iteration (mapped / used / free / deferred page
+groups, tail waste bytes of running requests).
 """
 from array import array
 

@@ -97,7 +97,8 @@ _RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z/]+)\s*
 
 
 def parse_bandwidth_bytes_per_s(text: str) -> float:
-    """``"50GB/s"`` -> 5e10, ``"400Gb/s"`` -> 5e10 (``Gb/s``, ``Gbit/s``, ``Gbps``: gigabits), ``"64GiB/s"``.
+    """``"50GB/s"`` -> 5e10, ``"400Gb/s"`` -> 5e10, ``"64GiB/s"``: a capital ``B`` is bytes, a lower-case ``b`` bits
+    (``400gb/s`` = ``400Gb/s``; also ``Gbit/s``, ``Gbps``).
 
     Raises:
         ValueError: naming the text when it is not a positive rate with a unit.
@@ -106,10 +107,10 @@ def parse_bandwidth_bytes_per_s(text: str) -> float:
     if not match:
         raise ValueError(f"not a bandwidth: {text!r} (examples: 50GB/s, 400Gb/s, 64GiB/s)")
     value, unit = float(match.group(1)), match.group(2)
-    if unit in ("Gb/s", "Mb/s", "Tb/s", "Kb/s", "kb/s"):           # lower-case b: bits
-        scale = {"G": 1e9, "M": 1e6, "T": 1e12, "K": 1e3, "k": 1e3}[unit[0]] / 8
-    elif unit.lower() in _BITS:
+    if unit.lower() in _BITS:
         scale = _BITS[unit.lower()]
+    elif unit.endswith("b/s") and unit.lower() in _RATE_UNITS:   # a lower-case b: bits, whatever the prefix's case
+        scale = _RATE_UNITS[unit.lower()] / 8                    # (400gb/s read as 400 GB/s: helper-58)
     elif unit.lower() in _RATE_UNITS:
         scale = _RATE_UNITS[unit.lower()]
     else:
