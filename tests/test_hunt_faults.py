@@ -603,3 +603,13 @@ def test_capacity_pd_says_a_lower_bound_and_unservable_requests(capsys):
           "--pd", "2:1", "--memory-util", "0.113", "--allow-rejected", "--quiet"])
     out = capsys.readouterr().out
     assert "WARNING: " in out and "counts served requests only (--allow-rejected)" in out, out
+
+
+def test_capacity_pd_out_holds_every_step(tmp_path, capsys):
+    """The --out help promises every step; the P/D record had none (the co-located one has them)."""
+    import json
+    out = tmp_path / "pd.json"
+    main(["capacity", "--trace", CODE, "--num-requests", "30", "--slo", "ttft_p99=2s", "--tolerance", "0.3",
+          "--pd", "1:1", "--quiet", "--out", str(out)])
+    record = json.loads(out.read_text())
+    assert len(record["steps"]) == record["search_steps"] and record["steps"][0]["scale"] == 1.0

@@ -32,6 +32,9 @@ def cmd_capacity_disagg(args: argparse.Namespace) -> int:
 
     if args.check_replicas:
         raise ValueError("--check-replicas applies to co-located replicas; with --pd or --pd-search leave it out")
+    if "--workers" in getattr(args, "given_options", ()):
+        print("kvsim: note: --workers applies to the co-located search; a --pd or --pd-search search runs its "
+              "steps in this process", file=sys.stderr)
     if args.json is not None:
         from analysis.output import CAPACITY_REPLACEABLE, check_out_file, command_inputs
         check_out_file(args.json, args.force, "--out", inputs=command_inputs(args), replaceable=CAPACITY_REPLACEABLE)
@@ -102,7 +105,10 @@ def _one_deployment(args, config, trace, slos) -> tuple[int, dict]:
     from analysis.planning.cost import cost_line, replica_usd_per_hour, requests_per_usd
     print(cost_line(result.rate_per_s, config.prefill, config.gpus, "deployment"))   # every role on one GPU kind
     prefill, decode = config.prefill, config.decode
-    record = {**result.to_dict(), "gpus": config.gpus, "capacity_req_per_s_per_gpu": per_gpu, "pd": config.pd,
+    steps = [{"scale": e.scale, "rate_per_s": e.rate_per_s, "values_us": e.values_us, "ttft_growth": e.ttft_growth,
+              "failed": list(e.failed)} for e in result.steps]        # (as the co-located --out: every step)
+    record = {**result.to_dict(), "steps": steps, "gpus": config.gpus, "capacity_req_per_s_per_gpu": per_gpu,
+              "pd": config.pd,
               "slos": [str(s) for s in slos], "tolerance": args.tolerance,
               "prefill_tp": prefill.tp, "decode_tp": decode.tp, "prefill_policy": prefill.label,
               "decode_policy": decode.label, "engine": prefill.engine, "scheduler": prefill.scheduler,
