@@ -238,7 +238,11 @@ def print_comparison(table, trace_source: str, base, wall_s: float, out_dir: Pat
     for label in table.index:
         grid.add_column(label, justify="right")
     for column in table.columns:
-        grid.add_row(column, *(_cell(v) for v in table[column]))
+        values = list(table[column])
+        # a count column that also holds NaN ("-": not applicable) is float: printed as the whole numbers it holds
+        counts = any(v != v for v in values if isinstance(v, float)) and all(
+            not isinstance(v, float) or v != v or v.is_integer() for v in values)
+        grid.add_row(column, *(_cell(int(v) if counts and isinstance(v, float) and v == v else v) for v in values))
     console.print(grid)
     unwrapped = Console(width=console.width, soft_wrap=True)
     for label, run_summary in (summaries or {}).items():

@@ -5,7 +5,8 @@ Public API: :func:`build_policy` (a :class:`sim.setup.config.SimConfig` -> its p
 part, the background plan with reservations, commit and cancel, is the :class:`sim.memory.background.BackgroundMapping`
 mixin),
 :class:`PrefixCachingPolicy` / :class:`PrefixHit` (:mod:`sim.memory.prefix`; its cache-entry and eviction
-bookkeeping is the :class:`sim.memory.prefix_entries.PrefixEntries` mixin), :class:`HybridPrefixPolicy`
+bookkeeping is the :class:`sim.memory.prefix_entries.PrefixEntries` mixin, its one LRU order of free pages and entries
+the :class:`sim.memory.free_queue.FreeQueue` mixin), :class:`HybridPrefixPolicy`
 (:mod:`sim.memory.hybrid_prefix`: prefix caching with window-aware paged allocation, vLLM v1's multi-group hit rule), and the plans both executors carry
 out (:mod:`sim.memory.plan`: ``Plan``, ``MapOp``, ``UnmapOp``, ``EMPTY_PLAN``). Imports nothing of ``sim`` but
 itself (and :mod:`sim.lazy`, which loads the prefix and hybrid policies on first use).

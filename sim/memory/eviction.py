@@ -11,7 +11,7 @@ parent is ``key``.
   reverse order (``vllm/v1/core/single_type_kv_cache_manager.py``, ``vllm/v1/core/block_pool.py``): the
   least recently used entry goes first even when it is an interior page whose descendants stay cached (they
   are then unreachable: lookups stop at the first miss). The queue holds never-cached free blocks too, so a
-  map takes the oldest of a free page and an entry (``PrefixEntries._take_pages``); the functions here pick
+  map takes the oldest of a free page and an entry (``sim.memory.free_queue.FreeQueue``); the functions here pick
   victims when a step must evict beyond that (idle slots' reclamation, the low watermark).
 * ``radix-leaf``: SGLang's RadixCache (``python/sglang/srt/mem_cache/radix_cache.py``: ``evict`` collects the
   leaves with ``lock_ref == 0`` in a heap keyed by ``last_access_time`` and pops the least recently used;

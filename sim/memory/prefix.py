@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from sim.memory.eviction import VICTIMS
 from sim.memory.vattention import VAttentionConfig, VAttentionPolicy
 from sim.memory.plan import MapOp, Plan, UnmapOp
+from sim.memory.free_queue import FreeQueue
 from sim.memory.prefix_entries import PrefixEntries
 
 
@@ -72,7 +73,7 @@ def count_admission(stats: dict, hit: PrefixHit, preempted: bool) -> bool:
     return True
 
 
-class PrefixCachingPolicy(PrefixEntries, VAttentionPolicy):
+class PrefixCachingPolicy(PrefixEntries, FreeQueue, VAttentionPolicy):
     """vAttention (or, with no VMM cost charged, a paged block manager) with a shared prefix cache.
 
     Args:
@@ -327,7 +328,7 @@ class PrefixCachingPolicy(PrefixEntries, VAttentionPolicy):
             return super().step(target_tokens)
         if need > self.free_page_groups + self._reclaimable_page_groups():
             return None
-        if self._unified_lru:          # the maps take the oldest of free pages and entries (PrefixEntries)
+        if self._unified_lru:          # the maps take the oldest of free pages and entries (FreeQueue)
             unmaps = self._unmap_idle_for(need)
             self._evict_queue_head(need)
             plan = super().step(target_tokens)
