@@ -306,7 +306,9 @@ def mapping_figure(views: list[RunView]) -> go.Figure:
         for column, name, colour, sign in MAPPING_PARTS:
             fig.add_bar(x=bins["x"], y=sign * bins[column], name=name, legendgroup=name, marker_color=colour,
                         width=window_s, showlegend=row == 1, row=row, col=1)
-        fig.update_yaxes(title_text=f"page groups per {window_s:g} s", row=row, col=1)
+        unit = {"paged": "blocks", "static": "reservations"}.get((view.result.config or {}).get("policy"),
+                                                                  "page groups")
+        fig.update_yaxes(title_text=f"{unit} per {window_s:g} s", row=row, col=1)
     fig.update_xaxes(title_text=TIME_AXIS, row=len(views), col=1)
     fig.update_layout(barmode="relative", bargap=0)
     return _layout(fig, 80 + 280 * len(views))
@@ -334,7 +336,8 @@ FIGURES = (  # (id, section heading, note under the heading, builder)
      cdf_figure),
     ("mapping", "Map and unmap operations: background vs critical path",
      "Page groups mapped by the background mapper, mapped on the critical path (the iteration waits), and "
-     "unmapped (drawn below zero), summed per time window.", mapping_figure),
+     "unmapped (drawn below zero), summed per time window; for paged runs the blocks allocated and freed, for "
+     "static runs the reservations made and freed (no VMM call: all on the critical path).", mapping_figure),
 )
 
 
