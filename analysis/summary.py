@@ -83,6 +83,11 @@ def _relabel(label: str, config: dict) -> str:
         label += (" (per worker)" if pp == 1 else " (per stage)" if tp == 1 else " (per worker of one stage)")
     if label == "VMM time per TP worker" and pp > 1:
         label += " (one stage)"
+    replicas = int(config.get("replicas", 1) or 1)
+    if replicas > 1:       # replicas' figures merged: the peak and pool summed, tail waste and batch per replica
+        label += {"peak mapped KV memory": " (sum of the replicas' peaks)", "page pool": " (all replicas)",
+                  "tail waste mean / max": " (per replica)", "batch size mean / max": " (per replica)"}.get(
+                      label.split(" (")[0], "")
     return label
 
 

@@ -613,3 +613,13 @@ def test_capacity_pd_out_holds_every_step(tmp_path, capsys):
           "--pd", "1:1", "--quiet", "--out", str(out)])
     record = json.loads(out.read_text())
     assert len(record["steps"]) == record["search_steps"] and record["steps"][0]["scale"] == 1.0
+
+
+def test_a_replicated_summary_says_which_rows_are_summed(tmp_path, capsys):
+    """--replicas 3: the peak is the sum of the replicas' peaks and the pool all replicas', but tail waste and the
+    batch size are per replica; the rows said neither (helper-59)."""
+    assert main(["simulate", "--replicas", "3", "--routing", "least-outstanding", "--num-requests", "60",
+                 "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "peak mapped KV memory (sum of the replicas' peaks)" in out and "page pool (all replicas)" in out
+    assert "tail waste mean / max (per replica)" in out and "batch size mean / max (per replica)" in out
