@@ -123,12 +123,12 @@ def attention_lines(summary: dict) -> list[str]:
         lines.append(f"overloaded: the queue grows through the run (TTFT rises {growth:.2f} s per s of trace time); "
                      "latencies depend on the trace's length, not a steady state")
     else:
-        from sim.results.summary import SCHED_DELAY_P50_BOUND_US as DEFAULT_SCHED_DELAY_P50_US
+        from sim.results.summary import SCHED_DELAY_P50_BOUND_US
         delay_ms = summary.get("sched_delay_p50_ms", 0.0)
-        if delay_ms == delay_ms and delay_ms * 1000 > DEFAULT_SCHED_DELAY_P50_US:
+        if delay_ms == delay_ms and delay_ms * 1000 > SCHED_DELAY_P50_BOUND_US:
             # a queue that builds and drains within the run (a burst, a busy hour) has no overall TTFT slope
             lines.append(f"overloaded for part of the run: the median request waits {delay_ms / 1000:.1f} s to be "
-                         f"scheduled (above the {DEFAULT_SCHED_DELAY_P50_US / 1e6:g} s bound of a capacity "
+                         f"scheduled (above the {SCHED_DELAY_P50_BOUND_US / 1e6:g} s bound of a capacity "
                          "search, Sarathi-Serve's) though TTFT shows no steady rise: the load outruns the server "
                          "for a stretch of the trace (a burst, a busy hour), so the latencies depend on that stretch")
     return lines

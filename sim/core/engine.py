@@ -166,8 +166,7 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
         self.mapper = AsyncMapper(self.env, self.policy, self._background_op_us) if config.has_async_mapper else None
         self.prefix = self._donates = config.prefix_caching
         # paged prefix caching caches blocks when they are scheduled (vLLM v1; sim.core.admission._donate_scheduled)
-        self._donates_when_scheduled = bool(self.prefix and getattr(self.policy, "cow_partial", True) is False
-                                            and hasattr(self.policy, "slot_keys"))
+        self._donates_when_scheduled = bool(self.prefix and getattr(self.policy, "caches_when_scheduled", False))
         self._admission_refused = False        # set by _admit when the policy refused a slot
         # refused admissions repeated with nothing changed are not asked again where the policy's refusals_repeat
         # says so (sim.core.admission._admit); the switch is private: tests turn it off to compare

@@ -69,7 +69,6 @@ def _attach_eviction_and_tiers(policy, config) -> None:
     from sim.memory.eviction import VICTIMS
     from sim.memory.tiers import TierStore
     policy.victims = VICTIMS[config.prefix_evict]
-    policy._unified_lru = config.prefix_evict == "lru"      # vLLM v1's one free-block queue (prefix_entries)
     page_bytes = config.tokens_per_page * config.model_spec.sub_tensor_bytes_per_token(config.tp)
     policy.pages_per_region = max(1, (2 * 1024 * 1024) // page_bytes)
     if config.kv_tiers:

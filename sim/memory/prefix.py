@@ -26,7 +26,7 @@ Conservation: ``free + private mapped + in flight + cached == pool`` where ``pri
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -110,11 +110,17 @@ class PrefixCachingPolicy(PrefixEntries, FreeQueue, VAttentionPolicy):
         self.lookup_version = 0      # bumped when a key enters or leaves the cache or the partial index
         self._duplicates = 0         # copies of a cached page donated by a request that computed it too (donate)
         self._copies: dict[tuple, list[tuple]] = {}   # key -> its cached copies' keys (the first takes it over)
-        # one LRU order over free pages and evictable entries (sim.memory.prefix_entries, evict=lru only)
-        from collections import deque
+        # one LRU order over free pages and evictable entries (sim.memory.free_queue, evict=lru only)
         self._stamp, self._free_runs, self._free_tracked = 0, deque(), 0
-        self._unified_lru = True
         self._last_lookup: tuple | None = None    # (lookup_version, hash_ids, prompt_tokens, result)
+
+    @property
+    def caches_when_scheduled(self) -> bool:
+        """Whether the engine donates a request's full prompt pages when it schedules them (vLLM v1's
+        ``allocate_slots`` -> ``cache_blocks``, before the forward pass: paged, ``cow_partial`` off) rather than
+        once computed (vAttention: its copy-on-write of a partial page copies before the forward pass)
+        (:meth:`sim.core.admission.Admission._donate_scheduled`)."""
+        return not self.cow_partial
 
     # ---- keys ------------------------------------------------------------------------------------------
     @staticmethod
@@ -300,7 +306,6 @@ class PrefixCachingPolicy(PrefixEntries, FreeQueue, VAttentionPolicy):
             page += 1
             donated += 1
         return donated
-
 
     def _index_partials(self, chain: Sequence[int], page: int, key: tuple) -> None:
         per_page, block = self.config.tokens_per_page, self.block_tokens

@@ -84,14 +84,23 @@ class PrefixEntries:
         evicted = 0
         while evicted < page_groups and self._unmapped:
             for key in self.victims(self):
-                self._drop_key(key)
-                if self.tier_store is not None and len(key) == 2:     # (a duplicate copy is not demoted)
-                    self.tier_store.on_evict(key)
+                self._evict_entry(key)
                 evicted += 1
+        self._count_evicted(evicted)
+        return evicted
+
+    def _evict_entry(self, key: tuple) -> None:
+        """Drop the evictable entry ``key`` (already taken off ``_unmapped``) and demote it to the lower tiers
+        (a duplicate copy is not demoted); :meth:`_count_evicted` gives its page back."""
+        self._drop_key(key)
+        if self.tier_store is not None and len(key) == 2:
+            self.tier_store.on_evict(key)
+
+    def _count_evicted(self, evicted: int) -> None:
+        """The pages of ``evicted`` evicted entries are free (holding an earlier request's KV) and counted."""
         self.free_page_groups += evicted
         self.dirty_free_page_groups += evicted
         self.stats["evictions"] += evicted
-        return evicted
 
     def _drop_key(self, key: tuple) -> None:
         del self.cache[key]
