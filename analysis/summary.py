@@ -177,13 +177,16 @@ def tier_lines(summary: dict) -> list[tuple[str, str]]:
     demoted, bytes read / written and link time each way (analysis.results._tier_summary); with prefix caching
     and no tiers, one ``prefix cache`` line (hit ratio over prompt tokens, prefill tokens saved, evictions)."""
     rows = []
+    ratio = summary.get("prefix_hit_ratio")
+    hit = ("hit n/a, no request admitted" if ratio is None or ratio != ratio
+           else f"hit {ratio:.1%} of prompt tokens")
     if "prefix_hit_ratio" in summary and any(k.startswith("tier_") for k in summary):
-        rows.append(("tier hbm", f"hit {summary['prefix_hit_ratio']:.1%} of prompt tokens, "
-                                 f"{summary.get('tier_hbm_demotions', 0):,} pages evicted down"))
+        rows.append(("tier hbm", f"{hit}, {summary.get('tier_hbm_demotions', 0):,} pages evicted down"))
     elif "prefix_hit_ratio" in summary:   # prefix caching without tiers: the cache's own line
-        rows.append(("prefix cache", f"hit {summary['prefix_hit_ratio']:.1%} of prompt tokens "
-                                     f"({summary.get('prefill_tokens_saved', 0):,} prefill tokens saved), "
-                                     f"{summary.get('prefix_evictions', 0):,} evictions"))
+        again = summary.get("prefill_tokens_saved_preempted", 0)
+        again = f"; {again:,} re-hit after preemption" if again else ""
+        rows.append(("prefix cache", f"{hit} ({summary.get('prefill_tokens_saved', 0):,} prefill tokens "
+                                     f"saved{again}), {summary.get('prefix_evictions', 0):,} evictions"))
     for kind in ("dram", "ssd"):
         if f"tier_{kind}_hit_tokens" not in summary:
             continue

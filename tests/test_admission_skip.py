@@ -105,7 +105,7 @@ def test_prefix_cache_is_looked_up_once_per_admission():
                                                   tokens_per_page=32), block_tokens=32)
     calls = []
     lookup = policy.lookup
-    policy.lookup = lambda ids, prompt: calls.append(ids) or lookup(ids, prompt)
+    policy.lookup = lambda ids, prompt, *own: calls.append(ids) or lookup(ids, prompt, *own)
     ids = (1, 2, 3)
     slot = policy.alloc_slot(96)
     policy.admit_prefix(slot, (), 96)

@@ -200,6 +200,12 @@ def test_the_printed_summary_has_a_prefix_cache_line_only_with_prefix_caching():
     assert tier_lines({}) == []
     tiered = tier_lines({**cached, "tier_hbm_demotions": 3})
     assert [label for label, _ in tiered] == ["tier hbm"]
+    # re-admission hits are printed apart; no admitted request gives no ratio (it printed "hit nan%")
+    again = tier_lines({**cached, "prefill_tokens_saved_preempted": 944})
+    assert again[0][1] == "hit 5.4% of prompt tokens (228,864 prefill tokens saved; 944 re-hit after preemption), " \
+                          "201,364 evictions"
+    none = tier_lines({"prefix_hit_ratio": float("nan"), "prefill_tokens_saved": 0, "prefix_evictions": 0})
+    assert none[0][1] == "hit n/a, no request admitted (0 prefill tokens saved), 0 evictions"
 
 
 def test_a_copy_takes_the_key_of_an_evicted_original():

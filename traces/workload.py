@@ -117,7 +117,8 @@ def prefix_note(trace, prefix_labels: list[str]) -> str | None:
     if not prefix_labels or has_hash_ids(trace):
         return None
     return (f"{', '.join(prefix_labels)}: prefix caching matches prompts by their hash_ids (Mooncake JSONL, or a "
-            "Parquet hash_ids column) and this trace has none, so no request can hit the cache")
+            "Parquet hash_ids column) and this trace has none, so no request can hit the cache (a request preempted "
+            "by recompute under paged prefix caching still re-hits its own blocks, as in vLLM)")
 
 
 STATIC_SLACK_FACTOR = 4

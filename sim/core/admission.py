@@ -35,9 +35,10 @@ class Admission:
                 self._admissions_skipped += 1
                 return 0
         cached, target = (0, 0), first
-        if self.prefix and request.hash_ids is not None and not request.computed:
+        own = self._own_pages_arg(request)
+        if self.prefix and (request.hash_ids is not None or own) and not request.computed:
             # look the cache up first, then ask only for the pages beyond the hit (vLLM v1)
-            hit_tokens, *cached = self.policy.admission_credit(request.hash_ids, request.prompt_tokens)
+            hit_tokens, *cached = self.policy.admission_credit(request.hash_ids or (), request.prompt_tokens, *own)
             if self.tiers is not None:      # pages loadable from the tiers need fresh page groups, not credit
                 hit_tokens += self.tiers.credit_tokens(request, hit_tokens)
             target = hit_tokens + min(first_tokens, request.remaining - hit_tokens)
@@ -100,7 +101,8 @@ class Admission:
             return 0
         # every admission prepares the slot; only a request starting from scratch looks the cache up
         ids = request.hash_ids if request.hash_ids is not None and not request.computed else ()
-        hit = self.policy.admit_prefix(slot, ids, request.prompt_tokens)
+        hit = self.policy.admit_prefix(slot, ids, request.prompt_tokens,
+                                       *(self._own_pages_arg(request) if not request.computed else ()))
         self._pending_plans.append(hit.plan)
         self._pending_copy_bytes += hit.cow_tokens * self._kv_bytes_per_token
         request.computed += hit.hit_tokens     # a swapped-in request keeps its KV (no lookup: hit 0)
@@ -110,6 +112,12 @@ class Admission:
             request.computed += loaded
             return hit.hit_tokens + loaded
         return hit.hit_tokens
+
+    def _own_pages_arg(self, request: Request) -> tuple:
+        """The lookup's ``own`` argument, ``((owner, seq_len),)``, for a re-admission after a recompute preemption
+        where the policy kept the request's pages (:meth:`sim.memory.donation.Donation.keep_own_pages`); else ``()``."""
+        own = self._keeps_own_pages and request.preemptions and not request.swapped
+        return ((request.request_id, request.seq_len),) if own else ()
 
     def _schedule(self):
         """Schedule one iteration (order in :mod:`sim.core.scheduler`): the running part gets its memory first
@@ -217,22 +225,30 @@ class Admission:
             self._solo.append(request)
 
     def _preempt(self, victim: Request) -> None:
-        """Preempt by swap (KV copied to host, kept) when enabled and the host has room, else by recompute."""
-        self._release(victim)
+        """Preempt by swap (KV copied to host, kept) when enabled and the host has room, else by recompute (where
+        the policy caches a request's own pages, its full pages of KV stay cached for its re-admission first)."""
+        self._leave_running(victim)
         victim.swapped = self.swap.swap_out(victim.computed)
+        if not victim.swapped and self._keeps_own_pages:
+            self.policy.keep_own_pages(victim.slot, victim.request_id, victim.computed)
+        self._free_slot(victim)
         if not victim.swapped:
             self._drop_kv(victim)
         self._iteration_preemptions += 1
         self._requeue(victim)
 
     def _release(self, request: Request) -> None:
+        self._leave_running(request)
+        self._free_slot(request)
+
+    def _leave_running(self, request: Request) -> None:
+        """Off the running list and the decode cohort (which brings its tokens up to date); the slot is kept."""
         self.running.remove(request)
         if self.cohort is not None:
             if request in self.cohort:
                 self.cohort.leave(request)
             else:
                 self._solo.remove(request)
-        self._free_slot(request)
 
     def _free_slot(self, request: Request) -> None:
         """Give the request's slot back to the policy (clearing its pages first under zero on-free)."""

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from sim.memory.eviction import VICTIMS
 from sim.memory.vattention import VAttentionConfig, VAttentionPolicy
 from sim.memory.plan import MapOp, Plan, UnmapOp
+from sim.memory.donation import Donation
 from sim.memory.free_queue import FreeQueue
 from sim.memory.prefix_entries import PrefixEntries
 
@@ -73,7 +74,7 @@ def count_admission(stats: dict, hit: PrefixHit, preempted: bool) -> bool:
     return True
 
 
-class PrefixCachingPolicy(PrefixEntries, FreeQueue, VAttentionPolicy):
+class PrefixCachingPolicy(Donation, PrefixEntries, FreeQueue, VAttentionPolicy):
     """vAttention (or, with no VMM cost charged, a paged block manager) with a shared prefix cache.
 
     Args:
@@ -155,7 +156,8 @@ class PrefixCachingPolicy(PrefixEntries, FreeQueue, VAttentionPolicy):
             self._unprepared.add(slot)
         return slot
 
-    def lookup(self, hash_ids: Sequence[int], prompt_tokens: int) -> tuple[list[tuple], int]:
+    def lookup(self, hash_ids: Sequence[int], prompt_tokens: int,
+               own: tuple[int, int] | None = None) -> tuple[list[tuple], int]:
         """The cached prefix of a prompt: the longest contiguous run of cached full pages, and the tokens of
         a partial match inside the *next* page (0 unless ``cow_partial``).
 
@@ -166,13 +168,20 @@ class PrefixCachingPolicy(PrefixEntries, FreeQueue, VAttentionPolicy):
         A partial match extends the contiguous pages into the next page only, by at most one page's tokens
         minus one, and only from a cached entry *at that page index* (never content of a later page).
 
+        ``own = (owner, seq_len_tokens)``: the lookup of a request re-admitted after a recompute preemption
+        (:attr:`caches_own_pages`). vLLM v1 hashes every full block of the request's tokens, its prompt's and its
+        output's (``Request.block_hashes``), so it looks up ``seq_len - 1`` tokens: after the prompt's full hash
+        blocks (matched in full) the run goes on through the pages :meth:`keep_own_pages` cached under the
+        request's own keys.
+
         Returns:
             ``(keys, partial_tokens)``: the cache keys of the matched pages (page order) and the partial tokens.
         """
         per_page, block = self.config.tokens_per_page, self.block_tokens
         full_blocks = min(len(hash_ids), prompt_tokens // block)
-        cap_tokens = min(full_blocks * block, prompt_tokens - 1)    # vLLM v1: max_cache_hit_length = n - 1
-        if cap_tokens < per_page and not self.cow_partial:
+        last_tokens = prompt_tokens if own is None else own[1]
+        cap_tokens = min(full_blocks * block, last_tokens - 1)    # vLLM v1: max_cache_hit_length = n - 1
+        if own is None and cap_tokens < per_page and not self.cow_partial:
             return [], 0
         chain = self.block_chain(hash_ids[:full_blocks])
         keys = []
@@ -181,6 +190,14 @@ class PrefixCachingPolicy(PrefixEntries, FreeQueue, VAttentionPolicy):
             if key not in self.cache:
                 break
             keys.append(key)
+        if own is not None:
+            if len(keys) == full_blocks * block // per_page:     # the prompt's hash blocks matched in full
+                for page in range(len(keys), (own[1] - 1) // per_page):
+                    key = (page, "own", own[0])
+                    if key not in self.cache:
+                        break
+                    keys.append(key)
+            return keys, 0
         partial = 0
         if self.cow_partial:
             start = len(keys) * per_page
@@ -193,37 +210,41 @@ class PrefixCachingPolicy(PrefixEntries, FreeQueue, VAttentionPolicy):
                     break
         return keys, max(0, min(partial, per_page - 1))
 
-    def _lookup_once(self, hash_ids: Sequence[int], prompt_tokens: int) -> tuple[list[tuple], int]:
+    def _lookup_once(self, hash_ids: Sequence[int], prompt_tokens: int,
+                     own: tuple[int, int] | None = None) -> tuple[list[tuple], int]:
         """:meth:`lookup`, reusing the last result while neither the arguments (the same ``hash_ids`` object)
         nor the cache's keys (:attr:`lookup_version`) changed: :meth:`admission_credit` and the
         :meth:`admit_prefix` after it look the cache up once. The result is shared: callers must not change it."""
         last = self._last_lookup
-        if (last is not None and last[1] is hash_ids and last[2] == prompt_tokens
+        if (last is not None and last[1] is hash_ids and last[2] == (prompt_tokens, own)
                 and last[0] == self.lookup_version):
             return last[3]
-        result = self.lookup(hash_ids, prompt_tokens)
-        self._last_lookup = (self.lookup_version, hash_ids, prompt_tokens, result)
+        result = self.lookup(hash_ids, prompt_tokens, own)
+        self._last_lookup = (self.lookup_version, hash_ids, (prompt_tokens, own), result)
         return result
 
-    def admission_credit(self, hash_ids: Sequence[int], prompt_tokens: int) -> tuple[int, int, int]:
+    def admission_credit(self, hash_ids: Sequence[int], prompt_tokens: int,
+                         own: tuple[int, int] | None = None) -> tuple[int, int, int]:
         """What a lookup would serve from the cache now, for admission: ``(hit_tokens, cached_page_groups,
         pinned_page_groups)`` - the tokens skipped (full pages only: a copy-on-write page needs a fresh page
         group), the leading pages served by cache entries, and of those the entries no active slot maps
-        (evictable today, pinned once this request maps them). Changes nothing."""
-        if not hash_ids:
+        (evictable today, pinned once this request maps them); ``own`` as for :meth:`lookup`. Changes nothing."""
+        if not hash_ids and own is None:
             return 0, 0, 0
-        keys, _ = self._lookup_once(hash_ids, prompt_tokens)
+        keys, _ = self._lookup_once(hash_ids, prompt_tokens, own)
         pinned = sum(1 for key in keys if self._active_refs[key] == 0)
         return len(keys) * self.config.tokens_per_page, len(keys), pinned
 
-    def admit_prefix(self, slot: int, hash_ids: Sequence[int], prompt_tokens: int) -> PrefixHit:
-        """After :meth:`alloc_slot`: map the cached prefix into ``slot`` and copy a partial page (COW).
+    def admit_prefix(self, slot: int, hash_ids: Sequence[int], prompt_tokens: int,
+                     own: tuple[int, int] | None = None) -> PrefixHit:
+        """After :meth:`alloc_slot`: map the cached prefix into ``slot`` and copy a partial page (COW); ``own``
+        as for :meth:`lookup` (a re-admission after a recompute preemption).
 
         Returns a :class:`PrefixHit` whose plan is already applied to the accounting; a COW page that cannot
         be allocated is simply not copied (those tokens are computed instead).
         """
         self._unprepared.discard(slot)
-        keys, partial = self._lookup_once(hash_ids, prompt_tokens) if hash_ids else ([], 0)
+        keys, partial = self._lookup_once(hash_ids, prompt_tokens, own) if hash_ids or own else ([], 0)
         current = self.slot_keys[slot]
         common = 0
         while common < min(len(current), len(keys)) and current[common] == keys[common]:
@@ -271,50 +292,6 @@ class PrefixCachingPolicy(PrefixEntries, FreeQueue, VAttentionPolicy):
                 op = MapOp(op.slot, last.first_page, last.num_pages + op.num_pages)
             merged.append(op)
         return merged
-
-    # ---- donation of full prompt pages -------------------------------------------------------------------
-    def donate(self, slot: int, hash_ids: Sequence[int], prompt_tokens: int, computed_tokens: int) -> int:
-        """Turn the slot's next full, private prompt pages into cache entries (in page order; a page another
-        request cached meanwhile becomes a copy no lookup reaches). Returns how many pages were donated."""
-        per_page = self.config.tokens_per_page
-        full_blocks = min(len(hash_ids), prompt_tokens // self.block_tokens)
-        pages = full_blocks * self.block_tokens // per_page
-        page = self.shared[slot]
-        if page >= min(pages, self.mapped[slot]) or (page + 1) * per_page > computed_tokens:
-            return 0
-        chain = self.block_chain(hash_ids[:full_blocks])
-        donated = 0
-        while page < min(pages, self.mapped[slot]) and (page + 1) * per_page <= computed_tokens:
-            key = self.page_key(chain, page)
-            parent = self.page_key(chain, page - 1) if page else None
-            if key in self.cache:
-                # computed concurrently by another request (two prompts of one prefix in one iteration): vLLM
-                # caches this block too (BlockPool.cached_block_hash_to_block holds several blocks per hash) and
-                # goes on caching the blocks after it; a lookup finds the first copy, so this one is an entry no
-                # lookup reaches (a key of its own), evictable once released, and the chain goes on past it
-                # (it stopped here: a later request hit 1,024 of 2,048 tokens, not 2,032: helper-54)
-                self._duplicates += 1
-                entry = (*key, "copy", self._duplicates)
-                self._new_entry(entry, slot, parent, tiered=False)
-                self._copies.setdefault(key, []).append(entry)
-            else:
-                entry = key
-                self._new_entry(key, slot, parent)
-                self._index_partials(chain, page, key)
-            self.slot_keys[slot].append(entry)
-            self.shared[slot] += 1
-            page += 1
-            donated += 1
-        return donated
-
-    def _index_partials(self, chain: Sequence[int], page: int, key: tuple) -> None:
-        per_page, block = self.config.tokens_per_page, self.block_tokens
-        for blocks in range(page * per_page // block + 1, (page + 1) * per_page // block):
-            if chain[blocks - 1] not in self._partial_index:
-                self._partial_index[chain[blocks - 1]] = key
-                self.admission_epoch += 1
-                self.lookup_version += 1
-                self._partials_of.setdefault(key, []).append(chain[blocks - 1])
 
     # ---- reclamation -------------------------------------------------------------------------------------
     def step(self, target_tokens):

@@ -114,7 +114,7 @@ class PrefixEntries:
             self._children[parent] -= 1
             if not self._children[parent]:
                 del self._children[parent]
-        if len(key) > 2:                      # a copy of a page another request cached (donate)
+        if len(key) == 4:                     # a copy of a page another request cached (donate)
             copies = self._copies.get(key[:2])
             if copies is not None and key in copies:
                 copies.remove(key)
