@@ -3,6 +3,7 @@
 cached; the re-admission looks up ``num_tokens - 1`` tokens): paged prefix caching only. Expected values are
 hand-computed from the block sizes in each test."""
 import pandas as pd
+import pytest
 
 import traces
 from sim.core.runner import run_simulation
@@ -80,10 +81,22 @@ def test_own_pages_are_evicted_tail_first_before_the_prompt_blocks():
     assert p.admission_credit([1, 2], 1100, (7, 1300))[0] == 76 * 16
 
 
-def test_vattention_pages_are_not_kept():
-    """vAttention's re-admission keeps its ``prompt - 1`` cap: the engine never asks it to keep own pages."""
+def test_vattention_pages_are_not_kept_but_its_hash_blocks_are_capped_at_seq_len():
+    """vAttention keeps no own pages (the engine never asks it to), but its re-admission's hash blocks are capped
+    at ``seq_len - 1`` as vLLM's: a 1,024-token prompt of two hash blocks in one 1,024-token page, resumed at 1,025
+    tokens, hits the whole page (its first admission: 1,023 tokens copied into a fresh page)."""
     assert not _policy(pool=10, cow=True, per_page=512).caches_own_pages
     assert _policy(pool=10).caches_own_pages
+    p = _policy(pool=10, cow=True, per_page=1024)
+    slot = p.alloc_slot(1024)
+    p.admit_prefix(slot, [1, 2], 1024)
+    assert p.step({slot: 1025}) is not None
+    assert p.donate(slot, [1, 2], 1024, 1025) == 1
+    p.free_slot(slot, 0)
+    p.iteration_completed(0)
+    assert p.lookup([1, 2], 1024) == ([], 1023)                       # a first admission: copy-on-write
+    assert p.lookup([1, 2], 1024, (5, 1025)) == ([(0, p.block_chain([1, 2])[1])], 0)
+    assert p.admission_credit([1, 2], 1024, (5, 1025))[0] == 1024
 
 
 def test_a_preempted_request_re_hits_its_blocks_in_a_run(tmp_path):
@@ -125,13 +138,15 @@ def _prefills(iterations) -> dict:
     return dict(zip(rows["iteration"], rows["prefill_tokens"]))
 
 
-def test_a_resumed_request_hits_up_to_num_tokens_minus_one(tmp_path):
+@pytest.mark.parametrize("policy", ["paged:block=512,prefix=on", "vattention:page=1MiB,prefix=on"])
+def test_a_resumed_request_hits_up_to_num_tokens_minus_one(tmp_path, policy):
     """Blocks of 512, a pool of 3: request 1 (512 tokens, hash [2]) is preempted after its prefill and re-admitted
     at 513 tokens; vLLM caps the hit at num_tokens - 1 = 512 (not prompt - 1 = 511, which missed its one block),
-    so it computes 1 token, a decode."""
+    so it computes 1 token, a decode. vAttention with 1 MiB pages (512 tokens of llama-3-8b's 2 KiB per token
+    and sub-tensor) runs the same (it copied 511 tokens and recomputed 2)."""
     trace = ('{"timestamp":0,"input_length":512,"output_length":100,"hash_ids":[1]}\n'
              '{"timestamp":0,"input_length":512,"output_length":10,"hash_ids":[2]}\n')
-    _, requests, iterations = _simulate(tmp_path, "cap.jsonl", trace, "--policy", "paged:block=512,prefix=on",
+    _, requests, iterations = _simulate(tmp_path, "cap.jsonl", trace, "--policy", policy,
                                         "--memory-util", "0.10809208959039027")
     assert list(requests["prefix_hit_tokens_preempted"]) == [0, 512]
     assert list(requests["recomputed_tokens"]) == [0, 512]

@@ -116,7 +116,7 @@ class Admission:
     def _own_pages_arg(self, request: Request) -> tuple:
         """The lookup's ``own`` argument, ``((owner, seq_len),)``, for a re-admission after a recompute preemption
         where the policy kept the request's pages (:meth:`sim.memory.donation.Donation.keep_own_pages`); else ``()``."""
-        own = self._keeps_own_pages and request.preemptions and not request.swapped
+        own = self._resumes_own and request.preemptions and not request.swapped
         return ((request.request_id, request.seq_len),) if own else ()
 
     def _schedule(self):

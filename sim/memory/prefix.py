@@ -168,11 +168,12 @@ class PrefixCachingPolicy(Donation, PrefixEntries, FreeQueue, VAttentionPolicy):
         A partial match extends the contiguous pages into the next page only, by at most one page's tokens
         minus one, and only from a cached entry *at that page index* (never content of a later page).
 
-        ``own = (owner, seq_len_tokens)``: the lookup of a request re-admitted after a recompute preemption
-        (:attr:`caches_own_pages`). vLLM v1 hashes every full block of the request's tokens, its prompt's and its
-        output's (``Request.block_hashes``), so it looks up ``seq_len - 1`` tokens: after the prompt's full hash
-        blocks (matched in full) the run goes on through the pages :meth:`keep_own_pages` cached under the
-        request's own keys.
+        ``own = (owner, seq_len_tokens)``: the lookup of a request re-admitted after a recompute preemption.
+        vLLM v1 hashes every full block of the request's tokens, its prompt's and its output's
+        (``Request.block_hashes``), so it looks up ``seq_len - 1`` tokens: the prompt's hash blocks are capped
+        there (not at ``prompt - 1``), and after them, matched in full, the run goes on through the pages
+        :meth:`keep_own_pages` cached under the request's own keys (paged: :attr:`caches_own_pages`; vAttention
+        keeps none, and a partial match inside the hash blocks is copied as for a first admission).
 
         Returns:
             ``(keys, partial_tokens)``: the cache keys of the matched pages (page order) and the partial tokens.
@@ -197,7 +198,8 @@ class PrefixCachingPolicy(Donation, PrefixEntries, FreeQueue, VAttentionPolicy):
                     if key not in self.cache:
                         break
                     keys.append(key)
-            return keys, 0
+            if not self.cow_partial or len(keys) * per_page >= cap_tokens:
+                return keys, 0
         partial = 0
         if self.cow_partial:
             start = len(keys) * per_page
