@@ -159,6 +159,9 @@ def test_no_hash_ids_or_a_short_prompt_hits_nothing():
     assert policy.admission_credit((), 100) == (0, 0, 0)
     admit(policy, [1], 16)
     assert policy.admission_credit([1], 16) == (0, 0, 0)              # cap: prompt - 1 = 15 tokens < a block
+    # a re-admission after a recompute preemption (seq_len 17) is capped at seq_len - 1 = 16 tokens, as vLLM v1's
+    # num_tokens - 1: the block hits (1 page; none of its units in the free queue: the first request maps it)
+    assert policy.admission_credit([1], 16, (0, 17)) == (16, 1, 0)
 
 
 # ---- the property ----------------------------------------------------------------------------------------------

@@ -152,6 +152,9 @@ class HybridPrefixPolicy(HybridPolicy):
                        "preempted_lookups": 0, "preempted_hit_tokens": 0, "window_limited_tokens": 0}
         self._full_groups_hit = 0     # of the last admit_prefix: the full groups' hit alone (tokens)
 
+    resumes_at_seq_len = True
+    """A re-admission after a recompute preemption is looked up with ``own`` (:meth:`_chain`)."""
+
     @property
     def stats(self) -> dict:
         """The counters of :attr:`sim.memory.prefix.PrefixCachingPolicy.stats` (``evictions``: cached bundles
@@ -159,10 +162,12 @@ class HybridPrefixPolicy(HybridPolicy):
         return {**self._stats, "evictions": sum(g.evictions for g in self.groups)}
 
     # ---- the hit -----------------------------------------------------------------------------------
-    def _chain(self, hash_ids: Sequence[int], prompt_tokens: int) -> tuple[list[int], int]:
-        """The prompt's block chain over its full hash blocks, and the most tokens a hit may cover."""
+    def _chain(self, hash_ids: Sequence[int], prompt_tokens: int, own: tuple | None = None) -> tuple[list[int], int]:
+        """The prompt's block chain over its full hash blocks, and the most tokens a hit may cover: ``prompt - 1``,
+        or for a re-admission after a recompute preemption (``own = (owner, seq_len)``) ``seq_len - 1`` (vLLM
+        v1 looks all the request's tokens up; no pages of its own beyond the hash blocks are kept here)."""
         full_blocks = min(len(hash_ids), prompt_tokens // self.block_tokens)
-        cap_tokens = min(full_blocks * self.block_tokens, prompt_tokens - 1)
+        cap_tokens = min(full_blocks * self.block_tokens, (prompt_tokens if own is None else own[1]) - 1)
         return PrefixCachingPolicy.block_chain(hash_ids[:full_blocks]), max(0, cap_tokens)
 
     def group_caches(self, chain: Sequence[int]) -> list[GroupCache]:
@@ -170,14 +175,14 @@ class HybridPrefixPolicy(HybridPolicy):
         per_page = self.config.tokens_per_page
         return [GroupCache(g.group.kind, per_page, g.cached(chain), g.group.window_tokens) for g in self.groups]
 
-    def _lookup(self, hash_ids: Sequence[int], prompt_tokens: int) -> tuple[list[int], int, int]:
+    def _lookup(self, hash_ids: Sequence[int], prompt_tokens: int, own: tuple | None = None) -> tuple[list[int], int, int]:
         """``(chain, hit, full_hit)``: the prompt's block chain, the hit (tokens) :func:`longest_cache_hit_tokens`
         gives now over every group, and the hit the full groups alone would give (what one group holding every
         layer in full would serve with the same blocks cached); the chain and the groups' views are built once.
         Changes nothing."""
         if not hash_ids:
             return [], 0, 0
-        chain, cap_tokens = self._chain(hash_ids, prompt_tokens)
+        chain, cap_tokens = self._chain(hash_ids, prompt_tokens, own)
         if not cap_tokens:
             return chain, 0, 0
         caches = self.group_caches(chain)
@@ -193,11 +198,13 @@ class HybridPrefixPolicy(HybridPolicy):
             return range(max(0, hit_pages - run), hit_pages)
         return range(hit_pages)
 
-    def admission_credit(self, hash_ids: Sequence[int], prompt_tokens: int) -> tuple[int, int, int]:
+    def admission_credit(self, hash_ids: Sequence[int], prompt_tokens: int,
+                         own: tuple | None = None) -> tuple[int, int, int]:
         """``(hit_tokens, hit_pages, touched_free_units)``: the tokens a lookup would serve now, its pages, and
         the units of the hit's entries that sit in the free queue (touching them takes them off it:
-        ``num_evictable_computed_blocks``). Changes nothing; passed on to :meth:`alloc_slot` as ``cached``."""
-        chain, hit, _ = self._lookup(hash_ids, prompt_tokens)
+        ``num_evictable_computed_blocks``). Changes nothing; passed on to :meth:`alloc_slot` as ``cached``;
+        ``own`` as for :meth:`_chain`."""
+        chain, hit, _ = self._lookup(hash_ids, prompt_tokens, own)
         if not hit:
             return 0, 0, 0
         pages = hit // self.config.tokens_per_page
@@ -235,11 +242,11 @@ class HybridPrefixPolicy(HybridPolicy):
             return None
         return slot
 
-    def admit_prefix(self, slot: int, hash_ids: Sequence[int], prompt_tokens: int) -> PrefixHit:
+    def admit_prefix(self, slot: int, hash_ids: Sequence[int], prompt_tokens: int, own: tuple | None = None) -> PrefixHit:
         """After :meth:`alloc_slot`: map the hit's cached blocks into ``slot`` in every group (module docstring).
         Returns a :class:`PrefixHit` whose plan is already applied to the accounting (maps of shared blocks:
         no VMM call in paged)."""
-        chain, hit, self._full_groups_hit = self._lookup(hash_ids, prompt_tokens)
+        chain, hit, self._full_groups_hit = self._lookup(hash_ids, prompt_tokens, own)
         self._chains[slot] = (hash_ids, chain) if hash_ids else ((), [])
         pages = hit // self.config.tokens_per_page
         plans, shared = [], 0
