@@ -58,10 +58,14 @@ def build_tenants(args) -> list:
         extras = tenant_extras(values)
         if extras["slo"] is not None:
             try:
-                parse_slos(extras["slo"])
+                per_request = [str(slo) for slo in parse_slos(extras["slo"]) if slo.per_request]
             except ValueError as exc:
                 raise ValueError(f"--tenant {values['name']}: slo={values['slo']}: "
                                  f"{str(exc).removeprefix('--slo: ').removeprefix('--slo ')}") from None
+            if per_request:     # judged as a percentile it was never found: every scale failed (helper-61)
+                raise ValueError(f"--tenant {values['name']}: slo={values['slo']}: {', '.join(per_request)} is a "
+                                 "per-request objective, which needs an attainment (--slo-attainment) that "
+                                 "co-located tenants do not take; give a percentile instead, e.g. ttft_p99=2s")
         for note in notes:
             print(f"kvsim: warning: tenant {values['name']}: {note}", file=sys.stderr)
         sharing_text = str(getattr(args, "sharing", "") or "")

@@ -220,7 +220,18 @@ def test_synthetic_default_tenant_runs():
 @pytest.mark.parametrize("extra, flag", [(["--out", "cap.json"], "--out"), (["--target-rate", "10"], "--target-rate"),
                                          (["--slo", "ttft_p99=1ms"], "--slo"), (["--num-requests", "5"], "--num-requests"),
                                          (["--model", "qwen2.5-7b"], "--model"), (["--policy", "paged"], "--policy"),
-                                         (["--rate-scale", "3"], "--rate-scale")])
+                                         (["--rate-scale", "3"], "--rate-scale"),
+                                         # helper-61: these 13 (and 4 more) were accepted and dropped
+                                         (["--kv-dtype", "fp8"], "--kv-dtype"), (["--pp", "2"], "--pp"),
+                                         (["--frontend-overhead-ms", "500"], "--frontend-overhead-ms"),
+                                         (["--stability-tol", "0.9"], "--stability-tol"),
+                                         (["--slo-attainment", "0.5"], "--slo-attainment"),
+                                         (["--allow-rejected"], "--allow-rejected"), (["--engine", "sglang"], "--engine"),
+                                         (["--preemption", "swap"], "--preemption"),
+                                         (["--sync-mapping"], "--sync-mapping"),
+                                         (["--host-swap", "1GiB"], "--host-swap"), (["--workers", "3"], "--workers"),
+                                         (["--max-context", "512"], "--max-context"), (["--force"], "--force"),
+                                         (["--usd-per-gpu-hour", "1"], "--usd-per-gpu-hour")])
 def test_capacity_colocate_refuses_flags_it_would_ignore(extra, flag, capsys, tmp_path):
     """capacity --colocate wrote no --out file and used no --target-rate, --slo, --num-requests, --model, --policy
     or --rate-scale (each tenant's come from its --tenant keys), silently: the same table with or without them."""
@@ -334,3 +345,17 @@ def test_colocate_warns_once_about_a_harness_timed_profile(tmp_path, capsys):
     assert cli.main(["colocate", *tenants, "--memory-util", "0.3", "--no-report", "--out", str(tmp_path / "r2"),
                      "--profile", str(profiles / "h200-engine.json")]) == 0
     assert "harness" not in capsys.readouterr().err
+
+
+def test_capacity_colocate_reads_its_shared_flags_and_refuses_a_per_request_tenant_slo(capsys):
+    """The shared flags pass (an abbreviation too); a tenant's per-request objective (``ttft=100s``) needs an
+    attainment no tenant takes: it was judged as a percentile never found, so every scale failed (helper-61)."""
+    import cli
+    from analysis.planning.cli import _refuse_unshared_flags
+    from cli import build_parser
+    args = build_parser(None).parse_args(["capacity", "--colocate", "--tenant", "model=llama-3.1-8b", "--gpu", "h100",
+                                          "--mem", "0.8", "--seed", "3", "--tp", "1", "--compute", "isolated",
+                                          "--tolerance", "0.05", "--quiet"])
+    _refuse_unshared_flags(args)          # raises nothing
+    assert cli.main(["capacity", "--colocate", "--tenant", "model=llama-3.1-8b,num-requests=5,slo=ttft=100s"]) == 2
+    assert "ttft<=100s is a per-request objective" in capsys.readouterr().err

@@ -115,7 +115,9 @@ def register(subparsers) -> None:
     cap.add_argument("--tenant", action="append", metavar="SPEC", help="with --colocate: a tenant (as kvsim colocate; repeat) (default: none)")
     cap.add_argument("--compute", choices=("serial", "isolated"), default="serial",
                      help="with --colocate: the tenants' compute (as kvsim colocate) (default: serial)")
-    cap.set_defaults(func=cmd_capacity)
+    cap.set_defaults(func=cmd_capacity, option_defaults=tuple(
+        (action.dest, action.option_strings[-1], _parsed_default(action)) for action in cap._actions
+        if action.option_strings and action.dest != "help" and action.default is not argparse.SUPPRESS))
     sweep = subparsers.add_parser(
         "sweep", help="run a Cartesian grid of simulate (or capacity) runs into one table and figure",
         description="Run every point of --grid (any simulate option or SimConfig field as an axis) and write "
@@ -136,6 +138,45 @@ def register(subparsers) -> None:
 
 
 # ---- capacity ------------------------------------------------------------------------------------------
+COLOCATE_SHARED = frozenset({"colocate", "tenant", "compute", "gpu", "memory_util", "seed", "page_size", "tp",
+                             "profile", "quiet", "tolerance"})
+"""The ``capacity`` options ``--colocate`` reads (``analysis.colocate.tenant_args`` shares gpu, memory-util, seed,
+page size, tp and profile with every tenant); every other option set is refused, not dropped."""
+COLOCATE_PER_TENANT = frozenset({"slo", "trace", "num_requests", "rate_scale", "arrival", "sample", "skip_requests",
+                                 "model", "policy", "scheduler", "token_budget", "max_batch", "max_context", "engine",
+                                 "format"})
+"""Of the others, those a ``--tenant`` key sets instead (docs/colocate.md)."""
+
+
+def _parsed_default(action: argparse.Action):
+    """An option's default as the parsed namespace holds it (argparse passes a string default through the type)."""
+    if isinstance(action.default, str) and action.type is not None:
+        try:
+            return action.type(action.default)
+        except (TypeError, ValueError, argparse.ArgumentTypeError):
+            return action.default
+    return action.default
+
+
+def _refuse_unshared_flags(args: argparse.Namespace) -> None:
+    """``capacity --colocate``: refuse any option it does not read (an option is set when its value differs from its
+    default, however it was spelled; helper-61 found 17 flags such as --kv-dtype or --engine silently dropped).
+
+    Raises:
+        ValueError: naming the first such flag, and the tenant key or the shared flags to use instead.
+    """
+    for dest, flag, default in args.option_defaults:
+        if dest in COLOCATE_SHARED or getattr(args, dest, default) == default:
+            continue
+        if dest in COLOCATE_PER_TENANT:
+            raise ValueError(f"{flag} does not apply to capacity --colocate: give it per tenant in --tenant (keys: "
+                             "docs/colocate.md; slo=ttft_p99=2s+tpot_p99=100ms); only --gpu, --memory-util, "
+                             "--seed, --page-size, --tp and --profile are shared")
+        raise ValueError(f"{flag} does not apply to capacity --colocate (it prints the common rate scale per sharing; "
+                         "only --gpu, --memory-util, --seed, --page-size, --tp, --profile, --compute and --tolerance "
+                         "are read besides --tenant)")
+
+
 def cmd_capacity(args: argparse.Namespace) -> int:
     """``kvsim capacity``: search, print the steps and the answer, optionally check the replica count."""
     from analysis.planning.capacity import check_servable, find_capacity
@@ -151,30 +192,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             raise ValueError("--tenant belongs to --colocate")
         from sim.setup.config import SimConfig
         from sim.frontend.disagg_options import disagg_companions_given
-        ignored = [flag for flag, given in (("--out", args.json), ("--target-rate", args.target_rate is not None),
-                                            ("--check-replicas", args.check_replicas),
-                                            ("--pd", getattr(args, "pd", None) is not None),
-                                            ("--pd-search", getattr(args, "pd_search", None) is not None)) if given]
-        ignored += disagg_companions_given(args) + [flag for flag, given in (
-            ("--kv-tier", bool(getattr(args, "kv_tier", None))), ("--routing", getattr(args, "routing", None) is not None))
-            if given]
-        if ignored:     # capacity --colocate prints its table only: these would be silently dropped
-            raise ValueError(f"{ignored[0]} does not apply to capacity --colocate (it prints the common rate scale "
-                             "per sharing)")
-        # the tenants take their workload, model, policy, scheduler and SLOs from their own --tenant keys; only
-        # --gpu, --memory-util, --seed, --page-size, --tp and --profile are shared (analysis.colocate.tenant_args)
-        per_tenant = [flag for flag, given in (
-            ("--slo", bool(args.slo)), ("--trace", args.trace is not None),
-            ("--num-requests", args.num_requests is not None), ("--rate-scale", args.rate_scale != 1.0),
-            ("--arrival", args.arrival is not None), ("--sample", args.sample is not None),
-            ("--skip-requests", bool(args.skip_requests)), ("--model", args.model != SimConfig().model),
-            ("--policy", args.policy is not None), ("--scheduler", args.scheduler is not None),
-            ("--token-budget", args.token_budget is not None), ("--max-batch", args.max_batch is not None))
-            if given]
-        if per_tenant:
-            raise ValueError(f"{per_tenant[0]} does not apply to capacity --colocate: give it per tenant in --tenant "
-                             "(keys: docs/colocate.md; slo=ttft_p99=2s+tpot_p99=100ms); only --gpu, --memory-util, "
-                             "--seed, --page-size, --tp and --profile are shared")
+        _refuse_unshared_flags(args)
         return cmd_capacity_colocate(args)
     if not args.slo:
         raise ValueError("capacity needs --slo, e.g. --slo ttft_p99=2s,tpot_p99=100ms")
