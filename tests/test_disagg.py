@@ -385,6 +385,9 @@ def test_capacity_pd_and_pd_search_on_the_command_line(tmp_path, capsys):
     (["--pd-tp", "1,2"], ["--pd-tp", "--pd-search"]),
     (["--pd-search", "3", "--pd-tp", "one"], ["--pd-tp", "'one'"]),
     (["--pd", "2:x"], ["--pd", "'2:x'"]),
+    # helper-61: the search dropped per-role degrees, one deployment dropped --pd-tp (the same output as without)
+    (["--pd-search", "2", "--prefill-tp", "2", "--decode-tp", "2"], ["--prefill-tp", "--pd-tp LIST"]),
+    (["--pd", "1:1", "--pd-tp", "2"], ["--pd-tp", "--prefill-tp"]),
 ])
 def test_capacity_pd_bad_input_is_one_line(capsys, argv, words):
     from cli import main

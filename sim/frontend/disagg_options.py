@@ -88,6 +88,14 @@ def check_disagg_flags(args: argparse.Namespace, allow_unused: bool = False) -> 
     if searching and getattr(args, "pd", None) is not None:
         raise ValueError("--pd and --pd-search exclude each other: --pd evaluates one deployment, --pd-search "
                          "searches them")
+    if searching:           # the search tries the degrees of --pd-tp for both roles: per-role ones were dropped
+        for dest in ("prefill_tp", "decode_tp"):
+            if getattr(args, dest, None) is not None:
+                raise ValueError(f"{DISAGG_FLAGS[dest]} applies to one --pd P:D deployment; --pd-search tries the "
+                                 "degrees of --pd-tp LIST for each role (e.g. --pd-tp 1,2)")
+    if getattr(args, "pd", None) is not None and getattr(args, "pd_tp", None) is not None:
+        raise ValueError("--pd-tp applies to --pd-search; for one --pd P:D deployment give --prefill-tp and "
+                         "--decode-tp")
     if getattr(args, "pd", None) is not None:
         parse_pd(args.pd)
     if args.kv_link is not None:
