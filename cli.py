@@ -504,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     # the long options written on the command line (a flag given at its default value is still given: a
     # --policy key or a grid axis that contradicts it is refused, sim.frontend.options.policy_overrides)
     args.given_options = tuple(token.split("=", 1)[0] for token in given if token.startswith("--"))
+    previous = _on_sigterm()
     try:
         return args.func(args)
     except BrokenPipeError:  # output piped into e.g. head, which stopped reading: not an error of the run
@@ -517,9 +518,39 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{ERROR_PREFIX}{flag_message(exc, parser_flags(build_parser() if only else parser))}",
               file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("kvsim: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, Terminated)
+        print(f"kvsim: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
+    finally:
+        if previous is not None:
+            import signal
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout``, a batch system, ``kill``) in the command's process: unwound as Ctrl-C is, so that a run
+    being written leaves no partial directory behind (helper-61: ``.OUT.kvsim-new-*`` folders were left)."""
+
+
+def _on_sigterm():
+    """Turn SIGTERM into :class:`Terminated` in this process (worker processes it forks keep the default: they are
+    ended as before); returns the handler it replaced, None where no handler can be set (not the main thread)."""
+    import os
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    pid = os.getpid()
+
+    def terminate(signum, frame):
+        if os.getpid() != pid:           # a forked worker: die as the default handler would
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise Terminated()
+
+    return signal.signal(signal.SIGTERM, terminate)
 
 
 if __name__ == "__main__":

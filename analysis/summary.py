@@ -118,6 +118,10 @@ def attention_lines(summary: dict) -> list[str]:
         detail = "; ".join(f"{n:,} need {REJECT_REASONS.get(r, r)}" for r, n in sorted(reasons.items()))
         lines.append(f"{summary['rejected']:,} of {summary['requests']:,} requests rejected"
                      + (f" ({detail})" if detail else "") + "; the latencies cover served requests only")
+    refused = summary.get("swap_refused_preemptions", 0)
+    if refused:        # --preemption swap said, recompute done: the host swap space was too small (helper-61)
+        lines.append(f"{refused:,} of {summary.get('preemptions', 0):,} preemptions recomputed instead of swapped: the "
+                     "host swap space (--host-swap) had no room for the victim's KV")
     growth = summary.get("ttft_growth_s_per_s", 0.0)
     if growth == growth and growth > 0.05:
         lines.append(f"overloaded: the queue grows through the run (TTFT rises {growth:.2f} s per s of trace time); "

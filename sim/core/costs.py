@@ -111,13 +111,18 @@ class SwapSpace:
         self.kv_bytes_per_token = config.model_spec.kv_bytes_per_token(config.tp)
         self.used_bytes = 0
         self.out_bytes = self.in_bytes = 0
+        self.refused = 0          # swap preemptions that found no room on the host: recomputed instead
         self.pending_us = 0.0
         self.total_us = 0.0
 
     def swap_out(self, tokens: int) -> bool:
-        """Copy ``tokens`` of KV to the host if there is room; returns whether it did."""
+        """Copy ``tokens`` of KV to the host if there is room; returns whether it did (a refusal for want of room
+        is counted in :attr:`refused`: the victim is recomputed)."""
         size = tokens * self.kv_bytes_per_token
-        if not self.enabled or tokens == 0 or self.used_bytes + size > self.capacity_bytes:
+        if not self.enabled or tokens == 0:
+            return False
+        if self.used_bytes + size > self.capacity_bytes:
+            self.refused += 1
             return False
         self.used_bytes += size
         self.out_bytes += size

@@ -277,6 +277,7 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
             "bg_unmap_page_groups": self.mapper.unmaps_done if self.mapper else 0,
             "mapper_busy_us": self.mapper.busy_us if self.mapper else 0.0,
             "swap_out_bytes": self.swap.out_bytes, "swap_in_bytes": self.swap.in_bytes,
+            "swap_refused_preemptions": self.swap.refused,
             "swap_total_us": self.swap.total_us, **(self.tiers.counters() if self.tiers else {}),
             "mapping_worker_us": list(getattr(self.cost, "worker_us", [])),
             "mapping_critical_us": getattr(self.cost, "critical_us", 0.0),

@@ -260,6 +260,8 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, counters: dict, 
         "ttft_growth_s_per_s": ttft_growth(requests),
         "rejected_by_reason": _rejected_by_reason(requests, status),
         "swap_out_bytes": int(counters.get("swap_out_bytes", 0)), "swap_in_bytes": int(counters.get("swap_in_bytes", 0)),
+        # swap preemptions the host swap space had no room for (recomputed instead; 0 without swap)
+        "swap_refused_preemptions": int(counters.get("swap_refused_preemptions", 0)),
         "swap_total_ms": float(counters.get("swap_total_us", 0.0) / US_PER_MS),
         "block_table_total_ms": float((counts["block_table_sum_us"] if "block_table_sum_us" in counts
                                        else _nan_sum(_array(iterations, "block_table_us")) if runs else 0.0)
