@@ -526,7 +526,22 @@ def _point_config_error(job) -> str | None:
         (disagg_config_from_args if pd_of(args) is not None else config_from_args)(args, **overrides)
     except (ValueError, KeyError, OSError) as exc:      # ConfigError and CatalogError are ValueErrors
         return str(exc) or type(exc).__name__
+    trace = getattr(args, "trace", None)
+    if trace and not Path(trace).exists():    # (read by the point itself; a missing file is wrong at every point)
+        return f"--trace {trace}: no such file"
     return None
+
+
+def _inert_rate_scale_notes(jobs: list) -> list[str]:
+    """A note when grid points differ in ``rate_scale`` under ``--arrival offline`` (every request arrives at 0 s:
+    the points are one configuration and their rows equal, as ``kvsim simulate`` says for one run)."""
+    from analysis.planning.sweep import point_args
+    offline = [job for job in jobs if str(getattr(point_args(job)[0], "arrival", None) or "").strip().lower()
+               == "offline" and any(axis in ("rate_scale", "rate-scale") for axis in job.point)]
+    if not offline:
+        return []
+    return ["--grid rate_scale changes nothing with --arrival offline (every request arrives at 0 s): those "
+            "points run one configuration and their rows are equal"]
 
 
 def _refuse_bad_axis_values(jobs: list) -> None:
@@ -611,7 +626,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for job in jobs:                  # a bad --pd, --kv-link, ... value is refused before any point runs
         check_disagg_flags(point_args(job)[0], allow_unused=True)
     _refuse_bad_axis_values(jobs)
-    for note in _inert_page_size_notes(jobs):
+    for note in _inert_page_size_notes(jobs) + _inert_rate_scale_notes(jobs):
         print(f"kvsim: note: {note}", file=sys.stderr)
     for warning in _sweep_harness_warnings(jobs, getattr(args, "profile", None)):   # compute timed on the harness
         print(f"kvsim: warning: {warning}", file=sys.stderr)

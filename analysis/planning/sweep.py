@@ -392,10 +392,22 @@ def save_point(out_dir: Path, record: dict) -> Path:
 
 
 def load_point(out_dir: Path, job: PointJob) -> dict | None:
+    """The finished point's record, or None when it has none; a damaged record file (points are written atomically:
+    edited or damaged on disk) is named in a warning and the point runs again (its file is then replaced)."""
     path = point_file(out_dir, job)
     if not path.is_file():
         return None
-    record = json.loads(path.read_text())
+    try:
+        record = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:      # (json.JSONDecodeError is a ValueError)
+        record, problem = None, str(exc)
+    else:
+        problem = "" if isinstance(record, dict) and "status" in record else "not a point record"
+    if problem:
+        import sys
+        print(f"kvsim: warning: {path}: not a readable sweep point ({problem}); the point runs again",
+              file=sys.stderr)
+        return None
     if record.get("job") == "simulate" and isinstance(record.get("result"), dict):
         record["result"] = nan_for_null(record["result"])     # a run summary: null stands for NaN
     return record
