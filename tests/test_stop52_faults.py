@@ -86,3 +86,46 @@ def test_sweep_reruns_a_damaged_point_names_a_missing_trace_and_notes_an_inert_r
     assert main(["sweep", "--grid", f"trace={tmp_path / 'none.csv'},{splitwise}", "--num-requests", "10",
                  "--out", str(tmp_path / "sw2"), "--quiet", "--workers", "1"]) == 2
     assert "no such file" in capsys.readouterr().err and not (tmp_path / "sw2").exists()
+
+
+def test_pd_search_takes_its_degrees_from_pd_tp_alone(tmp_path, capsys):
+    """llama-3-70b's weights need tp >= 2 on an H100: ``--pd-search 8 --pd-tp 4`` was refused for --tp 1 (the
+    default, never asked for) unless --tp 4 was given too (helper-63); the search now runs at its own degrees."""
+    conv = "../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+    assert main(["capacity", "--trace", conv, "--num-requests", "20", "--model", "llama-3-70b", "--gpu", "h100",
+                 "--slo", "ttft_p99=2s,tpot_p99=100ms", "--pd-search", "8", "--pd-tp", "4", "--quiet"]) == 0
+    assert "P:D 1:1 tp4/tp4" in capsys.readouterr().out
+
+
+def test_a_paged_prompt_admitted_whole_keeps_its_blocks_from_running_decodes(tmp_path):
+    """7 blocks of 16; D = 16 + 40 tokens, P = 96 + 2, budget 32 (helper-64's derivation from Sarathi-Serve's
+    ``BaseBlockSpaceManager.allocate``, which takes all 6 of P's prompt blocks at admission): iteration 0 prefills
+    16 of each and leaves 0 blocks free; at iteration 1 D's decode needs its second block, so P (the last admitted)
+    is preempted having computed 16 tokens, and waits for D. kvsim had mapped P chunk by chunk: D's decodes took the
+    blocks P was admitted with and P was preempted after 78 tokens."""
+    trace = tmp_path / "steal.csv"
+    trace.write_text(HEAD + "0.0,16,40\n0.0,96,2\n")
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", str(trace), "--policy", "paged", "--token-budget", "32",
+                 "--memory-util", "0.10663838891357288", "--out", str(out), "--quiet"]) == 0
+    import pandas as pd
+    requests = pd.read_parquet(out / "requests.parquet")
+    iterations = pd.read_parquet(out / "iterations.parquet")
+    assert list(requests["recomputed_tokens"]) == [0, 16] and list(requests["preemptions"]) == [0, 1]
+    assert list(iterations["prefill_tokens"][:2]) == [32, 0] and iterations["free_page_groups"].iloc[0] == 0
+    assert requests["completion_at_us"].iloc[1] > requests["completion_at_us"].iloc[0]    # P waited for D
+
+
+def test_capacity_says_when_a_gpu_is_timed_by_the_roofline(tmp_path, capsys):
+    """helper-63 compared an H100 (no measured profile: the roofline) with an H200 (its engine profile) and found
+    them equal; only the 'compute model:' line told them apart. capacity now says so for a roofline GPU."""
+    from pathlib import Path
+    conv = "../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+    if not Path(conv).exists():
+        import pytest
+        pytest.skip(f"{conv} is not present")
+    args = ["capacity", "--trace", conv, "--num-requests", "30", "--slo", "ttft_p99=2s", "--quiet"]
+    main([*args, "--gpu", "h100"])
+    assert "h100 has no measured compute profile" in capsys.readouterr().err
+    main([*args, "--gpu", "h200"])
+    assert "no measured compute profile" not in capsys.readouterr().err

@@ -138,6 +138,14 @@ def register(subparsers) -> None:
 
 
 # ---- capacity ------------------------------------------------------------------------------------------
+ROOFLINE_CAPACITY_NOTE = (
+    "{gpu} has no measured compute profile, so the built-in roofline times it: faster than a serving engine runs, "
+    "so its capacity reads high (on the H200, whose default is its engine profile, the roofline gives 25.80 req/s "
+    "where the profile gives 20.78, +24%: README, 'Capacity planning'); compare GPUs under one compute model "
+    "(--profile roofline for each)")
+"""Said by ``capacity`` when a GPU's default timing is the roofline (helper-63 found an H100 and an H200 equal at
+16.87 req/s on the whole conversation trace, each under a different compute model; the figures are the README's
+2,000-request capacity search on the H200, re-run this stop: 25.802 req/s with ``--profile roofline``)."""
 COLOCATE_SHARED = frozenset({"colocate", "tenant", "compute", "gpu", "memory_util", "seed", "page_size", "tp",
                              "profile", "quiet", "tolerance"})
 """The ``capacity`` options ``--colocate`` reads (``analysis.colocate.tenant_args`` shares gpu, memory-util, seed,
@@ -235,7 +243,10 @@ def cmd_capacity(args: argparse.Namespace) -> int:
           f"{len(trace):,} requests of {trace.attrs.get('source', 'trace')}")
     from analysis.results import compute_model_text
     from sim.core.runner import compute_model_source
-    print(f"compute model: {compute_model_text(compute_model_source(config, args.profile)[1], config.gpu)}")
+    described = compute_model_source(config, args.profile)[1]
+    print(f"compute model: {compute_model_text(described, config.gpu)}")
+    if described.startswith("roofline") and not args.profile:
+        print(f"kvsim: note: {ROOFLINE_CAPACITY_NOTE.format(gpu=config.gpu)}", file=sys.stderr)
     print(f"SLOs: {', '.join(map(str, slos))}; stable: TTFT growth <= {args.stability_tol:g} s/s; "
           f"tolerance {args.tolerance:.1%}")
     if slos[-1].metric == "sched_delay_p50" and "sched_delay" not in args.slo:

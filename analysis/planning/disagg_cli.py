@@ -39,12 +39,12 @@ def cmd_capacity_disagg(args: argparse.Namespace) -> int:
         from analysis.output import CAPACITY_REPLACEABLE, check_out_file, command_inputs
         check_out_file(args.json, args.force, "--out", inputs=command_inputs(args), replaceable=CAPACITY_REPLACEABLE)
     slos = search_objectives(args)
-    base = role_config(args, "prefill")
     if args.pd is not None:
+        base = role_config(args, "prefill")
         config = disagg_config_from_args(args)
         seed, slot = config.seed, config.slot_max_tokens
-    else:
-        parse_tp_list(args.pd_tp, args.tp)
+    else:      # at the search's largest degree: --pd-tp 4 for a model whose weights need it ran without --tp 4
+        base = role_config(args, "prefill", max(parse_tp_list(args.pd_tp, args.tp)))     # (helper-63 was refused)
         seed, slot = base.seed, base.slot_max_tokens
     trace, notes = load_workload(args, seed, slot)
     from sim.core.runner import harness_compute_warning

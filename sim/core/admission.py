@@ -54,7 +54,8 @@ class Admission:
         first_tokens = min(first_tokens, request.remaining)
         if self._computed_hint is not None:
             self._computed_hint[slot] = request.computed
-        plan = self.policy.step({slot: request.computed + first_tokens})
+        target = request.seq_len if self._allocates_whole_prompt else request.computed + first_tokens
+        plan = self.policy.step({slot: target})
         self._take_window_unmaps()
         if plan is None:
             request.computed -= hit_tokens

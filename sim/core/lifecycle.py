@@ -101,6 +101,17 @@ class RequestBookkeeping:
         """Whether the run admits under the ``whole-prompt`` rule (``config.admission_rule``, fixed for a run)."""
         return self.config.admission_rule == "whole-prompt"
 
+    @cached_property
+    def _allocates_whole_prompt(self) -> bool:
+        """Whether an admission allocates the blocks of the request's whole (re-)prefill at once: paged block tables
+        under the ``whole-prompt`` rule (vLLM v0 ``BlockSpaceManager.allocate`` and Sarathi-Serve
+        ``BaseBlockSpaceManager.allocate`` take ``len(seq.logical_token_blocks)`` blocks at admission), so that
+        running decodes cannot take blocks a prompt was admitted with (helper-64: a chunked prefill admitted whole
+        was preempted after 78 tokens when decodes took its counted blocks). vAttention maps chunk by chunk (its
+        engine clears ``promised_blocks`` each iteration); window-aware (hybrid) groups keep their own rule."""
+        return (self._whole_prompt_admission and self.config.policy == "paged"
+                and not getattr(self.config, "hybrid_alloc", False))
+
     def _iteration_pass(self, batch: list, lookahead: bool = True, running: list | None = None,
                         cohort=None) -> tuple:
         """Everything one iteration needs from its batch, in one pass over it (and over running requests left
