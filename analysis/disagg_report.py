@@ -29,7 +29,7 @@ def kv_lines(summary: dict) -> list[tuple[str, str]]:
     ]
 
 
-ROLE_HEADER = ("role", "instances", "policy", "util.", "queue p50 / p99 ms", "waiting", "peak mapped / pool",
+ROLE_HEADER = ("role", "instances", "policy", "util.", "queue p50 / p99 ms", "waiting", "peak mapped / pool per GPU",
                "preempt.", "batch")
 
 

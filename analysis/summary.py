@@ -85,24 +85,21 @@ def _relabel(label: str, config: dict) -> str:
         label += " (one stage)"
     replicas = int(config.get("replicas", 1) or 1)
     if replicas > 1:       # replicas' figures merged: the peak and pool summed, tail waste and batch per replica
-        label += {"peak mapped KV memory": " (sum of the replicas' peaks)", "page pool": " (all replicas)",
-                  "tail waste mean / max": " (per replica)", "batch size mean / max": " (per replica)"}.get(
-                      label.split(" (")[0], "")
+        extra = {"peak mapped KV memory": "sum of the replicas' peaks", "page pool": "all replicas",
+                 "tail waste mean / max": "per replica", "batch size mean / max": "per replica",
+                 "iterations": "sum over replicas"}.get(label.split(" (")[0], "")
+        if extra:          # one parenthesis: "(per worker; sum of the replicas' peaks)" (helper-63)
+            label = f"{label[:-1]}; {extra})" if label.endswith(")") else f"{label} ({extra})"
     return label
 
 
 def format_ms(values_ms: list[float]) -> str:
-    """Durations joined by `` / ``, each in ms (two decimals below 10 ms, one below 10 s) or, from 10 s on, in
-    seconds: ``"23.3 / 86.6 / 138.9 ms"``, ``"38.0 ms / 1637.1 ms / 133.31 s"``."""
-    def one(value_ms: float) -> tuple[str, str]:
-        if value_ms == value_ms and value_ms >= 10_000:
-            return f"{value_ms / 1000:.2f}", "s"
-        return (f"{value_ms:.2f}" if value_ms < 10 else f"{value_ms:.1f}"), "ms"
-
-    parts = [one(v) for v in values_ms]
-    if len({unit for _, unit in parts}) == 1:
-        return " / ".join(text for text, _ in parts) + f" {parts[0][1]}"
-    return " / ".join(f"{text} {unit}" for text, unit in parts)
+    """Durations joined by `` / ``, in one unit: ms (two decimals below 10 ms, one below 10 s) while all are below
+    10 s, else seconds (three decimals below 10 s, two from 10 s): ``"23.3 / 86.6 / 138.9 ms"``,
+    ``"0.038 / 1.637 / 133.31 s"`` (each value with its own unit read as three lines mixed: helper-63)."""
+    if all(not (v >= 10_000) for v in values_ms):          # (NaN is below)
+        return " / ".join(f"{v:.2f}" if v < 10 else f"{v:.1f}" for v in values_ms) + " ms"
+    return " / ".join(f"{v / 1000:.3f}" if v < 10_000 else f"{v / 1000:.2f}" for v in values_ms) + " s"
 
 
 def attention_lines(summary: dict) -> list[str]:

@@ -129,3 +129,24 @@ def test_capacity_says_when_a_gpu_is_timed_by_the_roofline(tmp_path, capsys):
     assert "h100 has no measured compute profile" in capsys.readouterr().err
     main([*args, "--gpu", "h200"])
     assert "no measured compute profile" not in capsys.readouterr().err
+
+
+def test_a_page_that_holds_the_whole_slot_is_said():
+    """Llama-3-70B at tp 8: a 2 MiB page holds 8,192 tokens of one sub-tensor's KV (1 KV head x 128 x 2 bytes =
+    256 B a token), the whole 8,192-token slot: vAttention then maps whole slots, as static reservation (helper-63)."""
+    from sim.setup.config import SimConfig
+    notes = SimConfig(model="llama-3-70b", tp=8, gpu="h100").notes
+    assert any("holds 8,192 tokens here (tp=8), the whole 8,192-token slot" in note for note in notes)
+    assert not any("the whole" in note for note in SimConfig(model="llama-3-70b", tp=4, gpu="h100").notes)
+
+
+def test_summary_labels_units_of_merged_replicas_and_one_time_unit_per_line():
+    """helper-63: 'peak mapped KV memory (per worker) (sum of the replicas' peaks)', an unlabelled iteration count
+    summed over replicas, and 'TTFT 78.5 ms / 9352.6 ms / 14.60 s' (three units on one line)."""
+    from analysis.summary import _relabel, format_ms
+    config = {"tp": 2, "replicas": 3, "policy": "vattention"}
+    assert _relabel("peak mapped KV memory", config) == "peak mapped KV memory (per worker; sum of the replicas' peaks)"
+    assert _relabel("iterations", config) == "iterations (sum over replicas)"
+    assert _relabel("iterations", {"tp": 1}) == "iterations"
+    assert format_ms([78.5, 9352.6, 14600.0]) == "0.079 / 9.353 / 14.60 s"
+    assert format_ms([23.3, 86.6, 138.9]) == "23.3 / 86.6 / 138.9 ms"

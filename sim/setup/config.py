@@ -227,6 +227,13 @@ class SimConfig(PoolSizing):
                          "allocation: docs/hybrid.md)")
         if self.policy == "vattention":
             notes.extend(saturated_eager_notes(self))
+            if self.tokens_per_page >= self.slot_max_tokens and self.slot_max_tokens > 1:
+                # (helper-63: 70B at tp 8 with 2 MiB pages ran as static reservation, saying only the eager note)
+                from sim.units import format_bytes
+                notes.append(f"one page of {format_bytes(self.page_size_bytes)} holds {self.tokens_per_page:,} tokens "
+                             f"here (tp={self.tp}), the whole {self.slot_max_tokens:,}-token slot: every request maps "
+                             "its whole slot at once, as a static reservation does (no on-demand growth); smaller "
+                             "pages (--page-size 64KiB ... 1MiB) restore it")
         return notes
 
     @property
