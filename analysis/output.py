@@ -143,10 +143,19 @@ def _out_text(value) -> str:
     return repr(str(value)) if str(value).strip() != str(value) or not str(value) else str(value)
 
 
+NAME_MAX_BYTES = 255
+"""The longest file or directory name Linux file systems take (ext4, xfs, tmpfs: ``NAME_MAX``)."""
+
+
 def _non_empty_path(value, flag: str) -> Path:
     if value is None or not str(value).strip():
         raise ValueError(f"{flag} {_out_text(value or '')}: an empty path; name the file or directory to write")
-    return Path(value)
+    path = Path(value)
+    longest = max(path.parts, key=lambda part: len(part.encode()), default="")
+    if len(longest.encode()) > NAME_MAX_BYTES:        # (was a raw "[Errno 36] File name too long", helper-61)
+        raise ValueError(f"{flag} {str(value)[:40]}...: a name of {len(longest.encode())} bytes, longer than the "
+                         f"{NAME_MAX_BYTES} a file or directory name may have")
+    return path
 
 
 class OutputDir:

@@ -150,3 +150,36 @@ def test_summary_labels_units_of_merged_replicas_and_one_time_unit_per_line():
     assert _relabel("iterations", {"tp": 1}) == "iterations"
     assert format_ms([78.5, 9352.6, 14600.0]) == "0.079 / 9.353 / 14.60 s"
     assert format_ms([23.3, 86.6, 138.9]) == "23.3 / 86.6 / 138.9 ms"
+
+
+def test_input_messages_name_the_real_cause(tmp_path, capsys):
+    """helper-61's unclear messages: a gzip trace was 'binary file (NUL byte)'; --page-size 2MB said only 'a power
+    of two'; a 300-byte --out name gave a raw '[Errno 36]'; --engine sglang --policy static did not say the preset
+    turned prefix caching on; a quoted CSV header (R's write.csv) was 'unrecognised'; a model TOML with a BOM was
+    'not valid TOML'."""
+    import gzip
+    trace = tmp_path / "t.csv"
+    trace.write_text(HEAD + "0.0,100,10\n")
+    (tmp_path / "t.csv.gz").write_bytes(gzip.compress(trace.read_bytes()))
+    cases = [
+        (["simulate", "--trace", str(tmp_path / "t.csv.gz")], "a gzip file, not a text trace: decompress it first"),
+        (["simulate", "--num-requests", "3", "--page-size", "2MB"], "2,000,000 B is not 2 MiB; write 2MiB"),
+        (["simulate", "--num-requests", "3", "--out", str(tmp_path / ("a" * 300))],
+         "a name of 300 bytes, longer than the 255"),
+        (["simulate", "--num-requests", "3", "--engine", "sglang", "--policy", "static"],
+         "the --engine sglang preset turns prefix caching on"),
+    ]
+    for argv, needle in cases:
+        assert main([*argv, "--quiet"]) == 2
+        assert needle in capsys.readouterr().err
+    quoted = tmp_path / "q.csv"
+    quoted.write_text('"arrived_at","num_prefill_tokens","num_decode_tokens"\n0.0,100,10\n"0.5",200,"20"\n')
+    out = tmp_path / "q"
+    assert main(["simulate", "--trace", str(quoted), "--out", str(out), "--quiet"]) == 0
+    import pandas as pd
+    assert list(pd.read_parquet(out / "requests.parquet")["prompt_tokens"]) == [100, 200]
+    from sim.setup.catalog import get_model
+    bom = tmp_path / "mine.toml"
+    bom.write_bytes(b"\xef\xbb\xbf" + b"num_layers = 2\nhidden_size = 64\nnum_q_heads = 4\nnum_kv_heads = 2\n"
+                    b"head_dim = 16\nffn_size = 128\nvocab_size = 100\nmax_context_tokens = 4096\n")
+    assert get_model(str(bom)).num_layers == 2

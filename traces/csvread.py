@@ -44,6 +44,12 @@ def read_head(path: Path) -> bytes:
         head = fh.read(HEAD_BYTES)
     if not head.strip():
         raise fail(path, "empty file (no header, no requests)")
+    for magic, kind in ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"(\xb5/\xfd", "zstd"),
+                        (b"PK\x03\x04", "zip"), (b"PAR1", "Parquet")):
+        if head.startswith(magic):     # (helper-61: a .csv.gz was called a binary file)
+            hint = ("decompress it first (e.g. gunzip -k)" if kind != "Parquet" else
+                    "a Parquet trace is read by its .parquet name, not as this format")
+            raise fail(path, f"a {kind} file, not a text trace: {hint}")
     if b"\x00" in head:
         line = head[:head.index(b"\x00")].count(b"\n") + 1
         raise fail(path, "binary file (NUL byte), not a UTF-8 text trace", line)
@@ -77,7 +83,9 @@ def header_fields(path: Path, head: bytes) -> list[str]:
             if sep in first:
                 raise fail(path, f"wrong delimiter: the header is {name}-separated; "
                            "expected comma-separated values", 1, value=first)
-    fields = [f.strip() for f in first.split(",")]
+    import csv
+    # quoted names ("arrived_at", as R's write.csv writes them) read as pandas reads them (helper-61: refused)
+    fields = [f.strip() for f in next(csv.reader([first]))] if '"' in first else [f.strip() for f in first.split(",")]
     seen: dict[str, int] = {}
     for position, name in enumerate(fields, 1):
         if name in seen and name:

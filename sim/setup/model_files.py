@@ -144,7 +144,8 @@ def _read(path: Path, shown: str) -> dict:
     except OSError as exc:
         raise CatalogError(f"{shown}: cannot read: {exc.strerror or exc}") from None
     try:
-        data = tomllib.loads(raw.decode()) if path.suffix.lower() == ".toml" else json.loads(raw)
+        text = raw.decode().removeprefix("\ufeff")      # a BOM (Windows editors) as the CSV and JSON readers allow
+        data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
     except UnicodeDecodeError:
         raise CatalogError(f"{shown}: not a text file") from None
     except tomllib.TOMLDecodeError as exc:
