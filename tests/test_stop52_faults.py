@@ -162,7 +162,7 @@ def test_input_messages_name_the_real_cause(tmp_path, capsys):
     trace.write_text(HEAD + "0.0,100,10\n")
     (tmp_path / "t.csv.gz").write_bytes(gzip.compress(trace.read_bytes()))
     cases = [
-        (["simulate", "--trace", str(tmp_path / "t.csv.gz")], "a gzip file, not a text trace: decompress it first"),
+        (["simulate", "--trace", str(tmp_path / "t.csv.gz")], "a gzip file (binary), not a text trace: decompress it first"),
         (["simulate", "--num-requests", "3", "--page-size", "2MB"], "2,000,000 B is not 2 MiB; write 2MiB"),
         (["simulate", "--num-requests", "3", "--out", str(tmp_path / ("a" * 300))],
          "a name of 300 bytes, longer than the 255"),
@@ -183,3 +183,14 @@ def test_input_messages_name_the_real_cause(tmp_path, capsys):
     bom.write_bytes(b"\xef\xbb\xbf" + b"num_layers = 2\nhidden_size = 64\nnum_q_heads = 4\nnum_kv_heads = 2\n"
                     b"head_dim = 16\nffn_size = 128\nvocab_size = 100\nmax_context_tokens = 4096\n")
     assert get_model(str(bom)).num_layers == 2
+
+
+def test_colocate_floors_that_sum_above_the_pool_name_the_tenants(tmp_path, capsys):
+    """helper-61: two tenants with floor=0.8 were told 'a tenant needs 0 <= floor (622) <= ceiling (155)', naming no
+    tenant and no unit, while the cause is that floors are shares of one pool summing to 1.6."""
+    splitwise = "../shared/traces/vidur_processed_traces/splitwise_conv.csv"
+    tenant = "model={},trace=" + splitwise + ",num-requests=5,floor=0.8"
+    assert main(["colocate", "--tenant", tenant.format("llama-3-8b"), "--tenant", tenant.format("qwen2.5-7b"),
+                 "--sharing", "elastic", "--out", str(tmp_path / "co")]) == 2
+    err = capsys.readouterr().err
+    assert "floors are shares of one KV pool and sum to 1.6 (t0-llama-3-8b 0.8, t1-qwen2.5-7b 0.8)" in err

@@ -49,7 +49,7 @@ def read_head(path: Path) -> bytes:
         if head.startswith(magic):     # (helper-61: a .csv.gz was called a binary file)
             hint = ("decompress it first (e.g. gunzip -k)" if kind != "Parquet" else
                     "a Parquet trace is read by its .parquet name, not as this format")
-            raise fail(path, f"a {kind} file, not a text trace: {hint}")
+            raise fail(path, f"a {kind} file (binary), not a text trace: {hint}", 1)
     if b"\x00" in head:
         line = head[:head.index(b"\x00")].count(b"\n") + 1
         raise fail(path, "binary file (NUL byte), not a UTF-8 text trace", line)

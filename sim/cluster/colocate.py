@@ -349,9 +349,20 @@ def elastic_pool(tenants: list[Tenant], configs: list[TenantConfig]) -> SharedPa
             raise ConfigError(f"tenant {tenant.name}: elastic sharing takes full-attention page groups; "
                               f"{config.model}'s window-aware allocation (window={config.window_alloc}) is not drawn "
                               "from the shared pool: share the GPU statically for it (sharing mode static)")
+    floors = sum(t.floor_frac for t in tenants)
+    if floors > 1:       # (helper-61: "a tenant needs 0 <= floor (622) <= ceiling (155)", naming no tenant)
+        raise ConfigError("the tenants' floors are shares of one KV pool and sum to "
+                          f"{floors:g} (" + ", ".join(f"{t.name} {t.floor_frac:g}" for t in tenants) + "); keep their "
+                          "sum at most 1")
     pool_bytes = kv_pool_bytes(tenants)
-    shares = [TenantShare(c.num_sub_tensors, int(pool_bytes * t.floor_frac) // c.page_group_bytes,
-                          c.pool_page_groups) for t, c in zip(tenants, configs)]
+    shares = []
+    for tenant, config in zip(tenants, configs):
+        floor_groups = int(pool_bytes * tenant.floor_frac) // config.page_group_bytes
+        if floor_groups > config.pool_page_groups:
+            raise ConfigError(f"tenant {tenant.name}: floor={tenant.floor_frac:g} of the pool is {floor_groups:,} page "
+                              f"groups, more than the {config.pool_page_groups:,} it may hold (its ceiling, or what its "
+                              "memory share leaves after its weights); lower its floor")
+        shares.append(TenantShare(config.num_sub_tensors, floor_groups, config.pool_page_groups))
     return SharedPagePool(pool_bytes // configs[0].page_size_bytes, shares)
 
 

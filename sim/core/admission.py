@@ -54,8 +54,7 @@ class Admission:
         first_tokens = min(first_tokens, request.remaining)
         if self._computed_hint is not None:
             self._computed_hint[slot] = request.computed
-        target = request.seq_len if self._allocates_whole_prompt else request.computed + first_tokens
-        plan = self.policy.step({slot: target})
+        plan = self.policy.step({slot: request.seq_len if self._allocates_whole_prompt else request.computed + first_tokens})
         self._take_window_unmaps()
         if plan is None:
             request.computed -= hit_tokens

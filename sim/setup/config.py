@@ -227,13 +227,6 @@ class SimConfig(PoolSizing):
                          "allocation: docs/hybrid.md)")
         if self.policy == "vattention":
             notes.extend(saturated_eager_notes(self))
-            if self.tokens_per_page >= self.slot_max_tokens and self.slot_max_tokens > 1:
-                # (helper-63: 70B at tp 8 with 2 MiB pages ran as static reservation, saying only the eager note)
-                from sim.units import format_bytes
-                notes.append(f"one page of {format_bytes(self.page_size_bytes)} holds {self.tokens_per_page:,} tokens "
-                             f"here (tp={self.tp}), the whole {self.slot_max_tokens:,}-token slot: every request maps "
-                             "its whole slot at once, as a static reservation does (no on-demand growth); smaller "
-                             "pages (--page-size 64KiB ... 1MiB) restore it")
         return notes
 
     @property
@@ -331,5 +324,13 @@ def saturated_eager_notes(config: SimConfig) -> list[str]:
     bounds = (("eager_page_groups", "eager", config.max_pages_per_slot, "page groups a slot holds"),
               ("eager_lookahead_steps", "lookahead", config.slot_max_tokens, "tokens a slot holds"),
               ("eager_idle_slots", "eager_slots", config.max_batch_slots, "slots"))
-    return [f"{field}={value:,} (policy key {key}=) is more than the {bound:,} {what}: it acts as {key}={bound}"
-            for field, key, bound, what in bounds if (value := getattr(config, field)) > bound]
+    notes = [f"{field}={value:,} (policy key {key}=) is more than the {bound:,} {what}: it acts as {key}={bound}"
+             for field, key, bound, what in bounds if (value := getattr(config, field)) > bound]
+    if config.tokens_per_page >= config.slot_max_tokens > 1:
+        # (helper-63: 70B at tp 8 with 2 MiB pages ran as static reservation, saying only the eager note)
+        from sim.units import format_bytes
+        notes.append(f"one page of {format_bytes(config.page_size_bytes)} holds {config.tokens_per_page:,} tokens here "
+                     f"(tp={config.tp}), the whole {config.slot_max_tokens:,}-token slot: every request maps its whole "
+                     "slot at once, as a static reservation does (no on-demand growth); smaller pages "
+                     "(page_size_bytes of 64 KiB to 1 MiB) restore it")
+    return notes

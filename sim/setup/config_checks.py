@@ -148,10 +148,10 @@ def check_config(config) -> None:
         raise ConfigError(f"pp={config.pp}: must be >= 1", "pp")
     config.full_model_spec.pipeline_layers(config.pp)      # raises CatalogError for more stages than layers
     if config.prefix_caching and config.policy == "static":
-        preset = (f" (the --engine {config.engine} preset turns prefix caching on: add prefix=off to the policy, "
+        preset = (f" (the engine={config.engine} preset turns prefix caching on: add prefix=off to the policy, "
                   "e.g. static:prefix=off)" if getattr(config, "engine", None) else "")
         raise ConfigError("prefix caching (prefix_caching) needs the vattention or paged policy, not static "
-                          f"reservation{preset}", "prefix_caching")
+                          f"reservation{preset}", "prefix_caching", *(("engine",) if preset else ()))
     knob_error = knob_range_error(config)            # the policy's own ranges, refused before any run
     if knob_error:
         raise ConfigError(knob_error, knob_error.partition("=")[0])
@@ -193,7 +193,6 @@ def check_config(config) -> None:
         raise ConfigError(hybrid_error)
     page = config.page_size_bytes
     if page < MIN_PAGE_SIZE_BYTES or page & (page - 1):
-        from sim.units import format_bytes
         import math
         nearest = 1 << max(16, round(math.log2(page))) if page > 0 else MIN_PAGE_SIZE_BYTES
         hint = (f" (decimal units: {page:,} B is not {format_bytes(nearest)}; write "
