@@ -54,7 +54,9 @@ def build_tenants(args) -> list:
             fields = tuple(getattr(exc, "fields", ()))
             if isinstance(exc, ConfigError) and _shared_fault(fields, values):
                 raise     # a shared flag's value (--page-size, --tp, --memory-util): the command line names the flag
-            raise type(exc)(f"--tenant {values['name']}: {exc}") from None
+            text = str(exc).replace("set allow_long_context to simulate it anyway",
+                                    "add allow-long-context=yes to the tenant to simulate it anyway")
+            raise type(exc)(f"--tenant {values['name']}: {text}") from None
         extras = tenant_extras(values)
         if extras["slo"] is not None:
             try:
@@ -240,6 +242,11 @@ def tenant_args(values: dict, shared: argparse.Namespace) -> argparse.Namespace:
     for key, flag in FLAG_KEYS.items():
         if key in values:
             argv += [flag, values[key]]
+    long_context = values.get("allow-long-context", "no")
+    if long_context not in ("yes", "no"):
+        raise ConfigError(f"--tenant {values['name']}: allow-long-context={long_context!r}: yes or no")
+    if long_context == "yes":      # a max-context beyond the model's native one (as --allow-long-context)
+        argv.append("--allow-long-context")
     try:
         args, extra = parser.parse_known_args(argv)
     except (argparse.ArgumentError, SystemExit) as exc:

@@ -194,3 +194,14 @@ def test_colocate_floors_that_sum_above_the_pool_name_the_tenants(tmp_path, caps
                  "--sharing", "elastic", "--out", str(tmp_path / "co")]) == 2
     err = capsys.readouterr().err
     assert "floors are shares of one KV pool and sum to 1.6 (t0-llama-3-8b 0.8, t1-qwen2.5-7b 0.8)" in err
+
+
+def test_a_tenant_beyond_its_native_context_is_told_its_own_key(tmp_path, capsys):
+    """helper-61: a tenant's max-context beyond the model's native context said 'set allow_long_context', a key no
+    tenant had; the tenant key allow-long-context=yes now exists and the message names it."""
+    splitwise = "../shared/traces/vidur_processed_traces/splitwise_conv.csv"
+    tenant = f"model=llama-3-8b,trace={splitwise},num-requests=5,max-context=16384"
+    assert main(["colocate", "--tenant", tenant, "--out", str(tmp_path / "a")]) == 2
+    assert "add allow-long-context=yes to the tenant" in capsys.readouterr().err
+    assert main(["colocate", "--tenant", tenant + ",allow-long-context=yes", "--out", str(tmp_path / "b")]) == 0
+    assert main(["colocate", "--tenant", tenant + ",allow-long-context=maybe", "--out", str(tmp_path / "c")]) == 2

@@ -25,8 +25,8 @@ from __future__ import annotations
 from sim.setup.config import ConfigError
 
 TENANT_KEYS = ("model", "trace", "name", "rate-scale", "num-requests", "skip-requests", "policy", "scheduler",
-               "token-budget", "max-batch", "max-context", "engine", "slo", "floor", "ceiling", "sleep-after",
-               "sleep-weights")
+               "token-budget", "max-batch", "max-context", "allow-long-context", "engine", "slo", "floor", "ceiling",
+               "sleep-after", "sleep-weights")
 FLAG_KEYS = {"model": "--model", "trace": "--trace", "rate-scale": "--rate-scale", "num-requests": "--num-requests",
               "skip-requests": "--skip-requests", "policy": "--policy", "scheduler": "--scheduler",
               "token-budget": "--token-budget", "max-batch": "--max-batch", "max-context": "--max-context",

@@ -170,9 +170,11 @@ def check_config(config) -> None:
     if config.block_size_tokens < 1:
         raise ConfigError(f"block_size_tokens={config.block_size_tokens}: must be >= 1 token", "block_size_tokens")
     if config.policy == "paged" and config.block_size_tokens > config.slot_max_tokens:
-        raise ConfigError(f"block_size_tokens={config.block_size_tokens}: must lie in [1, {config.slot_max_tokens}] "
-                          "tokens (a block longer than the slot length only adds tail waste; vLLM's blocks are "
-                          "8-128 tokens)", "block_size_tokens")
+        raise ConfigError(f"block_size_tokens={config.block_size_tokens} (policy key block=): must lie in [1, "
+                          f"{config.slot_max_tokens}] tokens, the slot length (max_context_tokens="
+                          f"{config.slot_max_tokens}) (a block longer than the slot only adds tail waste; vLLM's "
+                          "blocks are 8-128 tokens): lower block= or raise the context", "block_size_tokens",
+                          "max_context_tokens")
     if config.max_len_tokens is not None and not 2 <= config.max_len_tokens <= config.slot_max_tokens:
         raise ConfigError(f"max_len_tokens={config.max_len_tokens}: must lie in [2, {config.slot_max_tokens}] tokens "
                           "(the static reservation)", "max_len_tokens")
