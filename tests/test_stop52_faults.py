@@ -205,3 +205,21 @@ def test_a_tenant_beyond_its_native_context_is_told_its_own_key(tmp_path, capsys
     assert "add allow-long-context=yes to the tenant" in capsys.readouterr().err
     assert main(["colocate", "--tenant", tenant + ",allow-long-context=yes", "--out", str(tmp_path / "b")]) == 0
     assert main(["colocate", "--tenant", tenant + ",allow-long-context=maybe", "--out", str(tmp_path / "c")]) == 2
+
+
+def test_check_replicas_tries_fewer_while_they_hold(tmp_path, capsys):
+    """helper-63: the check confirmed only the rounded-up count (10 replicas where 8 held). It now checks one fewer
+    while the SLOs hold: every count tried but the last passed, the last failed (or is 1), and the fewest is the
+    last passing count."""
+    conv = "../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+    out = tmp_path / "cap.json"
+    assert main(["capacity", "--trace", conv, "--num-requests", "400", "--slo", "ttft_p99=2s,tpot_p99=100ms",
+                 "--target-rate", "60", "--check-replicas", "--quiet", "--out", str(out)]) == 0
+    check = json.loads(out.read_text())["check"]
+    tried = check["fewer_tried"]
+    assert check["passed"] and tried and [t["replicas"] for t in tried] == list(
+        range(check["replicas"] - 1, check["replicas"] - 1 - len(tried), -1))
+    assert all(t["passed"] for t in tried[:-1]) and (not tried[-1]["passed"] or tried[-1]["replicas"] == 1)
+    assert check["fewest_replicas"] == (tried[-1]["replicas"] if tried[-1]["passed"] else tried[-1]["replicas"] + 1)
+    printed = capsys.readouterr().out
+    assert printed.count("check: 60 req/s over") == 1 + len(tried)

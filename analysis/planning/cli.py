@@ -436,18 +436,41 @@ def _check_replicas(args, config, trace, result) -> dict | None:
             print(f"kvsim: warning: --check-replicas: {note}", file=sys.stderr)
     # the target counts served requests: offer target / served fraction (unservable requests are rejected)
     scale = args.target_rate / (base_rate_per_s(trace) * result.served_fraction)
-    routed = run_routed(config, traces.scale_rate(trace, scale), replicas, args.routing, args.profile)
+    scaled = traces.scale_rate(trace, scale)
     slos = search_objectives(args)
-    verdict = judge(scale, args.target_rate, routed.summary, ttft_growth(routed.requests), slos, args.stability_tol,
-                    sum(result.unservable.values()), routed.requests)
-    values = ", ".join(f"{slo.metric}={slo.cell(verdict.values_us[slo.metric])}{slo.header().split()[-1][1:-1]}"
-                       for slo in slos)
-    exact = ""
-    print(f"check: {args.target_rate:g} req/s over {replicas} replicas ({args.routing}{exact}): {values}, "
-          f"TTFT growth {verdict.ttft_growth:.3f}: " + ("SLOs hold" if verdict.passed else
-                                                         "FAIL " + ", ".join(verdict.failed)))
+
+    def check(count: int):
+        routed = run_routed(config, scaled, count, args.routing, args.profile)
+        verdict = judge(scale, args.target_rate, routed.summary, ttft_growth(routed.requests), slos,
+                        args.stability_tol, sum(result.unservable.values()), routed.requests)
+        values = ", ".join(f"{slo.metric}={slo.cell(verdict.values_us[slo.metric])}{slo.header().split()[-1][1:-1]}"
+                           for slo in slos)
+        print(f"check: {args.target_rate:g} req/s over {count} replicas ({args.routing}): {values}, "
+              f"TTFT growth {verdict.ttft_growth:.3f}: " + ("SLOs hold" if verdict.passed else
+                                                             "FAIL " + ", ".join(verdict.failed)))
+        return verdict
+
+    verdict = check(replicas)
+    # replicas pooled behind a router may serve more than the count x one replica's capacity (helper-63: 10 computed,
+    # 8 held under least-outstanding): while the count holds, one fewer is tried, down to the first that fails
+    fewest, tried = (replicas if verdict.passed else None), []
+    while fewest is not None and fewest > 1:
+        fewer = check(fewest - 1)
+        tried.append({"replicas": fewest - 1, "passed": fewer.passed, "failed": list(fewer.failed)})
+        if not fewer.passed:
+            break
+        fewest -= 1
+    if fewest is not None and fewest < replicas:
+        from analysis.planning.capacity import MIN_STEADY_SPAN_S
+        span_s = float(scaled["arrival_s"].max() - scaled["arrival_s"].min()) if len(scaled) > 1 else 0.0
+        short = (f"; the check's traffic spans only {span_s:.0f} s, under the {MIN_STEADY_SPAN_S:.0f} s in which a "
+                 "slowly building queue shows: give more requests before planning on fewer" if span_s < MIN_STEADY_SPAN_S
+                 else "")
+        print(f"fewest replicas that hold {args.target_rate:g} req/s in the check ({args.routing}): {fewest}, not the "
+              f"{replicas} the per-replica capacity gives{short}")
     return {"replicas": replicas, "routing": args.routing, "passed": verdict.passed, "failed": list(verdict.failed),
-            "values_us": verdict.values_us, "ttft_growth": verdict.ttft_growth}
+            "values_us": verdict.values_us, "ttft_growth": verdict.ttft_growth, "fewest_replicas": fewest,
+            "fewer_tried": tried}
 
 
 def _write_json(path: Path, result, target_rate, check, config=None, described: dict | None = None) -> None:
