@@ -80,7 +80,7 @@ def test_config_derived_pool_size():
      r"group is more than the 125.44 GiB the weights leave of the whole 140.40 GiB: use a smaller page group"),
     (dict(policy="paged", block_size_tokens=10 ** 8, max_context_tokens=10 ** 8, allow_long_context=True),
      r"^block_size_tokens=100000000: .*use a smaller block"),
-    (dict(policy="paged", block_size_tokens=10 ** 11), r"^block_size_tokens=100000000000: must lie in \[1, 8192\]"),
+    (dict(policy="paged", block_size_tokens=10 ** 11), r"^block_size_tokens=100000000000 \(policy key block=\): must lie in \[1, 8192\]"),
     (dict(policy="static", max_len_tokens=8_000_000, max_context_tokens=8_000_000, allow_long_context=True),
      r"^max_len_tokens=8000000: .*use a smaller reservation"),
     (dict(policy="static", max_context_tokens=8_000_000, allow_long_context=True),      # the slot is the unit

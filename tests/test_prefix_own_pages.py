@@ -183,8 +183,10 @@ def test_hash_blocks_then_generated_blocks(tmp_path):
 def test_the_vllm_v1_preset_admits_on_the_first_chunk_without_a_watermark(tmp_path):
     """``--engine vllm-v1`` on an H200 (budget 8,192), 520 blocks of 16: step 0 runs the 8,000-token prompt and a
     192-token chunk of the 1,000-token one (vLLM v1 allocates the scheduled tokens' blocks: 500 + 12 of 520);
-    request 1 is preempted at step 1 and re-admitted with a 192-token hit on its own blocks. And with 100 blocks,
-    1,000 + 592 tokens need exactly 100 blocks: both are admitted in step 0 (no 1% watermark held back)."""
+    request 1 is preempted at step 1 and re-admitted with a 192-token hit on its own blocks. And with 100 usable
+    blocks (101, less vLLM's null block), 1,000 + 592 tokens need exactly 100: both are admitted in step 0 (no 1%
+    watermark held back); with 100 (99 usable) request 1's 37 blocks do not fit beside request 0's 63, and vLLM v1
+    schedules no smaller chunk for want of blocks: step 0 runs request 0 alone."""
     csv = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
     _, requests, iterations = _simulate(tmp_path, "wp.csv", csv + "0.0,8000,20\n0.0,1000,5\n", "--engine",
                                         "vllm-v1", "--max-batch", "256", "--memory-util", "0.11377473769381055")
@@ -192,6 +194,9 @@ def test_the_vllm_v1_preset_admits_on_the_first_chunk_without_a_watermark(tmp_pa
     assert list(requests["preemptions"]) == [0, 1]
     assert list(requests["prefix_hit_tokens_preempted"]) == [0, 192]
     _, requests, iterations = _simulate(tmp_path, "wm.csv", csv + "0.0,1000,20\n0.0,592,5\n", "--engine",
-                                        "vllm-v1", "--max-batch", "100", "--memory-util", "0.10793211296420584")
+                                        "vllm-v1", "--max-batch", "100", "--memory-util", "0.1079460239754668")
     assert _prefills(iterations)[0] == 1592
     assert iterations["batch_size"].iloc[0] == 2
+    _, requests, iterations = _simulate(tmp_path, "wm99.csv", csv + "0.0,1000,20\n0.0,592,5\n", "--engine",
+                                        "vllm-v1", "--max-batch", "99", "--memory-util", "0.10793211296420584")
+    assert _prefills(iterations)[0] == 1000

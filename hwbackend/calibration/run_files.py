@@ -35,7 +35,8 @@ RUN_OPTIONAL_FIELDS = ("memset_bytes_per_s", "copy_bytes_per_s", "allow_long_con
                        "paged_kernel", "paged_prefill_factor", "paged_decode_factor", "vmm_driver",   # issue 28
                        "kv_tiers", "tier_write_policy", "tier_load_policy", "prefix_evict",   # issue 35
                        "window_alloc",                                           # issue 33: off = before it
-                       "explicit_fields")                                        # 2026-12-02: () = before it
+                       "explicit_fields",                                        # 2026-12-02: () = before it
+                       "null_blocks")                                            # stop 52: 0 = before it
 RUN_FIELD_DEFAULTS = {"admission": "chunk"}
 """Settings of runs recorded before the field existed: replays before 2026-12-01 admitted a request when its
 first chunk fitted (``chunk``), whatever the scheduler."""

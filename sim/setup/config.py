@@ -108,6 +108,9 @@ class SimConfig(PoolSizing):
             ``auto`` (:mod:`sim.memory.tiers`).
         prefix_evict: the HBM prefix cache's eviction policy, ``lru`` (vLLM v1, default), ``radix-leaf``
             (SGLang) or ``page`` (:mod:`sim.memory.eviction`; policy key ``evict=``).
+        null_blocks: allocation units of the pool never handed out (0 by default; 1 under the ``vllm-v1`` preset:
+            vLLM v1's ``BlockPool`` takes block 0 off its free queue as the null block, so ``num_gpu_blocks - 1``
+            serve requests, vllm/v1/core/block_pool.py, helper-60).
         explicit_fields: names of fields the user set (a policy spec's keys, a sweep axis of a field),
             sorted: a calibration profile's measurement never replaces them, even where the value written
             equals the default (``paged:factor=1.23`` stays 1.23; :func:`sim.core.runner.profile_config_overrides`).
@@ -165,6 +168,7 @@ class SimConfig(PoolSizing):
     tier_load_policy: str = "sync"
     prefix_evict: str = "lru"
     window_alloc: str = "off"
+    null_blocks: int = 0
     explicit_fields: tuple = ()
 
     def __post_init__(self) -> None:

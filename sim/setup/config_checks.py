@@ -144,6 +144,8 @@ def check_config(config) -> None:
             raise ConfigError(f"{name}={value}: choose one of {', '.join(DTYPE_BYTES)}", name)
     if config.usd_per_gpu_hour is not None and not 0 < config.usd_per_gpu_hour < float("inf"):
         raise ConfigError(f"usd_per_gpu_hour={config.usd_per_gpu_hour}: must be > 0", "usd_per_gpu_hour")
+    if not isinstance(config.null_blocks, int) or isinstance(config.null_blocks, bool) or config.null_blocks < 0:
+        raise ConfigError(f"null_blocks={config.null_blocks!r}: a whole number of units >= 0", "null_blocks")
     if not isinstance(config.pp, int) or config.pp < 1:
         raise ConfigError(f"pp={config.pp}: must be >= 1", "pp")
     config.full_model_spec.pipeline_layers(config.pp)      # raises CatalogError for more stages than layers

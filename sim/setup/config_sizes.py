@@ -91,8 +91,10 @@ class PoolSizing:
     def pool_page_groups(self) -> int:
         """Allocation units of the pool (hybrid: units of :attr:`hybrid`, after the per-slot state reservation)."""
         if self.hybrid_alloc:
-            return max(0, self.kv_budget_bytes - self.hybrid.state_reserved_bytes) // self.page_group_bytes
-        return self.kv_budget_bytes // self.page_group_bytes
+            units = max(0, self.kv_budget_bytes - self.hybrid.state_reserved_bytes) // self.page_group_bytes
+        else:
+            units = self.kv_budget_bytes // self.page_group_bytes
+        return max(0, units - self.null_blocks)      # (vLLM v1's null block: SimConfig.null_blocks)
 
     @cached_property
     def layer_groups(self):

@@ -19,7 +19,9 @@ Sources (read 2026-12 from the public repositories):
     the tokens it schedules now (a request is admitted on its first chunk: kvsim's ``admission="chunk"``), and
     ``allocate_slots`` refuses only when the free blocks are fewer than those needed: no admission watermark (vLLM
     v0's ``BlockSpaceManager`` held 1% back, kvsim's default; an opt-in one came later and is off by default)
-    (helper-60: the preset ran whole-prompt admission with the 1% watermark).
+    (helper-60: the preset ran whole-prompt admission with the 1% watermark);
+  - ``vllm/v1/core/block_pool.py`` ``BlockPool.__init__``: ``self.null_block = self.free_block_queue.popleft()``:
+    block 0 never holds KV, so ``num_gpu_blocks - 1`` serve requests (``null_blocks=1``).
 * SGLang (``sgl-project/sglang``):
   - ``python/sglang/srt/server_args.py`` (GPU-memory buckets of ``ServerArgs``): ``chunked_prefill_size`` 2048
     below 35 GB, 4096 below 60 GB (A100-40GB, L40), 8192 below 160 GB (A100-80GB, H100, H20, H200), else 16384
@@ -59,7 +61,8 @@ def _vllm_v1(gpu: GPUSpec) -> dict:
     large = gpu.hbm_bytes >= 70 * GIB and "a100" not in gpu.name.lower()
     return dict(scheduler="sarathi", token_budget=8192 if large else 2048, max_batch_slots=1024 if large else 256,
                 policy="paged", block_size_tokens=16, prefix_caching=True, cuda_graph_decodes=True,
-                admission="chunk", admission_watermark_frac=0.0, frontend_overhead_us=VLLM_FRONTEND_OVERHEAD_US)
+                admission="chunk", admission_watermark_frac=0.0, null_blocks=1,
+                frontend_overhead_us=VLLM_FRONTEND_OVERHEAD_US)
 
 
 def _sglang_chunk_tokens(hbm_bytes: int) -> int:
@@ -91,8 +94,8 @@ def engine_preset(engine: str, gpu: GPUSpec) -> dict:
             budgets).
     Returns:
         ``{field: value}``: scheduler, token_budget, max_batch_slots, policy, block_size_tokens (paged presets),
-        prefix_caching, cuda_graph_decodes, frontend_overhead_us (us); vLLM's also admission and
-        admission_watermark_frac.
+        prefix_caching, cuda_graph_decodes, frontend_overhead_us (us); vLLM's also admission,
+        admission_watermark_frac and null_blocks.
     Raises:
         FieldError: an unknown engine, naming the field ``engine``, the value and the choices.
     """
