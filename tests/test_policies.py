@@ -224,6 +224,6 @@ def test_a_paged_block_longer_than_the_slot_is_refused():
 
     from sim.setup.config import ConfigError, SimConfig
     assert SimConfig(policy="paged", block_size_tokens=8192).block_size_tokens == 8192
-    with pytest.raises(ConfigError, match=r"block_size_tokens=8193: must lie in \[1, 8192\] tokens"):
+    with pytest.raises(ConfigError, match=r"block_size_tokens=8193 \(policy key block=\): must lie in \[1, 8192\] tokens"):
         SimConfig(policy="paged", block_size_tokens=8193)
     assert SimConfig(policy="vattention", block_size_tokens=100000).policy == "vattention"   # unused there

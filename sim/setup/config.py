@@ -89,9 +89,8 @@ class SimConfig(PoolSizing):
         weight_dtype / kv_dtype: ``bf16``, ``fp16``, ``fp32`` or ``fp8`` for the weights of the linear layers and
             for the KV cache (``None``: the model's own, KV in the activation dtype).
         usd_per_gpu_hour: price per GPU-hour replacing the GPU's catalogue price (``None``: the catalogue's).
-        engine: the engine preset (:data:`sim.setup.engines.ENGINES`) the run's defaults came from (``vllm-v1``, ``sglang``, ``vattention``;
-            ``None``: kvsim's own defaults); recorded only, the preset's values are in the other fields
-            (:mod:`sim.setup.engines`).
+        engine: the engine preset (:data:`sim.setup.engines.ENGINES`) the run's defaults came from (``None``: kvsim's
+            own); recorded only, the preset's values are in the other fields.
         frontend_overhead_us: per-request cost outside the model (API server, tokenisation, detokenisation), us,
             added to each request's first-token and completion times, so to TTFT and E2E, but to no iteration
             (docs/serving-semantics.md); 0 by default, an engine preset's otherwise.
@@ -108,9 +107,7 @@ class SimConfig(PoolSizing):
             ``auto`` (:mod:`sim.memory.tiers`).
         prefix_evict: the HBM prefix cache's eviction policy, ``lru`` (vLLM v1, default), ``radix-leaf``
             (SGLang) or ``page`` (:mod:`sim.memory.eviction`; policy key ``evict=``).
-        null_blocks: allocation units of the pool never handed out (0 by default; 1 under the ``vllm-v1`` preset:
-            vLLM v1's ``BlockPool`` takes block 0 off its free queue as the null block, so ``num_gpu_blocks - 1``
-            serve requests, vllm/v1/core/block_pool.py, helper-60).
+        null_blocks: pool units never handed out (vLLM v1's null block: 1 under ``vllm-v1``, :mod:`sim.setup.engines`).
         explicit_fields: names of fields the user set (a policy spec's keys, a sweep axis of a field),
             sorted: a calibration profile's measurement never replaces them, even where the value written
             equals the default (``paged:factor=1.23`` stays 1.23; :func:`sim.core.runner.profile_config_overrides`).
