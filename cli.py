@@ -60,6 +60,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"kvsim: warning: {note}", file=sys.stderr)
     _note_long_context(base)
     print_config_notes(base, args.profile)
+    configs = [base.with_overrides(parse_policy(spec)) for spec in args.policy]
+    if not any(config.uses_vmm for config in configs):    # vAttention-only flags that no compared policy reads
+        from sim.frontend.options import ignored_flag_notes
+        for note in ignored_flag_notes(args, configs[0]):
+            note = note.replace(f"the {configs[0].policy} policy maps no pages", "no compared policy maps pages")
+            print(f"kvsim: note: {note}", file=sys.stderr)
     started = time.perf_counter()
     from analysis.flags import Progress
     with Progress(len(args.policy), args.quiet, "policies run") as progress:

@@ -223,3 +223,13 @@ def test_check_replicas_tries_fewer_while_they_hold(tmp_path, capsys):
     assert check["fewest_replicas"] == (tried[-1]["replicas"] if tried[-1]["passed"] else tried[-1]["replicas"] + 1)
     printed = capsys.readouterr().out
     assert printed.count("check: 60 req/s over") == 1 + len(tried)
+
+
+def test_compare_notes_vattention_flags_that_no_compared_policy_reads(tmp_path, capsys):
+    """helper-61: ``compare --policy paged --policy static --sync-mapping`` said nothing, as simulate does."""
+    assert main(["compare", "--policy", "paged", "--policy", "static", "--sync-mapping", "--num-requests", "5",
+                 "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    assert "--sync-mapping sets vAttention's page mapping; no compared policy maps pages" in capsys.readouterr().err
+    assert main(["compare", "--policy", "paged", "--policy", "vattention", "--sync-mapping", "--num-requests", "5",
+                 "--out", str(tmp_path / "b"), "--quiet"]) == 0
+    assert "changes nothing" not in capsys.readouterr().err
