@@ -233,3 +233,24 @@ def test_compare_notes_vattention_flags_that_no_compared_policy_reads(tmp_path, 
     assert main(["compare", "--policy", "paged", "--policy", "vattention", "--sync-mapping", "--num-requests", "5",
                  "--out", str(tmp_path / "b"), "--quiet"]) == 0
     assert "changes nothing" not in capsys.readouterr().err
+
+
+def test_pd_preemptions_waiting_for_held_kv_are_recorded_and_not_repeated(tmp_path):
+    """helper-62: on a P/D instance the only running request short of pages is preempted to wait for KV held for
+    transfers; that pass records no iteration, so its preemption was lost from iterations.parquet (summary 1, the
+    table 0), and under chunk admission the victim was re-admitted at once and preempted again, 313 times,
+    recomputing 641,620 tokens of a 3,900-token prompt. Now the count is carried to the next recorded iteration
+    and nothing is admitted until held KV is freed: one preemption, its 2,644 computed tokens recomputed once."""
+    import pandas as pd
+    trace = tmp_path / "t4.jsonl"
+    trace.write_text("".join(f'{{"timestamp": {t}, "input_length": {p}, "output_length": {o}}}\n' for t, p, o in
+                             ((0, 100, 3000), (0, 100, 3000), (50, 3500, 10), (100, 3500, 10), (150, 3900, 10))))
+    out = tmp_path / "R"
+    assert main(["simulate", "--trace", str(trace), "--pd", "1:1", "--memory-util", "0.116967", "--max-context",
+                 "4096", "--policy", "vattention:admission=chunk", "--decode-policy", "static", "--out", str(out),
+                 "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    requests = pd.read_parquet(out / "requests.parquet")
+    assert summary["finished"] == 5 and summary["preemptions"] == 1
+    assert pd.read_parquet(out / "iterations.parquet")["preemptions"].sum() == summary["preemptions"]
+    assert requests["recomputed_tokens"].max() < 3900

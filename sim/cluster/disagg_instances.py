@@ -69,6 +69,7 @@ class PrefillInstance(Simulator):
         self._started: set[Request] = set()
         self.chunks: dict[Request, list] | None = {} if record_chunks else None
         self.held: set[Request] = set()
+        self._await_release = False               # a request was preempted to wait for held KV (_drop)
         self.compute_start_us = 0.0               # when the current (or last) iteration's compute started
         self._release_wait: simpy.Event | None = None
         self.process: simpy.Process | None = None
@@ -110,13 +111,24 @@ class PrefillInstance(Simulator):
         if status == "rejected" and request.reject_reason == "pages" and self.held:
             request.reject_reason = ""          # no pages now, but held KV will be freed: wait for it
             self._preempt(request)
+            self._await_release = True          # (re-admitted at once, it recomputed its first chunk in a loop)
             return
         super()._drop(request, status)
         if status == "rejected" and self._on_rejected is not None:
             self._on_rejected(self, request)
 
+    def _admit(self, request: Request, first_tokens: int) -> int:
+        """As :meth:`Simulator._admit`, but none while a request preempted for want of pages waits for held KV to
+        be freed (helper-62: under chunk admission the victim was re-admitted at once and preempted again, 313
+        times, recomputing its first chunk until the transfer landed)."""
+        if self._await_release and self.held:
+            self._admission_refused = True
+            return 0
+        return super()._admit(request, first_tokens)
+
     def free_held(self, request: Request) -> None:
         """The transfer of ``request``'s KV has landed: give its slot back (as a finished request's)."""
+        self._await_release = False
         self.held.remove(request)
         self._free_slot(request)
         if self._release_wait is not None and not self._release_wait.triggered:
@@ -156,6 +168,7 @@ class DecodeInstance(Simulator):
         self.in_transfer: list[Request] = []      # admitted (pages mapped), KV not landed yet
         self._just_admitted: list[Request] = []
         self._landing_wait: simpy.Event | None = None
+        self._await_landing = False               # a request was preempted to wait for a landing (_drop)
         self.compute_start_us = 0.0               # when the current (or last) iteration's compute started
         self.kv_bytes_received = 0
 
@@ -183,8 +196,16 @@ class DecodeInstance(Simulator):
         if status == "rejected" and request.reject_reason == "pages" and self.in_transfer:
             request.reject_reason = ""          # no pages now, but requests in transfer hold them: wait
             self._preempt(request)
+            self._await_landing = True          # (as the prefill instance's _await_release)
             return
         super()._drop(request, status)
+
+    def _admit(self, request: Request, first_tokens: int) -> int:
+        """As :meth:`Simulator._admit`, but none while a request preempted for want of pages waits for a landing."""
+        if self._await_landing and self.in_transfer:
+            self._admission_refused = True
+            return 0
+        return super()._admit(request, first_tokens)
 
     def _compute_started(self, compute_us: float) -> None:
         self.compute_start_us = self.env.now
@@ -218,6 +239,7 @@ class DecodeInstance(Simulator):
         self._wake()
 
     def _wake(self) -> None:
+        self._await_landing = False
         for event in (self._arrival, self._landing_wait):
             if event is not None and not event.triggered:
                 event.succeed()

@@ -210,6 +210,7 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
         self.num_done = self._next_arrival = self._admissions = 0
         self._pending_plans: list[Plan] = []   # critical-path work charged to the next iteration
         self._iteration_preemptions = 0
+        self._carried_preemptions = 0         # preemptions of passes that recorded no iteration (_serve)
         self._iteration_start_us = 0.0       # start of the iteration being scheduled (set by _serve each pass)
         self._bg_recorded = (0, 0)
         self._sync_maps = self._sync_unmaps = 0
@@ -316,11 +317,15 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
             if not batch and not members:
                 if not preempted and not self._iteration_rejections and now_us == start_at_us:
                     yield from self._unblock_admission()     # scheduling changed nothing: unblock it
+                # a pass that preempted and ran nothing (P/D: the only request rejected for pages while KV is
+                # held for transfers, preempted instead) records no iteration: its preemptions go to the next one
+                self._carried_preemptions += self._iteration_preemptions
                 self._check_progress("scheduling")
                 continue
             self._stalled_state = None
             has_plan = bool(plan)        # (read twice below)
-            if self.coalesce and not (preempted or has_plan) and now_us == start_at_us and not self._run_blocked(batch):
+            if (self.coalesce and not (preempted or has_plan or self._carried_preemptions) and now_us == start_at_us
+                    and not self._run_blocked(batch)):
                 steps = yield from self._decode_run(batch, iteration)
                 if steps:
                     iteration += steps
@@ -368,7 +373,9 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
                 iteration, start_at_us, now_us - start_at_us, compute_us, stall_us,
                 mapped_sync, bg_maps, unmapped_sync + bg_unmaps, prefill,
                 new - prefill, len(batch) + members, len(self.running), len(self.waiting),
-                *snapshot, self._iteration_preemptions, block_table_us, swap_us, clear_copy_us))
+                *snapshot, self._iteration_preemptions + self._carried_preemptions, block_table_us, swap_us,
+                clear_copy_us))
+            self._carried_preemptions = 0
             self._finish_iteration(batch, now_us, iteration)
             if tiers is not None:
                 tiers.sample(now_us)
