@@ -254,3 +254,15 @@ def test_pd_preemptions_waiting_for_held_kv_are_recorded_and_not_repeated(tmp_pa
     assert summary["finished"] == 5 and summary["preemptions"] == 1
     assert pd.read_parquet(out / "iterations.parquet")["preemptions"].sum() == summary["preemptions"]
     assert requests["recomputed_tokens"].max() < 3900
+
+
+def test_a_tiered_prefix_run_without_hash_ids_survives_a_recompute_preemption(tmp_path):
+    """helper-65: a re-admission's own-page lookup took the prefix branch for a request without hash ids, and the
+    tier credit then read ``len(None)``: a traceback (both policies). The tiers hold hash blocks only: no credit."""
+    import pandas as pd
+    trace = tmp_path / "pre3.csv"
+    trace.write_text(HEAD + "0.0,160,100\n0.0,16,100\n0.0,16,100\n")
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", str(trace), "--policy", "paged:prefix=on,admission=chunk", "--memory-util",
+                 "0.10681923206332875", "--kv-tier", "dram:64MiB", "--out", str(out), "--quiet"]) == 0
+    assert list(pd.read_parquet(out / "requests.parquet")["prefix_hit_tokens_preempted"]) == [0, 48, 0]

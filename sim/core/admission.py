@@ -39,7 +39,7 @@ class Admission:
         if self.prefix and (request.hash_ids is not None or own) and not request.computed:
             # look the cache up first, then ask only for the pages beyond the hit (vLLM v1)
             hit_tokens, *cached = self.policy.admission_credit(request.hash_ids or (), request.prompt_tokens, *own)
-            if self.tiers is not None:      # pages loadable from the tiers need fresh page groups, not credit
+            if self.tiers is not None and request.hash_ids is not None:   # tier pages need fresh groups, not credit
                 hit_tokens += self.tiers.credit_tokens(request, hit_tokens)
             target = hit_tokens + min(first_tokens, request.remaining - hit_tokens)
         slot = self.policy.alloc_slot(target, reserve, committed, tuple(cached))

@@ -317,8 +317,7 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
             if not batch and not members:
                 if not preempted and not self._iteration_rejections and now_us == start_at_us:
                     yield from self._unblock_admission()     # scheduling changed nothing: unblock it
-                # a pass that preempted and ran nothing (P/D: the only request rejected for pages while KV is
-                # held for transfers, preempted instead) records no iteration: its preemptions go to the next one
+                # (a pass that only preempted, P/D's wait for held KV, records no iteration: carried to the next)
                 self._carried_preemptions += self._iteration_preemptions
                 self._check_progress("scheduling")
                 continue
