@@ -327,6 +327,11 @@ def saturated_eager_notes(config: SimConfig) -> list[str]:
               ("eager_idle_slots", "eager_slots", config.max_batch_slots, "slots"))
     notes = [f"{field}={value:,} (policy key {key}=) is more than the {bound:,} {what}: it acts as {key}={bound}"
              for field, key, bound, what in bounds if (value := getattr(config, field)) > bound]
+    inert = [name for name in ("eager_page_groups", "eager_lookahead_steps", "eager_idle_slots", "low_watermark_frac")
+             if name in config.explicit_fields]
+    if config.sync_mapping and inert:      # (helper-62: the same run as without them, silently)
+        notes.append(f"{', '.join(inert)} set with sync_mapping: there is no background mapper, so eager allocation "
+                     "and the low watermark change nothing in this run")
     if config.tokens_per_page >= config.slot_max_tokens > 1:
         # (helper-63: 70B at tp 8 with 2 MiB pages ran as static reservation, saying only the eager note)
         from sim.units import format_bytes
