@@ -150,10 +150,13 @@ COLOCATE_SHARED = frozenset({"colocate", "tenant", "compute", "gpu", "memory_uti
                              "profile", "quiet", "tolerance"})
 """The ``capacity`` options ``--colocate`` reads (``analysis.colocate.tenant_args`` shares gpu, memory-util, seed,
 page size, tp and profile with every tenant); every other option set is refused, not dropped."""
-COLOCATE_PER_TENANT = frozenset({"slo", "trace", "num_requests", "rate_scale", "arrival", "sample", "skip_requests",
-                                 "model", "policy", "scheduler", "token_budget", "max_batch", "max_context", "engine",
-                                 "format"})
-"""Of the others, those a ``--tenant`` key sets instead (docs/colocate.md)."""
+
+
+def _per_tenant_dests() -> frozenset:
+    """Of the others, the options a ``--tenant`` key sets instead (:data:`sim.frontend.colocate_options.FLAG_KEYS`
+    and ``slo``; docs/colocate.md)."""
+    from sim.frontend.colocate_options import FLAG_KEYS
+    return frozenset({flag.removeprefix("--").replace("-", "_") for flag in FLAG_KEYS.values()} | {"slo"})
 
 
 def _parsed_default(action: argparse.Action):
@@ -173,10 +176,11 @@ def _refuse_unshared_flags(args: argparse.Namespace) -> None:
     Raises:
         ValueError: naming the first such flag, and the tenant key or the shared flags to use instead.
     """
+    per_tenant = _per_tenant_dests()
     for dest, flag, default in args.option_defaults:
         if dest in COLOCATE_SHARED or getattr(args, dest, default) == default:
             continue
-        if dest in COLOCATE_PER_TENANT:
+        if dest in per_tenant:
             raise ValueError(f"{flag} does not apply to capacity --colocate: give it per tenant in --tenant (keys: "
                              "docs/colocate.md; slo=ttft_p99=2s+tpot_p99=100ms); only --gpu, --memory-util, "
                              "--seed, --page-size, --tp and --profile are shared")
@@ -198,8 +202,6 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         from analysis.colocate import cmd_capacity_colocate
         if not args.colocate:
             raise ValueError("--tenant belongs to --colocate")
-        from sim.setup.config import SimConfig
-        from sim.frontend.disagg_options import disagg_companions_given
         _refuse_unshared_flags(args)
         return cmd_capacity_colocate(args)
     if not args.slo:
@@ -570,9 +572,8 @@ def _inert_rate_scale_notes(jobs: list) -> list[str]:
     """A note when grid points differ in ``rate_scale`` under ``--arrival offline`` (every request arrives at 0 s:
     the points are one configuration and their rows equal, as ``kvsim simulate`` says for one run)."""
     from analysis.planning.sweep import point_args
-    offline = [job for job in jobs if str(getattr(point_args(job)[0], "arrival", None) or "").strip().lower()
-               == "offline" and any(axis in ("rate_scale", "rate-scale") for axis in job.point)]
-    if not offline:
+    if not any(str(getattr(point_args(job)[0], "arrival", None) or "").strip().lower() == "offline"
+               and any(axis in ("rate_scale", "rate-scale") for axis in job.point) for job in jobs):
         return []
     return ["--grid rate_scale changes nothing with --arrival offline (every request arrives at 0 s): those "
             "points run one configuration and their rows are equal"]

@@ -14,7 +14,8 @@ import pandas as pd
 from sim.units import US_PER_MS
 
 _ADDITIVE_KEYS = ("map_page_groups", "unmap_page_groups", "map_calls", "unmap_calls", "swap_out_bytes",
-                  "swap_in_bytes", "swap_refused_preemptions", "swap_total_ms", "pool_bytes", "peak_mapped_bytes", "mapping_critical_ms")
+                  "swap_in_bytes", "swap_refused_preemptions", "swap_total_ms", "pool_bytes", "peak_mapped_bytes",
+                  "mapping_critical_ms")
 
 
 def _stats_ms(values_us, name: str) -> dict:

@@ -41,7 +41,8 @@ from sim.cluster.replica_merge import (check_replica_parts, merge_replica_parts,
 from sim.cluster.routers import EXECUTORS, ROUTERS, STATE_FREE_ROUTERS  # noqa: E402  (names shared with the CLI)
 # summary keys that add up over replicas (the rest is recomputed from the merged records)
 _ADDITIVE_KEYS = ("map_page_groups", "unmap_page_groups", "map_calls", "unmap_calls", "swap_out_bytes",
-                  "swap_in_bytes", "swap_refused_preemptions", "swap_total_ms", "pool_bytes", "peak_mapped_bytes")   # (each replica its own GPU)
+                  "swap_in_bytes", "swap_refused_preemptions", "swap_total_ms", "pool_bytes",
+                  "peak_mapped_bytes")   # (each replica its own GPU)
 PREFIX_ADDITIVE_KEYS = ("prefill_tokens_saved", "prefill_tokens_saved_preempted", "prefix_pages_shared",
                         "prefix_map_calls_added", "prefix_cow_tokens", "cow_copy_bytes", "prefix_evictions")
 """A prefix-cached replica's counters (:func:`sim.results.summary._prefix_summary`) that add up over replicas

@@ -50,7 +50,7 @@ class Admission:
                 self._refused_key = self._refusal_key(request, first_tokens, first, reserve, committed)
             return 0
         stale_groups = self.policy.mapped[slot]      # deferred pages: hold the previous request's KV
-        hit_tokens = self._map_prefix(request, slot)
+        hit_tokens = self._map_prefix(request, slot, own)
         first_tokens = min(first_tokens, request.remaining)
         if self._computed_hint is not None:
             self._computed_hint[slot] = request.computed
@@ -95,14 +95,13 @@ class Admission:
         admission epoch and no more free page groups, is refused again."""
         return first_tokens, first, reserve, committed, request.generated, self.policy.admission_epoch
 
-    def _map_prefix(self, request: Request, slot: int) -> int:
-        """Map the cached prefix of a request that starts from scratch; returns the tokens it skips."""
+    def _map_prefix(self, request: Request, slot: int, own: tuple = ()) -> int:
+        """Map the cached prefix of a request from scratch (``own``: :meth:`_own_pages_arg`); the tokens skipped."""
         if not self.prefix:
             return 0
         # every admission prepares the slot; only a request starting from scratch looks the cache up
         ids = request.hash_ids if request.hash_ids is not None and not request.computed else ()
-        hit = self.policy.admit_prefix(slot, ids, request.prompt_tokens,
-                                       *(self._own_pages_arg(request) if not request.computed else ()))
+        hit = self.policy.admit_prefix(slot, ids, request.prompt_tokens, *(own if not request.computed else ()))
         self._pending_plans.append(hit.plan)
         self._pending_copy_bytes += hit.cow_tokens * self._kv_bytes_per_token
         request.computed += hit.hit_tokens     # a swapped-in request keeps its KV (no lookup: hit 0)
@@ -114,9 +113,10 @@ class Admission:
         return hit.hit_tokens
 
     def _own_pages_arg(self, request: Request) -> tuple:
-        """The lookup's ``own`` argument, ``((owner, seq_len),)``, for a re-admission after a recompute preemption
-        where the policy kept the request's pages (:meth:`sim.memory.donation.Donation.keep_own_pages`); else ``()``."""
-        own = self._resumes_own and request.preemptions and not request.swapped
+        """The lookup's ``own`` argument, ``((owner, seq_len),)``, for a prefix cache's re-admission after a recompute
+        preemption (vLLM v1 looks up ``seq_len - 1`` tokens; pages kept by
+        :meth:`sim.memory.donation.Donation.keep_own_pages`); else ``()``."""
+        own = self.prefix and request.preemptions and not request.swapped
         return ((request.request_id, request.seq_len),) if own else ()
 
     def _schedule(self):

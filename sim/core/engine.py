@@ -167,10 +167,9 @@ class Simulator(Admission, IterationStep, DecodeRuns, RequestBookkeeping):
         self.prefix = self._donates = config.prefix_caching
         # paged prefix caching caches blocks when they are scheduled (vLLM v1; sim.core.admission._donate_scheduled)
         self._donates_when_scheduled = bool(self.prefix and getattr(self.policy, "caches_when_scheduled", False))
-        # ... and keeps a recompute-preempted request's own full pages cached for its re-admission (vLLM v1),
-        # whose lookup covers seq_len - 1 tokens (every prefix cache; own pages kept by the paged one only)
+        # ... and keeps a recompute-preempted request's own full pages cached for its re-admission (vLLM v1;
+        # every prefix cache looks a re-admission up over seq_len - 1 tokens, sim.core.admission._own_pages_arg)
         self._keeps_own_pages = bool(self.prefix and getattr(self.policy, "caches_own_pages", False))
-        self._resumes_own = bool(self.prefix and getattr(self.policy, "resumes_at_seq_len", False))
         self._admission_refused = False        # set by _admit when the policy refused a slot
         # refused admissions repeated with nothing changed are not asked again where the policy's refusals_repeat
         # says so (sim.core.admission._admit); the switch is private: tests turn it off to compare

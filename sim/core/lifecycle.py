@@ -24,7 +24,6 @@ class RequestBookkeeping:
     _donates = False   # whether _after_compute does anything (set by a loop that overrides it)
     _donates_when_scheduled = False   # paged prefix caching caches blocks as scheduled (sim.core.admission)
     _keeps_own_pages = False          # ... and a preempted request's own pages (sim.core.admission._preempt)
-    _resumes_own = False              # a re-admission looks up seq_len - 1 tokens (sim.core.admission._own_pages_arg)
     _block_terms = False   # whether _iteration_pass counts attention thread blocks (a block-form compute model)
 
     def _accept_arrivals(self, now_us: float) -> None:

@@ -54,7 +54,7 @@ class Donation:
         included, ``KVCacheManager.cache_blocks`` over ``Request.block_hashes``, and a block freed by a preemption
         stays cached until evicted). The engine then calls :meth:`keep_own_pages` before freeing the victim's
         slot and looks the re-admission up with ``own`` (:meth:`lookup`). vAttention's pages (``cow_partial``)
-        are not kept: its re-admission hits only the prompt's hash blocks, at most ``prompt - 1`` tokens."""
+        are not kept: its re-admission hits only the prompt's hash blocks (capped at ``seq_len - 1`` tokens)."""
         return not self.cow_partial
 
     def keep_own_pages(self, slot: int, owner: int, computed_tokens: int) -> int:

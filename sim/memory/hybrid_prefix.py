@@ -152,9 +152,6 @@ class HybridPrefixPolicy(HybridPolicy):
                        "preempted_lookups": 0, "preempted_hit_tokens": 0, "window_limited_tokens": 0}
         self._full_groups_hit = 0     # of the last admit_prefix: the full groups' hit alone (tokens)
 
-    resumes_at_seq_len = True
-    """A re-admission after a recompute preemption is looked up with ``own`` (:meth:`_chain`)."""
-
     @property
     def stats(self) -> dict:
         """The counters of :attr:`sim.memory.prefix.PrefixCachingPolicy.stats` (``evictions``: cached bundles

@@ -115,9 +115,6 @@ class PrefixCachingPolicy(Donation, PrefixEntries, FreeQueue, VAttentionPolicy):
         self._stamp, self._free_runs, self._free_tracked = 0, deque(), 0
         self._last_lookup: tuple | None = None    # (lookup_version, hash_ids, prompt_tokens, result)
 
-    resumes_at_seq_len = True
-    """A re-admission after a recompute preemption is looked up with ``own`` (:meth:`lookup`)."""
-
     @property
     def caches_when_scheduled(self) -> bool:
         """Whether the engine donates a request's full prompt pages when it schedules them (vLLM v1's

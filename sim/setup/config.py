@@ -227,7 +227,7 @@ class SimConfig(PoolSizing):
                          f"of {spec.num_layers} layers are held as full attention layers (window=off; window-aware "
                          "allocation: docs/hybrid.md)")
         if self.policy == "vattention":
-            notes.extend(saturated_eager_notes(self))
+            notes.extend(vattention_knob_notes(self))
         return notes
 
     @property
@@ -318,10 +318,12 @@ class SimConfig(PoolSizing):
                 "vmm_profile_borrowed_from": gpu.vmm_borrowed_from if self.uses_vmm else None}
 
 
-def saturated_eager_notes(config: SimConfig) -> list[str]:
-    """Notes for a vAttention configuration's eager-allocation knobs set beyond what they can reach: ``eager=``
-    beyond a slot's page groups, ``lookahead=`` beyond a slot's tokens, ``eager_slots=`` beyond the slots. They
-    saturate (the run is the one at the bound: ``tests/test_eager_saturation.py``)."""
+def vattention_knob_notes(config: SimConfig) -> list[str]:
+    """Notes for a vAttention configuration's knobs that do less than they say: eager-allocation knobs set beyond
+    what they can reach (``eager=`` beyond a slot's page groups, ``lookahead=`` beyond a slot's tokens,
+    ``eager_slots=`` beyond the slots: they saturate, the run is the one at the bound:
+    ``tests/test_eager_saturation.py``); eager and low-watermark keys set under synchronous mapping (no background
+    mapper runs them); and a page that holds the whole slot (mapping is then whole-slot reservation)."""
     bounds = (("eager_page_groups", "eager", config.max_pages_per_slot, "page groups a slot holds"),
               ("eager_lookahead_steps", "lookahead", config.slot_max_tokens, "tokens a slot holds"),
               ("eager_idle_slots", "eager_slots", config.max_batch_slots, "slots"))
